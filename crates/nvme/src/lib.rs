@@ -1,0 +1,39 @@
+//! The NVMe protocol as plain data: no I/O, no unsafe.
+//!
+//! Everything the driver and the emulated controller have to agree on lives
+//! here, so that both sides read the specification through the same code:
+//!
+//! - [`regs`]: controller registers (`CAP`, `CC`, `CSTS`, `AQA`, ...) and
+//!   doorbell offsets.
+//! - [`cmd`]: the 64-byte submission entry [`Sqe`] and the 16-byte completion
+//!   entry [`Cqe`], admin and NVM opcodes, and builders for the commands the
+//!   driver issues.
+//! - [`status`]: completion status kept as data ([`Status`]) with the spec's
+//!   names.
+//! - [`identify`]: parsing of Identify Controller, Identify Namespace and the
+//!   active namespace list.
+//! - [`ring`]: ring index and phase-tag arithmetic.
+//! - [`cid`]: a command-identifier allocator independent of SQ slots.
+//! - [`prp`]: the PRP planner and the chunking rules around it.
+//!
+//! Section numbers refer to the NVM Express Base Specification 2.0 unless a
+//! comment says otherwise.
+
+pub mod cid;
+pub mod cmd;
+pub mod identify;
+pub mod prp;
+pub mod regs;
+pub mod ring;
+pub mod status;
+mod types;
+
+pub use cid::CidAllocator;
+pub use cmd::{AdminOpcode, Cqe, NvmOpcode, Sqe};
+pub use identify::{IdentifyController, IdentifyNamespace, LbaFormat};
+pub use prp::{PrpError, PrpPlan};
+pub use status::Status;
+pub use types::{Cid, Iova, Lba, Nsid, Qid};
+
+/// Size of one Identify data structure and of one PRP-list page we use.
+pub const IDENTIFY_LEN: usize = 4096;
