@@ -1,0 +1,191 @@
+//! Every system call the library makes, in one place.
+
+use crate::{Error, Result};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+use std::time::Duration;
+
+/// The host page size; DMA memory is handed out in these units.
+pub const PAGE_SIZE: usize = 4096;
+
+/// Anonymous, zeroed, page-aligned memory, released on drop.
+pub struct Anonymous {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; moving or sharing
+// the owner between threads is fine, accesses go through raw pointers.
+unsafe impl Send for Anonymous {}
+// SAFETY: as above; `&Anonymous` only hands out raw pointers.
+unsafe impl Sync for Anonymous {}
+
+impl Anonymous {
+    /// Maps `len` bytes (rounded up to pages), zeroed.
+    pub fn new(len: usize) -> Result<Anonymous> {
+        let len = len.max(1).next_multiple_of(PAGE_SIZE);
+        // SAFETY: a fresh private anonymous mapping touches no existing memory.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::os("mmap"));
+        }
+        Ok(Anonymous { ptr: NonNull::new(p.cast()).expect("mmap returned null"), len })
+    }
+
+    /// Start of the mapping.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Length in bytes (a multiple of the page size).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never true: a mapping has at least one page.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+impl Drop for Anonymous {
+    fn drop(&mut self) {
+        // SAFETY: we own the mapping and nothing refers to it after drop.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// A non-blocking eventfd: interrupts arrive on it as counter increments.
+#[derive(Debug)]
+pub struct EventFd(OwnedFd);
+
+impl EventFd {
+    /// A new eventfd with counter zero.
+    pub fn new() -> Result<EventFd> {
+        // SAFETY: eventfd has no memory arguments.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::os("eventfd"));
+        }
+        // SAFETY: fd is a fresh descriptor we own.
+        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Adds one to the counter (what an interrupt does).
+    pub fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64.
+        unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Reads and clears the counter; 0 when nothing was pending.
+    pub fn drain(&self) -> u64 {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64.
+        let n = unsafe { libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        if n == 8 {
+            v
+        } else {
+            0
+        }
+    }
+
+    /// Waits until the counter is non-zero or `timeout` passes; true when
+    /// signalled. Interrupted waits return false (callers re-check anyway).
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let mut p = libc::pollfd { fd: self.0.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let ts = libc::timespec { tv_sec: timeout.as_secs() as _, tv_nsec: timeout.subsec_nanos() as _ };
+        // SAFETY: one valid pollfd and a valid timespec, both live for the call.
+        let n = unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
+        n > 0 && p.revents & libc::POLLIN != 0
+    }
+
+    /// The raw descriptor.
+    pub fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// `pread` straight into memory that may be device-visible: no Rust
+/// reference to the destination is formed. Reads past the end of the file
+/// leave zeros (the tail is zero-filled).
+///
+/// # Safety
+/// `dst..dst+len` must be valid for writes and not accessed by anyone else
+/// for the duration of the call.
+pub unsafe fn pread_raw(fd: RawFd, dst: *mut u8, len: usize, offset: u64) -> std::io::Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        // SAFETY: the caller guarantees dst..dst+len is writable.
+        let n = unsafe { libc::pread(fd, dst.add(done).cast(), len - done, (offset + done as u64) as libc::off_t) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            // SAFETY: as above; the rest of the range lies past end of file.
+            unsafe { std::ptr::write_bytes(dst.add(done), 0, len - done) };
+            return Ok(());
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+/// `pwrite` straight from memory that may be device-visible.
+///
+/// # Safety
+/// `src..src+len` must be valid for reads for the duration of the call.
+pub unsafe fn pwrite_raw(fd: RawFd, src: *const u8, len: usize, offset: u64) -> std::io::Result<()> {
+    let mut done = 0usize;
+    while done < len {
+        // SAFETY: the caller guarantees src..src+len is readable.
+        let n = unsafe { libc::pwrite(fd, src.add(done).cast(), len - done, (offset + done as u64) as libc::off_t) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anonymous_is_page_aligned_and_zeroed() {
+        let a = Anonymous::new(10).unwrap();
+        assert_eq!(a.len(), PAGE_SIZE);
+        assert_eq!(a.as_ptr() as usize % PAGE_SIZE, 0);
+        // SAFETY: the mapping is live and readable for its length.
+        assert_eq!(unsafe { *a.as_ptr().add(100) }, 0);
+    }
+
+    #[test]
+    fn eventfd_counts_and_drains() {
+        let e = EventFd::new().unwrap();
+        assert!(!e.wait(Duration::from_millis(1)));
+        e.signal();
+        e.signal();
+        assert!(e.wait(Duration::from_millis(1)));
+        assert_eq!(e.drain(), 2);
+        assert_eq!(e.drain(), 0);
+    }
+}
