@@ -34,3 +34,12 @@ pub fn dma_rmb() {
     }
     compiler_fence(Ordering::SeqCst);
 }
+
+/// Orders the reads of consumed completion entries before the completion
+/// doorbell write that hands their slots back to the controller, which may
+/// then overwrite them. x86-64 never moves a store ahead of an earlier load;
+/// on aarch64 this is a `dmb ish` store-after-load ordering.
+#[inline(always)]
+pub fn consumed_before_doorbell() {
+    std::sync::atomic::fence(Ordering::Release);
+}

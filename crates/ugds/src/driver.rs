@@ -1,0 +1,100 @@
+//! The library's entry point: buffer registration and handle opening.
+
+use crate::engine::Controller;
+use crate::handle::{Handle, HandleInner, HandleOptions};
+use crate::platform::emu::{EmuConfig, EmuControl, EmuPlatform};
+use crate::platform::Platform;
+use crate::registry::{BufferToken, Registry};
+use crate::Result;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+/// Library state: the buffer registry and the open handles. Opening it does
+/// no device work (the paper's `uGDSDriverOpen`); handles do.
+#[derive(Clone)]
+pub struct Driver {
+    pub(crate) inner: Arc<DriverInner>,
+}
+
+pub(crate) struct DriverInner {
+    pub registry: Registry,
+    /// Open handles. Lock order: this, then the registry.
+    pub handles: Mutex<Vec<(u64, Weak<HandleInner>)>>,
+    next_handle: AtomicU64,
+}
+
+impl Default for Driver {
+    fn default() -> Self {
+        Driver::open()
+    }
+}
+
+impl Driver {
+    /// New library state.
+    pub fn open() -> Driver {
+        Driver {
+            inner: Arc::new(DriverInner {
+                registry: Registry::default(),
+                handles: Mutex::new(Vec::new()),
+                next_handle: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    /// Brings up the controller behind `platform` and opens a handle on one
+    /// of its namespaces.
+    pub fn open_handle(&self, platform: Arc<dyn Platform>, opts: HandleOptions) -> Result<Handle> {
+        let want = opts.sync_queues.max(1).saturating_add(opts.async_queues);
+        let ctrl = Controller::bring_up(platform, want)?;
+        let id = self.inner.next_handle.fetch_add(1, Ordering::Relaxed);
+        let inner = HandleInner::new(id, self.inner.clone(), ctrl, opts)?;
+        let inner = Arc::new(inner);
+        let mut handles = self.inner.handles.lock().unwrap_or_else(|p| p.into_inner());
+        let platform = inner.platform().clone();
+        let mapped = self.inner.registry.for_each(|e| e.map_for(id, &platform));
+        if let Err(e) = mapped {
+            self.inner.registry.for_each(|e| {
+                e.unmap_for(id);
+                Ok(())
+            })?;
+            return Err(e);
+        }
+        handles.retain(|(_, w)| w.strong_count() > 0);
+        handles.push((id, Arc::downgrade(&inner)));
+        Ok(Handle { inner })
+    }
+
+    /// Starts an emulated controller and opens a handle on it; the returned
+    /// control reads its counters and injects faults.
+    pub fn open_emulated(&self, config: EmuConfig, opts: HandleOptions) -> Result<(Handle, EmuControl)> {
+        let emu = EmuPlatform::new(config)?;
+        let control = emu.control();
+        Ok((self.open_handle(Arc::new(emu), opts)?, control))
+    }
+
+    /// Registers `len` bytes of host memory at `base` for I/O, mapping it
+    /// for every open handle (and every handle opened later).
+    ///
+    /// # Safety
+    /// The memory must stay valid until [`Driver::deregister`] succeeds for
+    /// the returned token, and must not be read or written by anyone else
+    /// while an I/O call on it is in progress.
+    pub unsafe fn register(&self, base: *mut u8, len: usize) -> Result<BufferToken> {
+        let handles = self.inner.handles.lock().unwrap_or_else(|p| p.into_inner());
+        let live: Vec<_> = handles.iter().filter_map(|(id, w)| w.upgrade().map(|h| (*id, h.platform().clone()))).collect();
+        self.inner.registry.insert(base as usize, len, &live)
+    }
+
+    /// Deregisters a buffer: refused (and nothing changed) while I/O is in
+    /// flight on it or when the token is stale.
+    pub fn deregister(&self, token: &BufferToken) -> Result<()> {
+        let _handles = self.inner.handles.lock().unwrap_or_else(|p| p.into_inner());
+        self.inner.registry.remove(token)
+    }
+
+    /// The current registration at `base`, if any (for callers that keep
+    /// base addresses, as the C API does).
+    pub fn token_at(&self, base: *const u8) -> Option<BufferToken> {
+        self.inner.registry.token_at(base as usize)
+    }
+}

@@ -1,0 +1,293 @@
+//! Controller bring-up, admin commands and shutdown.
+//!
+//! Bring-up, in the order the spec gives (section 3.5.1): disable if
+//! enabled and wait for CSTS.RDY=0; admin queue attributes and addresses;
+//! enable and wait for CSTS.RDY=1; Identify Controller, the active namespace
+//! list and each namespace; Set Features (Number of Queues); then the I/O
+//! queues, each completion queue before its submission queue. Admin commands
+//! are polled to a deadline, never slept on.
+
+use super::qpair::QueuePair;
+use crate::dma::DmaBuffer;
+use crate::platform::Platform;
+use crate::{Error, Result};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use ugds_nvme::cmd::cns;
+use ugds_nvme::identify::{parse_active_ns_list, IdentifyController, IdentifyNamespace};
+use ugds_nvme::regs::{self, Aqa, Cap, Cc, Csts};
+use ugds_nvme::{Cid, Cqe, Nsid, Qid, Sqe, IDENTIFY_LEN};
+
+/// Entries in each admin queue.
+const ADMIN_ENTRIES: u16 = 32;
+
+/// How long an admin command may take before the controller is given up.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A namespace as Identify describes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NamespaceInfo {
+    /// Namespace identifier.
+    pub nsid: u32,
+    /// Logical block size in bytes.
+    pub block_size: u32,
+    /// Size in logical blocks.
+    pub blocks: u64,
+}
+
+impl NamespaceInfo {
+    /// Capacity in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.blocks * self.block_size as u64
+    }
+}
+
+/// What bring-up learned about the controller.
+#[derive(Clone, Debug)]
+pub struct ControllerInfo {
+    /// Controller Capabilities.
+    pub cap: Cap,
+    /// Version register.
+    pub version: regs::Version,
+    /// Identify Controller.
+    pub identify: IdentifyController,
+    /// Active namespaces with a usable LBA format.
+    pub namespaces: Vec<NamespaceInfo>,
+    /// I/O queue pairs the controller granted.
+    pub io_queues: u16,
+    /// Largest transfer per command in bytes, when MDTS sets one.
+    pub max_transfer: Option<usize>,
+    /// Controller memory page size in use.
+    pub page_size: usize,
+    /// Where the controller is.
+    pub platform: String,
+}
+
+/// A controller brought up by the engine.
+pub struct Controller {
+    platform: Arc<dyn Platform>,
+    admin: Mutex<AdminQueue>,
+    info: ControllerInfo,
+    dstrd: u8,
+    ready_timeout: Duration,
+}
+
+struct AdminQueue {
+    qp: QueuePair,
+    data: DmaBuffer,
+}
+
+impl Controller {
+    /// Resets and enables the controller behind `platform`, identifies it,
+    /// and asks for `want_io_queues` I/O queue pairs.
+    pub fn bring_up(platform: Arc<dyn Platform>, want_io_queues: u16) -> Result<Controller> {
+        let cap = Cap(platform.read64(regs::CAP));
+        if cap.0 == u64::MAX {
+            return Err(Error::DeviceGone);
+        }
+        if cap.css() & 1 == 0 {
+            return Err(Error::Unsupported("controller does not support the NVM command set".into()));
+        }
+        if cap.mpsmin() != 0 {
+            return Err(Error::Unsupported(format!(
+                "controller's minimum page size is {} bytes; ugds uses 4096",
+                4096u64 << cap.mpsmin()
+            )));
+        }
+        let ready_timeout = Duration::from_millis(500 * cap.to().max(1) as u64);
+        let dstrd = cap.dstrd();
+        let version = regs::Version(platform.read32(regs::VS));
+
+        // Disable first: the controller may have been left enabled.
+        let cc = Cc(platform.read32(regs::CC));
+        if cc.en() {
+            platform.write32(regs::CC, cc.0 & !1);
+        }
+        wait_ready(&*platform, false, ready_timeout)?;
+
+        let admin_entries = ADMIN_ENTRIES.min(cap.mqes().saturating_add(1)).max(2);
+        let qp = QueuePair::new(platform.clone(), Qid::ADMIN, admin_entries, dstrd, Some(0))?;
+        platform.write32(regs::AQA, Aqa::new(admin_entries, admin_entries).0);
+        platform.write64(regs::ASQ, qp.sq_iova());
+        platform.write64(regs::ACQ, qp.cq_iova());
+        platform.write32(regs::CC, Cc::enable(0).0);
+        wait_ready(&*platform, true, ready_timeout)?;
+
+        let data = platform.alloc_dma(IDENTIFY_LEN)?;
+        let mut ctrl = Controller {
+            platform: platform.clone(),
+            admin: Mutex::new(AdminQueue { qp, data }),
+            info: ControllerInfo {
+                cap,
+                version,
+                identify: IdentifyController::default(),
+                namespaces: vec![],
+                io_queues: 0,
+                max_transfer: None,
+                page_size: 4096,
+                platform: platform.describe(),
+            },
+            dstrd,
+            ready_timeout,
+        };
+
+        let id = IdentifyController::parse(&ctrl.identify(cns::CONTROLLER, 0)?);
+        let list = parse_active_ns_list(&ctrl.identify(cns::ACTIVE_NS_LIST, 0)?);
+        let mut namespaces = Vec::new();
+        for nsid in list {
+            let ns = IdentifyNamespace::parse(&ctrl.identify(cns::NAMESPACE, nsid)?);
+            match (ns.block_size(), ns.lba_format()) {
+                (Some(bs), Some(f)) if f.ms == 0 => namespaces.push(NamespaceInfo { nsid, block_size: bs, blocks: ns.nsze }),
+                _ => tracing::warn!(nsid, "namespace skipped: metadata or unusable LBA format"),
+            }
+        }
+        let want = want_io_queues.max(1);
+        let cqe = ctrl.admin_command(Sqe::set_num_queues(Cid(0), want, want), "Set Features (Number of Queues)")?;
+        let granted = ((cqe.dw0 & 0xffff) as u16).min((cqe.dw0 >> 16) as u16).saturating_add(1);
+        ctrl.info.max_transfer = id.max_transfer_bytes(4096);
+        ctrl.info.identify = id;
+        ctrl.info.namespaces = namespaces;
+        ctrl.info.io_queues = granted.min(want);
+        tracing::debug!(io_queues = ctrl.info.io_queues, "controller up");
+        Ok(ctrl)
+    }
+
+    /// What bring-up learned.
+    pub fn info(&self) -> &ControllerInfo {
+        &self.info
+    }
+
+    /// The platform the controller lives on.
+    pub fn platform(&self) -> &Arc<dyn Platform> {
+        &self.platform
+    }
+
+    /// Current controller status.
+    pub fn csts(&self) -> Csts {
+        Csts(self.platform.read32(regs::CSTS))
+    }
+
+    fn identify(&self, cns: u8, nsid: u32) -> Result<[u8; IDENTIFY_LEN]> {
+        let mut admin = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        let prp1 = admin.data.iova(0);
+        let sqe = Sqe::identify(Cid(0), cns, Nsid(nsid), prp1);
+        run_admin(&mut admin.qp, &*self.platform, sqe, "Identify")?;
+        let mut out = [0u8; IDENTIFY_LEN];
+        admin.data.read_bytes(0, &mut out);
+        Ok(out)
+    }
+
+    /// Runs an admin command to completion (polled) and returns its entry.
+    pub fn admin_command(&self, sqe: Sqe, op: &'static str) -> Result<Cqe> {
+        let mut admin = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        run_admin(&mut admin.qp, &*self.platform, sqe, op)
+    }
+
+    /// Allocates queue pair `qid` and creates it on the controller, the
+    /// completion queue first.
+    pub fn create_io_qpair(&self, qid: u16, entries: u16, vector: Option<u16>) -> Result<QueuePair> {
+        let entries = entries.min(self.info.cap.mqes().saturating_add(1)).max(2);
+        let qp = QueuePair::new(self.platform.clone(), Qid(qid), entries, self.dstrd, vector)?;
+        self.admin_command(
+            Sqe::create_io_cq(Cid(0), Qid(qid), entries, qp.cq_iova(), vector.unwrap_or(0), vector.is_some()),
+            "Create I/O Completion Queue",
+        )?;
+        if let Err(e) = self.admin_command(
+            Sqe::create_io_sq(Cid(0), Qid(qid), entries, qp.sq_iova(), Qid(qid)),
+            "Create I/O Submission Queue",
+        ) {
+            self.admin_command(Sqe::delete_io_cq(Cid(0), Qid(qid)), "Delete I/O Completion Queue")?;
+            return Err(e);
+        }
+        Ok(qp)
+    }
+
+    /// Deletes a queue pair on the controller: submission queue, then
+    /// completion queue. After this the controller no longer reaches its rings.
+    pub fn delete_io_qpair(&self, qp: &QueuePair) -> Result<()> {
+        self.admin_command(Sqe::delete_io_sq(Cid(0), qp.qid()), "Delete I/O Submission Queue")?;
+        self.admin_command(Sqe::delete_io_cq(Cid(0), qp.qid()), "Delete I/O Completion Queue")?;
+        Ok(())
+    }
+
+    /// Normal shutdown (CC.SHN), then disable. Bounded by CAP.TO.
+    pub fn shutdown(&self) -> Result<()> {
+        let cc = Cc(self.platform.read32(regs::CC));
+        if cc.en() && !self.csts().cfs() {
+            self.platform.write32(regs::CC, cc.with_shn(regs::shutdown::NORMAL).0);
+            let deadline = Instant::now() + self.ready_timeout;
+            while self.csts().shst() != regs::shutdown::COMPLETE {
+                if Instant::now() > deadline {
+                    tracing::warn!("controller did not report shutdown complete; disabling anyway");
+                    break;
+                }
+                std::thread::yield_now();
+            }
+        }
+        self.disable()
+    }
+
+    /// Disables the controller (CC.EN=0) and waits for CSTS.RDY=0: from
+    /// then on the controller performs no DMA and every queue is gone.
+    pub fn disable(&self) -> Result<()> {
+        let cc = Cc(self.platform.read32(regs::CC));
+        self.platform.write32(regs::CC, cc.0 & !1 & !(3 << 14));
+        wait_ready(&*self.platform, false, self.ready_timeout)
+    }
+}
+
+fn wait_ready(p: &dyn Platform, ready: bool, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let csts = Csts(p.read32(regs::CSTS));
+        if csts.is_gone() {
+            return Err(Error::DeviceGone);
+        }
+        if csts.rdy() == ready {
+            return Ok(());
+        }
+        if ready && csts.cfs() {
+            return Err(Error::ControllerFatal);
+        }
+        if Instant::now() > deadline {
+            return Err(Error::NotReady { ready, after: timeout });
+        }
+        std::thread::yield_now();
+    }
+}
+
+fn run_admin(qp: &mut QueuePair, p: &dyn Platform, sqe: Sqe, op: &'static str) -> Result<Cqe> {
+    // Admin data buffers are single pages: PRP1 is already in the entry.
+    let cid = qp.submit(sqe, None, 0)?;
+    qp.ring_sq_doorbell();
+    let deadline = Instant::now() + ADMIN_TIMEOUT;
+    let mut spins = 0u32;
+    loop {
+        let mut got = None;
+        qp.process_completions(1, |_, cqe| got = Some(*cqe));
+        if let Some(cqe) = got {
+            if cqe.cid != cid.0 {
+                tracing::warn!(expected = cid.0, got = cqe.cid, "unexpected admin completion");
+                continue;
+            }
+            let status = cqe.status();
+            return if status.is_success() { Ok(cqe) } else { Err(Error::Nvme { op, status }) };
+        }
+        spins = spins.wrapping_add(1);
+        if spins % 1024 == 0 {
+            let csts = Csts(p.read32(regs::CSTS));
+            if csts.is_gone() {
+                return Err(Error::DeviceGone);
+            }
+            if csts.cfs() {
+                return Err(Error::ControllerFatal);
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout { qid: 0, cid: cid.0, after: ADMIN_TIMEOUT });
+            }
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}

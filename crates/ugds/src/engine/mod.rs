@@ -1,0 +1,16 @@
+//! The engine: controller bring-up, queue pairs, splitting requests into
+//! commands, and waiting for completions.
+//!
+//! - [`controller`]: bring-up, admin commands, shutdown.
+//! - [`qpair`]: one queue pair, used by one thread at a time.
+//! - [`chunk`]: splitting a request by MDTS and PRP-list capacity.
+//! - [`sync`]: shared queue pairs for synchronous callers.
+
+pub mod chunk;
+pub mod controller;
+pub mod qpair;
+pub mod sync;
+
+pub use controller::{Controller, ControllerInfo, NamespaceInfo};
+pub use qpair::QueuePair;
+pub use sync::Completion;

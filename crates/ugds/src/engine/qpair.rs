@@ -1,0 +1,251 @@
+//! One I/O (or admin) queue pair: a submission ring, a completion ring, and
+//! a tracker per command identifier.
+//!
+//! Used through `&mut self`: one thread at a time, which the compiler checks
+//! (SPDK's rule for a qpair). Submission and completion are separate steps,
+//! as in Linux and SPDK: [`QueuePair::submit`] copies an entry into the ring
+//! and advances the tail; [`QueuePair::ring_sq_doorbell`] tells the
+//! controller, once for however many entries were staged;
+//! [`QueuePair::process_completions`] consumes new entries and rings the
+//! completion doorbell once.
+
+use crate::barrier;
+use crate::dma::DmaBuffer;
+use crate::platform::Platform;
+use crate::sys::PAGE_SIZE;
+use crate::{Error, Result};
+use std::sync::Arc;
+use ugds_nvme::prp::PrpPlan;
+use ugds_nvme::ring::{CqCursor, Ring};
+use ugds_nvme::{regs, Cid, CidAllocator, Cqe, Qid, Sqe};
+
+/// A queue pair as the host sees it.
+pub struct QueuePair {
+    // ---- submission: touched on every submit ----
+    sq: DmaBuffer,
+    sq_ring: Ring,
+    sq_tail: u32,
+    /// The tail value the controller was last told.
+    last_sq_tail: u32,
+    /// The controller's SQ head as last reported in a CQE.
+    sq_head: u32,
+    cids: CidAllocator,
+    /// The caller's tag for each outstanding CID.
+    tags: Box<[u64]>,
+    /// One PRP-list page per CID, owned by the command while it is in flight.
+    prp_pages: DmaBuffer,
+
+    // ---- completion: touched on every completion ----
+    cq: DmaBuffer,
+    cq_ring: Ring,
+    cursor: CqCursor,
+
+    // ---- Fields below this point are not touched on the normal I/O path. ----
+    qid: Qid,
+    sq_db: usize,
+    cq_db: usize,
+    platform: Arc<dyn Platform>,
+    vector: Option<u16>,
+    protocol_errors: u64,
+}
+
+impl QueuePair {
+    /// Allocates the rings and PRP pages of a queue pair with `entries`
+    /// entries per ring. The caller creates it on the controller.
+    pub fn new(platform: Arc<dyn Platform>, qid: Qid, entries: u16, dstrd: u8, vector: Option<u16>) -> Result<QueuePair> {
+        if entries < 2 {
+            return Err(Error::InvalidArgument(format!("queue of {entries} entries")));
+        }
+        let sq = platform.alloc_dma(entries as usize * Sqe::SIZE)?;
+        let cq = platform.alloc_dma(entries as usize * Cqe::SIZE)?;
+        // At most entries - 1 commands can be outstanding on the SQ at once,
+        // so that many CIDs (and PRP pages) are all a queue can use.
+        let ncids = entries - 1;
+        let prp_pages = platform.alloc_dma(ncids as usize * PAGE_SIZE)?;
+        Ok(QueuePair {
+            sq,
+            sq_ring: Ring::new(entries as u32),
+            sq_tail: 0,
+            last_sq_tail: 0,
+            sq_head: 0,
+            cids: CidAllocator::new(ncids),
+            tags: vec![0; ncids as usize].into_boxed_slice(),
+            prp_pages,
+            cq,
+            cq_ring: Ring::new(entries as u32),
+            cursor: CqCursor::default(),
+            qid,
+            sq_db: regs::sq_tail_doorbell(qid.0, dstrd),
+            cq_db: regs::cq_head_doorbell(qid.0, dstrd),
+            platform,
+            vector,
+            protocol_errors: 0,
+        })
+    }
+
+    /// Queue identifier.
+    pub fn qid(&self) -> Qid {
+        self.qid
+    }
+
+    /// Entries per ring.
+    pub fn entries(&self) -> u16 {
+        self.sq_ring.size() as u16
+    }
+
+    /// Controller address of the SQ ring.
+    pub fn sq_iova(&self) -> u64 {
+        self.sq.iova(0)
+    }
+
+    /// Controller address of the CQ ring.
+    pub fn cq_iova(&self) -> u64 {
+        self.cq.iova(0)
+    }
+
+    /// The interrupt vector of the CQ, when it has one.
+    pub fn vector(&self) -> Option<u16> {
+        self.vector
+    }
+
+    /// Commands that may be submitted now without waiting for completions.
+    pub fn free_slots(&self) -> usize {
+        (self.sq_ring.free(self.sq_head, self.sq_tail) as usize)
+            .min(self.cids.capacity() as usize - self.cids.outstanding())
+    }
+
+    /// Commands submitted and not yet completed.
+    pub fn outstanding(&self) -> usize {
+        self.cids.outstanding()
+    }
+
+    /// Completions that named a CID nobody held, or an SQ head outside the ring.
+    pub fn protocol_errors(&self) -> u64 {
+        self.protocol_errors
+    }
+
+    /// The tag of an outstanding command, for error reports.
+    pub fn outstanding_cid_of(&self, tag: u64) -> Option<Cid> {
+        (0..self.tags.len() as u16).map(Cid).find(|&c| self.cids.is_allocated(c) && self.tags[c.0 as usize] == tag)
+    }
+
+    /// Stages `sqe` (its CID and, with `data`, its PRPs filled in here) in the
+    /// submission ring. Not visible to the controller until
+    /// [`ring_sq_doorbell`](Self::ring_sq_doorbell).
+    #[inline]
+    pub fn submit(&mut self, mut sqe: Sqe, data: Option<PrpPlan<'_>>, tag: u64) -> Result<Cid> {
+        if self.sq_ring.is_full(self.sq_head, self.sq_tail) {
+            return Err(Error::QueueFull);
+        }
+        let cid = self.cids.alloc().ok_or(Error::QueueFull)?;
+        match data {
+            None => {}
+            Some(PrpPlan::One { prp1 }) => sqe.prp1 = prp1,
+            Some(PrpPlan::Two { prp1, prp2 }) => {
+                sqe.prp1 = prp1;
+                sqe.prp2 = prp2;
+            }
+            Some(PrpPlan::List { prp1, entries }) => {
+                // This CID's own list page: free again only when its
+                // completion is consumed, so no other command can overwrite
+                // it while the controller may still read it.
+                let page = cid.0 as usize * PAGE_SIZE;
+                for (i, &e) in entries.iter().enumerate() {
+                    self.prp_pages.write_u64(page + i * 8, e);
+                }
+                sqe.prp1 = prp1;
+                sqe.prp2 = self.prp_pages.iova(page);
+            }
+        }
+        sqe.set_cid(cid);
+        self.sq.write_sqe(self.sq_tail as usize * Sqe::SIZE, &sqe);
+        self.tags[cid.0 as usize] = tag;
+        self.sq_tail = self.sq_ring.next(self.sq_tail);
+        Ok(cid)
+    }
+
+    /// Tells the controller about every entry staged since the last call:
+    /// one doorbell write however many there are.
+    #[inline]
+    pub fn ring_sq_doorbell(&mut self) {
+        if self.sq_tail != self.last_sq_tail {
+            // The SQEs and PRP lists written above must be visible before
+            // the controller, woken by the doorbell, fetches them.
+            barrier::dma_wmb();
+            self.platform.write32(self.sq_db, self.sq_tail);
+            self.last_sq_tail = self.sq_tail;
+        }
+    }
+
+    /// Whether a new completion entry is waiting (a peek at the phase tag).
+    #[inline]
+    pub fn completion_pending(&self) -> bool {
+        let dw3 = self.cq.load_u32_acquire(self.cursor.head as usize * Cqe::SIZE + 12);
+        (dw3 >> 16) & 1 == self.cursor.phase as u32
+    }
+
+    /// Consumes up to `max` new completion entries, calling `f(tag, cqe)` for
+    /// each, and rings the completion doorbell once. Returns how many.
+    #[inline]
+    pub fn process_completions(&mut self, max: usize, mut f: impl FnMut(u64, &Cqe)) -> usize {
+        let mut n = 0;
+        while n < max {
+            let off = self.cursor.head as usize * Cqe::SIZE;
+            // The phase tag is the truth: an entry is new when its phase
+            // matches the one we expect at this position.
+            let dw3 = self.cq.load_u32_acquire(off + 12);
+            if (dw3 >> 16) & 1 != self.cursor.phase as u32 {
+                break;
+            }
+            // Read the rest of the entry only after its phase.
+            barrier::dma_rmb();
+            let cqe = Cqe::from_dwords([self.cq.read_u32(off), self.cq.read_u32(off + 4), self.cq.read_u32(off + 8), dw3]);
+            self.cursor.advance(self.cq_ring);
+            n += 1;
+            // SQ slots are freed by how far the controller has fetched, not
+            // by which commands completed.
+            if (cqe.sqhd as u32) < self.sq_ring.size() {
+                self.sq_head = cqe.sqhd as u32;
+            } else {
+                self.protocol_errors += 1;
+                tracing::error!(qid = self.qid.0, sqhd = cqe.sqhd, "completion with SQ head outside the queue");
+            }
+            let cid = Cid(cqe.cid);
+            match self.cids.free(cid) {
+                Ok(()) => f(self.tags[cid.0 as usize], &cqe),
+                Err(e) => {
+                    self.protocol_errors += 1;
+                    tracing::error!(qid = self.qid.0, "completion ignored: {e}");
+                }
+            }
+        }
+        if n > 0 {
+            barrier::consumed_before_doorbell();
+            self.platform.write32(self.cq_db, self.cursor.head);
+        }
+        n
+    }
+
+    /// Forgets every outstanding command: only after the controller was
+    /// reset or the queue deleted, when no completion for them can come.
+    pub fn forget_outstanding(&mut self) -> usize {
+        let n = self.cids.outstanding();
+        let ncids = self.cids.capacity();
+        self.cids = CidAllocator::new(ncids);
+        n
+    }
+}
+
+impl std::fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qid", &self.qid.0)
+            .field("entries", &self.sq_ring.size())
+            .field("sq_tail", &self.sq_tail)
+            .field("sq_head", &self.sq_head)
+            .field("cq_head", &self.cursor.head)
+            .field("phase", &self.cursor.phase)
+            .field("outstanding", &self.cids.outstanding())
+            .finish()
+    }
+}

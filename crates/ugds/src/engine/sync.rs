@@ -1,0 +1,260 @@
+//! Synchronous requests on shared queue pairs.
+//!
+//! Several threads may have requests outstanding on one queue pair. The
+//! queue pair's lock is held only to stage commands and to consume
+//! completions, never while waiting for the device: a waiting thread takes
+//! the lock when it can, consumes whatever completed (its own commands or
+//! anyone's), and lets go. Each request owns a slot of atomics, preallocated
+//! with the queue, where completions are counted; a thread whose request was
+//! completed by another sees it there.
+//!
+//! In interrupt mode the eventfd of the queue's vector is only a wake-up
+//! hint: the phase tag decides. A thread that consumed completions belonging
+//! to others signals the eventfd again so that they wake and look.
+
+use super::qpair::QueuePair;
+use crate::platform::Platform;
+use crate::{Error, Result};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use ugds_nvme::prp::PrpPlan;
+use ugds_nvme::{regs, Sqe, Status};
+
+/// How completions are waited for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Completion {
+    /// Spin on the completion queue's phase tag (the default).
+    #[default]
+    Poll,
+    /// Sleep on the queue's interrupt eventfd between checks.
+    Interrupt,
+}
+
+/// One command of a request: the entry (CID and PRPs filled in at submit)
+/// and its data.
+pub struct Cmd<'a> {
+    /// The entry.
+    pub sqe: Sqe,
+    /// Its PRPs, for commands that move data.
+    pub prp: Option<PrpPlan<'a>>,
+}
+
+#[derive(Default)]
+struct Slot {
+    /// Commands submitted and not completed.
+    pending: AtomicU32,
+    /// First error status (the CQE status field with bit 31 set), or 0.
+    status: AtomicU32,
+}
+
+const STATUS_SET: u32 = 1 << 31;
+
+struct State {
+    qp: QueuePair,
+    free: Vec<u32>,
+}
+
+/// A queue pair shared by synchronous callers.
+pub struct SyncQueue {
+    state: Mutex<State>,
+    slots: Box<[Slot]>,
+    platform: Arc<dyn Platform>,
+    vector: Option<u16>,
+    qid: u16,
+}
+
+/// Why a request did not finish normally: the detail the handle needs to
+/// decide whether to wedge.
+pub enum Failure {
+    /// Finished with an error; nothing is left in flight.
+    Error(Error),
+    /// Commands are still outstanding and will stay so: the slot is
+    /// quarantined and whatever the request holds must be kept.
+    Stuck(Error),
+}
+
+impl SyncQueue {
+    /// Wraps a created queue pair.
+    pub fn new(qp: QueuePair, platform: Arc<dyn Platform>) -> SyncQueue {
+        let n = qp.free_slots() as u32;
+        let (vector, qid) = (qp.vector(), qp.qid().0);
+        SyncQueue {
+            state: Mutex::new(State { qp, free: (0..n).rev().collect() }),
+            slots: (0..n).map(|_| Slot::default()).collect(),
+            platform,
+            vector,
+            qid,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The queue pair, for teardown (locks it).
+    pub fn with_qp<R>(&self, f: impl FnOnce(&mut QueuePair) -> R) -> R {
+        f(&mut self.lock().qp)
+    }
+
+    /// Consumes completions, crediting each to its request's slot. Returns
+    /// how many were consumed and whether any belonged to another slot.
+    fn reap(&self, st: &mut State, mine: u32) -> (usize, bool) {
+        let mut others = false;
+        let slots = &self.slots;
+        let n = st.qp.process_completions(usize::MAX, |tag, cqe| {
+            let s = &slots[tag as usize];
+            let status = cqe.status();
+            if !status.is_success() {
+                let _ = s.status.compare_exchange(0, STATUS_SET | cqe.status as u32, Ordering::Relaxed, Ordering::Relaxed);
+            }
+            s.pending.fetch_sub(1, Ordering::Release);
+            others |= tag as u32 != mine;
+        });
+        (n, others)
+    }
+
+    /// Stages as many of `cmds` as fit; true when any was staged.
+    fn stage<'a>(&self, st: &mut State, slot: u32, cmds: &mut std::iter::Peekable<impl Iterator<Item = Cmd<'a>>>) -> bool {
+        let mut any = false;
+        while let Some(c) = cmds.peek() {
+            if self.slots[slot as usize].status.load(Ordering::Relaxed) != 0 {
+                // An earlier command of this request failed: send no more.
+                cmds.by_ref().for_each(drop);
+                break;
+            }
+            match st.qp.submit(c.sqe, c.prp, slot as u64) {
+                Ok(_) => {
+                    self.slots[slot as usize].pending.fetch_add(1, Ordering::Relaxed);
+                    cmds.next();
+                    any = true;
+                }
+                Err(_) => break, // full: wait for completions to free room
+            }
+        }
+        if any {
+            st.qp.ring_sq_doorbell();
+        }
+        any
+    }
+
+    fn wait(&self, mode: Completion, spins: &mut u32, until: Instant) {
+        *spins = spins.wrapping_add(1);
+        match (mode, self.vector) {
+            (Completion::Interrupt, Some(v)) => {
+                if let Ok(Some(efd)) = self.platform.interrupt(v) {
+                    let left = until.saturating_duration_since(Instant::now());
+                    if efd.wait(left.min(Duration::from_millis(100))) {
+                        efd.drain();
+                    }
+                    return;
+                }
+                std::hint::spin_loop();
+            }
+            _ => {
+                if *spins % 4096 == 0 {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+
+    /// Runs `cmds` as one request and waits for all of them; the first
+    /// error status (if any) is the result. `timeout` bounds the wait for
+    /// the device; when it passes, the request is stuck and its slot is kept.
+    pub fn execute<'a>(
+        &self,
+        cmds: impl Iterator<Item = Cmd<'a>>,
+        op: &'static str,
+        mode: Completion,
+        timeout: Duration,
+    ) -> Result<(), Failure> {
+        let mut cmds = cmds.peekable();
+        let start = Instant::now();
+        let deadline = start + timeout;
+        let mut spins = 0u32;
+        // Take a slot; when every slot is in use, help the others finish.
+        let slot = loop {
+            let mut st = self.lock();
+            if let Some(s) = st.free.pop() {
+                self.slots[s as usize].pending.store(0, Ordering::Relaxed);
+                self.slots[s as usize].status.store(0, Ordering::Relaxed);
+                self.stage(&mut st, s, &mut cmds);
+                break s;
+            }
+            self.reap(&mut st, u32::MAX);
+            drop(st);
+            if Instant::now() > deadline {
+                return Err(Failure::Error(Error::QueueFull));
+            }
+            self.wait(mode, &mut spins, deadline);
+        };
+        let s = &self.slots[slot as usize];
+        loop {
+            let mut progressed = false;
+            if let Ok(mut st) = self.state.try_lock() {
+                let (n, others) = self.reap(&mut st, slot);
+                progressed = n > 0;
+                if others && mode == Completion::Interrupt {
+                    self.kick();
+                }
+                if cmds.peek().is_some() {
+                    progressed |= self.stage(&mut st, slot, &mut cmds);
+                }
+                if cmds.peek().is_none() && s.pending.load(Ordering::Acquire) == 0 {
+                    st.free.push(slot);
+                    let status = s.status.load(Ordering::Relaxed);
+                    return if status == 0 {
+                        Ok(())
+                    } else {
+                        Err(Failure::Error(Error::Nvme { op, status: Status::from_field(status as u16) }))
+                    };
+                }
+            }
+            if !progressed {
+                if spins % 256 == 0 && Instant::now() > deadline {
+                    return Err(self.timed_out(slot, op, timeout));
+                }
+                self.wait(mode, &mut spins, deadline);
+            }
+        }
+    }
+
+    fn kick(&self) {
+        if let Some(v) = self.vector {
+            if let Ok(Some(efd)) = self.platform.interrupt(v) {
+                efd.signal();
+            }
+        }
+    }
+
+    /// The escalation once a request's deadline passed: look at the
+    /// controller, check the queue one last time (a missed interrupt), and
+    /// otherwise give the request up as stuck. Its slot stays taken.
+    fn timed_out(&self, slot: u32, op: &'static str, timeout: Duration) -> Failure {
+        let mut st = self.lock();
+        self.reap(&mut st, slot);
+        let s = &self.slots[slot as usize];
+        if s.pending.load(Ordering::Acquire) == 0 {
+            st.free.push(slot);
+            let status = s.status.load(Ordering::Relaxed);
+            return if status == 0 {
+                Failure::Error(Error::Timeout { qid: self.qid, cid: u16::MAX, after: timeout })
+            } else {
+                Failure::Error(Error::Nvme { op, status: Status::from_field(status as u16) })
+            };
+        }
+        let csts = regs::Csts(self.platform.read32(regs::CSTS));
+        if csts.is_gone() {
+            return Failure::Stuck(Error::DeviceGone);
+        }
+        if csts.cfs() {
+            return Failure::Stuck(Error::ControllerFatal);
+        }
+        let cid = st.qp.outstanding_cid_of(slot as u64).map_or(u16::MAX, |c| c.0);
+        tracing::error!(qid = self.qid, cid, ?timeout, "{op} timed out; quarantining its queue slot");
+        Failure::Stuck(Error::Timeout { qid: self.qid, cid, after: timeout })
+    }
+}

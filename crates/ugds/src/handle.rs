@@ -1,0 +1,524 @@
+//! A handle: one controller and one of its namespaces, with the queues
+//! that serve it.
+//!
+//! The controller's I/O queue pairs are split between a pool shared by
+//! synchronous callers (chosen round-robin; several requests may be
+//! outstanding on each) and queue pairs lent whole to [`IoQueue`]s.
+//!
+//! Lifetime rules. Every call that may reach the device holds an in-flight
+//! reference on the handle, and on the buffer it uses. A handle is closed
+//! only when none remain ([`Handle::close`] with a [`Drain`] mode says how
+//! long to wait); a buffer is deregistered only when none remain on it. A
+//! command that times out wedges the handle: every later call fails with
+//! [`Error::Wedged`], and the queues, DMA memory and buffer references the
+//! stuck command holds are kept until [`Drain::ForceAfterReset`] has reset
+//! the controller, after which the device can no longer reach them. A
+//! wedged handle that is dropped without that leaks them on purpose.
+
+use crate::driver::DriverInner;
+use crate::engine::chunk::Chunker;
+use crate::engine::sync::{Cmd, Failure, SyncQueue};
+use crate::engine::{Completion, Controller, ControllerInfo, NamespaceInfo, QueuePair};
+use crate::io_queue::IoQueue;
+use crate::platform::Platform;
+use crate::registry::{BufGuard, BufferToken};
+use crate::sys::PAGE_SIZE;
+use crate::{Error, Result};
+use std::mem::ManuallyDrop;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use ugds_nvme::{prp, Cid, Lba, Nsid, NvmOpcode, Sqe};
+
+/// How a handle is set up.
+#[derive(Clone, Debug)]
+pub struct HandleOptions {
+    /// Namespace to use; the first active one when `None`.
+    pub nsid: Option<u32>,
+    /// Polling (default) or interrupt completion.
+    pub completion: Completion,
+    /// Queue pairs shared by synchronous callers.
+    pub sync_queues: u16,
+    /// Queue pairs lent whole to [`IoQueue`]s.
+    pub async_queues: u16,
+    /// Entries per I/O queue (capped by the controller's MQES).
+    pub queue_depth: u16,
+    /// How long a command may take before the handle is wedged.
+    pub timeout: Duration,
+}
+
+impl Default for HandleOptions {
+    fn default() -> Self {
+        HandleOptions {
+            nsid: None,
+            completion: Completion::Poll,
+            sync_queues: 4,
+            async_queues: 4,
+            queue_depth: 256,
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl HandleOptions {
+    /// Interrupt completion when `UGDS_INTERRUPT_MODE=1`, as in the paper.
+    pub fn from_env() -> Self {
+        let mut o = HandleOptions::default();
+        if std::env::var("UGDS_INTERRUPT_MODE").is_ok_and(|v| v == "1") {
+            o.completion = Completion::Interrupt;
+        }
+        o
+    }
+}
+
+/// How [`Handle::close`] treats I/O still in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drain {
+    /// Refuse with [`Error::Busy`] if anything is in flight.
+    NoWait,
+    /// Wait up to this long, then refuse with [`Error::Busy`].
+    Timeout(Duration),
+    /// Wait as long as it takes.
+    Forever,
+    /// For a wedged handle: reset the controller, which stops its DMA, then
+    /// release everything the stuck commands held.
+    ForceAfterReset,
+}
+
+/// Where a handle stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandleState {
+    /// Serving I/O.
+    Open,
+    /// A command timed out; only a forced teardown releases it.
+    Wedged,
+    /// Closed.
+    Closed,
+}
+
+const OPEN: u8 = 0;
+const WEDGED: u8 = 1;
+const CLOSING: u8 = 2;
+const CLOSED: u8 = 3;
+
+pub(crate) struct HandleInner {
+    pub id: u64,
+    driver: Arc<DriverInner>,
+    ns: NamespaceInfo,
+    sync: ManuallyDrop<Box<[SyncQueue]>>,
+    rr: AtomicUsize,
+    pool: ManuallyDrop<Mutex<Vec<QueuePair>>>,
+    ctrl: ManuallyDrop<Controller>,
+    state: AtomicU8,
+    pub inflight: AtomicUsize,
+    quarantine: Mutex<Vec<BufGuard>>,
+    pub opts: HandleOptions,
+    /// Set once the controller can no longer reach the queues' memory.
+    released: std::sync::atomic::AtomicBool,
+    async_queues: usize,
+}
+
+impl HandleInner {
+    pub fn new(id: u64, driver: Arc<DriverInner>, ctrl: Controller, opts: HandleOptions) -> Result<HandleInner> {
+        let info = ctrl.info().clone();
+        let ns = match opts.nsid {
+            Some(n) => *info
+                .namespaces
+                .iter()
+                .find(|x| x.nsid == n)
+                .ok_or_else(|| Error::InvalidArgument(format!("namespace {n} is not active on this controller")))?,
+            None => *info.namespaces.first().ok_or_else(|| Error::Unsupported("controller has no usable namespace".into()))?,
+        };
+        let granted = info.io_queues.max(1);
+        let nsync = opts.sync_queues.clamp(1, granted);
+        let nasync = opts.async_queues.min(granted - nsync);
+        let platform = ctrl.platform().clone();
+        let vectors = platform.interrupt_vectors();
+        let vector_for = |qid: u16| match opts.completion {
+            Completion::Interrupt if qid < vectors => Some(qid),
+            Completion::Interrupt => {
+                tracing::warn!(qid, "no interrupt vector for this queue; it polls");
+                None
+            }
+            Completion::Poll => None,
+        };
+        let mut created: Vec<QueuePair> = Vec::new();
+        let depth = opts.queue_depth.max(2);
+        for qid in 1..=nsync + nasync {
+            match ctrl.create_io_qpair(qid, depth, vector_for(qid)) {
+                Ok(qp) => created.push(qp),
+                Err(e) => {
+                    for qp in &created {
+                        let _ = ctrl.delete_io_qpair(qp);
+                    }
+                    let _ = ctrl.shutdown();
+                    return Err(e);
+                }
+            }
+        }
+        let pool: Vec<QueuePair> = created.split_off(nsync as usize);
+        let sync: Box<[SyncQueue]> = created.into_iter().map(|qp| SyncQueue::new(qp, platform.clone())).collect();
+        Ok(HandleInner {
+            id,
+            driver,
+            ns,
+            sync: ManuallyDrop::new(sync),
+            rr: AtomicUsize::new(0),
+            async_queues: pool.len(),
+            pool: ManuallyDrop::new(Mutex::new(pool)),
+            ctrl: ManuallyDrop::new(ctrl),
+            state: AtomicU8::new(OPEN),
+            inflight: AtomicUsize::new(0),
+            quarantine: Mutex::new(Vec::new()),
+            opts,
+            released: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    pub fn platform(&self) -> &Arc<dyn Platform> {
+        self.ctrl.platform()
+    }
+
+    pub fn ns_nsid(&self) -> u32 {
+        self.ns.nsid
+    }
+
+    /// Takes an in-flight reference if the handle is open.
+    pub fn enter(&self) -> Result<InflightRef<'_>> {
+        self.inflight.fetch_add(1, Ordering::SeqCst);
+        match self.state.load(Ordering::SeqCst) {
+            OPEN => Ok(InflightRef(self)),
+            s => {
+                self.inflight.fetch_sub(1, Ordering::SeqCst);
+                Err(if s == WEDGED { Error::Wedged } else { Error::Closed })
+            }
+        }
+    }
+
+    /// Checks a namespace range and returns the block size.
+    pub fn check_range(&self, size: usize, file_offset: u64) -> Result<usize> {
+        let bs = self.ns.block_size as u64;
+        if size == 0 {
+            return Err(Error::ZeroSize);
+        }
+        if file_offset % bs != 0 {
+            return Err(Error::Misaligned { what: "file offset", value: file_offset, alignment: bs });
+        }
+        if size as u64 % bs != 0 {
+            return Err(Error::Misaligned { what: "size", value: size as u64, alignment: bs });
+        }
+        let cap = self.ns.capacity();
+        if file_offset.checked_add(size as u64).is_none_or(|e| e > cap) {
+            return Err(Error::OutOfRange { offset: file_offset, len: size as u64, capacity: cap });
+        }
+        Ok(bs as usize)
+    }
+
+    /// Validates a data request fully and takes the buffer reference; no
+    /// command is issued when this fails.
+    pub fn prepare(&self, buf: &BufferToken, size: usize, file_offset: u64, buf_offset: usize) -> Result<(BufGuard, usize)> {
+        self.check_range(size, file_offset)?;
+        let guard = self.driver.registry.acquire(buf, buf_offset as u64, size as u64)?;
+        let first = guard.0.base % PAGE_SIZE;
+        let data_off = first + buf_offset;
+        if data_off % 4 != 0 {
+            return Err(Error::Misaligned { what: "buffer address", value: (guard.0.base + buf_offset) as u64, alignment: 4 });
+        }
+        Ok((guard, data_off))
+    }
+
+    pub fn chunker(&self, file_offset: u64, data_off: usize, size: usize) -> Chunker {
+        Chunker::new(file_offset, data_off, size, self.ns.block_size as usize, PAGE_SIZE, self.ctrl.info().max_transfer)
+    }
+
+    /// A command stuck on the device: refuse everything from now on and
+    /// keep what it holds.
+    pub fn wedge(&self, guards: impl IntoIterator<Item = BufGuard>) {
+        self.state.store(WEDGED, Ordering::SeqCst);
+        self.quarantine.lock().unwrap_or_else(|p| p.into_inner()).extend(guards);
+    }
+
+    pub fn take_async_queue(&self) -> Option<QueuePair> {
+        self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop()
+    }
+
+    pub fn return_async_queue(&self, qp: QueuePair) {
+        self.pool.lock().unwrap_or_else(|p| p.into_inner()).push(qp);
+    }
+
+    fn unmap_buffers(&self) {
+        let mut handles = self.driver.handles.lock().unwrap_or_else(|p| p.into_inner());
+        handles.retain(|(id, _)| *id != self.id);
+        let _ = self.driver.registry.for_each(|e| {
+            e.unmap_for(self.id);
+            Ok(())
+        });
+    }
+
+    /// Orderly teardown of an idle handle: queues deleted, controller shut
+    /// down. Falls back to a disable (which also stops DMA) when the
+    /// controller does not cooperate.
+    fn teardown(&self) -> Result<()> {
+        let mut clean = true;
+        for q in self.sync.iter() {
+            clean &= q.with_qp(|qp| self.ctrl.delete_io_qpair(qp)).is_ok();
+        }
+        for qp in self.pool.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            clean &= self.ctrl.delete_io_qpair(qp).is_ok();
+        }
+        let down = if clean { self.ctrl.shutdown() } else { self.ctrl.disable() };
+        if let Err(e) = down.or_else(|_| self.ctrl.disable()) {
+            // The controller did not confirm it stopped: keep everything.
+            self.state.store(WEDGED, Ordering::SeqCst);
+            return Err(e);
+        }
+        self.unmap_buffers();
+        self.released.store(true, Ordering::SeqCst);
+        self.state.store(CLOSED, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn force_teardown(&self) -> Result<()> {
+        // CC.EN = 0 and CSTS.RDY = 0: the controller has stopped and dropped
+        // every queue; nothing it held can be written any more.
+        self.ctrl.disable()?;
+        for q in self.sync.iter() {
+            q.with_qp(|qp| qp.forget_outstanding());
+        }
+        self.quarantine.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.unmap_buffers();
+        self.released.store(true, Ordering::SeqCst);
+        self.state.store(CLOSED, Ordering::SeqCst);
+        Ok(())
+    }
+
+    pub fn close(&self, drain: Drain) -> Result<()> {
+        match self.state.load(Ordering::SeqCst) {
+            CLOSED | CLOSING => return Err(Error::Closed),
+            WEDGED if drain == Drain::ForceAfterReset => return self.force_teardown(),
+            WEDGED => return Err(Error::Wedged),
+            _ => {}
+        }
+        let deadline = match drain {
+            Drain::NoWait | Drain::ForceAfterReset => Some(Instant::now()),
+            Drain::Timeout(d) => Some(Instant::now() + d),
+            Drain::Forever => None,
+        };
+        loop {
+            if self.state.compare_exchange(OPEN, CLOSING, Ordering::SeqCst, Ordering::SeqCst).is_err() {
+                // Wedged meanwhile by an I/O that timed out.
+                return self.close(drain);
+            }
+            let n = self.inflight.load(Ordering::SeqCst);
+            if n == 0 {
+                break;
+            }
+            // Reopen while waiting, so that a refused close changes nothing.
+            self.state.store(OPEN, Ordering::SeqCst);
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(Error::Busy { what: "handle", inflight: n });
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        self.teardown()
+    }
+}
+
+impl Drop for HandleInner {
+    fn drop(&mut self) {
+        if !self.released.load(Ordering::SeqCst) && self.state.load(Ordering::SeqCst) == OPEN {
+            if let Err(e) = self.teardown() {
+                tracing::error!("handle teardown at drop failed: {e}");
+            }
+        }
+        if self.released.load(Ordering::SeqCst) {
+            // SAFETY: each field is dropped exactly once, here, and never
+            // used after; the controller can no longer reach their memory.
+            unsafe {
+                ManuallyDrop::drop(&mut self.sync);
+                ManuallyDrop::drop(&mut self.pool);
+                ManuallyDrop::drop(&mut self.ctrl);
+            }
+        } else {
+            tracing::error!(
+                handle = self.id,
+                "dropping a wedged handle without a forced teardown: its queues, DMA memory and buffer references are leaked on purpose"
+            );
+            let q = std::mem::take(&mut *self.quarantine.lock().unwrap_or_else(|p| p.into_inner()));
+            std::mem::forget(q);
+            self.unmap_buffers_leaving_quarantined();
+        }
+    }
+}
+
+impl HandleInner {
+    /// On a leaked handle: keep the mappings of buffers a stuck command
+    /// may still write (the device may DMA there), drop the others.
+    fn unmap_buffers_leaving_quarantined(&self) {
+        let mut handles = self.driver.handles.lock().unwrap_or_else(|p| p.into_inner());
+        handles.retain(|(id, _)| *id != self.id);
+        let _ = self.driver.registry.for_each(|e| {
+            if e.inflight.load(Ordering::Acquire) == 0 {
+                e.unmap_for(self.id);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// An in-flight reference on a handle.
+pub(crate) struct InflightRef<'a>(&'a HandleInner);
+
+impl Drop for InflightRef<'_> {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// One controller and one of its namespaces, ready for I/O. Shareable
+/// between threads (`&Handle` is enough to do I/O).
+pub struct Handle {
+    pub(crate) inner: Arc<HandleInner>,
+}
+
+impl Handle {
+    /// What bring-up learned about the controller.
+    pub fn controller(&self) -> &ControllerInfo {
+        self.inner.ctrl.info()
+    }
+
+    /// The namespace this handle uses.
+    pub fn namespace(&self) -> NamespaceInfo {
+        self.inner.ns
+    }
+
+    /// Bytes usable on the namespace.
+    pub fn capacity(&self) -> u64 {
+        self.inner.ns.capacity()
+    }
+
+    /// Where the handle stands.
+    pub fn state(&self) -> HandleState {
+        match self.inner.state.load(Ordering::SeqCst) {
+            OPEN | CLOSING => HandleState::Open,
+            WEDGED => HandleState::Wedged,
+            _ => HandleState::Closed,
+        }
+    }
+
+    /// Operations in flight (and lent I/O queues).
+    pub fn inflight(&self) -> usize {
+        self.inner.inflight.load(Ordering::SeqCst)
+    }
+
+    /// Queue pairs shared by synchronous calls, and lendable as [`IoQueue`]s.
+    pub fn queue_counts(&self) -> (usize, usize) {
+        (self.inner.sync.len(), self.inner.async_queues)
+    }
+
+    /// Reads `size` bytes at `file_offset` of the namespace into the
+    /// registered buffer, `buf_offset` bytes in. Returns the bytes read
+    /// (always `size`) once all of them are in the buffer.
+    pub fn read(&self, buf: &BufferToken, size: usize, file_offset: u64, buf_offset: usize) -> Result<usize> {
+        self.rw(NvmOpcode::Read, buf, size, file_offset, buf_offset)
+    }
+
+    /// Writes `size` bytes from the registered buffer, `buf_offset` bytes
+    /// in, to `file_offset` of the namespace. Returns once the controller has
+    /// completed every command.
+    pub fn write(&self, buf: &BufferToken, size: usize, file_offset: u64, buf_offset: usize) -> Result<usize> {
+        self.rw(NvmOpcode::Write, buf, size, file_offset, buf_offset)
+    }
+
+    fn rw(&self, op: NvmOpcode, buf: &BufferToken, size: usize, file_offset: u64, buf_offset: usize) -> Result<usize> {
+        let h = &*self.inner;
+        let _in = h.enter()?;
+        let (guard, data_off) = h.prepare(buf, size, file_offset, buf_offset)?;
+        let maps = guard.0.mappings();
+        let map = maps
+            .iter()
+            .find(|m| m.handle_id == h.id)
+            .ok_or_else(|| Error::Platform("buffer is not mapped for this handle".into()))?;
+        let nsid = Nsid(h.ns.nsid);
+        let pages = &map.map.pages;
+        let cmds = h.chunker(file_offset, data_off, size).map(|c| Cmd {
+            sqe: Sqe::rw(op, Cid(0), nsid, Lba(c.slba), c.nlb, 0, 0),
+            // Cannot fail: the range was checked against the registration
+            // and the chunker keeps each command within one PRP-list page.
+            prp: Some(prp::plan(pages, PAGE_SIZE, c.data_off, c.len).expect("validated range plans")),
+        });
+        let q = &h.sync[h.rr.fetch_add(1, Ordering::Relaxed) % h.sync.len()];
+        let name = if op == NvmOpcode::Read { "Read" } else { "Write" };
+        let r = q.execute(cmds, name, h.opts.completion, h.opts.timeout);
+        drop(maps);
+        match r {
+            Ok(()) => Ok(size),
+            Err(Failure::Error(e)) => Err(e),
+            Err(Failure::Stuck(e)) => {
+                h.wedge([guard]);
+                Err(e)
+            }
+        }
+    }
+
+    /// Flushes the namespace's volatile write cache (NVMe Flush).
+    pub fn flush(&self) -> Result<()> {
+        let h = &*self.inner;
+        let _in = h.enter()?;
+        let q = &h.sync[h.rr.fetch_add(1, Ordering::Relaxed) % h.sync.len()];
+        let cmd = Cmd { sqe: Sqe::flush(Cid(0), Nsid(h.ns.nsid)), prp: None };
+        match q.execute(std::iter::once(cmd), "Flush", h.opts.completion, h.opts.timeout) {
+            Ok(()) => Ok(()),
+            Err(Failure::Error(e)) => Err(e),
+            Err(Failure::Stuck(e)) => {
+                h.wedge([]);
+                Err(e)
+            }
+        }
+    }
+
+    /// Zeroes `size` bytes at `file_offset` (NVMe Write Zeroes).
+    pub fn write_zeroes(&self, size: usize, file_offset: u64) -> Result<()> {
+        let h = &*self.inner;
+        let _in = h.enter()?;
+        let bs = h.check_range(size, file_offset)?;
+        let q = &h.sync[h.rr.fetch_add(1, Ordering::Relaxed) % h.sync.len()];
+        let first = file_offset / bs as u64;
+        let blocks = (size / bs) as u64;
+        let cmds = (0..blocks).step_by(65536).map(|b| Cmd {
+            sqe: Sqe::write_zeroes(Cid(0), Nsid(h.ns.nsid), Lba(first + b), (blocks - b).min(65536) as u32),
+            prp: None,
+        });
+        match q.execute(cmds, "Write Zeroes", h.opts.completion, h.opts.timeout) {
+            Ok(()) => Ok(()),
+            Err(Failure::Error(e)) => Err(e),
+            Err(Failure::Stuck(e)) => {
+                h.wedge([]);
+                Err(e)
+            }
+        }
+    }
+
+    /// Lends a queue pair for asynchronous submission from one thread.
+    /// Refused with [`Error::Busy`] when every lendable queue is out.
+    pub fn io_queue(&self) -> Result<IoQueue<'_>> {
+        IoQueue::new(self)
+    }
+
+    /// Closes the handle: waits for I/O in flight as `drain` says, deletes
+    /// the queues and shuts the controller down. A refused close (busy,
+    /// wedged) changes nothing.
+    pub fn close(&self, drain: Drain) -> Result<()> {
+        self.inner.close(drain)
+    }
+}
+
+impl std::fmt::Debug for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handle")
+            .field("id", &self.inner.id)
+            .field("namespace", &self.inner.ns)
+            .field("state", &self.state())
+            .finish()
+    }
+}

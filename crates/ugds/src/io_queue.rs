@@ -1,0 +1,265 @@
+//! A queue pair lent to one thread for asynchronous I/O.
+//!
+//! Submit many requests, ring once, then poll for completions: the way to
+//! keep a deep queue full from one thread. Requests of any size are split
+//! into commands as for synchronous I/O; a request is admitted only when all
+//! its commands fit, so a full queue is reported as [`Error::QueueFull`]
+//! before anything is staged.
+
+use crate::engine::{Completion, QueuePair};
+use crate::handle::Handle;
+use crate::registry::{BufGuard, BufferToken};
+use crate::sys::PAGE_SIZE;
+use crate::{Error, Result};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use ugds_nvme::{prp, Cid, Lba, Nsid, NvmOpcode, Sqe, Status};
+
+struct Request {
+    tag: u64,
+    pending: u32,
+    len: usize,
+    /// First error, as the CQE status field.
+    status: Option<u16>,
+    op: NvmOpcode,
+    started: Instant,
+    guard: Option<BufGuard>,
+}
+
+/// A queue pair for one thread's asynchronous I/O; see the module docs.
+/// Holds an in-flight reference on its handle while it exists.
+pub struct IoQueue<'h> {
+    handle: &'h Handle,
+    qp: Option<QueuePair>,
+    reqs: Vec<Request>,
+    free: Vec<u32>,
+    outstanding: usize,
+    empty_polls: u32,
+    dead: bool,
+}
+
+impl<'h> IoQueue<'h> {
+    pub(crate) fn new(handle: &'h Handle) -> Result<IoQueue<'h>> {
+        let h = &*handle.inner;
+        let r = h.enter()?;
+        let Some(qp) = h.take_async_queue() else {
+            return Err(Error::Busy { what: "I/O queue pool (every lendable queue is lent)", inflight: 0 });
+        };
+        // The reference lives as long as the IoQueue: released in Drop.
+        std::mem::forget(r);
+        let n = qp.free_slots();
+        Ok(IoQueue {
+            handle,
+            qp: Some(qp),
+            reqs: Vec::with_capacity(n),
+            free: Vec::with_capacity(n),
+            outstanding: 0,
+            empty_polls: 0,
+            dead: false,
+        })
+    }
+
+    fn qp(&mut self) -> &mut QueuePair {
+        self.qp.as_mut().expect("queue pair present until drop")
+    }
+
+    /// Commands that may be outstanding at once.
+    pub fn depth(&self) -> usize {
+        self.qp.as_ref().map_or(0, |q| q.entries() as usize - 1)
+    }
+
+    /// Requests submitted and not yet reported by [`poll`](Self::poll).
+    pub fn outstanding(&self) -> usize {
+        self.outstanding
+    }
+
+    /// Stages a read of `size` bytes at `file_offset` into `buf` at
+    /// `buf_offset`; `tag` comes back with its completion.
+    pub fn submit_read(&mut self, buf: &BufferToken, size: usize, file_offset: u64, buf_offset: usize, tag: u64) -> Result<()> {
+        self.submit(NvmOpcode::Read, buf, size, file_offset, buf_offset, tag)
+    }
+
+    /// Stages a write; see [`submit_read`](Self::submit_read).
+    pub fn submit_write(&mut self, buf: &BufferToken, size: usize, file_offset: u64, buf_offset: usize, tag: u64) -> Result<()> {
+        self.submit(NvmOpcode::Write, buf, size, file_offset, buf_offset, tag)
+    }
+
+    fn submit(&mut self, op: NvmOpcode, buf: &BufferToken, size: usize, file_offset: u64, buf_offset: usize, tag: u64) -> Result<()> {
+        let h = &*self.handle.inner;
+        if self.dead || h.inflight.load(Ordering::Relaxed) == 0 {
+            return Err(Error::Wedged);
+        }
+        if self.handle.state() != crate::HandleState::Open {
+            return Err(Error::Wedged);
+        }
+        let (guard, data_off) = h.prepare(buf, size, file_offset, buf_offset)?;
+        let chunks = h.chunker(file_offset, data_off, size);
+        let n = if size <= 4096 { 1 } else { chunks.commands() };
+        if self.qp().free_slots() < n {
+            return Err(Error::QueueFull);
+        }
+        let idx = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.reqs.push(Request {
+                    tag: 0,
+                    pending: 0,
+                    len: 0,
+                    status: None,
+                    op,
+                    started: Instant::now(),
+                    guard: None,
+                });
+                self.reqs.len() as u32 - 1
+            }
+        };
+        let nsid = Nsid(h.ns_nsid());
+        {
+            let maps = guard.0.mappings();
+            let map = maps
+                .iter()
+                .find(|m| m.handle_id == h.id)
+                .ok_or_else(|| Error::Platform("buffer is not mapped for this handle".into()))?;
+            let qp = self.qp.as_mut().expect("queue pair present");
+            for c in chunks {
+                let plan = prp::plan(&map.map.pages, PAGE_SIZE, c.data_off, c.len).expect("validated range plans");
+                qp.submit(Sqe::rw(op, Cid(0), nsid, Lba(c.slba), c.nlb, 0, 0), Some(plan), idx as u64)
+                    .expect("room checked above");
+            }
+        }
+        let r = &mut self.reqs[idx as usize];
+        *r = Request { tag, pending: n as u32, len: size, status: None, op, started: Instant::now(), guard: Some(guard) };
+        self.outstanding += 1;
+        Ok(())
+    }
+
+    /// Tells the controller about everything staged: one doorbell write.
+    pub fn ring(&mut self) {
+        self.qp().ring_sq_doorbell();
+    }
+
+    /// Rings for anything staged, then reports up to `max` completed
+    /// requests as `f(tag, bytes or error)`. Returns how many were reported.
+    pub fn poll(&mut self, max: usize, mut f: impl FnMut(u64, Result<usize>)) -> usize {
+        if self.qp.is_none() {
+            return 0;
+        }
+        self.ring();
+        let mut done = 0;
+        let reqs = &mut self.reqs;
+        let free = &mut self.free;
+        let qp = self.qp.as_mut().expect("checked");
+        qp.process_completions(usize::MAX, |idx, cqe| {
+            let r = &mut reqs[idx as usize];
+            if !cqe.status().is_success() && r.status.is_none() {
+                r.status = Some(cqe.status);
+            }
+            r.pending -= 1;
+            if r.pending == 0 {
+                r.guard = None;
+                let res = match r.status {
+                    None => Ok(r.len),
+                    Some(s) => Err(Error::Nvme {
+                        op: if r.op == NvmOpcode::Read { "Read" } else { "Write" },
+                        status: Status::from_field(s),
+                    }),
+                };
+                f(r.tag, res);
+                free.push(idx as u32);
+                done += 1;
+            }
+        });
+        self.outstanding -= done;
+        let _ = max; // every completion found is reported: a CQE cannot be consumed twice
+        if done == 0 && self.outstanding > 0 {
+            self.empty_polls = self.empty_polls.wrapping_add(1);
+            if self.empty_polls % 1024 == 0 {
+                self.check_timeouts(&mut f);
+            }
+        } else {
+            self.empty_polls = 0;
+        }
+        done
+    }
+
+    /// Blocks until a completion may be waiting (interrupt mode) or returns
+    /// at once (polling mode): call [`poll`](Self::poll) after it.
+    pub fn wait(&mut self, timeout: Duration) {
+        let h = &*self.handle.inner;
+        if h.opts.completion != Completion::Interrupt {
+            return;
+        }
+        let Some(v) = self.qp.as_ref().and_then(|q| q.vector()) else { return };
+        if self.qp.as_ref().is_some_and(|q| q.completion_pending()) {
+            return;
+        }
+        if let Ok(Some(efd)) = h.platform().interrupt(v) {
+            if efd.wait(timeout) {
+                efd.drain();
+            }
+        }
+    }
+
+    fn check_timeouts(&mut self, f: &mut impl FnMut(u64, Result<usize>)) {
+        let h = &*self.handle.inner;
+        let limit = h.opts.timeout;
+        let now = Instant::now();
+        let late = self.reqs.iter().any(|r| r.pending > 0 && now.duration_since(r.started) > limit);
+        if !late {
+            return;
+        }
+        let qid = self.qp.as_ref().map_or(0, |q| q.qid().0);
+        // Stuck: report every outstanding request as timed out, keep their
+        // buffer references, wedge the handle. This queue pair is never
+        // reused: it is forgotten on drop.
+        let mut guards = Vec::new();
+        for (i, r) in self.reqs.iter_mut().enumerate() {
+            if r.pending > 0 {
+                let cid = self.qp.as_ref().and_then(|q| q.outstanding_cid_of(i as u64)).map_or(u16::MAX, |c| c.0);
+                tracing::error!(qid, cid, "asynchronous request timed out; wedging the handle");
+                f(r.tag, Err(Error::Timeout { qid, cid, after: limit }));
+                guards.extend(r.guard.take());
+                r.pending = 0;
+            }
+        }
+        self.outstanding = 0;
+        self.dead = true;
+        h.wedge(guards);
+    }
+
+    /// Polls until every request has completed, or the handle's timeout
+    /// passes (which wedges it).
+    pub fn drain(&mut self, mut f: impl FnMut(u64, Result<usize>)) -> Result<()> {
+        while self.outstanding > 0 {
+            if self.dead {
+                return Err(Error::Wedged);
+            }
+            if self.poll(usize::MAX, &mut f) == 0 {
+                self.wait(Duration::from_millis(10));
+                std::hint::spin_loop();
+            }
+        }
+        if self.dead {
+            Err(Error::Wedged)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Drop for IoQueue<'_> {
+    fn drop(&mut self) {
+        let _ = self.drain(|_, _| {});
+        let h = &*self.handle.inner;
+        if let Some(qp) = self.qp.take() {
+            if self.dead {
+                // The controller may still use this queue: never reuse or
+                // free it before a reset.
+                std::mem::forget(qp);
+            } else {
+                h.return_async_queue(qp);
+            }
+        }
+        h.inflight.fetch_sub(1, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,168 @@
+//! The buffer registry: registered memory keyed by base address.
+//!
+//! Each registration gets a generation number, unique for the life of the
+//! process, so a token kept from an earlier registration of the same address
+//! is told apart and refused. Each entry counts the I/O in flight on it; it
+//! cannot be deregistered while that count is not zero. An entry holds one
+//! controller mapping per open handle.
+
+use crate::platform::{HostMapping, Platform};
+use crate::{Error, Result};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+
+/// Names one registration: the base address, its length, and the
+/// generation that tells it from earlier registrations of the same address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BufferToken {
+    /// Base address.
+    pub base: usize,
+    /// Length in bytes.
+    pub len: usize,
+    /// Generation of this registration.
+    pub generation: u64,
+}
+
+pub(crate) struct Mapping {
+    pub handle_id: u64,
+    pub platform: Arc<dyn Platform>,
+    pub map: HostMapping,
+}
+
+pub(crate) struct BufEntry {
+    pub base: usize,
+    pub len: usize,
+    pub generation: u64,
+    pub inflight: AtomicUsize,
+    pub mappings: RwLock<Vec<Mapping>>,
+}
+
+impl BufEntry {
+    pub fn mappings(&self) -> RwLockReadGuard<'_, Vec<Mapping>> {
+        self.mappings.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Maps this buffer for one more handle.
+    pub fn map_for(&self, handle_id: u64, platform: &Arc<dyn Platform>) -> Result<()> {
+        // SAFETY: the registrant promised (Driver::register) that the memory
+        // stays valid until deregistration, which unmaps first.
+        let map = unsafe { platform.map_host(self.base as *mut u8, self.len)? };
+        self.mappings.write().unwrap_or_else(|p| p.into_inner()).push(Mapping { handle_id, platform: platform.clone(), map });
+        Ok(())
+    }
+
+    /// Removes the mapping of one handle.
+    pub fn unmap_for(&self, handle_id: u64) {
+        let mut m = self.mappings.write().unwrap_or_else(|p| p.into_inner());
+        m.retain(|x| {
+            if x.handle_id == handle_id {
+                if let Err(e) = x.platform.unmap_host(&x.map) {
+                    tracing::warn!("unmapping buffer {:#x}: {e}", self.base);
+                }
+                false
+            } else {
+                true
+            }
+        });
+    }
+}
+
+/// An in-flight reference on a registered buffer; dropping it ends the I/O's
+/// claim. A request that timed out keeps its guard in the handle's
+/// quarantine until a forced teardown.
+pub(crate) struct BufGuard(pub Arc<BufEntry>);
+
+impl Drop for BufGuard {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::Release);
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Registry {
+    map: RwLock<BTreeMap<usize, Arc<BufEntry>>>,
+    next_generation: AtomicU64,
+}
+
+impl Registry {
+    /// Adds an entry for `base..base+len`, mapped on every handle in
+    /// `handles`. Refuses a base already registered or an overlap.
+    pub fn insert(&self, base: usize, len: usize, handles: &[(u64, Arc<dyn Platform>)]) -> Result<BufferToken> {
+        if base == 0 {
+            return Err(Error::InvalidArgument("null buffer".into()));
+        }
+        if len == 0 {
+            return Err(Error::ZeroSize);
+        }
+        let end = base.checked_add(len).ok_or_else(|| Error::InvalidArgument("buffer wraps the address space".into()))?;
+        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        if map.contains_key(&base) {
+            return Err(Error::AlreadyRegistered { base });
+        }
+        let before = map.range(..base).next_back().filter(|(_, e)| e.base + e.len > base);
+        let after = map.range(base..end).next();
+        if let Some((&existing, _)) = before.or(after) {
+            return Err(Error::Overlap { base, len, existing });
+        }
+        let generation = self.next_generation.fetch_add(1, Ordering::Relaxed) + 1;
+        let entry = Arc::new(BufEntry { base, len, generation, inflight: AtomicUsize::new(0), mappings: RwLock::new(Vec::new()) });
+        for (id, p) in handles {
+            if let Err(e) = entry.map_for(*id, p) {
+                for (id, _) in handles {
+                    entry.unmap_for(*id);
+                }
+                return Err(e);
+            }
+        }
+        map.insert(base, entry);
+        Ok(BufferToken { base, len, generation })
+    }
+
+    /// Removes a registration; refuses a stale token or one with I/O in flight.
+    pub fn remove(&self, token: &BufferToken) -> Result<()> {
+        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        let e = map.get(&token.base).ok_or(Error::NotRegistered { base: token.base })?;
+        if e.generation != token.generation {
+            return Err(Error::StaleToken { base: token.base, got: token.generation, current: e.generation });
+        }
+        let inflight = e.inflight.load(Ordering::Acquire);
+        if inflight != 0 {
+            return Err(Error::Busy { what: "buffer", inflight });
+        }
+        let e = map.remove(&token.base).expect("looked up above");
+        let ids: Vec<u64> = e.mappings().iter().map(|m| m.handle_id).collect();
+        for id in ids {
+            e.unmap_for(id);
+        }
+        Ok(())
+    }
+
+    /// The current registration at `base`.
+    pub fn token_at(&self, base: usize) -> Option<BufferToken> {
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        map.get(&base).map(|e| BufferToken { base, len: e.len, generation: e.generation })
+    }
+
+    /// Looks a token up and takes an in-flight reference, after checking
+    /// `offset..offset+len` lies in the buffer.
+    pub fn acquire(&self, token: &BufferToken, offset: u64, len: u64) -> Result<BufGuard> {
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        let e = map.get(&token.base).ok_or(Error::NotRegistered { base: token.base })?;
+        if e.generation != token.generation {
+            return Err(Error::StaleToken { base: token.base, got: token.generation, current: e.generation });
+        }
+        if offset.checked_add(len).is_none_or(|end| end > e.len as u64) {
+            return Err(Error::BufferRange { base: e.base, offset, len, buffer_len: e.len });
+        }
+        // Taken under the read lock: `remove` (write lock) sees it.
+        e.inflight.fetch_add(1, Ordering::Acquire);
+        Ok(BufGuard(e.clone()))
+    }
+
+    /// Every entry, for mapping them on a new handle or unmapping on close.
+    pub fn for_each(&self, mut f: impl FnMut(&Arc<BufEntry>) -> Result<()>) -> Result<()> {
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        map.values().try_for_each(&mut f)
+    }
+}
