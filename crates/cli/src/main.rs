@@ -1,1 +1,174 @@
-fn main(){}
+//! `ugds`: identify an NVMe controller, benchmark it through ugds.
+//!
+//! With no target flags both commands run against an emulated controller
+//! whose namespace is a temporary file, so they work on any machine.
+
+mod bench;
+mod histogram;
+mod target;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use ugds::{Driver, HandleOptions};
+
+const USAGE: &str = "\
+ugds: user-space GPU Direct Storage
+
+Usage:
+  ugds identify [TARGET]          controller and namespace facts
+  ugds bench [OPTIONS] [TARGET]   throughput, IOPS and latency
+  ugds help [COMMAND]
+
+Run `ugds help bench` for the benchmark's options.
+";
+
+fn main() -> ExitCode {
+    let mut args = std::env::args_os().skip(1);
+    let cmd = args.next().map(|a| a.to_string_lossy().into_owned());
+    let rest: Vec<_> = args.collect();
+    let r = match cmd.as_deref() {
+        Some("identify") => identify(rest),
+        Some("bench") => bench::main(rest),
+        Some("help") | Some("-h") | Some("--help") => {
+            match rest.first().map(|a| a.to_string_lossy().into_owned()).as_deref() {
+                Some("bench") => print!("{}", bench::HELP),
+                Some("identify") => print!("Usage: ugds identify [TARGET]\n\n{}", target::HELP),
+                _ => print!("{USAGE}"),
+            }
+            Ok(())
+        }
+        Some("--version") | Some("-V") => {
+            println!("ugds {}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+        None => {
+            eprint!("{USAGE}");
+            return ExitCode::from(2);
+        }
+        Some(other) => Err(format!("unknown command {other:?}; try `ugds help`")),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ugds: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Parses "4096", "4k", "4KiB", "1m", "2G".
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let (num, mult) = match lower.trim_end_matches("ib").trim_end_matches('b') {
+        x if x.ends_with('k') => (&x[..x.len() - 1], 1u64 << 10),
+        x if x.ends_with('m') => (&x[..x.len() - 1], 1 << 20),
+        x if x.ends_with('g') => (&x[..x.len() - 1], 1 << 30),
+        x if x.ends_with('t') => (&x[..x.len() - 1], 1 << 40),
+        x => (x, 1),
+    };
+    num.trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("not a size: {s:?} (examples: 4096, 4k, 1M, 2G)"))
+}
+
+/// Formats bytes with a binary unit.
+pub fn fmt_bytes(n: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut i = 0;
+    let mut v = n;
+    while i < 4 && v >= 1024 && v % 1024 == 0 {
+        v /= 1024;
+        i += 1;
+    }
+    format!("{v} {}", U[i])
+}
+
+fn identify(args: Vec<std::ffi::OsString>) -> Result<(), String> {
+    use lexopt::prelude::*;
+    let mut t = target::TargetOpts::default();
+    let mut p = lexopt::Parser::from_args(args);
+    while let Some(arg) = p.next().map_err(|e| e.to_string())? {
+        match arg {
+            Short('h') | Long("help") => {
+                print!("Usage: ugds identify [TARGET]\n\n{}", target::HELP);
+                return Ok(());
+            }
+            Long(l) => {
+                let l = l.to_owned();
+                if !target::parse_long(&mut t, &l, &mut p).map_err(|e| e.to_string())? {
+                    return Err(format!("unexpected option --{l}; try `ugds help identify`"));
+                }
+            }
+            _ => return Err(arg.unexpected().to_string()),
+        }
+    }
+    let (cfg, tmp) = target::emu_config(&t);
+    let _more = target::extra_temp_files(&t);
+    let driver = Driver::open();
+    let platform = Arc::new(ugds::platform::emu::EmuPlatform::new(cfg).map_err(|e| e.to_string())?);
+    let opts = HandleOptions { nsid: t.nsid, sync_queues: 1, async_queues: 0, ..HandleOptions::default() };
+    let h = driver.open_handle(platform, opts).map_err(|e| e.to_string())?;
+    let c = h.controller();
+    let id = &c.identify;
+    println!("target       {}", target::describe(&t, &tmp));
+    println!("platform     {}", c.platform);
+    println!("model        {}", id.mn);
+    println!("serial       {}", id.sn);
+    println!("firmware     {}", id.fr);
+    println!("version      {}", c.version);
+    println!("vendor       {:#06x} (subsystem {:#06x})", id.vid, id.ssvid);
+    println!("controller   {}", id.cntlid);
+    println!(
+        "mdts         {}",
+        c.max_transfer.map_or("unlimited".to_string(), |b| format!("{} per command", fmt_bytes(b as u64)))
+    );
+    println!("mqes         {} entries per queue", c.cap.mqes() as u32 + 1);
+    println!("doorbells    stride {} bytes, timeout {} ms", 4u32 << c.cap.dstrd(), c.cap.to() as u32 * 500);
+    println!("io queues    {} granted to this handle (it asked for 1)", c.io_queues);
+    println!("oncs         {:#06x} (dataset management {}, write zeroes {})", id.oncs,
+        yes(id.oncs & ugds::nvme::IdentifyController::ONCS_DSM != 0),
+        yes(id.oncs & ugds::nvme::IdentifyController::ONCS_WRITE_ZEROES != 0));
+    println!("oacs         {:#06x} (doorbell buffer config {})", id.oacs,
+        yes(id.oacs & ugds::nvme::IdentifyController::OACS_DBBUF != 0));
+    println!("namespaces   {}", c.namespaces.len());
+    for ns in &c.namespaces {
+        println!(
+            "  nsid {:<4} {} blocks x {} bytes = {}",
+            ns.nsid,
+            ns.blocks,
+            ns.block_size,
+            fmt_bytes(ns.capacity())
+        );
+    }
+    h.close(ugds::Drain::NoWait).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert_eq!(parse_size("4KiB"), Ok(4096));
+        assert_eq!(parse_size("1M"), Ok(1 << 20));
+        assert_eq!(parse_size("2g"), Ok(2 << 30));
+        assert!(parse_size("x").is_err());
+        assert_eq!(fmt_bytes(4096), "4 KiB");
+        assert_eq!(fmt_bytes(1 << 30), "1 GiB");
+        assert_eq!(fmt_bytes(1000), "1000 B");
+    }
+}

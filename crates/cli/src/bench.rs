@@ -1,0 +1,719 @@
+//! `ugds bench`: throughput, IOPS and latency, in the spirit of gdsio.
+//!
+//! Each thread drives its own queue: at queue depth 1 through synchronous
+//! `Handle::read`/`write` calls, deeper through a lent `IoQueue` kept full.
+//! Latency is measured per I/O from submission to the completion being
+//! seen, into a log-linear histogram. `--verify` writes a pattern that is a
+//! function of the byte offset and checks every byte read against it.
+
+use crate::histogram::Histogram;
+use crate::target::{self, TargetOpts};
+use crate::{fmt_bytes, parse_size};
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+use ugds::platform::emu::EmuPlatform;
+use ugds::{BufferToken, Completion, Driver, Handle, HandleOptions, HostBuffer};
+
+pub const HELP: &str = "\
+Usage: ugds bench [OPTIONS] [TARGET]
+
+Runs I/O against the target and prints, per run, throughput (MiB/s), IOPS
+and latency (mean, p50, p99, p99.9, max) from submission to completion.
+
+Options:
+  -m, --mode MODE         read, write, randread, randwrite [randread]
+  -s, --size SIZE         request size; a comma list sweeps sizes [4k]
+  -t, --threads N         submitting threads, one queue each [1]
+  -q, --qd N              requests outstanding per thread [32]
+  -d, --duration SECS     time per run [3]
+  -b, --bytes SIZE        stop each run after this many bytes instead
+  -r, --range SIZE        bytes of the namespace to touch [whole namespace]
+      --verify            write a pattern, check every byte read against it
+      --interrupt         interrupt completion instead of polling
+      --no-progress       no progress bar, even on a terminal
+
+";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Read,
+    Write,
+    RandRead,
+    RandWrite,
+}
+
+impl Mode {
+    fn parse(s: &str) -> Result<Mode, String> {
+        Ok(match s {
+            "read" => Mode::Read,
+            "write" => Mode::Write,
+            "randread" => Mode::RandRead,
+            "randwrite" => Mode::RandWrite,
+            _ => return Err(format!("unknown mode {s:?}: read, write, randread or randwrite")),
+        })
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Read => "read",
+            Mode::Write => "write",
+            Mode::RandRead => "randread",
+            Mode::RandWrite => "randwrite",
+        }
+    }
+    fn writes(self) -> bool {
+        matches!(self, Mode::Write | Mode::RandWrite)
+    }
+    fn random(self) -> bool {
+        matches!(self, Mode::RandRead | Mode::RandWrite)
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Opts {
+    mode: Mode,
+    sizes: Vec<usize>,
+    threads: usize,
+    qd: usize,
+    duration: Duration,
+    bytes: Option<u64>,
+    range: Option<u64>,
+    verify: bool,
+    interrupt: bool,
+    progress: bool,
+    target: TargetOpts,
+}
+
+fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, String> {
+    use lexopt::prelude::*;
+    let mut o = Opts {
+        mode: Mode::RandRead,
+        sizes: vec![4096],
+        threads: 1,
+        qd: 32,
+        duration: Duration::from_secs(3),
+        bytes: None,
+        range: None,
+        verify: false,
+        interrupt: false,
+        progress: true,
+        target: TargetOpts::default(),
+    };
+    let mut p = lexopt::Parser::from_args(args);
+    let err = |e: lexopt::Error| e.to_string();
+    while let Some(arg) = p.next().map_err(err)? {
+        match arg {
+            Short('m') | Long("mode") => o.mode = Mode::parse(&p.value().map_err(err)?.string().map_err(err)?)?,
+            Short('s') | Long("size") => {
+                let v = p.value().map_err(err)?.string().map_err(err)?;
+                o.sizes = v.split(',').map(|s| parse_size(s).map(|n| n as usize)).collect::<Result<_, _>>()?;
+            }
+            Short('t') | Long("threads") => o.threads = p.value().map_err(err)?.parse().map_err(err)?,
+            Short('q') | Long("qd") => o.qd = p.value().map_err(err)?.parse().map_err(err)?,
+            Short('d') | Long("duration") => {
+                let secs: f64 = p.value().map_err(err)?.parse().map_err(err)?;
+                o.duration = Duration::from_secs_f64(secs);
+            }
+            Short('b') | Long("bytes") => o.bytes = Some(parse_size(&p.value().map_err(err)?.string().map_err(err)?)?),
+            Short('r') | Long("range") => o.range = Some(parse_size(&p.value().map_err(err)?.string().map_err(err)?)?),
+            Long("verify") => o.verify = true,
+            Long("interrupt") => o.interrupt = true,
+            Long("no-progress") => o.progress = false,
+            Short('h') | Long("help") => {
+                print!("{HELP}{}", target::HELP);
+                return Ok(None);
+            }
+            Long(l) => {
+                let l = l.to_owned();
+                if !target::parse_long(&mut o.target, &l, &mut p).map_err(err)? {
+                    return Err(format!("unexpected option --{l}; try `ugds help bench`"));
+                }
+            }
+            _ => return Err(arg.unexpected().to_string()),
+        }
+    }
+    if o.threads == 0 || o.qd == 0 {
+        return Err("threads and queue depth must be at least 1".into());
+    }
+    if o.sizes.iter().any(|&s| s == 0) {
+        return Err("request size must not be zero".into());
+    }
+    if o.verify && o.target.null {
+        return Err("--verify needs a namespace that keeps data (not --emu-null)".into());
+    }
+    Ok(Some(o))
+}
+
+/// The value of the pattern word at namespace byte offset `off` (a multiple of 8).
+#[inline]
+fn pattern_word(off: u64) -> u64 {
+    // splitmix64 of the offset: every word differs, so a misplaced block
+    // (wrong LBA, wrong buffer offset) never matches.
+    let mut z = off.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Fills `len` bytes at `dst` with the pattern of namespace offset `off`.
+///
+/// # Safety
+/// `dst..dst+len` is writable, 8-byte aligned, and no I/O on it is in flight.
+unsafe fn fill_pattern(dst: *mut u8, len: usize, off: u64) {
+    for i in 0..len / 8 {
+        // SAFETY: within the range the caller vouches for.
+        unsafe { (dst as *mut u64).add(i).write(pattern_word(off + 8 * i as u64)) };
+    }
+}
+
+/// Counts the 8-byte words at `src` that differ from the pattern of `off`.
+///
+/// # Safety
+/// `src..src+len` is readable, 8-byte aligned, and no I/O on it is in flight.
+unsafe fn check_pattern(src: *const u8, len: usize, off: u64) -> u64 {
+    let mut bad = 0;
+    for i in 0..len / 8 {
+        // SAFETY: within the range the caller vouches for.
+        let v = unsafe { (src as *const u64).add(i).read() };
+        bad += (v != pattern_word(off + 8 * i as u64)) as u64;
+    }
+    bad
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+#[derive(Default)]
+struct ThreadResult {
+    hist: Histogram,
+    ios: u64,
+    bytes: u64,
+    checked: u64,
+    mismatches: u64,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+struct Run<'a> {
+    handle: &'a Handle,
+    mode: Mode,
+    size: usize,
+    qd: usize,
+    range: u64,
+    verify: bool,
+    deadline_bytes: Option<u64>,
+    stop: &'a AtomicBool,
+    done_ios: &'a AtomicU64,
+}
+
+struct Slots {
+    token: BufferToken,
+    base: *mut u8,
+}
+
+// SAFETY: each thread uses only its own Slots; the pointer is to a buffer
+// that outlives the scoped threads.
+unsafe impl Sync for Slots {}
+
+impl Run<'_> {
+    fn offset(&self, tid: usize, threads: usize, seq: &mut u64, rng: &mut Rng) -> u64 {
+        let n = (self.range / self.size as u64).max(1);
+        let i = if self.mode.random() {
+            rng.next() % n
+        } else {
+            let start = n / threads as u64 * tid as u64;
+            let i = (start + *seq) % n;
+            *seq += 1;
+            i
+        };
+        i * self.size as u64
+    }
+
+    fn record_error(r: &mut ThreadResult, e: ugds::Error) {
+        r.errors += 1;
+        if r.first_error.is_none() {
+            r.first_error = Some(e.to_string());
+        }
+    }
+
+    /// Queue depth 1: synchronous calls.
+    fn sync_loop(&self, tid: usize, threads: usize, s: &Slots) -> ThreadResult {
+        let mut r = ThreadResult::default();
+        let mut rng = Rng(0x1234_5678_9abc_def1 ^ (tid as u64 + 1).wrapping_mul(0x9e37_79b9));
+        let mut seq = 0u64;
+        let mut pending_progress = 0u64;
+        while !self.stop.load(Ordering::Relaxed) {
+            let off = self.offset(tid, threads, &mut seq, &mut rng);
+            if self.mode.writes() && self.verify {
+                // SAFETY: the slot is ours and idle.
+                unsafe { fill_pattern(s.base, self.size, off) };
+            }
+            let t0 = Instant::now();
+            let res = if self.mode.writes() {
+                self.handle.write(&s.token, self.size, off, 0)
+            } else {
+                self.handle.read(&s.token, self.size, off, 0)
+            };
+            r.hist.record(t0.elapsed().as_nanos() as u64);
+            match res {
+                Ok(n) => {
+                    r.ios += 1;
+                    r.bytes += n as u64;
+                }
+                Err(e) => {
+                    Self::record_error(&mut r, e);
+                    break;
+                }
+            }
+            if self.verify {
+                if self.mode.writes() {
+                    // SAFETY: idle slot.
+                    unsafe { std::ptr::write_bytes(s.base, 0, self.size) };
+                    if let Err(e) = self.handle.read(&s.token, self.size, off, 0) {
+                        Self::record_error(&mut r, e);
+                        break;
+                    }
+                }
+                // SAFETY: idle slot, fully written by the completed read.
+                r.mismatches += unsafe { check_pattern(s.base, self.size, off) };
+                r.checked += 1;
+            }
+            pending_progress += 1;
+            if pending_progress == 64 {
+                self.done_ios.fetch_add(64, Ordering::Relaxed);
+                pending_progress = 0;
+                if self.deadline_bytes.is_some_and(|b| self.done_ios.load(Ordering::Relaxed) * self.size as u64 >= b) {
+                    self.stop.store(true, Ordering::Relaxed);
+                }
+            }
+        }
+        self.done_ios.fetch_add(pending_progress, Ordering::Relaxed);
+        r
+    }
+
+    /// Deeper queues: one lent IoQueue kept `qd` requests full.
+    fn async_loop(&self, tid: usize, threads: usize, s: &Slots) -> ThreadResult {
+        let mut r = ThreadResult::default();
+        let mut q = match self.handle.io_queue() {
+            Ok(q) => q,
+            Err(e) => {
+                Self::record_error(&mut r, e);
+                return r;
+            }
+        };
+        let mut rng = Rng(0x1234_5678_9abc_def1 ^ (tid as u64 + 1).wrapping_mul(0x9e37_79b9));
+        let mut seq = 0u64;
+        // Per slot: namespace offset, submit time, and whether a verifying
+        // write is now being read back.
+        let mut slot_off = vec![0u64; self.qd];
+        let mut slot_t0 = vec![Instant::now(); self.qd];
+        let mut slot_readback = vec![false; self.qd];
+        let mut done: Vec<(u64, Result<usize, ugds::Error>)> = Vec::with_capacity(self.qd);
+        let size = self.size;
+        let submit = |q: &mut ugds::IoQueue<'_>, slot: usize, off: u64, read: bool| -> Result<(), ugds::Error> {
+            loop {
+                let res = if read {
+                    q.submit_read(&s.token, size, off, slot * size, slot as u64)
+                } else {
+                    q.submit_write(&s.token, size, off, slot * size, slot as u64)
+                };
+                match res {
+                    Err(ugds::Error::QueueFull) => {
+                        q.ring();
+                        std::hint::spin_loop();
+                        return Err(ugds::Error::QueueFull);
+                    }
+                    other => return other,
+                }
+            }
+        };
+        let mut backlog: Vec<usize> = Vec::new();
+        let start_slot = |slot: usize, rng: &mut Rng, seq: &mut u64, slot_off: &mut [u64]| {
+            let off = self.offset(tid, threads, seq, rng);
+            slot_off[slot] = off;
+            if self.mode.writes() && self.verify {
+                // SAFETY: this slot has no I/O in flight.
+                unsafe { fill_pattern(s.base.add(slot * size), size, off) };
+            }
+        };
+        for slot in 0..self.qd {
+            start_slot(slot, &mut rng, &mut seq, &mut slot_off);
+            slot_t0[slot] = Instant::now();
+            match submit(&mut q, slot, slot_off[slot], !self.mode.writes()) {
+                Ok(()) => {}
+                Err(ugds::Error::QueueFull) => backlog.push(slot),
+                Err(e) => {
+                    Self::record_error(&mut r, e);
+                    return r;
+                }
+            }
+        }
+        let mut pending_progress = 0u64;
+        let mut stopping = false;
+        loop {
+            done.clear();
+            let n = q.poll(usize::MAX, |tag, res| done.push((tag, res)));
+            if n == 0 {
+                if stopping && q.outstanding() == 0 {
+                    break;
+                }
+                if !backlog.is_empty() {
+                    let slot = backlog.pop().expect("non-empty");
+                    slot_t0[slot] = Instant::now();
+                    if let Err(ugds::Error::QueueFull) = submit(&mut q, slot, slot_off[slot], !self.mode.writes()) {
+                        backlog.push(slot);
+                    }
+                    continue;
+                }
+                q.wait(Duration::from_millis(100));
+                continue;
+            }
+            let now = Instant::now();
+            if !stopping && self.stop.load(Ordering::Relaxed) {
+                stopping = true;
+            }
+            for (tag, res) in done.drain(..) {
+                let slot = tag as usize;
+                let mut next_is_readback = false;
+                match res {
+                    Ok(bytes) => {
+                        if slot_readback[slot] {
+                            // SAFETY: the read-back into this slot completed.
+                            r.mismatches += unsafe { check_pattern(s.base.add(slot * size), size, slot_off[slot]) };
+                            r.checked += 1;
+                            slot_readback[slot] = false;
+                        } else {
+                            r.hist.record(now.duration_since(slot_t0[slot]).as_nanos() as u64);
+                            r.ios += 1;
+                            r.bytes += bytes as u64;
+                            pending_progress += 1;
+                            if self.verify && !self.mode.writes() {
+                                // SAFETY: the read into this slot completed.
+                                r.mismatches += unsafe { check_pattern(s.base.add(slot * size), size, slot_off[slot]) };
+                                r.checked += 1;
+                            } else if self.verify {
+                                next_is_readback = true;
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        Self::record_error(&mut r, e);
+                        stopping = true;
+                    }
+                }
+                if stopping && !next_is_readback {
+                    continue;
+                }
+                let read = if next_is_readback {
+                    slot_readback[slot] = true;
+                    // SAFETY: idle slot.
+                    unsafe { std::ptr::write_bytes(s.base.add(slot * size), 0, size) };
+                    true
+                } else {
+                    start_slot(slot, &mut rng, &mut seq, &mut slot_off);
+                    !self.mode.writes()
+                };
+                slot_t0[slot] = now;
+                match submit(&mut q, slot, slot_off[slot], read) {
+                    Ok(()) => {}
+                    Err(ugds::Error::QueueFull) => backlog.push(slot),
+                    Err(e) => {
+                        Self::record_error(&mut r, e);
+                        stopping = true;
+                    }
+                }
+            }
+            if pending_progress >= 64 {
+                let total = self.done_ios.fetch_add(pending_progress, Ordering::Relaxed) + pending_progress;
+                pending_progress = 0;
+                if self.deadline_bytes.is_some_and(|b| total * size as u64 >= b) {
+                    self.stop.store(true, Ordering::Relaxed);
+                }
+            }
+            if stopping && q.outstanding() == 0 {
+                break;
+            }
+        }
+        self.done_ios.fetch_add(pending_progress, Ordering::Relaxed);
+        if let Err(e) = q.drain(|_, _| {}) {
+            Self::record_error(&mut r, e);
+        }
+        r
+    }
+}
+
+fn progress_bar(stop: &AtomicBool, finished: &AtomicBool, done: &AtomicU64, start: Instant, total: Option<Duration>, label: &str) {
+    let mut err = std::io::stderr();
+    let mut last = (Instant::now(), 0u64);
+    while !finished.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = Instant::now();
+        let d = done.load(Ordering::Relaxed);
+        let rate = (d - last.1) as f64 / now.duration_since(last.0).as_secs_f64();
+        last = (now, d);
+        let el = start.elapsed();
+        let frac = total.map_or(0.0, |t| (el.as_secs_f64() / t.as_secs_f64()).min(1.0));
+        let w = 30;
+        let filled = (frac * w as f64) as usize;
+        let _ = write!(
+            err,
+            "\r{label} [{}{}] {:5.1}s  {:>9} IOPS  ",
+            "#".repeat(filled),
+            ".".repeat(w - filled),
+            el.as_secs_f64(),
+            fmt_count(rate)
+        );
+        let _ = err.flush();
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+    }
+    let _ = write!(err, "\r{}\r", " ".repeat(label.len() + 64));
+    let _ = err.flush();
+}
+
+fn fmt_count(v: f64) -> String {
+    if v >= 1e6 {
+        format!("{:.2}M", v / 1e6)
+    } else if v >= 1e3 {
+        format!("{:.1}k", v / 1e3)
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+fn us(ns: f64) -> String {
+    format!("{:.2}", ns / 1000.0)
+}
+
+/// Runs one size; returns (checked, mismatches, errors).
+fn run_one(o: &Opts, handle: &Handle, slots: &[Slots], size: usize, range: u64) -> Result<(u64, u64), String> {
+    let stop = AtomicBool::new(false);
+    let finished = AtomicBool::new(false);
+    let done_ios = AtomicU64::new(0);
+    let barrier = Barrier::new(o.threads + 1);
+    let run = Run {
+        handle,
+        mode: o.mode,
+        size,
+        qd: o.qd,
+        range,
+        verify: o.verify,
+        deadline_bytes: o.bytes,
+        stop: &stop,
+        done_ios: &done_ios,
+    };
+    let label = format!("{} {}", o.mode.name(), fmt_bytes(size as u64));
+    let show = o.progress && std::io::stderr().is_terminal();
+    let (results, elapsed) = std::thread::scope(|sc| {
+        let workers: Vec<_> = (0..o.threads)
+            .map(|tid| {
+                let run = &run;
+                let barrier = &barrier;
+                let s = &slots[tid];
+                sc.spawn(move || {
+                    barrier.wait();
+                    if run.qd == 1 {
+                        run.sync_loop(tid, o.threads, s)
+                    } else {
+                        run.async_loop(tid, o.threads, s)
+                    }
+                })
+            })
+            .collect();
+        barrier.wait();
+        let start = Instant::now();
+        let bar = show.then(|| {
+            let (stop, finished, done_ios, label) = (&stop, &finished, &done_ios, &label);
+            let total = o.bytes.is_none().then_some(o.duration);
+            sc.spawn(move || progress_bar(stop, finished, done_ios, start, total, label))
+        });
+        if o.bytes.is_none() {
+            while start.elapsed() < o.duration && !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(5).min(o.duration));
+            }
+            stop.store(true, Ordering::Relaxed);
+        }
+        let results: Vec<ThreadResult> = workers.into_iter().map(|w| w.join().expect("bench thread panicked")).collect();
+        let elapsed = start.elapsed();
+        finished.store(true, Ordering::Relaxed);
+        if let Some(b) = bar {
+            let _ = b.join();
+        }
+        (results, elapsed)
+    });
+    let mut hist = Histogram::default();
+    let (mut ios, mut bytes, mut checked, mut mism, mut errors) = (0, 0, 0, 0, 0);
+    let mut first_error = None;
+    for r in &results {
+        hist.merge(&r.hist);
+        ios += r.ios;
+        bytes += r.bytes;
+        checked += r.checked;
+        mism += r.mismatches;
+        errors += r.errors;
+        if first_error.is_none() {
+            first_error = r.first_error.clone();
+        }
+    }
+    let secs = elapsed.as_secs_f64();
+    let mode = if o.interrupt { "irq" } else { "poll" };
+    println!(
+        "{:<9} {:>8}  threads {:<2} qd {:<4} {:<4} | {:>10.1} MiB/s {:>9} IOPS | lat us mean {:>8} p50 {:>8} p99 {:>8} p99.9 {:>8} max {:>9} | {:.2} s, {} I/Os",
+        o.mode.name(),
+        fmt_bytes(size as u64),
+        o.threads,
+        o.qd,
+        mode,
+        bytes as f64 / secs / (1 << 20) as f64,
+        fmt_count(ios as f64 / secs),
+        us(hist.mean()),
+        us(hist.quantile(0.5) as f64),
+        us(hist.quantile(0.99) as f64),
+        us(hist.quantile(0.999) as f64),
+        us(hist.max() as f64),
+        secs,
+        ios
+    );
+    if errors > 0 {
+        return Err(format!("{errors} I/O errors; first: {}", first_error.unwrap_or_default()));
+    }
+    Ok((checked, mism))
+}
+
+pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
+    let Some(o) = parse(args)? else { return Ok(()) };
+    let (cfg, tmp) = target::emu_config(&o.target);
+    let _more = target::extra_temp_files(&o.target);
+    let max_size = *o.sizes.iter().max().expect("at least one size");
+    let t_setup = Instant::now();
+    let driver = Driver::open();
+    let platform = Arc::new(EmuPlatform::new(cfg).map_err(|e| e.to_string())?);
+    let control = platform.control();
+    // Deep enough for qd requests of the largest size, each split by MDTS.
+    let per_req = if o.target.mdts == 0 { 1 } else { max_size.div_ceil(4096 << o.target.mdts) };
+    let depth = (o.qd * per_req + 1).clamp(2, 1024) as u16;
+    let opts = HandleOptions {
+        nsid: o.target.nsid,
+        completion: if o.interrupt { Completion::Interrupt } else { Completion::Poll },
+        sync_queues: o.threads as u16,
+        async_queues: if o.qd > 1 { o.threads as u16 } else { 0 },
+        queue_depth: depth,
+        ..HandleOptions::default()
+    };
+    let handle = driver.open_handle(platform, opts).map_err(|e| e.to_string())?;
+    let setup = t_setup.elapsed();
+    let ns = handle.namespace();
+    let range = o.range.unwrap_or(ns.capacity()).min(ns.capacity());
+    if let Some(&bad) = o.sizes.iter().find(|&&s| s % ns.block_size as usize != 0 || s as u64 > range) {
+        return Err(format!("request size {bad} must be a multiple of the {}-byte block and fit the {range}-byte range", ns.block_size));
+    }
+    let (nsync, nasync) = handle.queue_counts();
+    println!("target   {}", target::describe(&o.target, &tmp));
+    println!(
+        "setup    {:.2} ms (controller enabled, identified, {} sync + {} lent queue pairs of {} entries)",
+        setup.as_secs_f64() * 1e3,
+        nsync,
+        nasync,
+        depth
+    );
+    // One registered buffer per thread: qd slots of the largest size.
+    let mut bufs = Vec::new();
+    let mut slots = Vec::new();
+    for _ in 0..o.threads {
+        let mut b = HostBuffer::new(max_size * o.qd).map_err(|e| e.to_string())?;
+        // SAFETY: `b` is kept in `bufs` until after deregistration below,
+        // and each slot is touched only while it has no I/O in flight.
+        let token = unsafe { driver.register(b.as_mut_ptr(), b.len()) }.map_err(|e| e.to_string())?;
+        slots.push(Slots { token, base: b.as_mut_ptr() });
+        bufs.push(b);
+    }
+    if o.verify && !o.mode.writes() {
+        let t = Instant::now();
+        prefill(&driver, &handle, range).map_err(|e| format!("prefill: {e}"))?;
+        println!("prefill  {} written with the verify pattern in {:.2} s", fmt_bytes(range), t.elapsed().as_secs_f64());
+    }
+    let (mut checked, mut mismatches) = (0, 0);
+    let before = control.stats();
+    let mut result = Ok(());
+    for &size in &o.sizes {
+        match run_one(&o, &handle, &slots, size, range) {
+            Ok((c, m)) => {
+                checked += c;
+                mismatches += m;
+            }
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    let after = control.stats();
+    if after.dma_faults > before.dma_faults {
+        println!("emulator DMA faults during the runs: {}", after.dma_faults - before.dma_faults);
+    }
+    if o.verify {
+        println!("verify   {checked} I/Os checked, {mismatches} mismatched 8-byte words");
+    }
+    for s in &slots {
+        driver.deregister(&s.token).map_err(|e| e.to_string())?;
+    }
+    drop(bufs);
+    handle.close(ugds::Drain::Timeout(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+    result?;
+    if mismatches > 0 {
+        return Err(format!("verify failed: {mismatches} words differ from the pattern"));
+    }
+    Ok(())
+}
+
+/// Writes the verify pattern over `range` bytes, 1 MiB at a time.
+fn prefill(driver: &Driver, handle: &Handle, range: u64) -> Result<(), ugds::Error> {
+    let chunk = 1usize << 20;
+    let mut b = HostBuffer::new(chunk)?;
+    // SAFETY: `b` outlives the registration (deregistered below) and is only
+    // filled between the synchronous writes.
+    let token = unsafe { driver.register(b.as_mut_ptr(), b.len())? };
+    let mut off = 0u64;
+    let r = (|| {
+        while off < range {
+            let n = (range - off).min(chunk as u64) as usize;
+            // SAFETY: no I/O is in flight on `b` between calls.
+            unsafe { fill_pattern(b.as_mut_ptr(), n, off) };
+            handle.write(&token, n, off, 0)?;
+            off += n as u64;
+        }
+        Ok(())
+    })();
+    driver.deregister(&token)?;
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pattern_depends_on_offset() {
+        let mut b = vec![0u64; 64];
+        // SAFETY: a live, aligned Vec of 512 bytes.
+        unsafe { fill_pattern(b.as_mut_ptr().cast(), 512, 4096) };
+        // SAFETY: as above.
+        assert_eq!(unsafe { check_pattern(b.as_ptr().cast(), 512, 4096) }, 0);
+        // SAFETY: as above.
+        assert_eq!(unsafe { check_pattern(b.as_ptr().cast(), 512, 4608) }, 64);
+        b[3] ^= 1;
+        // SAFETY: as above.
+        assert_eq!(unsafe { check_pattern(b.as_ptr().cast(), 512, 4096) }, 1);
+    }
+}

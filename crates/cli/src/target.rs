@@ -1,0 +1,163 @@
+//! Which controller a command runs against, from its flags.
+
+use std::path::PathBuf;
+use std::time::Duration;
+use ugds::platform::emu::{EmuConfig, LatencyModel, NamespaceConfig};
+
+/// Options that pick and shape the target.
+#[derive(Clone, Debug)]
+pub struct TargetOpts {
+    /// Backing file of the emulated namespace; a temporary file when unset.
+    pub file: Option<PathBuf>,
+    /// Keep the namespace in memory instead of a file.
+    pub memory: bool,
+    /// Size of each emulated namespace in bytes.
+    pub size: u64,
+    /// Logical block size.
+    pub block: u32,
+    /// Emulated namespaces.
+    pub namespaces: u32,
+    /// MDTS (log2 of 4 KiB units, 0 = unlimited).
+    pub mdts: u8,
+    /// MQES (zero-based).
+    pub mqes: u16,
+    /// Maximum I/O queue pairs.
+    pub queues: u16,
+    /// Null mode.
+    pub null: bool,
+    /// Latency model: fixed time per command.
+    pub latency_us: Option<u64>,
+    /// Latency model: bandwidth in MB/s.
+    pub bandwidth_mbs: Option<u64>,
+    /// Namespace to use.
+    pub nsid: Option<u32>,
+}
+
+impl Default for TargetOpts {
+    fn default() -> Self {
+        TargetOpts {
+            file: None,
+            memory: false,
+            size: 1 << 30,
+            block: 512,
+            namespaces: 1,
+            mdts: 5,
+            mqes: 1023,
+            queues: 16,
+            null: false,
+            latency_us: None,
+            bandwidth_mbs: None,
+            nsid: None,
+        }
+    }
+}
+
+/// Parses the long target flag `name`; returns false when it is not one.
+pub fn parse_long(t: &mut TargetOpts, name: &str, p: &mut lexopt::Parser) -> Result<bool, lexopt::Error> {
+    use lexopt::prelude::*;
+    match name {
+        "emu-file" => t.file = Some(p.value()?.into()),
+        "emu-memory" => t.memory = true,
+        "emu-size" => t.size = crate::parse_size(&p.value()?.string()?)?,
+        "emu-block" => t.block = p.value()?.parse()?,
+        "emu-namespaces" => t.namespaces = p.value()?.parse()?,
+        "emu-mdts" => t.mdts = p.value()?.parse()?,
+        "emu-mqes" => t.mqes = p.value()?.parse()?,
+        "emu-queues" => t.queues = p.value()?.parse()?,
+        "emu-null" => t.null = true,
+        "emu-latency-us" => t.latency_us = Some(p.value()?.parse()?),
+        "emu-bandwidth-mbs" => t.bandwidth_mbs = Some(p.value()?.parse()?),
+        "nsid" => t.nsid = Some(p.value()?.parse()?),
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// The help text for the target flags.
+pub const HELP: &str = "\
+Target (default: an emulated controller whose namespace is a temporary file):
+      --emu-file PATH         back the namespace with PATH (kept afterwards)
+      --emu-memory            back the namespace with memory
+      --emu-null              null mode: commands complete without moving data
+      --emu-size SIZE         namespace size [1G]
+      --emu-block 512|4096    logical block size [512]
+      --emu-namespaces N      number of namespaces [1]
+      --emu-mdts N            MDTS, 4 KiB << N per command, 0 = unlimited [5]
+      --emu-mqes N            MQES, zero-based [1023]
+      --emu-queues N          I/O queue pairs the controller grants [16]
+      --emu-latency-us N      latency model: microseconds per command
+      --emu-bandwidth-mbs N   latency model: MB/s, transfers serialised
+      --nsid N                namespace to use [first active]
+";
+
+/// A temporary backing file, removed on drop.
+pub struct TempFile(pub PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The emulator configuration, and the temporary file to remove after.
+pub fn emu_config(t: &TargetOpts) -> (EmuConfig, Option<TempFile>) {
+    let mut tmp = None;
+    let mut namespaces = Vec::new();
+    for i in 0..t.namespaces.max(1) {
+        let ns = if t.memory || t.null {
+            NamespaceConfig::memory(t.size, t.block)
+        } else {
+            let path = match &t.file {
+                Some(f) if i == 0 => f.clone(),
+                Some(f) => PathBuf::from(format!("{}.{}", f.display(), i + 1)),
+                None => {
+                    let p = std::env::temp_dir().join(format!("ugds-emu-{}-{}.img", std::process::id(), i + 1));
+                    if i == 0 {
+                        tmp = Some(TempFile(p.clone()));
+                    }
+                    p
+                }
+            };
+            NamespaceConfig::file(path, t.size, t.block)
+        };
+        namespaces.push(ns);
+    }
+    let latency = match (t.latency_us, t.bandwidth_mbs) {
+        (None, None) => None,
+        (l, b) => Some(LatencyModel {
+            latency: Duration::from_micros(l.unwrap_or(0)),
+            bytes_per_sec: b.unwrap_or(0) * 1_000_000,
+        }),
+    };
+    let cfg = EmuConfig::default()
+        .namespaces(namespaces)
+        .mdts(t.mdts)
+        .mqes(t.mqes)
+        .max_io_queues(t.queues)
+        .null(t.null)
+        .latency(latency);
+    (cfg, tmp)
+}
+
+/// Extra temporary files of namespaces 2.. (removed with the first).
+pub fn extra_temp_files(t: &TargetOpts) -> Vec<TempFile> {
+    if t.file.is_some() || t.memory || t.null {
+        return vec![];
+    }
+    (2..=t.namespaces)
+        .map(|i| TempFile(std::env::temp_dir().join(format!("ugds-emu-{}-{}.img", std::process::id(), i))))
+        .collect()
+}
+
+/// A one-line description of the target.
+pub fn describe(t: &TargetOpts, tmp: &Option<TempFile>) -> String {
+    let backing = if t.null {
+        "null (no data moved)".to_string()
+    } else if t.memory {
+        "memory".to_string()
+    } else {
+        let p = t.file.clone().or_else(|| tmp.as_ref().map(|f| f.0.clone())).unwrap_or_default();
+        format!("file {}", p.display())
+    };
+    format!("emulated controller, namespace {} x {}-byte blocks, backed by {backing}", crate::fmt_bytes(t.size), t.block)
+}
