@@ -136,7 +136,7 @@ fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, String> {
     if o.threads == 0 || o.qd == 0 {
         return Err("threads and queue depth must be at least 1".into());
     }
-    if o.sizes.iter().any(|&s| s == 0) {
+    if o.sizes.contains(&0) {
         return Err("request size must not be zero".into());
     }
     if o.verify && o.target.null {
@@ -211,7 +211,8 @@ struct Run<'a> {
     qd: usize,
     range: u64,
     verify: bool,
-    deadline_bytes: Option<u64>,
+    /// I/Os left when the run is bounded by bytes.
+    budget: Option<&'a AtomicU64>,
     stop: &'a AtomicBool,
     done_ios: &'a AtomicU64,
 }
@@ -226,6 +227,14 @@ struct Slots {
 unsafe impl Sync for Slots {}
 
 impl Run<'_> {
+    /// Claims one I/O of the byte budget; false when it is spent.
+    fn take(&self) -> bool {
+        match self.budget {
+            None => true,
+            Some(b) => b.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok(),
+        }
+    }
+
     fn offset(&self, tid: usize, threads: usize, seq: &mut u64, rng: &mut Rng) -> u64 {
         let n = (self.range / self.size as u64).max(1);
         let i = if self.mode.random() {
@@ -252,7 +261,7 @@ impl Run<'_> {
         let mut rng = Rng(0x1234_5678_9abc_def1 ^ (tid as u64 + 1).wrapping_mul(0x9e37_79b9));
         let mut seq = 0u64;
         let mut pending_progress = 0u64;
-        while !self.stop.load(Ordering::Relaxed) {
+        while !self.stop.load(Ordering::Relaxed) && self.take() {
             let off = self.offset(tid, threads, &mut seq, &mut rng);
             if self.mode.writes() && self.verify {
                 // SAFETY: the slot is ours and idle.
@@ -292,9 +301,6 @@ impl Run<'_> {
             if pending_progress == 64 {
                 self.done_ios.fetch_add(64, Ordering::Relaxed);
                 pending_progress = 0;
-                if self.deadline_bytes.is_some_and(|b| self.done_ios.load(Ordering::Relaxed) * self.size as u64 >= b) {
-                    self.stop.store(true, Ordering::Relaxed);
-                }
             }
         }
         self.done_ios.fetch_add(pending_progress, Ordering::Relaxed);
@@ -320,21 +326,12 @@ impl Run<'_> {
         let mut slot_readback = vec![false; self.qd];
         let mut done: Vec<(u64, Result<usize, ugds::Error>)> = Vec::with_capacity(self.qd);
         let size = self.size;
+        // A request that does not fit (QueueFull) waits in the backlog.
         let submit = |q: &mut ugds::IoQueue<'_>, slot: usize, off: u64, read: bool| -> Result<(), ugds::Error> {
-            loop {
-                let res = if read {
-                    q.submit_read(&s.token, size, off, slot * size, slot as u64)
-                } else {
-                    q.submit_write(&s.token, size, off, slot * size, slot as u64)
-                };
-                match res {
-                    Err(ugds::Error::QueueFull) => {
-                        q.ring();
-                        std::hint::spin_loop();
-                        return Err(ugds::Error::QueueFull);
-                    }
-                    other => return other,
-                }
+            if read {
+                q.submit_read(&s.token, size, off, slot * size, slot as u64)
+            } else {
+                q.submit_write(&s.token, size, off, slot * size, slot as u64)
             }
         };
         let mut backlog: Vec<usize> = Vec::new();
@@ -346,7 +343,12 @@ impl Run<'_> {
                 unsafe { fill_pattern(s.base.add(slot * size), size, off) };
             }
         };
+        let mut stopping = false;
         for slot in 0..self.qd {
+            if !self.take() {
+                stopping = true;
+                break;
+            }
             start_slot(slot, &mut rng, &mut seq, &mut slot_off);
             slot_t0[slot] = Instant::now();
             match submit(&mut q, slot, slot_off[slot], !self.mode.writes()) {
@@ -359,7 +361,6 @@ impl Run<'_> {
             }
         }
         let mut pending_progress = 0u64;
-        let mut stopping = false;
         loop {
             done.clear();
             let n = q.poll(usize::MAX, |tag, res| done.push((tag, res)));
@@ -411,7 +412,8 @@ impl Run<'_> {
                         stopping = true;
                     }
                 }
-                if stopping && !next_is_readback {
+                if !next_is_readback && (stopping || !self.take()) {
+                    stopping = true;
                     continue;
                 }
                 let read = if next_is_readback {
@@ -434,11 +436,8 @@ impl Run<'_> {
                 }
             }
             if pending_progress >= 64 {
-                let total = self.done_ios.fetch_add(pending_progress, Ordering::Relaxed) + pending_progress;
+                self.done_ios.fetch_add(pending_progress, Ordering::Relaxed);
                 pending_progress = 0;
-                if self.deadline_bytes.is_some_and(|b| total * size as u64 >= b) {
-                    self.stop.store(true, Ordering::Relaxed);
-                }
             }
             if stopping && q.outstanding() == 0 {
                 break;
@@ -452,7 +451,14 @@ impl Run<'_> {
     }
 }
 
-fn progress_bar(stop: &AtomicBool, finished: &AtomicBool, done: &AtomicU64, start: Instant, total: Option<Duration>, label: &str) {
+fn progress_bar(
+    stop: &AtomicBool,
+    finished: &AtomicBool,
+    done: &AtomicU64,
+    start: Instant,
+    total: Option<Duration>,
+    label: &str,
+) {
     let mut err = std::io::stderr();
     let mut last = (Instant::now(), 0u64);
     while !finished.load(Ordering::Relaxed) {
@@ -502,6 +508,7 @@ fn run_one(o: &Opts, handle: &Handle, slots: &[Slots], size: usize, range: u64) 
     let finished = AtomicBool::new(false);
     let done_ios = AtomicU64::new(0);
     let barrier = Barrier::new(o.threads + 1);
+    let budget = o.bytes.map(|b| AtomicU64::new(b.div_ceil(size as u64)));
     let run = Run {
         handle,
         mode: o.mode,
@@ -509,7 +516,7 @@ fn run_one(o: &Opts, handle: &Handle, slots: &[Slots], size: usize, range: u64) 
         qd: o.qd,
         range,
         verify: o.verify,
-        deadline_bytes: o.bytes,
+        budget: budget.as_ref(),
         stop: &stop,
         done_ios: &done_ios,
     };
@@ -544,7 +551,8 @@ fn run_one(o: &Opts, handle: &Handle, slots: &[Slots], size: usize, range: u64) 
             }
             stop.store(true, Ordering::Relaxed);
         }
-        let results: Vec<ThreadResult> = workers.into_iter().map(|w| w.join().expect("bench thread panicked")).collect();
+        let results: Vec<ThreadResult> =
+            workers.into_iter().map(|w| w.join().expect("bench thread panicked")).collect();
         let elapsed = start.elapsed();
         finished.store(true, Ordering::Relaxed);
         if let Some(b) = bar {
@@ -616,7 +624,10 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     let ns = handle.namespace();
     let range = o.range.unwrap_or(ns.capacity()).min(ns.capacity());
     if let Some(&bad) = o.sizes.iter().find(|&&s| s % ns.block_size as usize != 0 || s as u64 > range) {
-        return Err(format!("request size {bad} must be a multiple of the {}-byte block and fit the {range}-byte range", ns.block_size));
+        return Err(format!(
+            "request size {bad} must be a multiple of the {}-byte block and fit the {range}-byte range",
+            ns.block_size
+        ));
     }
     let (nsync, nasync) = handle.queue_counts();
     println!("target   {}", target::describe(&o.target, &tmp));

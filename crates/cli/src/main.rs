@@ -128,20 +128,20 @@ fn identify(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     println!("mqes         {} entries per queue", c.cap.mqes() as u32 + 1);
     println!("doorbells    stride {} bytes, timeout {} ms", 4u32 << c.cap.dstrd(), c.cap.to() as u32 * 500);
     println!("io queues    {} granted to this handle (it asked for 1)", c.io_queues);
-    println!("oncs         {:#06x} (dataset management {}, write zeroes {})", id.oncs,
+    println!(
+        "oncs         {:#06x} (dataset management {}, write zeroes {})",
+        id.oncs,
         yes(id.oncs & ugds::nvme::IdentifyController::ONCS_DSM != 0),
-        yes(id.oncs & ugds::nvme::IdentifyController::ONCS_WRITE_ZEROES != 0));
-    println!("oacs         {:#06x} (doorbell buffer config {})", id.oacs,
-        yes(id.oacs & ugds::nvme::IdentifyController::OACS_DBBUF != 0));
+        yes(id.oncs & ugds::nvme::IdentifyController::ONCS_WRITE_ZEROES != 0)
+    );
+    println!(
+        "oacs         {:#06x} (doorbell buffer config {})",
+        id.oacs,
+        yes(id.oacs & ugds::nvme::IdentifyController::OACS_DBBUF != 0)
+    );
     println!("namespaces   {}", c.namespaces.len());
     for ns in &c.namespaces {
-        println!(
-            "  nsid {:<4} {} blocks x {} bytes = {}",
-            ns.nsid,
-            ns.blocks,
-            ns.block_size,
-            fmt_bytes(ns.capacity())
-        );
+        println!("  nsid {:<4} {} blocks x {} bytes = {}", ns.nsid, ns.blocks, ns.block_size, fmt_bytes(ns.capacity()));
     }
     h.close(ugds::Drain::NoWait).map_err(|e| e.to_string())?;
     Ok(())

@@ -159,5 +159,9 @@ pub fn describe(t: &TargetOpts, tmp: &Option<TempFile>) -> String {
         let p = t.file.clone().or_else(|| tmp.as_ref().map(|f| f.0.clone())).unwrap_or_default();
         format!("file {}", p.display())
     };
-    format!("emulated controller, namespace {} x {}-byte blocks, backed by {backing}", crate::fmt_bytes(t.size), t.block)
+    format!(
+        "emulated controller, namespace {} x {}-byte blocks, backed by {backing}",
+        crate::fmt_bytes(t.size),
+        t.block
+    )
 }

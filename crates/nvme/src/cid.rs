@@ -26,7 +26,7 @@ impl CidAllocator {
     /// An allocator for `capacity` identifiers (1..=65535; 0xffff is kept
     /// out because some controllers treat it as "no command").
     pub fn new(capacity: u16) -> CidAllocator {
-        assert!(capacity >= 1 && capacity < u16::MAX);
+        assert!((1..u16::MAX).contains(&capacity));
         CidAllocator {
             free: (0..capacity).rev().collect(),
             in_use: vec![0; (capacity as usize).div_ceil(64)],

@@ -292,7 +292,7 @@ impl Sqe {
 
     /// Read or Write of `nlb` blocks at `slba` (NVM spec 3.2.4 / 3.2.6).
     pub fn rw(op: NvmOpcode, cid: Cid, nsid: Nsid, slba: Lba, nlb: u32, prp1: u64, prp2: u64) -> Sqe {
-        debug_assert!(nlb >= 1 && nlb <= 0x1_0000);
+        debug_assert!((1..=0x1_0000).contains(&nlb));
         let mut s = Sqe::new(op as u8, cid);
         s.nsid = nsid.0;
         s.prp1 = prp1;

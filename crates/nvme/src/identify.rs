@@ -201,10 +201,7 @@ impl IdentifyNamespace {
 
 /// Parses the active namespace ID list (CNS 02h): ascending NSIDs, ended by 0.
 pub fn parse_active_ns_list(b: &[u8; IDENTIFY_LEN]) -> Vec<u32> {
-    b.chunks_exact(4)
-        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-        .take_while(|&n| n != 0)
-        .collect()
+    b.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).take_while(|&n| n != 0).collect()
 }
 
 #[cfg(test)]

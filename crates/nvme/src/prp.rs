@@ -235,10 +235,7 @@ mod tests {
         assert_eq!(plan(&pages, PS, 512, 512), Ok(PrpPlan::One { prp1: 0x10200 }));
         assert_eq!(plan(&pages, PS, 512, 4096), Ok(PrpPlan::Two { prp1: 0x10200, prp2: 0x30000 }));
         assert_eq!(plan(&pages, PS, 0, 8192), Ok(PrpPlan::Two { prp1: 0x10000, prp2: 0x30000 }));
-        assert_eq!(
-            plan(&pages, PS, 4096, 8193),
-            Ok(PrpPlan::List { prp1: 0x30000, entries: &pages[2..4] })
-        );
+        assert_eq!(plan(&pages, PS, 4096, 8193), Ok(PrpPlan::List { prp1: 0x30000, entries: &pages[2..4] }));
     }
 
     #[test]

@@ -81,7 +81,8 @@ impl Driver {
     /// while an I/O call on it is in progress.
     pub unsafe fn register(&self, base: *mut u8, len: usize) -> Result<BufferToken> {
         let handles = self.inner.handles.lock().unwrap_or_else(|p| p.into_inner());
-        let live: Vec<_> = handles.iter().filter_map(|(id, w)| w.upgrade().map(|h| (*id, h.platform().clone()))).collect();
+        let live: Vec<_> =
+            handles.iter().filter_map(|(id, w)| w.upgrade().map(|h| (*id, h.platform().clone()))).collect();
         self.inner.registry.insert(base as usize, len, &live)
     }
 

@@ -127,7 +127,10 @@ impl HandleInner {
                 .iter()
                 .find(|x| x.nsid == n)
                 .ok_or_else(|| Error::InvalidArgument(format!("namespace {n} is not active on this controller")))?,
-            None => *info.namespaces.first().ok_or_else(|| Error::Unsupported("controller has no usable namespace".into()))?,
+            None => *info
+                .namespaces
+                .first()
+                .ok_or_else(|| Error::Unsupported("controller has no usable namespace".into()))?,
         };
         let granted = info.io_queues.max(1);
         let nsync = opts.sync_queues.clamp(1, granted);
@@ -216,13 +219,23 @@ impl HandleInner {
 
     /// Validates a data request fully and takes the buffer reference; no
     /// command is issued when this fails.
-    pub fn prepare(&self, buf: &BufferToken, size: usize, file_offset: u64, buf_offset: usize) -> Result<(BufGuard, usize)> {
+    pub fn prepare(
+        &self,
+        buf: &BufferToken,
+        size: usize,
+        file_offset: u64,
+        buf_offset: usize,
+    ) -> Result<(BufGuard, usize)> {
         self.check_range(size, file_offset)?;
         let guard = self.driver.registry.acquire(buf, buf_offset as u64, size as u64)?;
         let first = guard.0.base % PAGE_SIZE;
         let data_off = first + buf_offset;
         if data_off % 4 != 0 {
-            return Err(Error::Misaligned { what: "buffer address", value: (guard.0.base + buf_offset) as u64, alignment: 4 });
+            return Err(Error::Misaligned {
+                what: "buffer address",
+                value: (guard.0.base + buf_offset) as u64,
+                alignment: 4,
+            });
         }
         Ok((guard, data_off))
     }

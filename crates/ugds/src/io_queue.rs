@@ -75,16 +75,38 @@ impl<'h> IoQueue<'h> {
 
     /// Stages a read of `size` bytes at `file_offset` into `buf` at
     /// `buf_offset`; `tag` comes back with its completion.
-    pub fn submit_read(&mut self, buf: &BufferToken, size: usize, file_offset: u64, buf_offset: usize, tag: u64) -> Result<()> {
+    pub fn submit_read(
+        &mut self,
+        buf: &BufferToken,
+        size: usize,
+        file_offset: u64,
+        buf_offset: usize,
+        tag: u64,
+    ) -> Result<()> {
         self.submit(NvmOpcode::Read, buf, size, file_offset, buf_offset, tag)
     }
 
     /// Stages a write; see [`submit_read`](Self::submit_read).
-    pub fn submit_write(&mut self, buf: &BufferToken, size: usize, file_offset: u64, buf_offset: usize, tag: u64) -> Result<()> {
+    pub fn submit_write(
+        &mut self,
+        buf: &BufferToken,
+        size: usize,
+        file_offset: u64,
+        buf_offset: usize,
+        tag: u64,
+    ) -> Result<()> {
         self.submit(NvmOpcode::Write, buf, size, file_offset, buf_offset, tag)
     }
 
-    fn submit(&mut self, op: NvmOpcode, buf: &BufferToken, size: usize, file_offset: u64, buf_offset: usize, tag: u64) -> Result<()> {
+    fn submit(
+        &mut self,
+        op: NvmOpcode,
+        buf: &BufferToken,
+        size: usize,
+        file_offset: u64,
+        buf_offset: usize,
+        tag: u64,
+    ) -> Result<()> {
         let h = &*self.handle.inner;
         if self.dead || h.inflight.load(Ordering::Relaxed) == 0 {
             return Err(Error::Wedged);
@@ -128,7 +150,15 @@ impl<'h> IoQueue<'h> {
             }
         }
         let r = &mut self.reqs[idx as usize];
-        *r = Request { tag, pending: n as u32, len: size, status: None, op, started: Instant::now(), guard: Some(guard) };
+        *r = Request {
+            tag,
+            pending: n as u32,
+            len: size,
+            status: None,
+            op,
+            started: Instant::now(),
+            guard: Some(guard),
+        };
         self.outstanding += 1;
         Ok(())
     }

@@ -48,7 +48,11 @@ impl BufEntry {
         // SAFETY: the registrant promised (Driver::register) that the memory
         // stays valid until deregistration, which unmaps first.
         let map = unsafe { platform.map_host(self.base as *mut u8, self.len)? };
-        self.mappings.write().unwrap_or_else(|p| p.into_inner()).push(Mapping { handle_id, platform: platform.clone(), map });
+        self.mappings.write().unwrap_or_else(|p| p.into_inner()).push(Mapping {
+            handle_id,
+            platform: platform.clone(),
+            map,
+        });
         Ok(())
     }
 
@@ -95,7 +99,8 @@ impl Registry {
         if len == 0 {
             return Err(Error::ZeroSize);
         }
-        let end = base.checked_add(len).ok_or_else(|| Error::InvalidArgument("buffer wraps the address space".into()))?;
+        let end =
+            base.checked_add(len).ok_or_else(|| Error::InvalidArgument("buffer wraps the address space".into()))?;
         let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
         if map.contains_key(&base) {
             return Err(Error::AlreadyRegistered { base });
@@ -106,7 +111,13 @@ impl Registry {
             return Err(Error::Overlap { base, len, existing });
         }
         let generation = self.next_generation.fetch_add(1, Ordering::Relaxed) + 1;
-        let entry = Arc::new(BufEntry { base, len, generation, inflight: AtomicUsize::new(0), mappings: RwLock::new(Vec::new()) });
+        let entry = Arc::new(BufEntry {
+            base,
+            len,
+            generation,
+            inflight: AtomicUsize::new(0),
+            mappings: RwLock::new(Vec::new()),
+        });
         for (id, p) in handles {
             if let Err(e) = entry.map_for(*id, p) {
                 for (id, _) in handles {

@@ -31,7 +31,14 @@ pub struct Chunker {
 impl Chunker {
     /// A chunker for an already validated request (`file_off` and `len`
     /// multiples of `block`).
-    pub fn new(file_off: u64, data_off: usize, len: usize, block: usize, page_size: usize, max_transfer: Option<usize>) -> Chunker {
+    pub fn new(
+        file_off: u64,
+        data_off: usize,
+        len: usize,
+        block: usize,
+        page_size: usize,
+        max_transfer: Option<usize>,
+    ) -> Chunker {
         debug_assert!(file_off % block as u64 == 0 && len % block == 0);
         Chunker { file_off, data_off, remaining: len, block, page_size, max_transfer }
     }

@@ -11,6 +11,7 @@ use super::qpair::QueuePair;
 use crate::dma::DmaBuffer;
 use crate::platform::Platform;
 use crate::{Error, Result};
+use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use ugds_nvme::cmd::cns;
@@ -66,7 +67,8 @@ pub struct ControllerInfo {
 /// A controller brought up by the engine.
 pub struct Controller {
     platform: Arc<dyn Platform>,
-    admin: Mutex<AdminQueue>,
+    /// Dropped only once the controller is disabled (see `Drop`).
+    admin: ManuallyDrop<Mutex<AdminQueue>>,
     info: ControllerInfo,
     dstrd: u8,
     ready_timeout: Duration,
@@ -116,7 +118,7 @@ impl Controller {
         let data = platform.alloc_dma(IDENTIFY_LEN)?;
         let mut ctrl = Controller {
             platform: platform.clone(),
-            admin: Mutex::new(AdminQueue { qp, data }),
+            admin: ManuallyDrop::new(Mutex::new(AdminQueue { qp, data })),
             info: ControllerInfo {
                 cap,
                 version,
@@ -137,7 +139,9 @@ impl Controller {
         for nsid in list {
             let ns = IdentifyNamespace::parse(&ctrl.identify(cns::NAMESPACE, nsid)?);
             match (ns.block_size(), ns.lba_format()) {
-                (Some(bs), Some(f)) if f.ms == 0 => namespaces.push(NamespaceInfo { nsid, block_size: bs, blocks: ns.nsze }),
+                (Some(bs), Some(f)) if f.ms == 0 => {
+                    namespaces.push(NamespaceInfo { nsid, block_size: bs, blocks: ns.nsze })
+                }
                 _ => tracing::warn!(nsid, "namespace skipped: metadata or unusable LBA format"),
             }
         }
@@ -233,6 +237,21 @@ impl Controller {
         let cc = Cc(self.platform.read32(regs::CC));
         self.platform.write32(regs::CC, cc.0 & !1 & !(3 << 14));
         wait_ready(&*self.platform, false, self.ready_timeout)
+    }
+}
+
+impl Drop for Controller {
+    /// The admin queue's memory is freed only when the controller is
+    /// disabled; if it cannot be disabled, the memory is leaked instead.
+    fn drop(&mut self) {
+        let enabled = Cc(self.platform.read32(regs::CC)).en() || self.csts().rdy();
+        if enabled && self.disable().is_err() {
+            tracing::error!("controller did not disable: its admin queue memory is leaked on purpose");
+            return;
+        }
+        // SAFETY: dropped once, here; the controller is disabled and can no
+        // longer reach the admin queue.
+        unsafe { ManuallyDrop::drop(&mut self.admin) };
     }
 }
 

@@ -52,7 +52,13 @@ pub struct QueuePair {
 impl QueuePair {
     /// Allocates the rings and PRP pages of a queue pair with `entries`
     /// entries per ring. The caller creates it on the controller.
-    pub fn new(platform: Arc<dyn Platform>, qid: Qid, entries: u16, dstrd: u8, vector: Option<u16>) -> Result<QueuePair> {
+    pub fn new(
+        platform: Arc<dyn Platform>,
+        qid: Qid,
+        entries: u16,
+        dstrd: u8,
+        vector: Option<u16>,
+    ) -> Result<QueuePair> {
         if entries < 2 {
             return Err(Error::InvalidArgument(format!("queue of {entries} entries")));
         }
@@ -199,7 +205,8 @@ impl QueuePair {
             }
             // Read the rest of the entry only after its phase.
             barrier::dma_rmb();
-            let cqe = Cqe::from_dwords([self.cq.read_u32(off), self.cq.read_u32(off + 4), self.cq.read_u32(off + 8), dw3]);
+            let cqe =
+                Cqe::from_dwords([self.cq.read_u32(off), self.cq.read_u32(off + 4), self.cq.read_u32(off + 8), dw3]);
             self.cursor.advance(self.cq_ring);
             n += 1;
             // SQ slots are freed by how far the controller has fetched, not

@@ -106,7 +106,8 @@ impl SyncQueue {
             let s = &slots[tag as usize];
             let status = cqe.status();
             if !status.is_success() {
-                let _ = s.status.compare_exchange(0, STATUS_SET | cqe.status as u32, Ordering::Relaxed, Ordering::Relaxed);
+                let _ =
+                    s.status.compare_exchange(0, STATUS_SET | cqe.status as u32, Ordering::Relaxed, Ordering::Relaxed);
             }
             s.pending.fetch_sub(1, Ordering::Release);
             others |= tag as u32 != mine;
@@ -115,7 +116,12 @@ impl SyncQueue {
     }
 
     /// Stages as many of `cmds` as fit; true when any was staged.
-    fn stage<'a>(&self, st: &mut State, slot: u32, cmds: &mut std::iter::Peekable<impl Iterator<Item = Cmd<'a>>>) -> bool {
+    fn stage<'a>(
+        &self,
+        st: &mut State,
+        slot: u32,
+        cmds: &mut std::iter::Peekable<impl Iterator<Item = Cmd<'a>>>,
+    ) -> bool {
         let mut any = false;
         while let Some(c) = cmds.peek() {
             if self.slots[slot as usize].status.load(Ordering::Relaxed) != 0 {

@@ -391,7 +391,8 @@ impl Controller {
             fresh: false,
             last_head: 0,
         });
-        self.sqs[0] = Some(Sq { iova: asq, ring: Ring::new(aqa.asq_entries()), head: 0, cqid: 0, mem: None, last_tail: 0 });
+        self.sqs[0] =
+            Some(Sq { iova: asq, ring: Ring::new(aqa.asq_entries()), head: 0, cqid: 0, mem: None, last_tail: 0 });
         self.set_reg(regs::DOORBELL_BASE, 0);
         self.set_reg(regs::cq_head_doorbell(0, 0), 0);
         self.table_version = u64::MAX;
@@ -480,7 +481,8 @@ impl Controller {
 
     fn execute(&mut self, qid: u16, sqe: Sqe, table: &IovaTable) {
         self.shared.stats.commands.fetch_add(1, Ordering::Relaxed);
-        let fault = if self.shared.faults_armed.load(Ordering::Acquire) { self.take_fault(qid, sqe.opcode()) } else { None };
+        let fault =
+            if self.shared.faults_armed.load(Ordering::Acquire) { self.take_fault(qid, sqe.opcode()) } else { None };
         let outcome = match fault {
             Some(FaultAction::Status(s)) => done(s),
             Some(FaultAction::LoseCompletion) => {

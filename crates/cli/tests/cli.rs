@@ -1,0 +1,108 @@
+//! The `ugds` command as a user runs it.
+
+use std::process::Command;
+
+fn ugds(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ugds")).args(args).output().expect("run ugds");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn identify_describes_the_default_target() {
+    let (ok, out, err) = ugds(&["identify", "--emu-size", "64M"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("model        ugds emulated controller"), "{out}");
+    assert!(out.contains("nsid 1    131072 blocks x 512 bytes = 64 MiB"), "{out}");
+    assert!(out.contains("mdts         128 KiB per command"), "{out}");
+}
+
+#[test]
+fn bench_with_no_flags_prints_figures() {
+    // No flags but a short duration, to keep the test quick.
+    let (ok, out, err) = ugds(&["bench", "-d", "0.3"]);
+    assert!(ok, "{err}");
+    let line = out.lines().find(|l| l.starts_with("randread")).unwrap_or_else(|| panic!("{out}"));
+    for field in ["MiB/s", "IOPS", "mean", "p50", "p99", "p99.9"] {
+        assert!(line.contains(field), "{field} missing: {line}");
+    }
+    assert!(out.contains("backed by file"), "{out}");
+}
+
+#[test]
+fn bench_verify_finds_no_mismatch() {
+    for args in [
+        &["bench", "--verify", "-d", "0.3", "--emu-size", "32M"][..],
+        &["bench", "--verify", "-d", "0.3", "--emu-size", "32M", "-m", "randwrite", "-s", "4k,132k", "-q", "8"],
+        &[
+            "bench",
+            "--verify",
+            "-d",
+            "0.3",
+            "--emu-size",
+            "32M",
+            "-m",
+            "write",
+            "-q",
+            "1",
+            "-t",
+            "2",
+            "--emu-block",
+            "4096",
+        ],
+        &[
+            "bench",
+            "--verify",
+            "-d",
+            "0.3",
+            "--emu-memory",
+            "--emu-size",
+            "32M",
+            "-m",
+            "read",
+            "--interrupt",
+            "-q",
+            "4",
+        ],
+    ] {
+        let (ok, out, err) = ugds(args);
+        assert!(ok, "{args:?}: {err}\n{out}");
+        assert!(out.contains(", 0 mismatched 8-byte words"), "{args:?}: {out}");
+        let checked: u64 = out
+            .lines()
+            .find_map(|l| l.strip_prefix("verify   "))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        assert!(checked > 0, "{args:?}: nothing was checked\n{out}");
+    }
+}
+
+#[test]
+fn bench_stops_after_a_byte_count() {
+    let (ok, out, err) = ugds(&["bench", "--emu-null", "-b", "40M", "-s", "1M", "-q", "4"]);
+    assert!(ok, "{err}");
+    let line = out.lines().find(|l| l.starts_with("randread")).unwrap();
+    let ios: u64 = line.rsplit(", ").next().unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    assert_eq!(ios, 40, "{line}");
+}
+
+#[test]
+fn bad_arguments_are_refused() {
+    for args in [
+        &["bench", "-m", "sideways"][..],
+        &["bench", "-s", "1000"],
+        &["bench", "-q", "0"],
+        &["bench", "--frobnicate"],
+        &["bench", "--verify", "--emu-null"],
+        &["identify", "--emu-block", "1024"],
+        &["nonsense"],
+    ] {
+        let (ok, _, err) = ugds(args);
+        assert!(!ok, "{args:?} was accepted");
+        assert!(err.starts_with("ugds: "), "{args:?}: {err}");
+    }
+}

@@ -1,0 +1,157 @@
+//! Bad input gets a clear, typed error, issues no command, changes nothing.
+
+mod common;
+use common::*;
+use ugds::platform::emu::EmuControl;
+use ugds::{BufferToken, Driver, Error, HandleOptions, HostBuffer};
+
+/// Runs `f` and checks that the controller saw no command meanwhile.
+fn no_command<T>(emu: &EmuControl, f: impl FnOnce() -> T) -> T {
+    let before = emu.stats().commands;
+    let r = f();
+    assert_eq!(emu.stats().commands, before, "a command was issued for bad input");
+    r
+}
+
+#[test]
+fn misaligned_offsets_and_sizes() {
+    let (d, h, emu) = open(small_emu(), opts());
+    let b = Buf::new(&d, 65536);
+    no_command(&emu, || {
+        assert!(matches!(
+            h.read(&b.token, 4096, 100, 0),
+            Err(Error::Misaligned { what: "file offset", value: 100, alignment: 512 })
+        ));
+        assert!(matches!(
+            h.write(&b.token, 1000, 0, 0),
+            Err(Error::Misaligned { what: "size", value: 1000, alignment: 512 })
+        ));
+        assert!(matches!(h.read(&b.token, 0, 0, 0), Err(Error::ZeroSize)));
+        // The data pointer must be dword aligned for PRP1.
+        assert!(matches!(
+            h.read(&b.token, 512, 0, 2),
+            Err(Error::Misaligned { what: "buffer address", alignment: 4, .. })
+        ));
+        assert!(matches!(h.write_zeroes(100, 0), Err(Error::Misaligned { .. })));
+    });
+}
+
+#[test]
+fn ranges_past_the_namespace() {
+    let (d, h, emu) = open(small_emu(), opts());
+    let b = Buf::new(&d, 65536);
+    let cap = h.capacity();
+    no_command(&emu, || {
+        assert!(matches!(h.read(&b.token, 4096, cap, 0), Err(Error::OutOfRange { .. })));
+        assert!(
+            matches!(h.write(&b.token, 8192, cap - 4096, 0), Err(Error::OutOfRange { offset, len: 8192, capacity }) if offset == cap - 4096 && capacity == cap)
+        );
+        assert!(matches!(h.read(&b.token, 512, u64::MAX - 511, 0), Err(Error::OutOfRange { .. })));
+    });
+    // The last block is fine.
+    h.read(&b.token, 512, cap - 512, 0).unwrap();
+}
+
+#[test]
+fn unregistered_and_out_of_buffer() {
+    let (d, h, emu) = open(small_emu(), opts());
+    let b = Buf::new(&d, 8192);
+    let nowhere = BufferToken { base: 0x1000, len: 4096, generation: 1 };
+    no_command(&emu, || {
+        assert!(matches!(h.read(&nowhere, 4096, 0, 0), Err(Error::NotRegistered { base: 0x1000 })));
+        assert!(matches!(
+            h.read(&b.token, 8192, 0, 512),
+            Err(Error::BufferRange { offset: 512, len: 8192, buffer_len: 8192, .. })
+        ));
+        assert!(matches!(h.write(&b.token, 512, 0, 8192), Err(Error::BufferRange { .. })));
+        assert!(matches!(h.read(&b.token, 512, 0, usize::MAX - 10), Err(Error::BufferRange { .. })));
+    });
+    let mut q = h.io_queue().unwrap();
+    no_command(&emu, || {
+        assert!(matches!(q.submit_read(&nowhere, 4096, 0, 0, 0), Err(Error::NotRegistered { .. })));
+        assert!(matches!(q.submit_write(&b.token, 4096, 3, 0, 0), Err(Error::Misaligned { .. })));
+        q.ring();
+    });
+    assert_eq!(q.outstanding(), 0);
+}
+
+#[test]
+fn registration_rules() {
+    let d = Driver::open();
+    let mut mem = HostBuffer::new(1 << 20).unwrap();
+    let p = mem.as_mut_ptr();
+    // SAFETY: `mem` outlives every registration below (all deregistered).
+    unsafe {
+        let t = d.register(p, 65536).unwrap();
+        assert!(matches!(d.register(p, 4096), Err(Error::AlreadyRegistered { .. })));
+        assert!(matches!(d.register(p.add(4096), 4096), Err(Error::Overlap { .. })));
+        assert!(matches!(d.register(p.add(65536 - 512), 4096), Err(Error::Overlap { .. })));
+        let before = d.register(p.add(65536), 4096).unwrap(); // adjacent: fine
+        assert!(matches!(d.register(std::ptr::null_mut(), 4096), Err(Error::InvalidArgument(_))));
+        assert!(matches!(d.register(p.add(200_000), 0), Err(Error::ZeroSize)));
+        d.deregister(&t).unwrap();
+        assert!(matches!(d.deregister(&t), Err(Error::NotRegistered { .. })));
+        // Same address again: the old token is stale.
+        let t2 = d.register(p, 65536).unwrap();
+        assert!(t2.generation > t.generation);
+        assert!(
+            matches!(d.deregister(&t), Err(Error::StaleToken { got, current, .. }) if got == t.generation && current == t2.generation)
+        );
+        assert_eq!(d.token_at(p), Some(t2));
+        d.deregister(&t2).unwrap();
+        d.deregister(&before).unwrap();
+        assert_eq!(d.token_at(p), None);
+    }
+}
+
+#[test]
+fn stale_token_refused_for_io() {
+    let (d, h, emu) = open(small_emu(), opts());
+    let mut mem = HostBuffer::new(65536).unwrap();
+    // SAFETY: `mem` outlives the registrations (deregistered below).
+    let old = unsafe { d.register(mem.as_mut_ptr(), 65536) }.unwrap();
+    d.deregister(&old).unwrap();
+    // SAFETY: as above.
+    let new = unsafe { d.register(mem.as_mut_ptr(), 65536) }.unwrap();
+    no_command(&emu, || {
+        assert!(matches!(h.read(&old, 4096, 0, 0), Err(Error::StaleToken { .. })));
+    });
+    h.read(&new, 4096, 0, 0).unwrap();
+    d.deregister(&new).unwrap();
+}
+
+#[test]
+fn closed_handle_refuses_everything() {
+    let (d, h, _emu) = open(small_emu(), opts());
+    let b = Buf::new(&d, 8192);
+    h.close(ugds::Drain::NoWait).unwrap();
+    assert!(matches!(h.read(&b.token, 4096, 0, 0), Err(Error::Closed)));
+    assert!(matches!(h.write(&b.token, 4096, 0, 0), Err(Error::Closed)));
+    assert!(matches!(h.flush(), Err(Error::Closed)));
+    assert!(matches!(h.io_queue(), Err(Error::Closed)));
+    assert!(matches!(h.close(ugds::Drain::NoWait), Err(Error::Closed)));
+    assert_eq!(h.state(), ugds::HandleState::Closed);
+}
+
+#[test]
+fn unknown_namespace_is_refused_at_open() {
+    let d = Driver::open();
+    let r = d.open_emulated(small_emu(), HandleOptions { nsid: Some(7), ..opts() });
+    assert!(matches!(r, Err(Error::InvalidArgument(m)) if m.contains("namespace 7")));
+}
+
+#[test]
+fn bad_emulator_configs_are_refused() {
+    use ugds::platform::emu::{EmuConfig, NamespaceConfig};
+    let d = Driver::open();
+    let bad = [
+        EmuConfig::default().namespaces(vec![]),
+        EmuConfig::default().namespaces(vec![NamespaceConfig::memory(1 << 20, 1024)]),
+        EmuConfig::default().namespaces(vec![NamespaceConfig::memory(100, 512)]),
+        EmuConfig::default().max_io_queues(0),
+        EmuConfig::default().mqes(0),
+    ];
+    for cfg in bad {
+        assert!(matches!(d.open_emulated(cfg, opts()), Err(Error::InvalidArgument(_))));
+    }
+}

@@ -1,0 +1,224 @@
+//! The emulated controller as a device: the spec's checks, DMA faults and
+//! doorbell errors, driven through the engine's public types.
+
+mod common;
+use common::*;
+use std::sync::Arc;
+use ugds::engine::{Controller, QueuePair};
+use ugds::nvme::cmd::NvmOpcode;
+use ugds::nvme::status::{command_specific as cs, generic};
+use ugds::nvme::{regs, Cid, Lba, Nsid, PrpPlan, Qid, Sqe};
+use ugds::platform::emu::{EmuPlatform, NamespaceConfig};
+use ugds::Error;
+
+fn controller(cfg: ugds::platform::emu::EmuConfig, queues: u16) -> (Controller, ugds::platform::emu::EmuControl) {
+    let emu = EmuPlatform::new(cfg).unwrap();
+    let c = emu.control();
+    (Controller::bring_up(Arc::new(emu), queues).unwrap(), c)
+}
+
+fn expect_status(r: Result<ugds::nvme::Cqe, Error>, sct: u8, sc: u8) {
+    match r {
+        Err(Error::Nvme { status, .. }) => assert_eq!((status.sct, status.sc), (sct, sc), "{status}"),
+        other => panic!("expected status {sct:#x}/{sc:#x}, got {other:?}"),
+    }
+}
+
+#[test]
+fn identify_reports_the_configuration() {
+    let cfg = small_emu()
+        .mdts(3)
+        .mqes(255)
+        .namespaces(vec![NamespaceConfig::memory(1 << 20, 512), NamespaceConfig::memory(4 << 20, 4096)]);
+    let (c, _) = controller(cfg, 4);
+    let i = c.info();
+    assert_eq!(i.cap.mqes(), 255);
+    assert!(i.cap.cqr());
+    assert_eq!(i.max_transfer, Some(32 << 10));
+    assert_eq!(i.identify.nn, 2);
+    assert_eq!(i.version.to_string(), "1.4.0");
+    assert_eq!(i.namespaces.len(), 2);
+    assert_eq!((i.namespaces[1].nsid, i.namespaces[1].block_size, i.namespaces[1].blocks), (2, 4096, 1024));
+    assert_eq!(i.io_queues, 4);
+}
+
+#[test]
+fn queues_are_granted_up_to_the_controllers_limit() {
+    let (c, _) = controller(small_emu().max_io_queues(2), 8);
+    assert_eq!(c.info().io_queues, 2);
+}
+
+#[test]
+fn queue_creation_follows_the_spec() {
+    let (c, _) = controller(small_emu().max_io_queues(2).mqes(15), 2);
+    let p = c.platform().clone();
+    let qp = QueuePair::new(p.clone(), Qid(1), 16, 0, None).unwrap();
+    // SQ before its CQ: Completion Queue Invalid.
+    expect_status(c.admin_command(Sqe::create_io_sq(Cid(0), Qid(1), 16, qp.sq_iova(), Qid(1)), "x"), 1, cs::INVALID_CQ);
+    // More entries than MQES allows.
+    expect_status(
+        c.admin_command(Sqe::create_io_cq(Cid(0), Qid(1), 17, qp.cq_iova(), 0, false), "x"),
+        1,
+        cs::INVALID_QUEUE_SIZE,
+    );
+    // A queue id past the granted count, and queue 0.
+    expect_status(
+        c.admin_command(Sqe::create_io_cq(Cid(0), Qid(3), 16, qp.cq_iova(), 0, false), "x"),
+        1,
+        cs::INVALID_QID,
+    );
+    expect_status(
+        c.admin_command(Sqe::create_io_cq(Cid(0), Qid(0), 16, qp.cq_iova(), 0, false), "x"),
+        1,
+        cs::INVALID_QID,
+    );
+    // A queue base that is not page aligned.
+    expect_status(
+        c.admin_command(Sqe::create_io_cq(Cid(0), Qid(1), 16, qp.cq_iova() + 64, 0, false), "x"),
+        0,
+        generic::INVALID_PRP_OFFSET,
+    );
+    // An interrupt vector that does not exist.
+    expect_status(
+        c.admin_command(Sqe::create_io_cq(Cid(0), Qid(1), 16, qp.cq_iova(), 999, true), "x"),
+        1,
+        cs::INVALID_INTERRUPT_VECTOR,
+    );
+    // Now properly: CQ, SQ; a second CQ with the same id is refused.
+    c.admin_command(Sqe::create_io_cq(Cid(0), Qid(1), 16, qp.cq_iova(), 0, false), "x").unwrap();
+    expect_status(
+        c.admin_command(Sqe::create_io_cq(Cid(0), Qid(1), 16, qp.cq_iova(), 0, false), "x"),
+        1,
+        cs::INVALID_QID,
+    );
+    c.admin_command(Sqe::create_io_sq(Cid(0), Qid(1), 16, qp.sq_iova(), Qid(1)), "x").unwrap();
+    // Number of queues cannot change once I/O queues exist.
+    expect_status(c.admin_command(Sqe::set_num_queues(Cid(0), 1, 1), "x"), 0, generic::COMMAND_SEQUENCE_ERROR);
+    // A CQ with an SQ still attached cannot be deleted.
+    expect_status(c.admin_command(Sqe::delete_io_cq(Cid(0), Qid(1)), "x"), 1, cs::INVALID_QUEUE_DELETION);
+    c.delete_io_qpair(&qp).unwrap();
+    expect_status(c.admin_command(Sqe::delete_io_sq(Cid(0), Qid(1)), "x"), 1, cs::INVALID_QID);
+    // Unknown admin opcode.
+    expect_status(c.admin_command(Sqe::new(0x7f, Cid(0)), "x"), 0, generic::INVALID_OPCODE);
+}
+
+fn io_qpair(c: &Controller) -> QueuePair {
+    c.create_io_qpair(1, 16, None).unwrap()
+}
+
+fn run(qp: &mut QueuePair, sqe: Sqe, prp: Option<PrpPlan<'_>>) -> ugds::nvme::Cqe {
+    qp.submit(sqe, prp, 42).unwrap();
+    qp.ring_sq_doorbell();
+    let mut out = None;
+    let t = std::time::Instant::now();
+    while out.is_none() {
+        qp.process_completions(1, |tag, cqe| {
+            assert_eq!(tag, 42);
+            out = Some(*cqe)
+        });
+        assert!(t.elapsed().as_secs() < 5, "no completion");
+    }
+    out.unwrap()
+}
+
+#[test]
+fn unmapped_and_misaligned_prps_are_dma_faults() {
+    let (c, emu) = controller(small_emu(), 1);
+    let mut qp = io_qpair(&c);
+    let read = |prp1, prp2, nlb| Sqe::rw(NvmOpcode::Read, Cid(0), Nsid(1), Lba(0), nlb, prp1, prp2);
+    // An address nobody mapped.
+    let cqe = run(&mut qp, read(0x1000, 0, 8), None);
+    assert_eq!(cqe.status().sc, generic::DATA_TRANSFER_ERROR);
+    assert_eq!(emu.stats().dma_faults, 1);
+    // PRP1 not dword aligned.
+    let buf = c.platform().alloc_dma(16384).unwrap();
+    let cqe = run(&mut qp, read(buf.iova(2), 0, 1), None);
+    assert_eq!(cqe.status().sc, generic::INVALID_PRP_OFFSET);
+    // PRP2 (a data page) with an offset.
+    let cqe = run(&mut qp, read(buf.iova(0), buf.iova(4096 + 512), 16), None);
+    assert_eq!(cqe.status().sc, generic::INVALID_PRP_OFFSET);
+    // A PRP list pointer to unmapped memory.
+    let cqe = run(&mut qp, read(buf.iova(0), 0xdead_0000, 24), None);
+    assert_eq!(cqe.status().sc, generic::DATA_TRANSFER_ERROR);
+    assert_eq!(emu.stats().dma_faults, 4);
+    // A correct one works.
+    let cqe = run(&mut qp, read(buf.iova(0), buf.iova(4096), 16), None);
+    assert!(cqe.status().is_success());
+    assert_eq!(emu.stats().dma_faults, 4);
+    c.delete_io_qpair(&qp).unwrap();
+}
+
+#[test]
+fn io_command_checks() {
+    let (c, _) = controller(small_emu().mdts(1), 1);
+    let mut qp = io_qpair(&c);
+    let buf = c.platform().alloc_dma(65536).unwrap();
+    let pages: Vec<u64> = (0..16).map(|i| buf.iova(i * 4096)).collect();
+    let blocks = c.info().namespaces[0].blocks;
+    // Past the end of the namespace.
+    let s = Sqe::rw(NvmOpcode::Read, Cid(0), Nsid(1), Lba(blocks - 1), 2, buf.iova(0), 0);
+    assert_eq!(run(&mut qp, s, None).status().sc, generic::LBA_OUT_OF_RANGE);
+    // Larger than MDTS (8 KiB).
+    let plan = ugds::nvme::prp::plan(&pages, 4096, 0, 12288).unwrap();
+    let s = Sqe::rw(NvmOpcode::Read, Cid(0), Nsid(1), Lba(0), 24, 0, 0);
+    assert_eq!(run(&mut qp, s, Some(plan)).status().sc, generic::INVALID_FIELD);
+    // A namespace that does not exist.
+    let s = Sqe::rw(NvmOpcode::Read, Cid(0), Nsid(9), Lba(0), 1, buf.iova(0), 0);
+    assert_eq!(run(&mut qp, s, None).status().sc, generic::INVALID_NAMESPACE);
+    // An unknown I/O opcode.
+    assert_eq!(run(&mut qp, Sqe::new(0x7e, Cid(0)), None).status().sc, generic::INVALID_OPCODE);
+    // Dataset Management deallocates: the range reads back as zeros.
+    buf.write_bytes(0, &[0xffu8; 8192]);
+    let plan = ugds::nvme::prp::plan(&pages, 4096, 0, 8192).unwrap();
+    let s = Sqe::rw(NvmOpcode::Write, Cid(0), Nsid(1), Lba(0), 16, 0, 0);
+    assert!(run(&mut qp, s, Some(plan)).status().is_success());
+    let range = ugds::nvme::cmd::DsmRange { cattr: 0, nlb: 8, slba: 0 };
+    buf.write_bytes(32768, &range.to_bytes());
+    let s = Sqe::dataset_management(Cid(0), Nsid(1), 1, buf.iova(32768), true);
+    assert!(run(&mut qp, s, None).status().is_success());
+    let plan = ugds::nvme::prp::plan(&pages, 4096, 0, 8192).unwrap();
+    let s = Sqe::rw(NvmOpcode::Read, Cid(0), Nsid(1), Lba(0), 16, 0, 0);
+    assert!(run(&mut qp, s, Some(plan)).status().is_success());
+    let mut back = vec![0u8; 8192];
+    buf.read_bytes(0, &mut back);
+    assert!(back[..4096].iter().all(|&b| b == 0));
+    assert!(back[4096..].iter().all(|&b| b == 0xff));
+    c.delete_io_qpair(&qp).unwrap();
+}
+
+#[test]
+fn doorbell_values_outside_the_queue_are_ignored_and_counted() {
+    let (c, emu) = controller(small_emu(), 1);
+    let qp = io_qpair(&c);
+    c.platform().write32(regs::sq_tail_doorbell(1, 0), 16); // queue has 16 entries: 0..=15
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!(emu.stats().invalid_doorbells, 1);
+    // A doorbell for a queue the controller does not have.
+    c.platform().write32(regs::sq_tail_doorbell(500, 0), 1);
+    assert_eq!(emu.stats().invalid_doorbells, 2);
+    c.platform().write32(regs::sq_tail_doorbell(1, 0), 0);
+    c.delete_io_qpair(&qp).unwrap();
+}
+
+#[test]
+fn completion_queue_wraps_many_times() {
+    let (c, emu) = controller(small_emu(), 1);
+    let mut qp = c.create_io_qpair(1, 4, None).unwrap();
+    let buf = c.platform().alloc_dma(4096).unwrap();
+    for i in 0..1000u64 {
+        let s = Sqe::rw(NvmOpcode::Write, Cid(0), Nsid(1), Lba(i % 64), 1, buf.iova(0), 0);
+        assert!(run(&mut qp, s, None).status().is_success());
+    }
+    assert_eq!(emu.stats().writes, 1000);
+    assert_eq!(qp.protocol_errors(), 0);
+    c.delete_io_qpair(&qp).unwrap();
+}
+
+#[test]
+fn disable_then_enable_again() {
+    let (c, emu) = controller(small_emu(), 1);
+    c.shutdown().unwrap();
+    assert!(!c.csts().rdy());
+    assert_eq!(emu.stats().resets, 1);
+    drop(c);
+}

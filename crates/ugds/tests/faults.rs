@@ -1,0 +1,188 @@
+//! Injected faults: each reaches the caller as a clear error, and a command
+//! that never completes wedges the handle without releasing what it holds.
+
+mod common;
+use common::*;
+use std::time::Duration;
+use ugds::nvme::status::{generic, media};
+use ugds::nvme::Status;
+use ugds::platform::emu::{Fault, FaultAction, FaultTarget};
+use ugds::{Drain, Error, HandleOptions, HandleState};
+
+const READ: u8 = 0x02;
+const WRITE: u8 = 0x01;
+
+#[test]
+fn error_status_reaches_the_caller_and_the_handle_goes_on() {
+    let (d, h, emu) = open(small_emu(), opts());
+    let mut b = Buf::new(&d, 1 << 20);
+    let unrecovered = Status::new(2, media::UNRECOVERED_READ_ERROR);
+    emu.inject(Fault::next(FaultTarget::Io(Some(READ)), FaultAction::Status(unrecovered)));
+    match h.read(&b.token, 4096, 0, 0) {
+        Err(Error::Nvme { op: "Read", status }) => {
+            assert_eq!(status.sct, 2);
+            assert_eq!(status.sc, media::UNRECOVERED_READ_ERROR);
+            assert!(status.dnr);
+            assert_eq!(status.name(), Some("Unrecovered Read Error"));
+        }
+        other => panic!("expected an NVMe error, got {other:?}"),
+    }
+    // A failure in the middle of a chunked request fails the request.
+    emu.inject(Fault {
+        target: FaultTarget::Io(Some(WRITE)),
+        skip: 3,
+        count: 1,
+        action: FaultAction::Status(Status::generic(generic::INTERNAL_ERROR)),
+    });
+    assert!(
+        matches!(h.write(&b.token, 1 << 20, 0, 0), Err(Error::Nvme { op: "Write", status }) if status.sc == generic::INTERNAL_ERROR)
+    );
+    // And the handle still works.
+    b.mem.copy_from_slice(&pattern(4, 0, 1 << 20));
+    h.write(&b.token, 1 << 20, 0, 0).unwrap();
+    b.mem.fill(0);
+    h.read(&b.token, 1 << 20, 0, 0).unwrap();
+    assert!(b.mem[..] == pattern(4, 0, 1 << 20)[..]);
+    assert_eq!(h.state(), HandleState::Open);
+}
+
+#[test]
+fn error_status_on_an_io_queue_request() {
+    let (d, h, emu) = open(small_emu(), opts());
+    let b = Buf::new(&d, 65536);
+    emu.inject(Fault {
+        target: FaultTarget::Io(None),
+        skip: 2,
+        count: 1,
+        action: FaultAction::Status(Status::generic(generic::DATA_TRANSFER_ERROR)),
+    });
+    let mut q = h.io_queue().unwrap();
+    for i in 0..4u64 {
+        q.submit_read(&b.token, 4096, i * 4096, (i * 4096) as usize, i).unwrap();
+    }
+    let mut results = vec![None; 4];
+    q.drain(|tag, r| results[tag as usize] = Some(r.is_ok())).unwrap();
+    assert_eq!(results, vec![Some(true), Some(true), Some(false), Some(true)]);
+}
+
+#[test]
+fn lost_completion_wedges_until_forced_teardown() {
+    let o = HandleOptions { timeout: Duration::from_millis(300), ..opts() };
+    let (d, h, emu) = open(small_emu(), o);
+    let b = Buf::new(&d, 65536);
+    emu.inject(Fault::next(FaultTarget::Io(Some(READ)), FaultAction::LoseCompletion));
+    match h.read(&b.token, 4096, 0, 0) {
+        Err(Error::Timeout { qid, after, .. }) => {
+            assert!(qid >= 1);
+            assert_eq!(after, Duration::from_millis(300));
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert_eq!(emu.stats().lost_completions, 1);
+    assert_eq!(h.state(), HandleState::Wedged);
+    // Everything is refused now.
+    assert!(matches!(h.read(&b.token, 4096, 0, 0), Err(Error::Wedged)));
+    assert!(matches!(h.write(&b.token, 4096, 0, 0), Err(Error::Wedged)));
+    assert!(matches!(h.io_queue(), Err(Error::Wedged)));
+    // The buffer the stuck command may still write is not released...
+    assert!(matches!(d.deregister(&b.token), Err(Error::Busy { what: "buffer", inflight: 1 })));
+    // ...nor is the handle, short of a reset.
+    assert!(matches!(h.close(Drain::NoWait), Err(Error::Wedged)));
+    assert!(matches!(h.close(Drain::Forever), Err(Error::Wedged)));
+    let resets = emu.stats().resets;
+    h.close(Drain::ForceAfterReset).unwrap();
+    assert_eq!(emu.stats().resets, resets + 1);
+    assert_eq!(h.state(), HandleState::Closed);
+    // Now the buffer can go (Buf's drop deregisters it).
+    d.deregister(&b.token).unwrap();
+    std::mem::forget(b);
+}
+
+#[test]
+fn lost_completion_on_an_io_queue_wedges() {
+    let o = HandleOptions { timeout: Duration::from_millis(200), ..opts() };
+    let (d, h, emu) = open(small_emu(), o);
+    let b = Buf::new(&d, 65536);
+    emu.inject(Fault { target: FaultTarget::Io(None), skip: 1, count: 1, action: FaultAction::LoseCompletion });
+    let mut q = h.io_queue().unwrap();
+    for i in 0..3u64 {
+        q.submit_read(&b.token, 4096, 0, (i * 4096) as usize, i).unwrap();
+    }
+    let mut oks = 0;
+    let mut timeouts = 0;
+    let r = q.drain(|_, r| match r {
+        Ok(_) => oks += 1,
+        Err(Error::Timeout { .. }) => timeouts += 1,
+        Err(e) => panic!("{e}"),
+    });
+    assert!(matches!(r, Err(Error::Wedged)));
+    assert_eq!((oks, timeouts), (2, 1));
+    drop(q);
+    assert_eq!(h.state(), HandleState::Wedged);
+    assert!(matches!(d.deregister(&b.token), Err(Error::Busy { .. })));
+    h.close(Drain::ForceAfterReset).unwrap();
+    d.deregister(&b.token).unwrap();
+    std::mem::forget(b);
+}
+
+#[test]
+fn a_stall_shorter_than_the_timeout_is_only_slow() {
+    let o = HandleOptions { timeout: Duration::from_secs(5), ..opts() };
+    let (d, h, emu) = open(small_emu(), o);
+    let b = Buf::new(&d, 4096);
+    emu.inject(Fault::next(FaultTarget::Io(Some(READ)), FaultAction::Stall(Duration::from_millis(100))));
+    let t = std::time::Instant::now();
+    h.read(&b.token, 4096, 0, 0).unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(100));
+    assert_eq!(h.state(), HandleState::Open);
+}
+
+#[test]
+fn a_stall_longer_than_the_timeout_wedges_and_reset_clears_it() {
+    let o = HandleOptions { timeout: Duration::from_millis(100), ..opts() };
+    let (d, h, emu) = open(small_emu(), o);
+    let b = Buf::new(&d, 4096);
+    emu.inject(Fault::next(FaultTarget::Io(Some(WRITE)), FaultAction::Stall(Duration::from_secs(3))));
+    assert!(matches!(h.write(&b.token, 4096, 0, 0), Err(Error::Timeout { .. })));
+    assert_eq!(h.state(), HandleState::Wedged);
+    h.close(Drain::ForceAfterReset).unwrap();
+    // The reset dropped the stalled command: it never completes into memory.
+    std::thread::sleep(Duration::from_millis(50));
+    d.deregister(&b.token).unwrap();
+    std::mem::forget(b);
+}
+
+#[test]
+fn controller_fatal_status() {
+    let o = HandleOptions { timeout: Duration::from_millis(200), ..opts() };
+    let (d, h, emu) = open(small_emu(), o);
+    let b = Buf::new(&d, 4096);
+    emu.inject(Fault::next(FaultTarget::Io(None), FaultAction::Fatal));
+    assert!(matches!(h.read(&b.token, 4096, 0, 0), Err(Error::ControllerFatal)));
+    assert_eq!(h.state(), HandleState::Wedged);
+    h.close(Drain::ForceAfterReset).unwrap();
+    d.deregister(&b.token).unwrap();
+    std::mem::forget(b);
+}
+
+#[test]
+fn admin_failure_at_bring_up_is_reported() {
+    let d = ugds::Driver::open();
+    let emu = ugds::platform::emu::EmuPlatform::new(small_emu()).unwrap();
+    // The first admin command is Identify Controller.
+    emu.control().inject(Fault::next(
+        FaultTarget::Admin(Some(0x06)),
+        FaultAction::Status(Status::generic(generic::INTERNAL_ERROR)),
+    ));
+    let r = d.open_handle(std::sync::Arc::new(emu), opts());
+    assert!(matches!(r, Err(Error::Nvme { op: "Identify", status }) if status.sc == generic::INTERNAL_ERROR));
+}
+
+#[test]
+fn fatal_at_bring_up_is_reported() {
+    let d = ugds::Driver::open();
+    let emu = ugds::platform::emu::EmuPlatform::new(small_emu()).unwrap();
+    emu.control().inject(Fault::next(FaultTarget::Admin(None), FaultAction::Fatal));
+    let r = d.open_handle(std::sync::Arc::new(emu), opts());
+    assert!(matches!(r, Err(Error::ControllerFatal)), "{r:?}");
+}
