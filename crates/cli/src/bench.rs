@@ -593,6 +593,11 @@ fn run_one(o: &Opts, handle: &Handle, slots: &[Slots], size: usize, range: u64) 
         secs,
         ios
     );
+    if o.target.null {
+        println!(
+            "          (null emulator: no data was moved; MiB/s is requests x size, the cost of the driver alone)"
+        );
+    }
     if errors > 0 {
         return Err(format!("{errors} I/O errors; first: {}", first_error.unwrap_or_default()));
     }

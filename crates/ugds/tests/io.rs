@@ -274,3 +274,31 @@ fn idle_emulator_parks() {
     assert!(used <= 10, "idle emulator used {used} ticks in 500 ms");
     drop(h);
 }
+
+#[test]
+fn null_mode_completes_without_moving_data() {
+    let (d, h, emu) = open(small_emu().null(true), opts());
+    let mut b = Buf::new(&d, 65536);
+    b.mem.fill(0x77);
+    h.write(&b.token, 65536, 0, 0).unwrap();
+    b.mem.fill(0x11);
+    h.read(&b.token, 65536, 0, 0).unwrap();
+    assert!(b.mem.iter().all(|&x| x == 0x11), "null mode moved data");
+    let s = emu.stats();
+    assert_eq!((s.reads, s.writes), (1, 1));
+}
+
+#[test]
+fn latency_model_delays_completions() {
+    use ugds::platform::emu::LatencyModel;
+    // 20 ms per command plus 1 MB/s: a 64 KiB read is due after about 85 ms.
+    let m = LatencyModel { latency: Duration::from_millis(20), bytes_per_sec: 1_000_000 };
+    let (d, h, _e) = open(small_emu().latency(Some(m)), opts());
+    let b = Buf::new(&d, 65536);
+    let t = std::time::Instant::now();
+    h.read(&b.token, 4096, 0, 0).unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(20));
+    let t = std::time::Instant::now();
+    h.read(&b.token, 65536, 0, 0).unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(20 + 65));
+}
