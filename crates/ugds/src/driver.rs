@@ -44,7 +44,7 @@ impl Driver {
     /// Brings up the controller behind `platform` and opens a handle on one
     /// of its namespaces.
     pub fn open_handle(&self, platform: Arc<dyn Platform>, opts: HandleOptions) -> Result<Handle> {
-        let want = opts.sync_queues.max(1).saturating_add(opts.async_queues);
+        let want = opts.sync_queues.max(1).saturating_add(opts.async_queues).saturating_add(opts.batch_queue as u16);
         let ctrl = Controller::bring_up(platform, want)?;
         let id = self.inner.next_handle.fetch_add(1, Ordering::Relaxed);
         let inner = HandleInner::new(id, self.inner.clone(), ctrl, opts)?;

@@ -124,6 +124,19 @@ pub enum Error {
     /// No submission slot or command identifier is free on this queue.
     #[error("queue is full")]
     QueueFull,
+    /// More requests than a batch context was set up for.
+    #[error("batch of {requested} requests exceeds the context's capacity of {capacity} ({outstanding} outstanding)")]
+    CapacityExceeded {
+        /// The context's capacity.
+        capacity: usize,
+        /// Requests in this submission.
+        requested: usize,
+        /// Requests already outstanding.
+        outstanding: usize,
+    },
+    /// The request was canceled before it was sent to the device.
+    #[error("canceled")]
+    Canceled,
     /// The controller or platform cannot do what was asked.
     #[error("unsupported: {0}")]
     Unsupported(String),
@@ -148,6 +161,36 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// A positive errno for callers that report through an `ssize_t`, as
+    /// stream-ordered I/O does (it writes `-errno`).
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::ZeroSize
+            | Error::Misaligned { .. }
+            | Error::OutOfRange { .. }
+            | Error::NotRegistered { .. }
+            | Error::BufferRange { .. }
+            | Error::AlreadyRegistered { .. }
+            | Error::Overlap { .. }
+            | Error::StaleToken { .. }
+            | Error::InvalidArgument(_)
+            | Error::CapacityExceeded { .. } => libc::EINVAL,
+            Error::Busy { .. } => libc::EBUSY,
+            Error::Closed => libc::EBADF,
+            Error::Timeout { .. } => libc::ETIMEDOUT,
+            Error::QueueFull => libc::EAGAIN,
+            Error::Canceled => libc::ECANCELED,
+            Error::Unsupported(_) => libc::EOPNOTSUPP,
+            Error::DeviceGone => libc::ENODEV,
+            Error::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::Wedged
+            | Error::ControllerFatal
+            | Error::NotReady { .. }
+            | Error::Nvme { .. }
+            | Error::Platform(_) => libc::EIO,
+        }
+    }
+
     pub(crate) fn os(op: &'static str) -> Error {
         Error::Os { op, source: std::io::Error::last_os_error() }
     }

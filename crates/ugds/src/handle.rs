@@ -16,6 +16,7 @@
 //! wedged handle that is dropped without that leaks them on purpose.
 
 use crate::driver::DriverInner;
+use crate::engine::batch::BatchQueue;
 use crate::engine::chunk::Chunker;
 use crate::engine::sync::{Cmd, Failure, SyncQueue};
 use crate::engine::{Completion, Controller, ControllerInfo, NamespaceInfo, QueuePair};
@@ -45,6 +46,14 @@ pub struct HandleOptions {
     pub queue_depth: u16,
     /// How long a command may take before the handle is wedged.
     pub timeout: Duration,
+    /// Set up the deep batch queue pair (when the controller grants at
+    /// least two I/O queues).
+    pub batch_queue: bool,
+    /// Entries of the batch queue (capped by MQES).
+    pub batch_depth: u16,
+    /// PRP-list pages of the batch queue: how many multi-page commands may
+    /// be in flight on it at once.
+    pub batch_prp_pages: u16,
 }
 
 impl Default for HandleOptions {
@@ -56,6 +65,9 @@ impl Default for HandleOptions {
             async_queues: 4,
             queue_depth: 256,
             timeout: Duration::from_secs(30),
+            batch_queue: true,
+            batch_depth: 1024,
+            batch_prp_pages: 128,
         }
     }
 }
@@ -108,6 +120,7 @@ pub(crate) struct HandleInner {
     sync: ManuallyDrop<Box<[SyncQueue]>>,
     rr: AtomicUsize,
     pool: ManuallyDrop<Mutex<Vec<QueuePair>>>,
+    batch: ManuallyDrop<Option<BatchQueue>>,
     ctrl: ManuallyDrop<Controller>,
     state: AtomicU8,
     pub inflight: AtomicUsize,
@@ -133,8 +146,10 @@ impl HandleInner {
                 .ok_or_else(|| Error::Unsupported("controller has no usable namespace".into()))?,
         };
         let granted = info.io_queues.max(1);
-        let nsync = opts.sync_queues.clamp(1, granted);
-        let nasync = opts.async_queues.min(granted - nsync);
+        let nbatch = (opts.batch_queue && granted >= 2) as u16;
+        let avail = granted - nbatch;
+        let nsync = opts.sync_queues.clamp(1, avail);
+        let nasync = opts.async_queues.min(avail - nsync);
         let platform = ctrl.platform().clone();
         let vectors = platform.interrupt_vectors();
         let vector_for = |qid: u16| match opts.completion {
@@ -147,8 +162,16 @@ impl HandleInner {
         };
         let mut created: Vec<QueuePair> = Vec::new();
         let depth = opts.queue_depth.max(2);
-        for qid in 1..=nsync + nasync {
-            match ctrl.create_io_qpair(qid, depth, vector_for(qid)) {
+        // Queue ids: the synchronous pool, then the batch queue, then the
+        // lendable ones. The batch queue always polls (as in the paper).
+        let batch_qid = nsync + 1;
+        for qid in 1..=nsync + nbatch + nasync {
+            let made = if nbatch == 1 && qid == batch_qid {
+                ctrl.create_io_qpair_with(qid, opts.batch_depth.max(2), None, opts.batch_prp_pages)
+            } else {
+                ctrl.create_io_qpair(qid, depth, vector_for(qid))
+            };
+            match made {
                 Ok(qp) => created.push(qp),
                 Err(e) => {
                     for qp in &created {
@@ -159,7 +182,9 @@ impl HandleInner {
                 }
             }
         }
-        let pool: Vec<QueuePair> = created.split_off(nsync as usize);
+        let mut rest: Vec<QueuePair> = created.split_off(nsync as usize);
+        let pool = rest.split_off(nbatch as usize);
+        let batch = rest.pop().map(|qp| BatchQueue::new(qp, ns.nsid, opts.timeout, id));
         let sync: Box<[SyncQueue]> = created.into_iter().map(|qp| SyncQueue::new(qp, platform.clone())).collect();
         Ok(HandleInner {
             id,
@@ -169,6 +194,7 @@ impl HandleInner {
             rr: AtomicUsize::new(0),
             async_queues: pool.len(),
             pool: ManuallyDrop::new(Mutex::new(pool)),
+            batch: ManuallyDrop::new(batch),
             ctrl: ManuallyDrop::new(ctrl),
             state: AtomicU8::new(OPEN),
             inflight: AtomicUsize::new(0),
@@ -251,6 +277,21 @@ impl HandleInner {
         self.quarantine.lock().unwrap_or_else(|p| p.into_inner()).extend(guards);
     }
 
+    /// The batch queue, or why there is none.
+    pub fn batch_queue(&self) -> Result<&BatchQueue> {
+        self.batch.as_ref().ok_or_else(|| {
+            Error::Unsupported(format!(
+                "no batch queue: the controller granted {} I/O queue pair(s), or batch_queue is off",
+                self.ctrl.info().io_queues
+            ))
+        })
+    }
+
+    /// Runs an admin command.
+    pub fn admin(&self, sqe: Sqe, op: &'static str) -> Result<ugds_nvme::Cqe> {
+        self.ctrl.admin_command(sqe, op)
+    }
+
     pub fn take_async_queue(&self) -> Option<QueuePair> {
         self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop()
     }
@@ -279,6 +320,9 @@ impl HandleInner {
         for qp in self.pool.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             clean &= self.ctrl.delete_io_qpair(qp).is_ok();
         }
+        if let Some(b) = self.batch.as_ref() {
+            clean &= self.ctrl.delete_io_qpair(&b.lock().qp).is_ok();
+        }
         let down = if clean { self.ctrl.shutdown() } else { self.ctrl.disable() };
         if let Err(e) = down.or_else(|_| self.ctrl.disable()) {
             // The controller did not confirm it stopped: keep everything.
@@ -297,6 +341,9 @@ impl HandleInner {
         self.ctrl.disable()?;
         for q in self.sync.iter() {
             q.with_qp(|qp| qp.forget_outstanding());
+        }
+        if let Some(b) = self.batch.as_ref() {
+            b.forget_outstanding();
         }
         self.quarantine.lock().unwrap_or_else(|p| p.into_inner()).clear();
         self.unmap_buffers();
@@ -350,6 +397,7 @@ impl Drop for HandleInner {
             unsafe {
                 ManuallyDrop::drop(&mut self.sync);
                 ManuallyDrop::drop(&mut self.pool);
+                ManuallyDrop::drop(&mut self.batch);
                 ManuallyDrop::drop(&mut self.ctrl);
             }
         } else {
@@ -427,6 +475,11 @@ impl Handle {
     /// Queue pairs shared by synchronous calls, and lendable as [`IoQueue`]s.
     pub fn queue_counts(&self) -> (usize, usize) {
         (self.inner.sync.len(), self.inner.async_queues)
+    }
+
+    /// Entries and PRP-list pages of the batch queue, if there is one.
+    pub fn batch_geometry(&self) -> Option<(usize, usize)> {
+        self.inner.batch.as_ref().map(|b| b.geometry())
     }
 
     /// Reads `size` bytes at `file_offset` of the namespace into the

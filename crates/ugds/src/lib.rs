@@ -9,6 +9,8 @@
 //! - [`Handle`]: one controller and namespace; synchronous [`Handle::read`]
 //!   and [`Handle::write`] of any size, from any number of threads.
 //! - [`IoQueue`]: a queue pair lent to one thread for deep asynchronous I/O.
+//! - [`Batch`]: a batch context on the handle's deep queue: submit many,
+//!   collect events by cookie in any order.
 //! - [`BufferToken`]: a registration, checked on every use.
 //! - [`platform::Platform`]: where the controller lives;
 //!   [`platform::emu`] is an emulated controller, the default target.
@@ -31,6 +33,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod barrier;
+mod batch;
 mod buffer;
 pub mod dma;
 mod driver;
@@ -42,9 +45,10 @@ pub mod platform;
 mod registry;
 pub mod sys;
 
+pub use batch::{Batch, BatchIo, BatchOp};
 pub use buffer::HostBuffer;
 pub use driver::Driver;
-pub use engine::{Completion, ControllerInfo, NamespaceInfo};
+pub use engine::{BatchEvent, BatchStatus, Completion, ControllerInfo, NamespaceInfo};
 pub use error::{Error, Result};
 pub use handle::{Drain, Handle, HandleOptions, HandleState};
 pub use io_queue::IoQueue;

@@ -190,8 +190,20 @@ impl Controller {
     /// Allocates queue pair `qid` and creates it on the controller, the
     /// completion queue first.
     pub fn create_io_qpair(&self, qid: u16, entries: u16, vector: Option<u16>) -> Result<QueuePair> {
+        self.create_io_qpair_with(qid, entries, vector, u16::MAX)
+    }
+
+    /// As [`create_io_qpair`](Self::create_io_qpair) with a PRP-list page
+    /// pool of `prp_pages` (capped by the queue's depth).
+    pub fn create_io_qpair_with(
+        &self,
+        qid: u16,
+        entries: u16,
+        vector: Option<u16>,
+        prp_pages: u16,
+    ) -> Result<QueuePair> {
         let entries = entries.min(self.info.cap.mqes().saturating_add(1)).max(2);
-        let qp = QueuePair::new(self.platform.clone(), Qid(qid), entries, self.dstrd, vector)?;
+        let qp = QueuePair::with_prp_pages(self.platform.clone(), Qid(qid), entries, self.dstrd, vector, prp_pages)?;
         self.admin_command(
             Sqe::create_io_cq(Cid(0), Qid(qid), entries, qp.cq_iova(), vector.unwrap_or(0), vector.is_some()),
             "Create I/O Completion Queue",
@@ -277,7 +289,7 @@ fn wait_ready(p: &dyn Platform, ready: bool, timeout: Duration) -> Result<()> {
 
 fn run_admin(qp: &mut QueuePair, p: &dyn Platform, sqe: Sqe, op: &'static str) -> Result<Cqe> {
     // Admin data buffers are single pages: PRP1 is already in the entry.
-    let cid = qp.submit(sqe, None, 0)?;
+    let cid = qp.submit(sqe, None, 0).map_err(Error::from)?;
     qp.ring_sq_doorbell();
     let deadline = Instant::now() + ADMIN_TIMEOUT;
     let mut spins = 0u32;

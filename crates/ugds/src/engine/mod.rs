@@ -5,12 +5,15 @@
 //! - [`qpair`]: one queue pair, used by one thread at a time.
 //! - [`chunk`]: splitting a request by MDTS and PRP-list capacity.
 //! - [`sync`]: shared queue pairs for synchronous callers.
+//! - [`batch`]: the deep batch queue shared by batch contexts.
 
+pub mod batch;
 pub mod chunk;
 pub mod controller;
 pub mod qpair;
 pub mod sync;
 
+pub use batch::{BatchEvent, BatchQueue, BatchStatus};
 pub use controller::{Controller, ControllerInfo, NamespaceInfo};
 pub use qpair::QueuePair;
 pub use sync::Completion;

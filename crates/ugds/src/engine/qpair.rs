@@ -19,6 +19,25 @@ use ugds_nvme::prp::PrpPlan;
 use ugds_nvme::ring::{CqCursor, Ring};
 use ugds_nvme::{regs, Cid, CidAllocator, Cqe, Qid, Sqe};
 
+const NO_PAGE: u16 = u16::MAX;
+
+/// What kept a command from being staged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Full {
+    /// No free submission queue slot.
+    Sq,
+    /// No free command identifier.
+    Cid,
+    /// No free PRP-list page (only commands spanning more than two pages need one).
+    PrpPages,
+}
+
+impl From<Full> for Error {
+    fn from(_: Full) -> Error {
+        Error::QueueFull
+    }
+}
+
 /// A queue pair as the host sees it.
 pub struct QueuePair {
     // ---- submission: touched on every submit ----
@@ -32,8 +51,12 @@ pub struct QueuePair {
     cids: CidAllocator,
     /// The caller's tag for each outstanding CID.
     tags: Box<[u64]>,
-    /// One PRP-list page per CID, owned by the command while it is in flight.
+    /// Pre-mapped PRP-list pages; a command that needs a list borrows one
+    /// until its completion is consumed.
     prp_pages: DmaBuffer,
+    prp_free: Vec<u16>,
+    /// The PRP page each CID holds, or `NO_PAGE`.
+    cid_page: Box<[u16]>,
 
     // ---- completion: touched on every completion ----
     cq: DmaBuffer,
@@ -51,7 +74,8 @@ pub struct QueuePair {
 
 impl QueuePair {
     /// Allocates the rings and PRP pages of a queue pair with `entries`
-    /// entries per ring. The caller creates it on the controller.
+    /// entries per ring and one PRP-list page per possible command. The
+    /// caller creates it on the controller.
     pub fn new(
         platform: Arc<dyn Platform>,
         qid: Qid,
@@ -59,15 +83,30 @@ impl QueuePair {
         dstrd: u8,
         vector: Option<u16>,
     ) -> Result<QueuePair> {
+        QueuePair::with_prp_pages(platform, qid, entries, dstrd, vector, entries.saturating_sub(1))
+    }
+
+    /// As [`new`](Self::new), with a pool of `prp_pages` PRP-list pages:
+    /// fewer than the queue's depth bounds the multi-page commands in
+    /// flight (the batch queue's pool).
+    pub fn with_prp_pages(
+        platform: Arc<dyn Platform>,
+        qid: Qid,
+        entries: u16,
+        dstrd: u8,
+        vector: Option<u16>,
+        prp_pages: u16,
+    ) -> Result<QueuePair> {
         if entries < 2 {
             return Err(Error::InvalidArgument(format!("queue of {entries} entries")));
         }
         let sq = platform.alloc_dma(entries as usize * Sqe::SIZE)?;
         let cq = platform.alloc_dma(entries as usize * Cqe::SIZE)?;
         // At most entries - 1 commands can be outstanding on the SQ at once,
-        // so that many CIDs (and PRP pages) are all a queue can use.
+        // so that many CIDs are all a queue can use.
         let ncids = entries - 1;
-        let prp_pages = platform.alloc_dma(ncids as usize * PAGE_SIZE)?;
+        let npages = prp_pages.clamp(1, ncids);
+        let prp_pages = platform.alloc_dma(npages as usize * PAGE_SIZE)?;
         Ok(QueuePair {
             sq,
             sq_ring: Ring::new(entries as u32),
@@ -77,6 +116,8 @@ impl QueuePair {
             cids: CidAllocator::new(ncids),
             tags: vec![0; ncids as usize].into_boxed_slice(),
             prp_pages,
+            prp_free: (0..npages).rev().collect(),
+            cid_page: vec![NO_PAGE; ncids as usize].into_boxed_slice(),
             cq,
             cq_ring: Ring::new(entries as u32),
             cursor: CqCursor::default(),
@@ -114,10 +155,21 @@ impl QueuePair {
         self.vector
     }
 
-    /// Commands that may be submitted now without waiting for completions.
+    /// Commands that may be submitted now without waiting for completions
+    /// (commands needing a PRP list are also bounded by [`free_prp_pages`](Self::free_prp_pages)).
     pub fn free_slots(&self) -> usize {
         (self.sq_ring.free(self.sq_head, self.sq_tail) as usize)
             .min(self.cids.capacity() as usize - self.cids.outstanding())
+    }
+
+    /// PRP-list pages not lent to a command.
+    pub fn free_prp_pages(&self) -> usize {
+        self.prp_free.len()
+    }
+
+    /// Size of the PRP-list page pool.
+    pub fn prp_pool_size(&self) -> usize {
+        self.prp_pages.len() / PAGE_SIZE
     }
 
     /// Commands submitted and not yet completed.
@@ -130,6 +182,14 @@ impl QueuePair {
         self.protocol_errors
     }
 
+    /// Every outstanding command with this tag.
+    pub fn outstanding_cids_of(&self, tag: u64) -> Vec<Cid> {
+        (0..self.tags.len() as u16)
+            .map(Cid)
+            .filter(|&c| self.cids.is_allocated(c) && self.tags[c.0 as usize] == tag)
+            .collect()
+    }
+
     /// The tag of an outstanding command, for error reports.
     pub fn outstanding_cid_of(&self, tag: u64) -> Option<Cid> {
         (0..self.tags.len() as u16).map(Cid).find(|&c| self.cids.is_allocated(c) && self.tags[c.0 as usize] == tag)
@@ -139,11 +199,14 @@ impl QueuePair {
     /// submission ring. Not visible to the controller until
     /// [`ring_sq_doorbell`](Self::ring_sq_doorbell).
     #[inline]
-    pub fn submit(&mut self, mut sqe: Sqe, data: Option<PrpPlan<'_>>, tag: u64) -> Result<Cid> {
+    pub fn submit(&mut self, mut sqe: Sqe, data: Option<PrpPlan<'_>>, tag: u64) -> Result<Cid, Full> {
         if self.sq_ring.is_full(self.sq_head, self.sq_tail) {
-            return Err(Error::QueueFull);
+            return Err(Full::Sq);
         }
-        let cid = self.cids.alloc().ok_or(Error::QueueFull)?;
+        if matches!(data, Some(PrpPlan::List { .. })) && self.prp_free.is_empty() {
+            return Err(Full::PrpPages);
+        }
+        let cid = self.cids.alloc().ok_or(Full::Cid)?;
         match data {
             None => {}
             Some(PrpPlan::One { prp1 }) => sqe.prp1 = prp1,
@@ -152,10 +215,12 @@ impl QueuePair {
                 sqe.prp2 = prp2;
             }
             Some(PrpPlan::List { prp1, entries }) => {
-                // This CID's own list page: free again only when its
-                // completion is consumed, so no other command can overwrite
-                // it while the controller may still read it.
-                let page = cid.0 as usize * PAGE_SIZE;
+                // A page from the pool, held by this CID until its
+                // completion is consumed: no other command can overwrite it
+                // while the controller may still read it.
+                let idx = self.prp_free.pop().expect("checked above");
+                self.cid_page[cid.0 as usize] = idx;
+                let page = idx as usize * PAGE_SIZE;
                 for (i, &e) in entries.iter().enumerate() {
                     self.prp_pages.write_u64(page + i * 8, e);
                 }
@@ -219,7 +284,13 @@ impl QueuePair {
             }
             let cid = Cid(cqe.cid);
             match self.cids.free(cid) {
-                Ok(()) => f(self.tags[cid.0 as usize], &cqe),
+                Ok(()) => {
+                    let page = std::mem::replace(&mut self.cid_page[cid.0 as usize], NO_PAGE);
+                    if page != NO_PAGE {
+                        self.prp_free.push(page);
+                    }
+                    f(self.tags[cid.0 as usize], &cqe)
+                }
                 Err(e) => {
                     self.protocol_errors += 1;
                     tracing::error!(qid = self.qid.0, "completion ignored: {e}");
@@ -239,6 +310,11 @@ impl QueuePair {
         let n = self.cids.outstanding();
         let ncids = self.cids.capacity();
         self.cids = CidAllocator::new(ncids);
+        for p in self.cid_page.iter_mut() {
+            if *p != NO_PAGE {
+                self.prp_free.push(std::mem::replace(p, NO_PAGE));
+            }
+        }
         n
     }
 }

@@ -226,6 +226,8 @@ pub(super) struct Controller {
     table_version: u64,
     segs: Vec<(u64, usize)>,
     host_segs: Vec<(usize, usize)>,
+    /// Completions held back to be posted in reverse (`reverse_completions`).
+    held: Vec<Completion>,
 }
 
 impl Controller {
@@ -250,6 +252,7 @@ impl Controller {
             table_version: u64::MAX,
             segs: Vec::with_capacity(520),
             host_segs: Vec::with_capacity(520),
+            held: Vec::new(),
         }
     }
 
@@ -476,6 +479,9 @@ impl Controller {
             n += 1;
             self.execute(qid as u16, sqe, table);
         }
+        while let Some(c) = self.held.pop() {
+            self.complete(c);
+        }
         n > 0
     }
 
@@ -506,6 +512,7 @@ impl Controller {
                     self.seq += 1;
                     self.delayed.push(Reverse(Delayed { due, seq: self.seq, c }));
                 }
+                _ if self.cfg.reverse_completions && qid != 0 => self.held.push(c),
                 _ => self.complete(c),
             }
         }

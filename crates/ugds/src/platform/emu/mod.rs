@@ -96,6 +96,9 @@ pub struct EmuConfig {
     pub interrupt_vectors: u16,
     /// How long the controller thread spins after its last work before parking.
     pub spin: Duration,
+    /// Complete the commands fetched in one sweep of a submission queue in
+    /// the reverse of their order (the spec allows any order).
+    pub reverse_completions: bool,
 }
 
 impl Default for EmuConfig {
@@ -109,6 +112,7 @@ impl Default for EmuConfig {
             latency: None,
             interrupt_vectors: 17,
             spin: Duration::from_micros(100),
+            reverse_completions: false,
         }
     }
 }
@@ -137,6 +141,11 @@ impl EmuConfig {
     /// Null mode: commands complete without moving data.
     pub fn null(mut self, null: bool) -> Self {
         self.null = null;
+        self
+    }
+    /// Completes each sweep's commands in reverse order.
+    pub fn reverse_completions(mut self, on: bool) -> Self {
+        self.reverse_completions = on;
         self
     }
     /// Sets the latency model.

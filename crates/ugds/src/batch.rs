@@ -1,0 +1,210 @@
+//! Batch I/O: many independent requests submitted at once, completed in any
+//! order, collected by cookie (cuFile's `cuFileBatchIO*`).
+//!
+//! A [`Batch`] is a context on its handle's deep batch queue, set up with
+//! the most requests it may have outstanding; everything it needs is
+//! allocated then. It keeps its handle open (closing the handle is refused
+//! with [`Error::Busy`] while a batch exists). Cancelling or dropping it with
+//! requests on the device waits for them; if the device never answers, the
+//! handle is wedged and the buffers those requests use stay registered.
+
+use crate::engine::batch::{BatchQueue, Prepared};
+use crate::engine::BatchEvent;
+use crate::handle::{Handle, HandleInner};
+use crate::registry::BufferToken;
+use crate::{Error, Result};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use ugds_nvme::{Cid, NvmOpcode, Qid, Sqe};
+
+/// Direction of a batch request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchOp {
+    /// Namespace to buffer.
+    Read,
+    /// Buffer to namespace.
+    Write,
+}
+
+/// One request of a batch.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchIo {
+    /// Direction.
+    pub op: BatchOp,
+    /// The registered buffer.
+    pub buf: BufferToken,
+    /// Bytes.
+    pub size: usize,
+    /// Byte offset in the namespace.
+    pub file_offset: u64,
+    /// Byte offset in the buffer.
+    pub buf_offset: usize,
+    /// Comes back with the request's event.
+    pub cookie: u64,
+}
+
+/// A batch context; see the module docs.
+pub struct Batch {
+    handle: Arc<HandleInner>,
+    ctx: u32,
+    capacity: usize,
+    stuck: bool,
+}
+
+impl Handle {
+    /// Sets up a batch context for up to `capacity` outstanding requests.
+    pub fn batch(&self, capacity: usize) -> Result<Batch> {
+        Batch::new(self.inner.clone(), capacity)
+    }
+}
+
+impl Batch {
+    pub(crate) fn new(handle: Arc<HandleInner>, capacity: usize) -> Result<Batch> {
+        if capacity == 0 {
+            return Err(Error::InvalidArgument("a batch context needs a capacity of at least 1".into()));
+        }
+        let r = handle.enter()?;
+        let q = handle.batch_queue()?;
+        let ctx = q.open_context(capacity);
+        // The in-flight reference lives as long as the context (released in Drop).
+        std::mem::forget(r);
+        Ok(Batch { handle, ctx, capacity, stuck: false })
+    }
+
+    fn queue(&self) -> &BatchQueue {
+        self.handle.batch_queue().expect("a batch exists only on a handle with a batch queue")
+    }
+
+    /// The most requests this context may have outstanding.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Requests submitted whose events have not been collected.
+    pub fn outstanding(&self) -> usize {
+        self.queue().outstanding(self.ctx)
+    }
+
+    /// Submits `ios`: all are validated first (bad input submits none), then
+    /// every command is staged and the doorbell rung once (more often only
+    /// when the queue or the PRP-page pool fills mid-batch). Returns the
+    /// number of doorbell writes it took.
+    pub fn submit(&self, ios: &[BatchIo]) -> Result<usize> {
+        let h = &*self.handle;
+        if ios.is_empty() {
+            return Err(Error::InvalidArgument("empty batch".into()));
+        }
+        let _in = h.enter()?;
+        let q = self.queue();
+        q.check_room(self.ctx, ios.len())?;
+        let mut reqs = Vec::with_capacity(ios.len());
+        for io in ios {
+            let (guard, data_off) = h.prepare(&io.buf, io.size, io.file_offset, io.buf_offset)?;
+            reqs.push(Prepared {
+                op: if io.op == BatchOp::Read { NvmOpcode::Read } else { NvmOpcode::Write },
+                cookie: io.cookie,
+                len: io.size,
+                chunks: h.chunker(io.file_offset, data_off, io.size),
+                guard,
+            });
+        }
+        match q.submit(self.ctx, reqs) {
+            Err(e @ Error::Timeout { .. }) => {
+                h.wedge([]);
+                Err(e)
+            }
+            r => r,
+        }
+    }
+
+    /// Collects finished requests into `out`: waits until at least `min_nr`
+    /// are available or `timeout` passes (`None`: no limit), and takes at
+    /// most `max`. Returns how many were added. A request the device does
+    /// not complete within the handle's timeout is reported with
+    /// [`BatchStatus::Timeout`], and the handle is wedged.
+    pub fn get_status(
+        &self,
+        min_nr: usize,
+        max: usize,
+        timeout: Option<Duration>,
+        out: &mut Vec<BatchEvent>,
+    ) -> Result<usize> {
+        if min_nr > max {
+            return Err(Error::InvalidArgument(format!("min_nr {min_nr} is more than max {max}")));
+        }
+        let q = self.queue();
+        let start = Instant::now();
+        let mut got = 0;
+        let mut spins = 0u32;
+        loop {
+            got += q.collect(self.ctx, max - got, out);
+            if got >= min_nr || got == max {
+                return Ok(got);
+            }
+            if q.inflight(self.ctx) == 0 && q.outstanding(self.ctx) == 0 {
+                // Nothing left that could complete.
+                return Ok(got);
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 1024 == 0 {
+                if timeout.is_some_and(|t| start.elapsed() >= t) {
+                    return Ok(got);
+                }
+                let expired = q.expire(self.ctx);
+                if !expired.is_empty() {
+                    self.handle.wedge(expired);
+                }
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Cancels the context: no more submissions; commands on the device are
+    /// asked to abort (best effort: a controller may finish them anyway),
+    /// then waited for, up to the handle's timeout. Their events stay
+    /// collectable. Memory the device may still write is never released:
+    /// if a command does not come back the handle is wedged.
+    pub fn cancel(&self) -> Result<()> {
+        let q = self.queue();
+        for (qid, cid) in q.cancel(self.ctx) {
+            let _ = self.handle.admin(Sqe::abort(Cid(0), Qid(qid), cid), "Abort");
+        }
+        self.wait_idle()
+    }
+
+    fn wait_idle(&self) -> Result<()> {
+        let q = self.queue();
+        let mut spins = 0u32;
+        while q.inflight(self.ctx) > 0 {
+            // Reap without taking this context's events away from the caller.
+            crate::engine::batch::BatchQueue::reap(&mut q.lock());
+            spins = spins.wrapping_add(1);
+            if spins % 1024 == 0 {
+                let expired = q.expire(self.ctx);
+                if !expired.is_empty() {
+                    self.handle.wedge(expired);
+                    return Err(Error::Wedged);
+                }
+                std::thread::yield_now();
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        if !self.stuck && self.cancel().is_err() {
+            self.stuck = true;
+        }
+        let q = self.queue();
+        let left = q.close_context(self.ctx);
+        if !left.is_empty() {
+            self.handle.wedge(left);
+        }
+        self.handle.inflight.fetch_sub(1, Ordering::SeqCst);
+    }
+}

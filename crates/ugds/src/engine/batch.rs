@@ -1,0 +1,388 @@
+//! The batch queue: one deep queue pair per handle, shared by batch
+//! contexts (and the stream engine), kept apart from the synchronous queues.
+//!
+//! A context is a preallocated table of requests and of completion events;
+//! submitting stages every command of every request and rings the doorbell
+//! once. Multi-page commands borrow a page from the queue's PRP-list pool
+//! until their completion is consumed. When the submission queue, the
+//! command identifiers or the pool run out in the middle of a batch, what is
+//! staged is rung, completions are reaped (for every context), and staging
+//! continues; the lock is released while waiting. Completions may arrive in
+//! any order; each is credited to its request by tag
+//! (`context << 32 | request`), and a request is an event once all its
+//! commands are back.
+
+use super::chunk::Chunker;
+use super::qpair::{Full, QueuePair};
+use crate::registry::BufGuard;
+use crate::{Error, Result};
+use std::collections::VecDeque;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use ugds_nvme::prp::PrpPlan;
+use ugds_nvme::{Cid, Lba, Nsid, NvmOpcode, Sqe, Status};
+
+/// How a batch request ended (cuFile's `CUfileStatus_t`, less the states a
+/// finished event cannot have).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchStatus {
+    /// Every command completed successfully.
+    Complete,
+    /// A command completed with an error status.
+    Failed,
+    /// Canceled before it reached the device, or aborted by it.
+    Canceled,
+    /// The device did not complete it in time (the handle is now wedged).
+    Timeout,
+}
+
+/// A finished batch request.
+#[derive(Debug)]
+pub struct BatchEvent {
+    /// The caller's cookie.
+    pub cookie: u64,
+    /// How it ended.
+    pub status: BatchStatus,
+    /// Bytes moved, or why not.
+    pub result: Result<usize>,
+}
+
+struct Req {
+    cookie: u64,
+    pending: u32,
+    len: usize,
+    status: Option<u16>,
+    op: NvmOpcode,
+    started: Instant,
+    guard: Option<BufGuard>,
+}
+
+struct Ctx {
+    reqs: Vec<Req>,
+    free: Vec<u32>,
+    done: VecDeque<BatchEvent>,
+    /// Requests submitted whose event is not yet in `done`.
+    inflight: usize,
+    canceled: bool,
+}
+
+pub(crate) struct State {
+    pub qp: QueuePair,
+    ctxs: Vec<Option<Ctx>>,
+}
+
+/// One request of a submission, validated: its commands and buffer reference.
+pub(crate) struct Prepared {
+    pub op: NvmOpcode,
+    pub cookie: u64,
+    pub len: usize,
+    pub chunks: Chunker,
+    pub guard: BufGuard,
+}
+
+/// The deep queue pair of a handle and the contexts using it.
+pub struct BatchQueue {
+    state: Mutex<State>,
+    nsid: Nsid,
+    timeout: Duration,
+    handle_id: u64,
+}
+
+fn tag(ctx: u32, req: u32) -> u64 {
+    (ctx as u64) << 32 | req as u64
+}
+
+impl BatchQueue {
+    /// Wraps a created (deep) queue pair.
+    pub(crate) fn new(qp: QueuePair, nsid: u32, timeout: Duration, handle_id: u64) -> BatchQueue {
+        BatchQueue { state: Mutex::new(State { qp, ctxs: Vec::new() }), nsid: Nsid(nsid), timeout, handle_id }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Entries of the queue, and pages of its PRP-list pool.
+    pub fn geometry(&self) -> (usize, usize) {
+        let st = self.lock();
+        (st.qp.entries() as usize, st.qp.prp_pool_size())
+    }
+
+    /// A context for up to `capacity` outstanding requests; all its memory
+    /// is allocated here, none on submission.
+    pub fn open_context(&self, capacity: usize) -> u32 {
+        let ctx = Ctx {
+            reqs: (0..capacity)
+                .map(|_| Req {
+                    cookie: 0,
+                    pending: 0,
+                    len: 0,
+                    status: None,
+                    op: NvmOpcode::Read,
+                    started: Instant::now(),
+                    guard: None,
+                })
+                .collect(),
+            free: (0..capacity as u32).rev().collect(),
+            done: VecDeque::with_capacity(capacity),
+            inflight: 0,
+            canceled: false,
+        };
+        let mut st = self.lock();
+        match st.ctxs.iter().position(|c| c.is_none()) {
+            Some(i) => {
+                st.ctxs[i] = Some(ctx);
+                i as u32
+            }
+            None => {
+                st.ctxs.push(Some(ctx));
+                st.ctxs.len() as u32 - 1
+            }
+        }
+    }
+
+    /// Drops a context with nothing in flight. Returns the buffer references
+    /// of requests still in flight (to quarantine) when the context is stuck.
+    pub(crate) fn close_context(&self, ctx: u32) -> Vec<BufGuard> {
+        let mut st = self.lock();
+        let Some(c) = st.ctxs.get_mut(ctx as usize).and_then(|c| c.take()) else { return Vec::new() };
+        c.reqs.into_iter().filter_map(|mut r| if r.pending > 0 { r.guard.take() } else { None }).collect()
+    }
+
+    /// Requests of `ctx` submitted and not yet collected.
+    pub fn outstanding(&self, ctx: u32) -> usize {
+        let st = self.lock();
+        st.ctxs[ctx as usize].as_ref().map_or(0, |c| c.inflight + c.done.len())
+    }
+
+    /// Requests of `ctx` still on the device.
+    pub fn inflight(&self, ctx: u32) -> usize {
+        let st = self.lock();
+        st.ctxs[ctx as usize].as_ref().map_or(0, |c| c.inflight)
+    }
+
+    /// Free request slots in `ctx`.
+    pub fn room(&self, ctx: u32) -> usize {
+        let st = self.lock();
+        st.ctxs[ctx as usize].as_ref().map_or(0, |c| c.free.len())
+    }
+
+    /// Consumes every completion on the queue, crediting all contexts.
+    pub(crate) fn reap(st: &mut State) -> usize {
+        let State { qp, ctxs } = st;
+        qp.process_completions(usize::MAX, |t, cqe| {
+            let (ci, ri) = ((t >> 32) as usize, t as u32 as usize);
+            let Some(Some(c)) = ctxs.get_mut(ci) else { return };
+            let r = &mut c.reqs[ri];
+            if r.pending == 0 {
+                return; // timed out and reported already; the late completion is dropped
+            }
+            if !cqe.status().is_success() && r.status.is_none() {
+                r.status = Some(cqe.status);
+            }
+            r.pending -= 1;
+            if r.pending == 0 {
+                r.guard = None;
+                let op = if r.op == NvmOpcode::Read { "Read" } else { "Write" };
+                let event = match r.status {
+                    None => BatchEvent { cookie: r.cookie, status: BatchStatus::Complete, result: Ok(r.len) },
+                    Some(f) => {
+                        let status = Status::from_field(f);
+                        let aborted = status.sct == 0 && status.sc == ugds_nvme::status::generic::ABORT_REQUESTED;
+                        BatchEvent {
+                            cookie: r.cookie,
+                            status: if aborted { BatchStatus::Canceled } else { BatchStatus::Failed },
+                            result: Err(Error::Nvme { op, status }),
+                        }
+                    }
+                };
+                c.done.push_back(event);
+                c.free.push(ri as u32);
+                c.inflight -= 1;
+            }
+        })
+    }
+
+    /// Reserves request slots in `ctx` for `n` requests, or says why not.
+    pub(crate) fn check_room(&self, ctx: u32, n: usize) -> Result<()> {
+        let st = self.lock();
+        let c = st.ctxs[ctx as usize].as_ref().ok_or(Error::Closed)?;
+        if c.canceled {
+            return Err(Error::Canceled);
+        }
+        if n > c.free.len() {
+            return Err(Error::CapacityExceeded {
+                capacity: c.reqs.len(),
+                requested: n,
+                outstanding: c.reqs.len() - c.free.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Stages and rings every command of `reqs` (validated by the caller),
+    /// ringing, reaping and waiting without the lock when the queue or the
+    /// PRP pool runs out. Returns the doorbell writes made.
+    pub(crate) fn submit(&self, ctx: u32, reqs: Vec<Prepared>) -> Result<usize> {
+        let mut doorbells = 0;
+        let mut st = self.lock();
+        // Slots first, so that the whole submission is admitted or refused.
+        let mut slots = Vec::with_capacity(reqs.len());
+        {
+            let c = st.ctxs[ctx as usize].as_mut().ok_or(Error::Closed)?;
+            if reqs.len() > c.free.len() {
+                return Err(Error::CapacityExceeded {
+                    capacity: c.reqs.len(),
+                    requested: reqs.len(),
+                    outstanding: c.reqs.len() - c.free.len(),
+                });
+            }
+            let now = Instant::now();
+            for p in &reqs {
+                let i = c.free.pop().expect("room checked");
+                let commands = p.chunks.commands() as u32;
+                c.reqs[i as usize] = Req {
+                    cookie: p.cookie,
+                    pending: commands,
+                    len: p.len,
+                    status: None,
+                    op: p.op,
+                    started: now,
+                    guard: None,
+                };
+                c.inflight += 1;
+                slots.push(i);
+            }
+        }
+        let mut waited_since: Option<Instant> = None;
+        for (p, &slot) in reqs.into_iter().zip(&slots) {
+            let entry = p.guard.0.clone();
+            st.ctxs[ctx as usize].as_mut().expect("open").reqs[slot as usize].guard = Some(p.guard);
+            let maps = entry.mappings();
+            let Some(map) = maps.iter().find(|m| m.handle_id == self.handle_id) else {
+                return Err(Error::Platform("buffer is not mapped for this handle".into()));
+            };
+            for ch in p.chunks {
+                let plan = ugds_nvme::prp::plan(&map.map.pages, crate::sys::PAGE_SIZE, ch.data_off, ch.len)
+                    .expect("validated range plans");
+                let sqe = Sqe::rw(p.op, Cid(0), self.nsid, Lba(ch.slba), ch.nlb, 0, 0);
+                loop {
+                    match st.qp.submit(sqe, Some(plan), tag(ctx, slot)) {
+                        Ok(_) => {
+                            waited_since = None;
+                            break;
+                        }
+                        Err(full) => {
+                            // Ring what is staged, reap, and let others in
+                            // while the device works.
+                            if st.qp.outstanding() > 0 {
+                                st.qp.ring_sq_doorbell();
+                                doorbells += 1;
+                            }
+                            drop(st);
+                            std::hint::spin_loop();
+                            st = self.lock();
+                            if BatchQueue::reap(&mut st) == 0 {
+                                let since = *waited_since.get_or_insert_with(Instant::now);
+                                if since.elapsed() > self.timeout {
+                                    tracing::error!(?full, "batch submission found no room within the timeout");
+                                    return Err(Error::Timeout {
+                                        qid: st.qp.qid().0,
+                                        cid: u16::MAX,
+                                        after: self.timeout,
+                                    });
+                                }
+                            } else {
+                                waited_since = None;
+                            }
+                            let _: Full = full;
+                        }
+                    }
+                }
+            }
+        }
+        st.qp.ring_sq_doorbell();
+        Ok(doorbells + 1)
+    }
+
+    /// Moves up to `max` finished events of `ctx` into `out`, reaping first.
+    pub(crate) fn collect(&self, ctx: u32, max: usize, out: &mut Vec<BatchEvent>) -> usize {
+        let mut st = self.lock();
+        BatchQueue::reap(&mut st);
+        let c = st.ctxs[ctx as usize].as_mut().expect("open context");
+        let n = max.min(c.done.len());
+        out.extend(c.done.drain(..n));
+        n
+    }
+
+    /// Requests of `ctx` older than the timeout: reported as timed out, and
+    /// their buffer references returned (to quarantine). Empty when none.
+    pub(crate) fn expire(&self, ctx: u32) -> Vec<BufGuard> {
+        let mut st = self.lock();
+        BatchQueue::reap(&mut st);
+        let now = Instant::now();
+        let qid = st.qp.qid().0;
+        let timeout = self.timeout;
+        let late: Vec<u32> = {
+            let c = st.ctxs[ctx as usize].as_ref().expect("open context");
+            (0..c.reqs.len() as u32)
+                .filter(|&i| {
+                    let r = &c.reqs[i as usize];
+                    r.pending > 0 && now.duration_since(r.started) > timeout
+                })
+                .collect()
+        };
+        let mut guards = Vec::new();
+        for i in late {
+            let cid = st.qp.outstanding_cid_of(tag(ctx, i)).map_or(u16::MAX, |c| c.0);
+            let c = st.ctxs[ctx as usize].as_mut().expect("open context");
+            let r = &mut c.reqs[i as usize];
+            r.pending = 0;
+            guards.extend(r.guard.take());
+            c.done.push_back(BatchEvent {
+                cookie: r.cookie,
+                status: BatchStatus::Timeout,
+                result: Err(Error::Timeout { qid, cid, after: timeout }),
+            });
+            c.inflight -= 1;
+            // The slot is not returned to `free`: a late completion may
+            // still name it.
+        }
+        guards
+    }
+
+    /// Marks `ctx` canceled (no more submissions) and returns the CIDs of
+    /// its commands on the device, for the caller to abort.
+    pub(crate) fn cancel(&self, ctx: u32) -> Vec<(u16, Cid)> {
+        let mut st = self.lock();
+        let qid = st.qp.qid().0;
+        let c = st.ctxs[ctx as usize].as_mut().expect("open context");
+        c.canceled = true;
+        let live: Vec<u32> = (0..c.reqs.len() as u32).filter(|&i| c.reqs[i as usize].pending > 0).collect();
+        let mut cids = Vec::new();
+        for i in live {
+            let t = tag(ctx, i);
+            // Every command of the request: scan the queue's outstanding CIDs.
+            cids.extend(st.qp.outstanding_cids_of(t).into_iter().map(|c| (qid, c)));
+        }
+        cids
+    }
+
+    /// Forgets every command on the device: only after a controller reset.
+    pub(crate) fn forget_outstanding(&self) {
+        let mut st = self.lock();
+        st.qp.forget_outstanding();
+        for c in st.ctxs.iter_mut().flatten() {
+            for r in c.reqs.iter_mut() {
+                r.pending = 0;
+                r.guard = None;
+            }
+            c.inflight = 0;
+        }
+    }
+
+    /// Whether a plan for this chunk needs a list page (for tests of the pool).
+    pub fn needs_list(plan: &PrpPlan<'_>) -> bool {
+        matches!(plan, PrpPlan::List { .. })
+    }
+}
