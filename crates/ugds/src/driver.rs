@@ -49,6 +49,7 @@ impl Driver {
         let id = self.inner.next_handle.fetch_add(1, Ordering::Relaxed);
         let inner = HandleInner::new(id, self.inner.clone(), ctrl, opts)?;
         let inner = Arc::new(inner);
+        inner.start_stream_engine()?;
         let mut handles = self.inner.handles.lock().unwrap_or_else(|p| p.into_inner());
         let platform = inner.platform().clone();
         let mapped = self.inner.registry.for_each(|e| e.map_for(id, &platform));

@@ -23,6 +23,7 @@ use crate::engine::{Completion, Controller, ControllerInfo, NamespaceInfo, Queue
 use crate::io_queue::IoQueue;
 use crate::platform::Platform;
 use crate::registry::{BufGuard, BufferToken};
+use crate::stream::StreamEngine;
 use crate::sys::PAGE_SIZE;
 use crate::{Error, Result};
 use std::mem::ManuallyDrop;
@@ -120,7 +121,8 @@ pub(crate) struct HandleInner {
     sync: ManuallyDrop<Box<[SyncQueue]>>,
     rr: AtomicUsize,
     pool: ManuallyDrop<Mutex<Vec<QueuePair>>>,
-    batch: ManuallyDrop<Option<BatchQueue>>,
+    batch: ManuallyDrop<Option<Arc<BatchQueue>>>,
+    stream: Mutex<Option<StreamEngine>>,
     ctrl: ManuallyDrop<Controller>,
     state: AtomicU8,
     pub inflight: AtomicUsize,
@@ -184,7 +186,7 @@ impl HandleInner {
         }
         let mut rest: Vec<QueuePair> = created.split_off(nsync as usize);
         let pool = rest.split_off(nbatch as usize);
-        let batch = rest.pop().map(|qp| BatchQueue::new(qp, ns.nsid, opts.timeout, id));
+        let batch = rest.pop().map(|qp| Arc::new(BatchQueue::new(qp, ns.nsid, opts.timeout, id)));
         let sync: Box<[SyncQueue]> = created.into_iter().map(|qp| SyncQueue::new(qp, platform.clone())).collect();
         Ok(HandleInner {
             id,
@@ -195,6 +197,7 @@ impl HandleInner {
             async_queues: pool.len(),
             pool: ManuallyDrop::new(Mutex::new(pool)),
             batch: ManuallyDrop::new(batch),
+            stream: Mutex::new(None),
             ctrl: ManuallyDrop::new(ctrl),
             state: AtomicU8::new(OPEN),
             inflight: AtomicUsize::new(0),
@@ -277,9 +280,39 @@ impl HandleInner {
         self.quarantine.lock().unwrap_or_else(|p| p.into_inner()).extend(guards);
     }
 
+    /// Starts the stream engine (at open, so the first stream operation
+    /// pays nothing for it).
+    pub fn start_stream_engine(self: &Arc<Self>) -> Result<()> {
+        if let Some(b) = self.batch.as_ref() {
+            let e = StreamEngine::start(b.clone(), Arc::downgrade(self))?;
+            *self.stream.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+        }
+        Ok(())
+    }
+
+    /// The stream engine, if the handle has one.
+    pub fn stream_engine(&self) -> Option<std::sync::MutexGuard<'_, Option<StreamEngine>>> {
+        let g = self.stream.lock().unwrap_or_else(|p| p.into_inner());
+        g.is_some().then_some(g)
+    }
+
+    pub fn registry(&self) -> &crate::registry::Registry {
+        &self.driver.registry
+    }
+
+    pub fn is_wedged(&self) -> bool {
+        self.state.load(Ordering::SeqCst) == WEDGED
+    }
+
+    fn stop_stream_engine(&self) {
+        if let Some(mut e) = self.stream.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            e.stop();
+        }
+    }
+
     /// The batch queue, or why there is none.
     pub fn batch_queue(&self) -> Result<&BatchQueue> {
-        self.batch.as_ref().ok_or_else(|| {
+        self.batch.as_deref().ok_or_else(|| {
             Error::Unsupported(format!(
                 "no batch queue: the controller granted {} I/O queue pair(s), or batch_queue is off",
                 self.ctrl.info().io_queues
@@ -313,6 +346,7 @@ impl HandleInner {
     /// down. Falls back to a disable (which also stops DMA) when the
     /// controller does not cooperate.
     fn teardown(&self) -> Result<()> {
+        self.stop_stream_engine();
         let mut clean = true;
         for q in self.sync.iter() {
             clean &= q.with_qp(|qp| self.ctrl.delete_io_qpair(qp)).is_ok();
@@ -339,6 +373,7 @@ impl HandleInner {
         // CC.EN = 0 and CSTS.RDY = 0: the controller has stopped and dropped
         // every queue; nothing it held can be written any more.
         self.ctrl.disable()?;
+        self.stop_stream_engine();
         for q in self.sync.iter() {
             q.with_qp(|qp| qp.forget_outstanding());
         }

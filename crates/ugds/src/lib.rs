@@ -11,6 +11,9 @@
 //! - [`IoQueue`]: a queue pair lent to one thread for deep asynchronous I/O.
 //! - [`Batch`]: a batch context on the handle's deep queue: submit many,
 //!   collect events by cookie in any order.
+//! - [`Stream`], [`StreamIo`]: stream-ordered I/O with late-bound
+//!   parameters ([`Handle::read_async`]); [`HostStream`] runs a stream on a
+//!   host thread where there is no GPU.
 //! - [`BufferToken`]: a registration, checked on every use.
 //! - [`platform::Platform`]: where the controller lives;
 //!   [`platform::emu`] is an emulated controller, the default target.
@@ -43,6 +46,7 @@ mod handle;
 mod io_queue;
 pub mod platform;
 mod registry;
+pub mod stream;
 pub mod sys;
 
 pub use batch::{Batch, BatchIo, BatchOp};
@@ -53,4 +57,5 @@ pub use error::{Error, Result};
 pub use handle::{Drain, Handle, HandleOptions, HandleState};
 pub use io_queue::IoQueue;
 pub use registry::BufferToken;
+pub use stream::{HostStream, Stream, StreamIo, StreamResult, StreamSignal};
 pub use ugds_nvme as nvme;

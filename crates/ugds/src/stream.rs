@@ -1,0 +1,663 @@
+//! Stream-ordered I/O: reads and writes placed in a stream's order, as
+//! cuFile's `cuFileReadAsync` / `cuFileWriteAsync` do on a CUDA stream.
+//!
+//! A [`Stream`] runs an operation when all earlier work on it is done, and
+//! holds later work back until the operation sets its [`StreamSignal`]. The
+//! operation ugds launches only reads the late-bound size and offsets,
+//! validates them and hands the request to the handle's stream engine; it
+//! returns at once and never holds the stream's callback thread for the
+//! length of the I/O. The engine (one thread per handle, on the batch queue)
+//! issues the commands, writes the bytes moved (or `-errno`) where the
+//! caller asked, and only then sets the signal. On a GPU the signal is a
+//! word the stream waits on device-side (`cuStreamWaitValue32`); here,
+//! [`HostStream`] is a host-side executor with the same contract, for
+//! machines without a GPU and for tests.
+//!
+//! Ordered batches ([`Handle::batch_async`]) are ordered as a whole against
+//! the stream and unordered among themselves: all their requests are on the
+//! device at once.
+
+use crate::batch::BatchOp;
+use crate::engine::batch::{BatchQueue, Prepared};
+use crate::engine::BatchEvent;
+use crate::handle::{Handle, HandleInner};
+use crate::registry::{BufGuard, BufferToken};
+use crate::{Error, Result};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use ugds_nvme::NvmOpcode;
+
+/// Sets a stream free to run the work after an operation. Setting it is the
+/// operation's last act; dropping it unset sets it (a stream never hangs on
+/// a lost signal).
+pub struct StreamSignal {
+    set: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl StreamSignal {
+    /// A signal that runs `f` when set.
+    pub fn new(f: impl FnOnce() + Send + 'static) -> StreamSignal {
+        StreamSignal { set: Some(Box::new(f)) }
+    }
+
+    /// Lets the stream go on.
+    pub fn set(mut self) {
+        if let Some(f) = self.set.take() {
+            f()
+        }
+    }
+}
+
+impl Drop for StreamSignal {
+    fn drop(&mut self) {
+        if let Some(f) = self.set.take() {
+            f()
+        }
+    }
+}
+
+/// An ordered sequence of work that ugds can place operations in.
+pub trait Stream: Send + Sync {
+    /// When all work enqueued before this call is done, run `op` with a
+    /// signal; work enqueued after it waits until the signal is set. `op`
+    /// must return promptly: it starts work, it does not wait for it.
+    fn launch(&self, op: Box<dyn FnOnce(StreamSignal) + Send>) -> Result<()>;
+}
+
+enum Item {
+    Host(Box<dyn FnOnce() + Send>),
+    Op(Box<dyn FnOnce(StreamSignal) + Send>),
+}
+
+struct HostStreamState {
+    queue: VecDeque<Item>,
+    enqueued: u64,
+    completed: u64,
+    stop: bool,
+}
+
+struct HostStreamShared {
+    state: Mutex<HostStreamState>,
+    work: Condvar,
+    idle: Condvar,
+    longest_callback_ns: AtomicU64,
+}
+
+/// A stream executed by a host thread, in order: host functions and
+/// operations. The stand-in for a GPU stream where there is none.
+pub struct HostStream {
+    shared: Arc<HostStreamShared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Default for HostStream {
+    fn default() -> Self {
+        HostStream::new()
+    }
+}
+
+impl HostStream {
+    /// A new, empty stream with its executor thread.
+    pub fn new() -> HostStream {
+        let shared = Arc::new(HostStreamShared {
+            state: Mutex::new(HostStreamState { queue: VecDeque::new(), enqueued: 0, completed: 0, stop: false }),
+            work: Condvar::new(),
+            idle: Condvar::new(),
+            longest_callback_ns: AtomicU64::new(0),
+        });
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("ugds-hoststream".into())
+            .spawn(move || HostStream::run(&s))
+            .expect("spawn host stream thread");
+        HostStream { shared, thread: Some(thread) }
+    }
+
+    fn run(s: &HostStreamShared) {
+        loop {
+            let item = {
+                let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
+                loop {
+                    if let Some(i) = st.queue.pop_front() {
+                        break i;
+                    }
+                    if st.stop {
+                        return;
+                    }
+                    st = s.work.wait(st).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            match item {
+                Item::Host(f) => f(),
+                Item::Op(op) => {
+                    let gate = Arc::new((Mutex::new(false), Condvar::new()));
+                    let g = gate.clone();
+                    let signal = StreamSignal::new(move || {
+                        *g.0.lock().unwrap_or_else(|p| p.into_inner()) = true;
+                        g.1.notify_all();
+                    });
+                    let t0 = Instant::now();
+                    op(signal);
+                    let took = t0.elapsed().as_nanos() as u64;
+                    s.longest_callback_ns.fetch_max(took, Ordering::Relaxed);
+                    // The stream (not the callback) waits for the signal.
+                    let mut set = gate.0.lock().unwrap_or_else(|p| p.into_inner());
+                    while !*set {
+                        set = gate.1.wait(set).unwrap_or_else(|p| p.into_inner());
+                    }
+                }
+            }
+            let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
+            st.completed += 1;
+            s.idle.notify_all();
+        }
+    }
+
+    fn push(&self, item: Item) {
+        let mut st = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.queue.push_back(item);
+        st.enqueued += 1;
+        self.shared.work.notify_one();
+    }
+
+    /// Enqueues a host function, run in stream order.
+    pub fn enqueue(&self, f: impl FnOnce() + Send + 'static) {
+        self.push(Item::Host(Box::new(f)));
+    }
+
+    /// Waits until everything enqueued so far has run.
+    pub fn synchronize(&self) {
+        let mut st = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        let target = st.enqueued;
+        while st.completed < target {
+            st = self.shared.idle.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// The longest an operation's callback ran before returning (not
+    /// counting the stream's wait for its signal).
+    pub fn longest_callback(&self) -> Duration {
+        Duration::from_nanos(self.shared.longest_callback_ns.load(Ordering::Relaxed))
+    }
+}
+
+impl Stream for HostStream {
+    fn launch(&self, op: Box<dyn FnOnce(StreamSignal) + Send>) -> Result<()> {
+        self.push(Item::Op(op));
+        Ok(())
+    }
+}
+
+impl Drop for HostStream {
+    fn drop(&mut self) {
+        self.synchronize();
+        self.shared.state.lock().unwrap_or_else(|p| p.into_inner()).stop = true;
+        self.shared.work.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Where one late-bound value comes from.
+enum Src {
+    Value(u64),
+    Shared(Arc<AtomicU64>),
+    Raw(*const i64),
+}
+
+impl Src {
+    fn get(&self) -> Result<u64> {
+        match self {
+            Src::Value(v) => Ok(*v),
+            Src::Shared(a) => Ok(a.load(Ordering::Acquire)),
+            Src::Raw(p) => {
+                // SAFETY: `StreamIo::from_raw`'s caller keeps the pointer
+                // valid until the operation has run.
+                let v = unsafe { p.read_volatile() };
+                u64::try_from(v).map_err(|_| Error::InvalidArgument(format!("negative offset or size {v}")))
+            }
+        }
+    }
+}
+
+/// The outcome of a stream-ordered operation, for Rust callers.
+#[derive(Debug, Default)]
+pub struct StreamResult {
+    bytes: AtomicI64,
+    done: AtomicBool,
+    error: Mutex<Option<Error>>,
+}
+
+impl StreamResult {
+    /// Bytes moved, or `-errno`; meaningful once [`is_done`](Self::is_done).
+    pub fn bytes(&self) -> i64 {
+        self.bytes.load(Ordering::Acquire)
+    }
+
+    /// Whether the operation has run (written before the stream moved on).
+    pub fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
+    /// The error, if the operation failed (taken once).
+    pub fn take_error(&self) -> Option<Error> {
+        self.error.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+enum Sink {
+    Shared(Arc<StreamResult>),
+    Raw(*mut isize),
+}
+
+impl Sink {
+    fn write(&self, r: Result<usize>) {
+        match self {
+            Sink::Shared(s) => {
+                let v = match &r {
+                    Ok(n) => *n as i64,
+                    Err(e) => -(e.errno() as i64),
+                };
+                if let Err(e) = r {
+                    *s.error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                }
+                s.bytes.store(v, Ordering::Release);
+                s.done.store(true, Ordering::Release);
+            }
+            Sink::Raw(p) => {
+                let v = match r {
+                    Ok(n) => n as isize,
+                    Err(e) => -(e.errno() as isize),
+                };
+                // SAFETY: `StreamIo::from_raw`'s caller keeps the pointer
+                // valid until the operation has run.
+                unsafe { p.write_volatile(v) };
+            }
+        }
+    }
+}
+
+/// The late-bound parameters of one stream-ordered request: size, namespace
+/// offset and buffer offset are read when the stream reaches the operation;
+/// the bytes moved (or `-errno`) are written before the stream goes on.
+pub struct StreamIo {
+    size: Src,
+    file_offset: Src,
+    buf_offset: Src,
+    result: Sink,
+}
+
+// SAFETY: the raw pointers are only used under `StreamIo::from_raw`'s
+// contract: valid until the operation has run, from whichever thread runs it.
+unsafe impl Send for Src {}
+// SAFETY: as for `Src`.
+unsafe impl Send for Sink {}
+
+impl StreamIo {
+    /// Fixed parameters.
+    pub fn new(size: usize, file_offset: u64, buf_offset: usize) -> (StreamIo, Arc<StreamResult>) {
+        let r = Arc::new(StreamResult::default());
+        let io = StreamIo {
+            size: Src::Value(size as u64),
+            file_offset: Src::Value(file_offset),
+            buf_offset: Src::Value(buf_offset as u64),
+            result: Sink::Shared(r.clone()),
+        };
+        (io, r)
+    }
+
+    /// Parameters read from shared cells when the stream reaches the operation.
+    pub fn late(
+        size: Arc<AtomicU64>,
+        file_offset: Arc<AtomicU64>,
+        buf_offset: Arc<AtomicU64>,
+    ) -> (StreamIo, Arc<StreamResult>) {
+        let r = Arc::new(StreamResult::default());
+        let io = StreamIo {
+            size: Src::Shared(size),
+            file_offset: Src::Shared(file_offset),
+            buf_offset: Src::Shared(buf_offset),
+            result: Sink::Shared(r.clone()),
+        };
+        (io, r)
+    }
+
+    /// Parameters behind raw pointers, as the C API passes them.
+    ///
+    /// # Safety
+    /// All four pointers must be valid, aligned, and not written by anyone
+    /// else (the result) until the stream has moved past the operation.
+    pub unsafe fn from_raw(
+        size: *const usize,
+        file_offset: *const i64,
+        buf_offset: *const i64,
+        bytes: *mut isize,
+    ) -> StreamIo {
+        StreamIo {
+            size: Src::Raw(size as *const i64),
+            file_offset: Src::Raw(file_offset),
+            buf_offset: Src::Raw(buf_offset),
+            result: Sink::Raw(bytes),
+        }
+    }
+}
+
+/// One request of a stream operation, before its values are bound.
+struct Pending {
+    op: NvmOpcode,
+    buf: BufferToken,
+    io: StreamIo,
+    /// Taken at enqueue: the buffer cannot be deregistered meanwhile.
+    _hold: BufGuard,
+}
+
+/// A stream operation handed to the engine.
+struct Job {
+    reqs: Vec<Prepared>,
+    sinks: Vec<Option<Sink>>,
+    signal: StreamSignal,
+    handle: HandleRef,
+}
+
+/// An in-flight reference on a handle that keeps it alive.
+struct HandleRef(Arc<HandleInner>);
+
+impl Drop for HandleRef {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+enum Msg {
+    Job(Job),
+    Stop,
+}
+
+/// Requests the engine keeps on the device at once.
+const ENGINE_CAPACITY: usize = 1024;
+
+/// The per-handle thread that runs stream operations' I/O.
+pub(crate) struct StreamEngine {
+    tx: Mutex<Sender<Msg>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl StreamEngine {
+    pub(crate) fn start(queue: Arc<BatchQueue>, handle: Weak<HandleInner>) -> Result<StreamEngine> {
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("ugds-stream".into())
+            .spawn(move || Engine::new(queue, handle, rx).run())
+            .map_err(|e| Error::Os { op: "spawn stream engine", source: e })?;
+        Ok(StreamEngine { tx: Mutex::new(tx), thread: Some(thread) })
+    }
+
+    fn send(&self, job: Job) -> Result<()> {
+        self.tx.lock().unwrap_or_else(|p| p.into_inner()).send(Msg::Job(job)).map_err(|_| Error::Closed)
+    }
+
+    /// Stops the thread (nothing is in flight: the handle checked). When
+    /// the engine itself drops the last reference to its handle, it is told
+    /// to stop and not waited for (it exits right after).
+    pub(crate) fn stop(&mut self) {
+        let _ = self.tx.lock().unwrap_or_else(|p| p.into_inner()).send(Msg::Stop);
+        if let Some(t) = self.thread.take() {
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+impl Drop for StreamEngine {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct Engine {
+    queue: Arc<BatchQueue>,
+    handle: Weak<HandleInner>,
+    rx: Receiver<Msg>,
+    ctx: u32,
+    jobs: HashMap<u64, (Job, usize)>,
+    waiting: VecDeque<(u64, Job)>,
+    next_job: u64,
+    events: Vec<BatchEvent>,
+}
+
+impl Engine {
+    fn new(queue: Arc<BatchQueue>, handle: Weak<HandleInner>, rx: Receiver<Msg>) -> Engine {
+        let ctx = queue.open_context(ENGINE_CAPACITY);
+        Engine {
+            queue,
+            handle,
+            rx,
+            ctx,
+            jobs: HashMap::new(),
+            waiting: VecDeque::new(),
+            next_job: 1,
+            events: Vec::with_capacity(ENGINE_CAPACITY),
+        }
+    }
+
+    fn run(mut self) {
+        let mut spins = 0u32;
+        loop {
+            // Idle: block for work. Busy: take what has arrived.
+            let msg = if self.jobs.is_empty() && self.waiting.is_empty() {
+                match self.rx.recv() {
+                    Ok(m) => Some(m),
+                    Err(_) => break,
+                }
+            } else {
+                match self.rx.try_recv() {
+                    Ok(m) => Some(m),
+                    Err(TryRecvError::Empty) => None,
+                    Err(TryRecvError::Disconnected) => break,
+                }
+            };
+            match msg {
+                Some(Msg::Stop) => break,
+                Some(Msg::Job(job)) => {
+                    let id = self.next_job;
+                    self.next_job += 1;
+                    self.waiting.push_back((id, job));
+                }
+                None => {}
+            }
+            self.issue_waiting();
+            self.events.clear();
+            let n = self.queue.collect(self.ctx, ENGINE_CAPACITY, &mut self.events);
+            let events = std::mem::take(&mut self.events);
+            for e in events.iter() {
+                self.finish(e);
+            }
+            self.events = events;
+            if n == 0 {
+                spins = spins.wrapping_add(1);
+                if spins % 4096 == 0 {
+                    self.expire();
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+        let left = self.queue.close_context(self.ctx);
+        if !left.is_empty() {
+            if let Some(h) = self.handle.upgrade() {
+                h.wedge(left);
+            } else {
+                std::mem::forget(left);
+            }
+        }
+    }
+
+    /// Sends waiting jobs to the device while the context has room.
+    fn issue_waiting(&mut self) {
+        while let Some((_, job)) = self.waiting.front() {
+            if job.reqs.len() > self.queue.room(self.ctx) {
+                if job.reqs.len() > ENGINE_CAPACITY {
+                    // Never fits: fail it rather than wait forever.
+                    let (_, job) = self.waiting.pop_front().expect("front exists");
+                    for s in job.sinks.iter().flatten() {
+                        s.write(Err(Error::CapacityExceeded {
+                            capacity: ENGINE_CAPACITY,
+                            requested: job.reqs.len(),
+                            outstanding: 0,
+                        }));
+                    }
+                    continue;
+                }
+                break;
+            }
+            let (id, mut job) = self.waiting.pop_front().expect("front exists");
+            let mut reqs = std::mem::take(&mut job.reqs);
+            for (i, r) in reqs.iter_mut().enumerate() {
+                r.cookie = id << 20 | i as u64;
+            }
+            let n = reqs.len();
+            match self.queue.submit(self.ctx, reqs) {
+                Ok(_) => {
+                    self.jobs.insert(id, (job, n));
+                }
+                Err(e) => {
+                    let errno = e.errno();
+                    tracing::error!("stream operation could not be submitted: {e}");
+                    if matches!(e, Error::Timeout { .. }) {
+                        job.handle.0.wedge([]);
+                    }
+                    for s in job.sinks.iter().flatten() {
+                        s.write(Err(Error::Os {
+                            op: "stream submit",
+                            source: std::io::Error::from_raw_os_error(errno),
+                        }));
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self, e: &BatchEvent) {
+        let id = e.cookie >> 20;
+        let idx = (e.cookie & 0xf_ffff) as usize;
+        let Some((job, left)) = self.jobs.get_mut(&id) else { return };
+        if let Some(s) = job.sinks.get_mut(idx).and_then(|s| s.take()) {
+            let r = match &e.result {
+                Ok(n) => Ok(*n),
+                Err(Error::Nvme { op, status }) => Err(Error::Nvme { op, status: *status }),
+                Err(Error::Timeout { qid, cid, after }) => Err(Error::Timeout { qid: *qid, cid: *cid, after: *after }),
+                Err(other) => Err(Error::Platform(other.to_string())),
+            };
+            s.write(r);
+        }
+        *left -= 1;
+        if *left == 0 {
+            let (job, _) = self.jobs.remove(&id).expect("present");
+            let Job { signal, handle, .. } = job;
+            // Results are written and the handle released; now the stream
+            // may go on (and whoever waits on it may close the handle).
+            drop(handle);
+            signal.set();
+        }
+    }
+
+    fn expire(&mut self) {
+        let guards = self.queue.expire(self.ctx);
+        if !guards.is_empty() {
+            if let Some(h) = self.handle.upgrade() {
+                h.wedge(guards);
+            }
+        }
+    }
+}
+
+impl Handle {
+    /// Reads in stream order: when `stream` reaches this point, `io`'s size
+    /// and offsets are read and `size` bytes at `file_offset` go into the
+    /// registered buffer at `buf_offset`; the bytes moved (or `-errno`) are
+    /// written before later work on the stream runs. The buffer must be
+    /// registered now; the ranges are checked when the values are read.
+    pub fn read_async(&self, buf: &BufferToken, io: StreamIo, stream: &dyn Stream) -> Result<()> {
+        self.stream_op(vec![(BatchOp::Read, *buf, io)], stream)
+    }
+
+    /// Writes in stream order; see [`read_async`](Self::read_async).
+    pub fn write_async(&self, buf: &BufferToken, io: StreamIo, stream: &dyn Stream) -> Result<()> {
+        self.stream_op(vec![(BatchOp::Write, *buf, io)], stream)
+    }
+
+    /// An ordered batch: the requests run after earlier work on `stream` and
+    /// before later work, all at once and in no order among themselves.
+    pub fn batch_async(&self, ios: Vec<(BatchOp, BufferToken, StreamIo)>, stream: &dyn Stream) -> Result<()> {
+        if ios.is_empty() {
+            return Err(Error::InvalidArgument("empty batch".into()));
+        }
+        self.stream_op(ios, stream)
+    }
+
+    fn stream_op(&self, ios: Vec<(BatchOp, BufferToken, StreamIo)>, stream: &dyn Stream) -> Result<()> {
+        let h = &self.inner;
+        let _in = h.enter()?;
+        if h.stream_engine().is_none() {
+            return Err(Error::Unsupported("stream-ordered I/O needs the batch queue, which this handle lacks".into()));
+        }
+        let mut pending = Vec::with_capacity(ios.len());
+        for (op, buf, io) in ios {
+            let hold = h.registry().acquire(&buf, 0, 0)?;
+            let op = if op == BatchOp::Read { NvmOpcode::Read } else { NvmOpcode::Write };
+            pending.push(Pending { op, buf, io, _hold: hold });
+        }
+        h.inflight.fetch_add(1, Ordering::SeqCst);
+        let href = HandleRef(h.clone());
+        stream.launch(Box::new(move |signal| run_op(href, pending, signal)))
+    }
+}
+
+/// Runs on the stream's thread when the stream reaches the operation: binds
+/// the values, validates, and hands the requests to the engine.
+fn run_op(handle: HandleRef, pending: Vec<Pending>, signal: StreamSignal) {
+    let h = handle.0.clone();
+    let mut reqs = Vec::with_capacity(pending.len());
+    let mut sinks = Vec::with_capacity(pending.len());
+    for p in pending {
+        let bound = (|| -> Result<Prepared> {
+            let size = usize::try_from(p.io.size.get()?).map_err(|_| Error::InvalidArgument("size".into()))?;
+            let file_offset = p.io.file_offset.get()?;
+            let buf_offset =
+                usize::try_from(p.io.buf_offset.get()?).map_err(|_| Error::InvalidArgument("offset".into()))?;
+            if h.is_wedged() {
+                return Err(Error::Wedged);
+            }
+            let (guard, data_off) = h.prepare(&p.buf, size, file_offset, buf_offset)?;
+            Ok(Prepared { op: p.op, cookie: 0, len: size, chunks: h.chunker(file_offset, data_off, size), guard })
+        })();
+        match bound {
+            Ok(r) => {
+                reqs.push(r);
+                sinks.push(Some(p.io.result));
+            }
+            Err(e) => p.io.result.write(Err(e)),
+        }
+    }
+    if reqs.is_empty() {
+        signal.set();
+        return;
+    }
+    let job = Job { reqs, sinks, signal, handle };
+    let sent = match h.stream_engine() {
+        Some(g) => g.as_ref().expect("present").send(job),
+        None => Err(Error::Closed),
+    };
+    if let Err(e) = sent {
+        // The engine is gone (the handle is being torn down): the job, and
+        // with it the signal, is dropped, which sets the signal.
+        tracing::error!("stream engine unavailable: {e}");
+    }
+}

@@ -1,0 +1,261 @@
+//! Stream-ordered I/O on the host stream executor.
+
+mod common;
+use common::*;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+use ugds::platform::emu::{Fault, FaultAction, FaultTarget};
+use ugds::{BatchOp, Drain, Error, HostStream, StreamIo};
+
+#[test]
+fn write_then_read_in_stream_order() {
+    let (d, h, _e) = open(small_emu(), opts());
+    let mut b = Buf::new(&d, 1 << 20);
+    b.mem[..512 << 10].copy_from_slice(&pattern(7, 4096, 512 << 10));
+    let s = HostStream::new();
+    let (w, wr) = StreamIo::new(512 << 10, 4096, 0);
+    h.write_async(&b.token, w, &s).unwrap();
+    // Read it back into the other half, in order after the write.
+    let (r, rr) = StreamIo::new(512 << 10, 4096, 512 << 10);
+    h.read_async(&b.token, r, &s).unwrap();
+    s.synchronize();
+    assert_eq!(wr.bytes(), 512 << 10);
+    assert_eq!(rr.bytes(), 512 << 10);
+    assert!(rr.is_done());
+    assert!(b.mem[512 << 10..] == pattern(7, 4096, 512 << 10)[..]);
+}
+
+#[test]
+fn values_are_bound_when_the_stream_reaches_the_operation() {
+    let (d, h, _e) = open(small_emu(), opts());
+    let mut b = Buf::new(&d, 65536);
+    b.mem.copy_from_slice(&pattern(3, 0, 65536));
+    h.write(&b.token, 65536, 1 << 20, 0).unwrap();
+    b.mem.fill(0);
+    let s = HostStream::new();
+    let (gate_tx, gate_rx) = mpsc::channel::<()>();
+    s.enqueue(move || gate_rx.recv().unwrap());
+    let size = Arc::new(AtomicU64::new(0)); // invalid if read now
+    let file_offset = Arc::new(AtomicU64::new(7)); // misaligned if read now
+    let buf_offset = Arc::new(AtomicU64::new(1 << 40));
+    let (io, res) = StreamIo::late(size.clone(), file_offset.clone(), buf_offset.clone());
+    h.read_async(&b.token, io, &s).unwrap();
+    // Change the values after enqueue, before the stream gets there.
+    size.store(8192, Ordering::Release);
+    file_offset.store((1 << 20) + 4096, Ordering::Release);
+    buf_offset.store(512, Ordering::Release);
+    gate_tx.send(()).unwrap();
+    s.synchronize();
+    assert_eq!(res.bytes(), 8192, "{:?}", res.take_error());
+    assert!(b.mem[512..512 + 8192] == pattern(3, 4096, 8192)[..]);
+    assert!(b.mem[..512].iter().all(|&x| x == 0));
+}
+
+#[test]
+fn later_work_sees_the_result_and_the_data() {
+    let (d, h, _e) = open(small_emu(), opts());
+    let mut b = Buf::new(&d, 65536);
+    b.mem.fill(0x3c);
+    h.write(&b.token, 65536, 0, 0).unwrap();
+    b.mem.fill(0);
+    let s = HostStream::new();
+    let before_ran = Arc::new(AtomicBool::new(false));
+    let (io, res) = StreamIo::new(65536, 0, 0);
+    {
+        let br = before_ran.clone();
+        let res = res.clone();
+        s.enqueue(move || {
+            assert!(!res.is_done(), "the read ran before earlier work");
+            br.store(true, Ordering::Release);
+        });
+    }
+    h.read_async(&b.token, io, &s).unwrap();
+    let seen = Arc::new(AtomicU64::new(0));
+    {
+        let (res, seen) = (res.clone(), seen.clone());
+        let base = b.mem.as_ptr() as usize;
+        s.enqueue(move || {
+            assert!(res.is_done(), "later work ran before the read finished");
+            // SAFETY: the read has completed; the buffer lives until the
+            // stream is synchronized below.
+            let first = unsafe { *(base as *const u8) };
+            seen.store(res.bytes() as u64 | (first as u64) << 32, Ordering::Release);
+        });
+    }
+    s.synchronize();
+    assert!(before_ran.load(Ordering::Acquire));
+    assert_eq!(seen.load(Ordering::Acquire), 65536 | 0x3c << 32);
+}
+
+#[test]
+fn the_callback_does_not_wait_for_the_io() {
+    let (d, h, emu) = open(small_emu(), opts());
+    let b = Buf::new(&d, 4096);
+    let s = HostStream::new();
+    emu.inject(Fault::next(FaultTarget::Io(None), FaultAction::Stall(Duration::from_millis(300))));
+    let (io, res) = StreamIo::new(4096, 0, 0);
+    h.read_async(&b.token, io, &s).unwrap();
+    s.synchronize();
+    assert_eq!(res.bytes(), 4096);
+    assert!(s.longest_callback() < Duration::from_millis(100), "callback held for {:?}", s.longest_callback());
+}
+
+#[test]
+fn many_streams_are_on_the_device_at_once() {
+    let (d, h, emu) = open(small_emu(), opts());
+    let b = Buf::new(&d, 65536);
+    emu.inject(Fault {
+        target: FaultTarget::Io(None),
+        skip: 0,
+        count: 4,
+        action: FaultAction::Stall(Duration::from_millis(400)),
+    });
+    let streams: Vec<HostStream> = (0..4).map(|_| HostStream::new()).collect();
+    let results: Vec<_> = streams
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let (io, r) = StreamIo::new(4096, i as u64 * 4096, i * 4096);
+            h.read_async(&b.token, io, s).unwrap();
+            r
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(150));
+    // All four stalled reads are outstanding together.
+    assert_eq!(h.inflight(), 4);
+    assert!(results.iter().all(|r| !r.is_done()));
+    for s in &streams {
+        s.synchronize();
+    }
+    assert!(results.iter().all(|r| r.bytes() == 4096));
+}
+
+#[test]
+fn bad_late_values_fail_the_operation_not_the_stream() {
+    let (d, h, emu) = open(small_emu(), opts());
+    let b = Buf::new(&d, 8192);
+    let s = HostStream::new();
+    let before = emu.stats().commands;
+    let (io, bad) = StreamIo::new(1000, 0, 0); // not a block multiple
+    h.read_async(&b.token, io, &s).unwrap();
+    let (io, past) = StreamIo::new(4096, 0, 8192); // outside the buffer
+    h.read_async(&b.token, io, &s).unwrap();
+    let (io, good) = StreamIo::new(4096, 0, 0);
+    h.read_async(&b.token, io, &s).unwrap();
+    s.synchronize();
+    assert_eq!(bad.bytes(), -(libc_einval()));
+    assert!(matches!(bad.take_error(), Some(Error::Misaligned { .. })));
+    assert_eq!(past.bytes(), -(libc_einval()));
+    assert_eq!(good.bytes(), 4096);
+    assert_eq!(emu.stats().commands, before + 1, "only the good one reached the device");
+    // Unregistered buffers are refused at enqueue.
+    let nowhere = ugds::BufferToken { base: 0x5000, len: 4096, generation: 1 };
+    let (io, _) = StreamIo::new(4096, 0, 0);
+    assert!(matches!(h.read_async(&nowhere, io, &s), Err(Error::NotRegistered { .. })));
+}
+
+fn libc_einval() -> i64 {
+    22
+}
+
+#[test]
+fn an_ordered_batch_runs_between_earlier_and_later_work() {
+    let (d, h, _e) = open(small_emu().reverse_completions(true), opts());
+    let mut b = Buf::new(&d, 32 * 4096);
+    for i in 0..32u64 {
+        b.mem[i as usize * 4096..(i as usize + 1) * 4096].copy_from_slice(&pattern(i as u8, i * 4096, 4096));
+    }
+    h.write(&b.token, 32 * 4096, 0, 0).unwrap();
+    b.mem.fill(0);
+    let s = HostStream::new();
+    let mut results = Vec::new();
+    let mut ios = Vec::new();
+    for i in 0..32u64 {
+        let (io, r) = StreamIo::new(4096, (31 - i) * 4096, i as usize * 4096);
+        ios.push((BatchOp::Read, b.token, io));
+        results.push(r);
+    }
+    h.batch_async(ios, &s).unwrap();
+    let all_done = Arc::new(AtomicBool::new(false));
+    {
+        let (rs, flag) = (results.clone(), all_done.clone());
+        s.enqueue(move || flag.store(rs.iter().all(|r| r.is_done() && r.bytes() == 4096), Ordering::Release));
+    }
+    s.synchronize();
+    assert!(all_done.load(Ordering::Acquire));
+    for i in 0..32u64 {
+        let j = 31 - i;
+        assert!(b.mem[i as usize * 4096..(i as usize + 1) * 4096] == pattern(j as u8, j * 4096, 4096)[..]);
+    }
+}
+
+#[test]
+fn raw_pointer_parameters() {
+    let (d, h, _e) = open(small_emu(), opts());
+    let mut b = Buf::new(&d, 8192);
+    b.mem.fill(0x42);
+    h.write(&b.token, 8192, 0, 0).unwrap();
+    b.mem.fill(0);
+    let s = HostStream::new();
+    let size: Box<usize> = Box::new(4096);
+    let file_offset: Box<i64> = Box::new(4096);
+    let buf_offset: Box<i64> = Box::new(0);
+    let mut bytes: Box<isize> = Box::new(-1);
+    // SAFETY: the boxes outlive the synchronize below.
+    let io = unsafe { StreamIo::from_raw(&*size, &*file_offset, &*buf_offset, &mut *bytes) };
+    h.read_async(&b.token, io, &s).unwrap();
+    s.synchronize();
+    assert_eq!(*bytes, 4096);
+    assert!(b.mem[..4096].iter().all(|&x| x == 0x42));
+    let neg: Box<i64> = Box::new(-4096);
+    let mut bytes2: Box<isize> = Box::new(0);
+    // SAFETY: as above.
+    let io = unsafe { StreamIo::from_raw(&*size, &*neg, &*buf_offset, &mut *bytes2) };
+    h.read_async(&b.token, io, &s).unwrap();
+    s.synchronize();
+    assert_eq!(*bytes2, -22);
+}
+
+#[test]
+fn pending_stream_operations_keep_buffer_and_handle_busy() {
+    let (d, h, emu) = open(small_emu(), opts());
+    let b = Buf::new(&d, 4096);
+    let s = HostStream::new();
+    let (gate_tx, gate_rx) = mpsc::channel::<()>();
+    s.enqueue(move || gate_rx.recv().unwrap());
+    let (io, res) = StreamIo::new(4096, 0, 0);
+    h.read_async(&b.token, io, &s).unwrap();
+    // Enqueued, not yet reached: the buffer and the handle are held.
+    assert!(matches!(d.deregister(&b.token), Err(Error::Busy { what: "buffer", .. })));
+    assert!(matches!(h.close(Drain::NoWait), Err(Error::Busy { what: "handle", .. })));
+    gate_tx.send(()).unwrap();
+    // On the device (stalled): still held.
+    emu.inject(Fault::next(FaultTarget::Io(None), FaultAction::Stall(Duration::from_millis(200))));
+    let (io2, res2) = StreamIo::new(4096, 0, 0);
+    h.read_async(&b.token, io2, &s).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(matches!(d.deregister(&b.token), Err(Error::Busy { .. })));
+    s.synchronize();
+    assert_eq!((res.bytes(), res2.bytes()), (4096, 4096));
+    drop(b);
+    h.close(Drain::NoWait).unwrap();
+}
+
+#[test]
+fn dropping_the_handle_with_operations_pending_finishes_them() {
+    let (d, h, emu) = open(small_emu(), opts());
+    let b = Buf::new(&d, 4096);
+    let s = HostStream::new();
+    emu.inject(Fault::next(FaultTarget::Io(None), FaultAction::Stall(Duration::from_millis(100))));
+    let (io, res) = StreamIo::new(4096, 0, 0);
+    h.read_async(&b.token, io, &s).unwrap();
+    drop(h);
+    s.synchronize();
+    assert_eq!(res.bytes(), 4096);
+    // The handle went away on the engine's own thread; nothing holds the buffer.
+    std::thread::sleep(Duration::from_millis(50));
+    drop(b);
+    let resets = emu.stats().resets;
+    assert!(resets >= 1, "the controller was shut down ({resets})");
+}
