@@ -14,7 +14,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 use ugds::platform::emu::EmuPlatform;
-use ugds::{BufferToken, Completion, Driver, Handle, HandleOptions, HostBuffer};
+use ugds::{
+    BatchIo, BatchOp, BufferToken, Completion, Driver, Handle, HandleOptions, HostBuffer, HostStream, StreamIo,
+    StreamResult,
+};
 
 pub const HELP: &str = "\
 Usage: ugds bench [OPTIONS] [TARGET]
@@ -30,6 +33,10 @@ Options:
   -d, --duration SECS     time per run [3]
   -b, --bytes SIZE        stop each run after this many bytes instead
   -r, --range SIZE        bytes of the namespace to touch [whole namespace]
+      --batch N[,N...]    batch mode: each thread submits batches of N requests
+                          and waits for all (a list sweeps batch sizes)
+      --stream            stream mode: each thread enqueues stream-ordered
+                          requests on a host stream, qd of them ahead
       --verify            write a pattern, check every byte read against it
       --interrupt         interrupt completion instead of polling
       --no-progress       no progress bar, even on a terminal
@@ -82,6 +89,8 @@ struct Opts {
     verify: bool,
     interrupt: bool,
     progress: bool,
+    batches: Vec<usize>,
+    stream: bool,
     target: TargetOpts,
 }
 
@@ -98,6 +107,8 @@ fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, String> {
         verify: false,
         interrupt: false,
         progress: true,
+        batches: Vec::new(),
+        stream: false,
         target: TargetOpts::default(),
     };
     let mut p = lexopt::Parser::from_args(args);
@@ -118,6 +129,17 @@ fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, String> {
             Short('b') | Long("bytes") => o.bytes = Some(parse_size(&p.value().map_err(err)?.string().map_err(err)?)?),
             Short('r') | Long("range") => o.range = Some(parse_size(&p.value().map_err(err)?.string().map_err(err)?)?),
             Long("verify") => o.verify = true,
+            Long("batch") => {
+                let v = p.value().map_err(err)?.string().map_err(err)?;
+                o.batches = v
+                    .split(',')
+                    .map(|x| x.trim().parse::<usize>().map_err(|_| format!("not a batch size: {x:?}")))
+                    .collect::<Result<_, _>>()?;
+                if o.batches.contains(&0) {
+                    return Err("batch size must be at least 1".into());
+                }
+            }
+            Long("stream") => o.stream = true,
             Long("interrupt") => o.interrupt = true,
             Long("no-progress") => o.progress = false,
             Short('h') | Long("help") => {
@@ -138,6 +160,9 @@ fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, String> {
     }
     if o.sizes.contains(&0) {
         return Err("request size must not be zero".into());
+    }
+    if o.stream && !o.batches.is_empty() {
+        return Err("--batch and --stream are separate modes".into());
     }
     if o.verify && o.target.null {
         return Err("--verify needs a namespace that keeps data (not --emu-null)".into());
@@ -202,6 +227,10 @@ struct ThreadResult {
     mismatches: u64,
     errors: u64,
     first_error: Option<String>,
+    /// Batch mode: latency of the first batch, kept out of the histogram.
+    first_batch: Option<Duration>,
+    batches: u64,
+    doorbells: u64,
 }
 
 struct Run<'a> {
@@ -451,6 +480,191 @@ impl Run<'_> {
     }
 }
 
+impl Run<'_> {
+    /// Batch mode: batches of `n` requests, each submitted at once and
+    /// waited for whole. The histogram holds batch latencies.
+    fn batch_loop(&self, tid: usize, threads: usize, s: &Slots, n: usize) -> ThreadResult {
+        let mut r = ThreadResult::default();
+        let batch = match self.handle.batch(n) {
+            Ok(b) => b,
+            Err(e) => {
+                Self::record_error(&mut r, e);
+                return r;
+            }
+        };
+        let mut rng = Rng(0x1234_5678_9abc_def1 ^ (tid as u64 + 1).wrapping_mul(0x9e37_79b9));
+        let mut seq = 0u64;
+        let mut ios: Vec<BatchIo> = Vec::with_capacity(n);
+        let mut events: Vec<ugds::BatchEvent> = Vec::with_capacity(n);
+        let size = self.size;
+        let op = if self.mode.writes() { BatchOp::Write } else { BatchOp::Read };
+        while !self.stop.load(Ordering::Relaxed) {
+            ios.clear();
+            while ios.len() < n && self.take() {
+                let off = self.offset(tid, threads, &mut seq, &mut rng);
+                let slot = ios.len();
+                if self.mode.writes() && self.verify {
+                    // SAFETY: no I/O is in flight on this slot.
+                    unsafe { fill_pattern(s.base.add(slot * size), size, off) };
+                }
+                ios.push(BatchIo {
+                    op,
+                    buf: s.token,
+                    size,
+                    file_offset: off,
+                    buf_offset: slot * size,
+                    cookie: slot as u64,
+                });
+            }
+            if ios.is_empty() {
+                break;
+            }
+            let t0 = Instant::now();
+            let k = ios.len();
+            let res = batch.submit(&ios).and_then(|d| {
+                events.clear();
+                batch.get_status(k, k, None, &mut events).map(|_| d)
+            });
+            let lat = t0.elapsed();
+            match res {
+                Ok(d) => r.doorbells += d as u64,
+                Err(e) => {
+                    Self::record_error(&mut r, e);
+                    break;
+                }
+            }
+            if r.first_batch.is_none() {
+                r.first_batch = Some(lat);
+            } else {
+                r.hist.record(lat.as_nanos() as u64);
+            }
+            r.batches += 1;
+            for e in &events {
+                match &e.result {
+                    Ok(b) => {
+                        r.ios += 1;
+                        r.bytes += *b as u64;
+                    }
+                    Err(err) => {
+                        r.errors += 1;
+                        r.first_error.get_or_insert_with(|| err.to_string());
+                    }
+                }
+            }
+            if self.verify {
+                if self.mode.writes() {
+                    // Read the batch back into the same slots.
+                    for io in ios.iter_mut() {
+                        io.op = BatchOp::Read;
+                        // SAFETY: the write completed; the slot is idle.
+                        unsafe { std::ptr::write_bytes(s.base.add(io.buf_offset), 0, size) };
+                    }
+                    events.clear();
+                    if let Err(e) = batch.submit(&ios).and_then(|_| batch.get_status(k, k, None, &mut events)) {
+                        Self::record_error(&mut r, e);
+                        break;
+                    }
+                }
+                for io in &ios {
+                    // SAFETY: every request of the batch has completed.
+                    r.mismatches += unsafe { check_pattern(s.base.add(io.buf_offset), size, io.file_offset) };
+                    r.checked += 1;
+                }
+            }
+            self.done_ios.fetch_add(k as u64, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Stream mode: requests enqueued on a host stream, `qd` ahead of the
+    /// oldest unfinished one. Latency is from enqueue to the result being
+    /// seen, queueing on the stream included.
+    fn stream_loop(&self, tid: usize, threads: usize, s: &Slots) -> ThreadResult {
+        let mut r = ThreadResult::default();
+        let stream = HostStream::new();
+        let mut rng = Rng(0x1234_5678_9abc_def1 ^ (tid as u64 + 1).wrapping_mul(0x9e37_79b9));
+        let mut seq = 0u64;
+        let size = self.size;
+        let mut ring: std::collections::VecDeque<(Arc<StreamResult>, Instant, usize, u64)> = Default::default();
+        let mut next_slot = 0usize;
+        let mut last_off: Vec<Option<u64>> = vec![None; self.qd];
+        let mut stopping = false;
+        loop {
+            if !stopping && (self.stop.load(Ordering::Relaxed)) {
+                stopping = true;
+            }
+            if !stopping && ring.len() < self.qd {
+                if !self.take() {
+                    stopping = true;
+                    continue;
+                }
+                let off = self.offset(tid, threads, &mut seq, &mut rng);
+                let slot = next_slot;
+                next_slot = (next_slot + 1) % self.qd;
+                if self.mode.writes() && self.verify {
+                    // SAFETY: the slot's previous request has completed.
+                    unsafe { fill_pattern(s.base.add(slot * size), size, off) };
+                }
+                let (io, res) = StreamIo::new(size, off, slot * size);
+                let t0 = Instant::now();
+                let q = if self.mode.writes() {
+                    self.handle.write_async(&s.token, io, &stream)
+                } else {
+                    self.handle.read_async(&s.token, io, &stream)
+                };
+                if let Err(e) = q {
+                    Self::record_error(&mut r, e);
+                    stopping = true;
+                    continue;
+                }
+                ring.push_back((res, t0, slot, off));
+                last_off[slot] = Some(off);
+                continue;
+            }
+            let Some((res, t0, slot, off)) = ring.front() else { break };
+            if !res.is_done() {
+                // The stream's own threads do the work: give them the core.
+                std::thread::yield_now();
+                continue;
+            }
+            r.hist.record(t0.elapsed().as_nanos() as u64);
+            let n = res.bytes();
+            if n < 0 {
+                r.errors += 1;
+                r.first_error
+                    .get_or_insert_with(|| res.take_error().map_or(format!("errno {}", -n), |e| e.to_string()));
+            } else {
+                r.ios += 1;
+                r.bytes += n as u64;
+                if self.verify && !self.mode.writes() {
+                    // SAFETY: the read into this slot has completed.
+                    r.mismatches += unsafe { check_pattern(s.base.add(slot * size), size, *off) };
+                    r.checked += 1;
+                }
+            }
+            ring.pop_front();
+            self.done_ios.fetch_add(1, Ordering::Relaxed);
+        }
+        stream.synchronize();
+        if self.verify && self.mode.writes() {
+            // Read back what each slot wrote last, and check it.
+            for (slot, off) in last_off.iter().enumerate() {
+                let Some(off) = *off else { continue };
+                // SAFETY: the stream is idle; no I/O is in flight on the slot.
+                unsafe { std::ptr::write_bytes(s.base.add(slot * size), 0, size) };
+                if let Err(e) = self.handle.read(&s.token, size, off, slot * size) {
+                    Self::record_error(&mut r, e);
+                    break;
+                }
+                // SAFETY: the read completed.
+                r.mismatches += unsafe { check_pattern(s.base.add(slot * size), size, off) };
+                r.checked += 1;
+            }
+        }
+        r
+    }
+}
+
 fn progress_bar(
     stop: &AtomicBool,
     finished: &AtomicBool,
@@ -503,7 +717,21 @@ fn us(ns: f64) -> String {
 }
 
 /// Runs one size; returns (checked, mismatches, errors).
-fn run_one(o: &Opts, handle: &Handle, slots: &[Slots], size: usize, range: u64) -> Result<(u64, u64), String> {
+#[derive(Clone, Copy)]
+enum Engine {
+    Queue,
+    Batch(usize),
+    Stream,
+}
+
+fn run_one(
+    o: &Opts,
+    handle: &Handle,
+    slots: &[Slots],
+    size: usize,
+    range: u64,
+    engine: Engine,
+) -> Result<(u64, u64), String> {
     let stop = AtomicBool::new(false);
     let finished = AtomicBool::new(false);
     let done_ios = AtomicU64::new(0);
@@ -530,10 +758,11 @@ fn run_one(o: &Opts, handle: &Handle, slots: &[Slots], size: usize, range: u64) 
                 let s = &slots[tid];
                 sc.spawn(move || {
                     barrier.wait();
-                    if run.qd == 1 {
-                        run.sync_loop(tid, o.threads, s)
-                    } else {
-                        run.async_loop(tid, o.threads, s)
+                    match engine {
+                        Engine::Batch(n) => run.batch_loop(tid, o.threads, s, n),
+                        Engine::Stream => run.stream_loop(tid, o.threads, s),
+                        Engine::Queue if run.qd == 1 => run.sync_loop(tid, o.threads, s),
+                        Engine::Queue => run.async_loop(tid, o.threads, s),
                     }
                 })
             })
@@ -563,7 +792,13 @@ fn run_one(o: &Opts, handle: &Handle, slots: &[Slots], size: usize, range: u64) 
     let mut hist = Histogram::default();
     let (mut ios, mut bytes, mut checked, mut mism, mut errors) = (0, 0, 0, 0, 0);
     let mut first_error = None;
+    let (mut batches, mut doorbells, mut first_batch) = (0u64, 0u64, None::<Duration>);
     for r in &results {
+        batches += r.batches;
+        doorbells += r.doorbells;
+        if let Some(f) = r.first_batch {
+            first_batch = Some(first_batch.map_or(f, |x: Duration| x.max(f)));
+        }
         hist.merge(&r.hist);
         ios += r.ios;
         bytes += r.bytes;
@@ -576,12 +811,21 @@ fn run_one(o: &Opts, handle: &Handle, slots: &[Slots], size: usize, range: u64) 
     }
     let secs = elapsed.as_secs_f64();
     let mode = if o.interrupt { "irq" } else { "poll" };
+    let shape = match engine {
+        Engine::Batch(n) => format!("batch {n:<4}"),
+        Engine::Stream => format!("stream qd {:<4}", o.qd),
+        Engine::Queue => format!("qd {:<4}", o.qd),
+    };
+    let lat = match engine {
+        Engine::Batch(_) => "batch lat us",
+        Engine::Stream => "enq-done lat us",
+        Engine::Queue => "lat us",
+    };
     println!(
-        "{:<9} {:>8}  threads {:<2} qd {:<4} {:<4} | {:>10.1} MiB/s {:>9} IOPS | lat us mean {:>8} p50 {:>8} p99 {:>8} p99.9 {:>8} max {:>9} | {:.2} s, {} I/Os",
+        "{:<9} {:>8}  threads {:<2} {shape} {:<4} | {:>10.1} MiB/s {:>9} IOPS | {lat} mean {:>8} p50 {:>8} p99 {:>8} p99.9 {:>8} max {:>9} | {:.2} s, {} I/Os",
         o.mode.name(),
         fmt_bytes(size as u64),
         o.threads,
-        o.qd,
         mode,
         bytes as f64 / secs / (1 << 20) as f64,
         fmt_count(ios as f64 / secs),
@@ -593,6 +837,16 @@ fn run_one(o: &Opts, handle: &Handle, slots: &[Slots], size: usize, range: u64) 
         secs,
         ios
     );
+    if let (Engine::Batch(_), Some(f)) = (engine, first_batch) {
+        println!(
+            "          first batch {} us (slowest thread's), steady mean {} us, p50 {} us; {:.2} doorbell writes per batch over {} batches",
+            us(f.as_nanos() as f64),
+            us(hist.mean()),
+            us(hist.quantile(0.5) as f64),
+            doorbells as f64 / batches.max(1) as f64,
+            batches
+        );
+    }
     if o.target.null {
         println!(
             "          (null emulator: no data was moved; MiB/s is requests x size, the cost of the driver alone)"
@@ -620,8 +874,9 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         nsid: o.target.nsid,
         completion: if o.interrupt { Completion::Interrupt } else { Completion::Poll },
         sync_queues: o.threads as u16,
-        async_queues: if o.qd > 1 { o.threads as u16 } else { 0 },
+        async_queues: if o.qd > 1 && o.batches.is_empty() && !o.stream { o.threads as u16 } else { 0 },
         queue_depth: depth,
+        batch_queue: true,
         ..HandleOptions::default()
     };
     let handle = driver.open_handle(platform, opts).map_err(|e| e.to_string())?;
@@ -647,7 +902,8 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     let mut bufs = Vec::new();
     let mut slots = Vec::new();
     for _ in 0..o.threads {
-        let mut b = HostBuffer::new(max_size * o.qd).map_err(|e| e.to_string())?;
+        let slots_per_thread = o.qd.max(o.batches.iter().copied().max().unwrap_or(0));
+        let mut b = HostBuffer::new(max_size * slots_per_thread).map_err(|e| e.to_string())?;
         // SAFETY: `b` is kept in `bufs` until after deregistration below,
         // and each slot is touched only while it has no I/O in flight.
         let token = unsafe { driver.register(b.as_mut_ptr(), b.len()) }.map_err(|e| e.to_string())?;
@@ -662,15 +918,24 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     let (mut checked, mut mismatches) = (0, 0);
     let before = control.stats();
     let mut result = Ok(());
-    for &size in &o.sizes {
-        match run_one(&o, &handle, &slots, size, range) {
-            Ok((c, m)) => {
-                checked += c;
-                mismatches += m;
-            }
-            Err(e) => {
-                result = Err(e);
-                break;
+    let engines: Vec<Engine> = if o.stream {
+        vec![Engine::Stream]
+    } else if o.batches.is_empty() {
+        vec![Engine::Queue]
+    } else {
+        o.batches.iter().map(|&n| Engine::Batch(n)).collect()
+    };
+    'runs: for &engine in &engines {
+        for &size in &o.sizes {
+            match run_one(&o, &handle, &slots, size, range, engine) {
+                Ok((c, m)) => {
+                    checked += c;
+                    mismatches += m;
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break 'runs;
+                }
             }
         }
     }

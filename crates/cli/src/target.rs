@@ -31,6 +31,8 @@ pub struct TargetOpts {
     pub bandwidth_mbs: Option<u64>,
     /// Namespace to use.
     pub nsid: Option<u32>,
+    /// How long the emulator thread spins after its last work before parking.
+    pub spin_us: Option<u64>,
 }
 
 impl Default for TargetOpts {
@@ -48,6 +50,7 @@ impl Default for TargetOpts {
             latency_us: None,
             bandwidth_mbs: None,
             nsid: None,
+            spin_us: None,
         }
     }
 }
@@ -68,6 +71,7 @@ pub fn parse_long(t: &mut TargetOpts, name: &str, p: &mut lexopt::Parser) -> Res
         "emu-latency-us" => t.latency_us = Some(p.value()?.parse()?),
         "emu-bandwidth-mbs" => t.bandwidth_mbs = Some(p.value()?.parse()?),
         "nsid" => t.nsid = Some(p.value()?.parse()?),
+        "emu-spin-us" => t.spin_us = Some(p.value()?.parse()?),
         _ => return Ok(false),
     }
     Ok(true)
@@ -87,6 +91,7 @@ Target (default: an emulated controller whose namespace is a temporary file):
       --emu-queues N          I/O queue pairs the controller grants [16]
       --emu-latency-us N      latency model: microseconds per command
       --emu-bandwidth-mbs N   latency model: MB/s, transfers serialised
+      --emu-spin-us N         emulator spins N us after its last work, then parks [100]
       --nsid N                namespace to use [first active]
 ";
 
@@ -129,13 +134,16 @@ pub fn emu_config(t: &TargetOpts) -> (EmuConfig, Option<TempFile>) {
             bytes_per_sec: b.unwrap_or(0) * 1_000_000,
         }),
     };
-    let cfg = EmuConfig::default()
+    let mut cfg = EmuConfig::default()
         .namespaces(namespaces)
         .mdts(t.mdts)
         .mqes(t.mqes)
         .max_io_queues(t.queues)
         .null(t.null)
         .latency(latency);
+    if let Some(us) = t.spin_us {
+        cfg.spin = Duration::from_micros(us);
+    }
     (cfg, tmp)
 }
 

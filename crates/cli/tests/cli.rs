@@ -82,6 +82,29 @@ fn bench_verify_finds_no_mismatch() {
 }
 
 #[test]
+fn batch_and_stream_modes_verify() {
+    for args in [
+        &["bench", "--verify", "-d", "0.3", "--emu-size", "32M", "--batch", "1,16", "-s", "4k,20k"][..],
+        &["bench", "--verify", "-d", "0.3", "--emu-size", "32M", "--batch", "8", "-m", "randwrite"],
+        &["bench", "--verify", "-d", "0.3", "--emu-size", "32M", "--stream", "-q", "4"],
+        &["bench", "--verify", "-d", "0.3", "--emu-size", "32M", "--stream", "-q", "4", "-m", "randwrite"],
+        &["bench", "-d", "0.3", "--emu-size", "32M", "--stream", "-q", "2", "-m", "write", "-t", "2"],
+    ] {
+        let (ok, out, err) = ugds(args);
+        assert!(ok, "{args:?}: {err}\n{out}");
+        assert!(out.lines().any(|l| l.contains("IOPS")), "{args:?}: {out}");
+        if args.contains(&"--verify") {
+            assert!(out.contains(", 0 mismatched 8-byte words"), "{args:?}: {out}");
+            assert!(!out.contains("verify   0 I/Os checked"), "{args:?}: nothing was checked\n{out}");
+        }
+    }
+    let (ok, out, _) = ugds(&["bench", "--emu-null", "-d", "0.3", "--batch", "32"]);
+    assert!(ok);
+    assert!(out.contains("1.00 doorbell writes per batch"), "{out}");
+    assert!(out.contains("first batch"), "{out}");
+}
+
+#[test]
 fn bench_stops_after_a_byte_count() {
     let (ok, out, err) = ugds(&["bench", "--emu-null", "-b", "40M", "-s", "1M", "-q", "4"]);
     assert!(ok, "{err}");
@@ -98,6 +121,8 @@ fn bad_arguments_are_refused() {
         &["bench", "-q", "0"],
         &["bench", "--frobnicate"],
         &["bench", "--verify", "--emu-null"],
+        &["bench", "--batch", "0"],
+        &["bench", "--batch", "4", "--stream"],
         &["identify", "--emu-block", "1024"],
         &["nonsense"],
     ] {

@@ -50,6 +50,8 @@ pub struct Batch {
     ctx: u32,
     capacity: usize,
     stuck: bool,
+    /// Scratch for a submission's validated requests (no allocation on submit).
+    scratch: std::sync::Mutex<Vec<Prepared>>,
 }
 
 impl Handle {
@@ -69,7 +71,7 @@ impl Batch {
         let ctx = q.open_context(capacity);
         // The in-flight reference lives as long as the context (released in Drop).
         std::mem::forget(r);
-        Ok(Batch { handle, ctx, capacity, stuck: false })
+        Ok(Batch { handle, ctx, capacity, stuck: false, scratch: std::sync::Mutex::new(Vec::with_capacity(capacity)) })
     }
 
     fn queue(&self) -> &BatchQueue {
@@ -98,7 +100,8 @@ impl Batch {
         let _in = h.enter()?;
         let q = self.queue();
         q.check_room(self.ctx, ios.len())?;
-        let mut reqs = Vec::with_capacity(ios.len());
+        let mut reqs = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        reqs.clear();
         for io in ios {
             let (guard, data_off) = h.prepare(&io.buf, io.size, io.file_offset, io.buf_offset)?;
             reqs.push(Prepared {
@@ -109,7 +112,7 @@ impl Batch {
                 guard,
             });
         }
-        match q.submit(self.ctx, reqs) {
+        match q.submit(self.ctx, &mut reqs) {
             Err(e @ Error::Timeout { .. }) => {
                 h.wedge([]);
                 Err(e)
@@ -138,12 +141,10 @@ impl Batch {
         let mut got = 0;
         let mut spins = 0u32;
         loop {
-            got += q.collect(self.ctx, max - got, out);
-            if got >= min_nr || got == max {
-                return Ok(got);
-            }
-            if q.inflight(self.ctx) == 0 && q.outstanding(self.ctx) == 0 {
-                // Nothing left that could complete.
+            let (n, remaining) = q.collect(self.ctx, max - got, out);
+            got += n;
+            if got >= min_nr || got == max || remaining == 0 {
+                // Enough, or nothing left that could complete.
                 return Ok(got);
             }
             spins = spins.wrapping_add(1);

@@ -473,7 +473,7 @@ impl Engine {
             }
             self.issue_waiting();
             self.events.clear();
-            let n = self.queue.collect(self.ctx, ENGINE_CAPACITY, &mut self.events);
+            let (n, _) = self.queue.collect(self.ctx, ENGINE_CAPACITY, &mut self.events);
             let events = std::mem::take(&mut self.events);
             for e in events.iter() {
                 self.finish(e);
@@ -483,6 +483,8 @@ impl Engine {
                 spins = spins.wrapping_add(1);
                 if spins % 4096 == 0 {
                     self.expire();
+                }
+                if spins % 64 == 0 {
                     std::thread::yield_now();
                 } else {
                     std::hint::spin_loop();
@@ -523,7 +525,7 @@ impl Engine {
                 r.cookie = id << 20 | i as u64;
             }
             let n = reqs.len();
-            match self.queue.submit(self.ctx, reqs) {
+            match self.queue.submit(self.ctx, &mut reqs) {
                 Ok(_) => {
                     self.jobs.insert(id, (job, n));
                 }

@@ -23,6 +23,16 @@ unsafe impl Sync for Anonymous {}
 impl Anonymous {
     /// Maps `len` bytes (rounded up to pages), zeroed.
     pub fn new(len: usize) -> Result<Anonymous> {
+        Anonymous::map(len, 0)
+    }
+
+    /// As [`new`](Self::new), with every page faulted in now (for memory
+    /// used on the I/O path, so that first use pays no page faults).
+    pub fn populated(len: usize) -> Result<Anonymous> {
+        Anonymous::map(len, libc::MAP_POPULATE)
+    }
+
+    fn map(len: usize, extra: libc::c_int) -> Result<Anonymous> {
         let len = len.max(1).next_multiple_of(PAGE_SIZE);
         // SAFETY: a fresh private anonymous mapping touches no existing memory.
         let p = unsafe {
@@ -30,7 +40,7 @@ impl Anonymous {
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra,
                 -1,
                 0,
             )

@@ -60,6 +60,8 @@ struct Req {
 struct Ctx {
     reqs: Vec<Req>,
     free: Vec<u32>,
+    /// Scratch for one submission's request slots (no allocation on submit).
+    slots: Vec<u32>,
     done: VecDeque<BatchEvent>,
     /// Requests submitted whose event is not yet in `done`.
     inflight: usize,
@@ -124,10 +126,20 @@ impl BatchQueue {
                 })
                 .collect(),
             free: (0..capacity as u32).rev().collect(),
+            slots: Vec::with_capacity(capacity),
             done: VecDeque::with_capacity(capacity),
             inflight: 0,
             canceled: false,
         };
+        let mut ctx = ctx;
+        // Touch the event queue's memory now, so the first batch does not
+        // pay its page faults.
+        for _ in 0..capacity {
+            ctx.done.push_back(BatchEvent { cookie: 0, status: BatchStatus::Complete, result: Ok(0) });
+        }
+        ctx.done.clear();
+        ctx.slots.extend(0..capacity as u32);
+        ctx.slots.clear();
         let mut st = self.lock();
         match st.ctxs.iter().position(|c| c.is_none()) {
             Some(i) => {
@@ -223,14 +235,19 @@ impl BatchQueue {
     /// Stages and rings every command of `reqs` (validated by the caller),
     /// ringing, reaping and waiting without the lock when the queue or the
     /// PRP pool runs out. Returns the doorbell writes made.
-    pub(crate) fn submit(&self, ctx: u32, reqs: Vec<Prepared>) -> Result<usize> {
+    pub(crate) fn submit(&self, ctx: u32, reqs: &mut Vec<Prepared>) -> Result<usize> {
         let mut doorbells = 0;
         let mut st = self.lock();
         // Slots first, so that the whole submission is admitted or refused.
-        let mut slots = Vec::with_capacity(reqs.len());
+        let mut slots = {
+            let c = st.ctxs[ctx as usize].as_mut().ok_or(Error::Closed)?;
+            std::mem::take(&mut c.slots)
+        };
+        slots.clear();
         {
             let c = st.ctxs[ctx as usize].as_mut().ok_or(Error::Closed)?;
             if reqs.len() > c.free.len() {
+                c.slots = slots;
                 return Err(Error::CapacityExceeded {
                     capacity: c.reqs.len(),
                     requested: reqs.len(),
@@ -238,7 +255,7 @@ impl BatchQueue {
                 });
             }
             let now = Instant::now();
-            for p in &reqs {
+            for p in reqs.iter() {
                 let i = c.free.pop().expect("room checked");
                 let commands = p.chunks.commands() as u32;
                 c.reqs[i as usize] = Req {
@@ -255,7 +272,7 @@ impl BatchQueue {
             }
         }
         let mut waited_since: Option<Instant> = None;
-        for (p, &slot) in reqs.into_iter().zip(&slots) {
+        for (p, &slot) in reqs.drain(..).zip(&slots) {
             let entry = p.guard.0.clone();
             st.ctxs[ctx as usize].as_mut().expect("open").reqs[slot as usize].guard = Some(p.guard);
             let maps = entry.mappings();
@@ -302,17 +319,22 @@ impl BatchQueue {
             }
         }
         st.qp.ring_sq_doorbell();
+        if let Some(c) = st.ctxs[ctx as usize].as_mut() {
+            c.slots = slots;
+        }
         Ok(doorbells + 1)
     }
 
     /// Moves up to `max` finished events of `ctx` into `out`, reaping first.
-    pub(crate) fn collect(&self, ctx: u32, max: usize, out: &mut Vec<BatchEvent>) -> usize {
+    /// Returns how many were moved and how many of the context's requests
+    /// remain (on the device or not yet collected).
+    pub(crate) fn collect(&self, ctx: u32, max: usize, out: &mut Vec<BatchEvent>) -> (usize, usize) {
         let mut st = self.lock();
         BatchQueue::reap(&mut st);
         let c = st.ctxs[ctx as usize].as_mut().expect("open context");
         let n = max.min(c.done.len());
         out.extend(c.done.drain(..n));
-        n
+        (n, c.inflight + c.done.len())
     }
 
     /// Requests of `ctx` older than the timeout: reported as timed out, and

@@ -45,7 +45,20 @@ impl Chunker {
 
     /// Commands still to come.
     pub fn commands(&self) -> usize {
+        if self.remaining == 0 {
+            return 0;
+        }
+        // Fast path: the whole request fits the first command.
+        if self.remaining <= self.first_cap() {
+            return 1;
+        }
         self.clone().fold(0, |n, _| n + 1)
+    }
+
+    fn first_cap(&self) -> usize {
+        prp::max_chunk_bytes(self.page_size, self.data_off % self.page_size, self.max_transfer, self.block)
+            .min(65536 * self.block)
+            .max(self.block)
     }
 }
 
@@ -56,10 +69,7 @@ impl Iterator for Chunker {
         if self.remaining == 0 {
             return None;
         }
-        let cap = prp::max_chunk_bytes(self.page_size, self.data_off % self.page_size, self.max_transfer, self.block)
-            .min(65536 * self.block)
-            .max(self.block);
-        let len = self.remaining.min(cap);
+        let len = self.remaining.min(self.first_cap());
         let c = Chunk {
             slba: self.file_off / self.block as u64,
             nlb: (len / self.block) as u32,

@@ -226,8 +226,21 @@ pub(super) struct Controller {
     table_version: u64,
     segs: Vec<(u64, usize)>,
     host_segs: Vec<(usize, usize)>,
-    /// Completions held back to be posted in reverse (`reverse_completions`).
+    /// Completions of the current sweep, posted at its end (in reverse
+    /// with `reverse_completions`).
     held: Vec<Completion>,
+    /// Counters of the current sweep, published before its completions.
+    local: Local,
+}
+
+/// Hot counters, accumulated per sweep and published in one go.
+#[derive(Default)]
+struct Local {
+    commands: u64,
+    reads: u64,
+    writes: u64,
+    bytes_read: u64,
+    bytes_written: u64,
 }
 
 impl Controller {
@@ -252,7 +265,8 @@ impl Controller {
             table_version: u64::MAX,
             segs: Vec::with_capacity(520),
             host_segs: Vec::with_capacity(520),
-            held: Vec::new(),
+            held: Vec::with_capacity(SQ_BURST as usize),
+            local: Local::default(),
         }
     }
 
@@ -479,14 +493,37 @@ impl Controller {
             n += 1;
             self.execute(qid as u16, sqe, table);
         }
-        while let Some(c) = self.held.pop() {
+        // Counters first: a host that sees a completion sees its counts.
+        self.publish();
+        let mut held = std::mem::take(&mut self.held);
+        if self.cfg.reverse_completions && qid != 0 {
+            held.reverse();
+        }
+        for c in held.drain(..) {
             self.complete(c);
         }
+        self.held = held;
         n > 0
     }
 
+    fn publish(&mut self) {
+        let l = std::mem::take(&mut self.local);
+        let st = &self.shared.stats;
+        for (v, a) in [
+            (l.commands, &st.commands),
+            (l.reads, &st.reads),
+            (l.writes, &st.writes),
+            (l.bytes_read, &st.bytes_read),
+            (l.bytes_written, &st.bytes_written),
+        ] {
+            if v != 0 {
+                a.fetch_add(v, Ordering::Relaxed);
+            }
+        }
+    }
+
     fn execute(&mut self, qid: u16, sqe: Sqe, table: &IovaTable) {
-        self.shared.stats.commands.fetch_add(1, Ordering::Relaxed);
+        self.local.commands += 1;
         let fault =
             if self.shared.faults_armed.load(Ordering::Acquire) { self.take_fault(qid, sqe.opcode()) } else { None };
         let outcome = match fault {
@@ -512,8 +549,7 @@ impl Controller {
                     self.seq += 1;
                     self.delayed.push(Reverse(Delayed { due, seq: self.seq, c }));
                 }
-                _ if self.cfg.reverse_completions && qid != 0 => self.held.push(c),
-                _ => self.complete(c),
+                _ => self.held.push(c),
             }
         }
     }
@@ -660,13 +696,12 @@ impl Controller {
                         return done(s);
                     }
                 }
-                let st = &self.shared.stats;
                 if op == NvmOpcode::Read {
-                    st.reads.fetch_add(1, Ordering::Relaxed);
-                    st.bytes_read.fetch_add(len as u64, Ordering::Relaxed);
+                    self.local.reads += 1;
+                    self.local.bytes_read += len as u64;
                 } else {
-                    st.writes.fetch_add(1, Ordering::Relaxed);
-                    st.bytes_written.fetch_add(len as u64, Ordering::Relaxed);
+                    self.local.writes += 1;
+                    self.local.bytes_written += len as u64;
                 }
                 Outcome::Done { status: Status::SUCCESS, dw0: 0, due: self.model_due(len) }
             }
@@ -1020,7 +1055,7 @@ impl Controller {
         match lid {
             log_page::ERROR_INFO => {}
             log_page::SMART => {
-                let s = self.shared.stats.snapshot();
+                let s = self.shared.stats.snapshot(&self.shared.driver_stats);
                 // Data Units Read / Written are in thousands of 512-byte units.
                 let put = |p: &mut [u8], off: usize, v: u64| p[off..off + 8].copy_from_slice(&v.to_le_bytes());
                 put(&mut page, 32, s.bytes_read.div_ceil(512_000));

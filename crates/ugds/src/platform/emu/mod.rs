@@ -207,7 +207,17 @@ pub struct EmuStats {
     pub resets: u64,
 }
 
+/// Counters the driver side bumps (in `write32`), kept off the cache lines
+/// the controller thread writes.
 #[derive(Default)]
+#[repr(align(128))]
+struct DriverCounters {
+    doorbell_writes: AtomicU64,
+    invalid_doorbells: AtomicU64,
+}
+
+#[derive(Default)]
+#[repr(align(128))]
 struct Counters {
     commands: AtomicU64,
     reads: AtomicU64,
@@ -217,13 +227,12 @@ struct Counters {
     dma_faults: AtomicU64,
     invalid_doorbells: AtomicU64,
     interrupts: AtomicU64,
-    doorbell_writes: AtomicU64,
     lost_completions: AtomicU64,
     resets: AtomicU64,
 }
 
 impl Counters {
-    fn snapshot(&self) -> EmuStats {
+    fn snapshot(&self, d: &DriverCounters) -> EmuStats {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         EmuStats {
             commands: l(&self.commands),
@@ -232,9 +241,9 @@ impl Counters {
             bytes_read: l(&self.bytes_read),
             bytes_written: l(&self.bytes_written),
             dma_faults: l(&self.dma_faults),
-            invalid_doorbells: l(&self.invalid_doorbells),
+            invalid_doorbells: l(&self.invalid_doorbells) + l(&d.invalid_doorbells),
             interrupts: l(&self.interrupts),
-            doorbell_writes: l(&self.doorbell_writes),
+            doorbell_writes: l(&d.doorbell_writes),
             lost_completions: l(&self.lost_completions),
             resets: l(&self.resets),
         }
@@ -338,6 +347,7 @@ struct Shared {
     stop: AtomicBool,
     iova: RwLock<IovaTable>,
     stats: Counters,
+    driver_stats: DriverCounters,
     faults: Mutex<Vec<Fault>>,
     faults_armed: AtomicBool,
     vectors: Vec<EventFd>,
@@ -378,7 +388,7 @@ pub struct EmuControl {
 impl EmuControl {
     /// The controller's counters now.
     pub fn stats(&self) -> EmuStats {
-        self.shared.stats.snapshot()
+        self.shared.stats.snapshot(&self.shared.driver_stats)
     }
 
     /// Arms a fault.
@@ -422,6 +432,7 @@ impl EmuPlatform {
             stop: AtomicBool::new(false),
             iova: RwLock::new(IovaTable { map: BTreeMap::new(), next: IOVA_BASE, version: 0 }),
             stats: Counters::default(),
+            driver_stats: DriverCounters::default(),
             faults: Mutex::new(Vec::new()),
             faults_armed: AtomicBool::new(false),
             vectors,
@@ -470,7 +481,7 @@ impl Platform for EmuPlatform {
         match self.shared.reg(off) {
             Some(r) if writable => {
                 if off >= regs::DOORBELL_BASE {
-                    self.shared.stats.doorbell_writes.fetch_add(1, Ordering::Relaxed);
+                    self.shared.driver_stats.doorbell_writes.fetch_add(1, Ordering::Relaxed);
                 }
                 // Release: the queue entries written before this doorbell are
                 // visible to the controller thread that acquires it.
@@ -478,7 +489,7 @@ impl Platform for EmuPlatform {
             }
             _ => {
                 if off >= regs::DOORBELL_BASE {
-                    self.shared.stats.invalid_doorbells.fetch_add(1, Ordering::Relaxed);
+                    self.shared.driver_stats.invalid_doorbells.fetch_add(1, Ordering::Relaxed);
                 }
                 return;
             }
@@ -487,7 +498,7 @@ impl Platform for EmuPlatform {
     }
 
     fn alloc_dma(&self, len: usize) -> Result<DmaBuffer> {
-        let mem = Anonymous::new(len)?;
+        let mem = Anonymous::populated(len)?;
         let (host, len) = (mem.as_ptr(), mem.len());
         let iova = self.shared.iova.write().unwrap_or_else(|p| p.into_inner()).insert(host as usize, len, Some(mem));
         // SAFETY: `mem` is page-aligned, `len` bytes long, and is owned by the
