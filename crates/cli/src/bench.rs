@@ -496,6 +496,13 @@ impl Run<'_> {
         let mut seq = 0u64;
         let mut ios: Vec<BatchIo> = Vec::with_capacity(n);
         let mut events: Vec<ugds::BatchEvent> = Vec::with_capacity(n);
+        // Fault the vectors' pages in now, not in the first batch.
+        for s in ios.spare_capacity_mut() {
+            *s = std::mem::MaybeUninit::zeroed();
+        }
+        for s in events.spare_capacity_mut() {
+            *s = std::mem::MaybeUninit::zeroed();
+        }
         let size = self.size;
         let op = if self.mode.writes() { BatchOp::Write } else { BatchOp::Read };
         while !self.stop.load(Ordering::Relaxed) {

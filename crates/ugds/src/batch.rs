@@ -71,7 +71,9 @@ impl Batch {
         let ctx = q.open_context(capacity);
         // The in-flight reference lives as long as the context (released in Drop).
         std::mem::forget(r);
-        Ok(Batch { handle, ctx, capacity, stuck: false, scratch: std::sync::Mutex::new(Vec::with_capacity(capacity)) })
+        let mut scratch = Vec::with_capacity(capacity);
+        touch(&mut scratch);
+        Ok(Batch { handle, ctx, capacity, stuck: false, scratch: std::sync::Mutex::new(scratch) })
     }
 
     fn queue(&self) -> &BatchQueue {
@@ -193,6 +195,14 @@ impl Batch {
             }
         }
         Ok(())
+    }
+}
+
+/// Writes the spare capacity of `v` once, so that its pages are faulted in
+/// at set-up rather than on the first submission.
+fn touch<T>(v: &mut Vec<T>) {
+    for slot in v.spare_capacity_mut() {
+        *slot = std::mem::MaybeUninit::zeroed();
     }
 }
 
