@@ -13,7 +13,6 @@ use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
-use ugds::platform::emu::EmuPlatform;
 use ugds::{
     BatchIo, BatchOp, BufferToken, Completion, Driver, Handle, HandleOptions, HostBuffer, HostStream, StreamIo,
     StreamResult,
@@ -867,15 +866,22 @@ fn run_one(
 
 pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     let Some(o) = parse(args)? else { return Ok(()) };
-    let (cfg, tmp) = target::emu_config(&o.target);
-    let _more = target::extra_temp_files(&o.target);
+    let target = target::open(&o.target)?;
     let max_size = *o.sizes.iter().max().expect("at least one size");
     let t_setup = Instant::now();
     let driver = Driver::open();
-    let platform = Arc::new(EmuPlatform::new(cfg).map_err(|e| e.to_string())?);
-    let control = platform.control();
+    let platform = target.platform.clone();
+    let control = target.emu.clone();
     // Deep enough for qd requests of the largest size, each split by MDTS.
-    let per_req = if o.target.mdts == 0 { 1 } else { max_size.div_ceil(4096 << o.target.mdts) };
+    // (For a PCI target MDTS is known only after bring-up: ask for the most
+    // the controller allows.)
+    let per_req = if o.target.pci.is_some() {
+        1024
+    } else if o.target.mdts == 0 {
+        1
+    } else {
+        max_size.div_ceil(4096 << o.target.mdts)
+    };
     let depth = (o.qd * per_req + 1).clamp(2, 1024) as u16;
     let opts = HandleOptions {
         nsid: o.target.nsid,
@@ -883,7 +889,8 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         sync_queues: o.threads as u16,
         async_queues: if o.qd > 1 && o.batches.is_empty() && !o.stream { o.threads as u16 } else { 0 },
         queue_depth: depth,
-        batch_queue: true,
+        // Queue mode needs lendable queues more than a batch queue (few queues: QEMU max_ioqpairs=2).
+        batch_queue: !o.batches.is_empty() || o.stream,
         ..HandleOptions::default()
     };
     let handle = driver.open_handle(platform, opts).map_err(|e| e.to_string())?;
@@ -897,7 +904,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         ));
     }
     let (nsync, nasync) = handle.queue_counts();
-    println!("target   {}", target::describe(&o.target, &tmp));
+    println!("target   {}", target.description);
     println!(
         "setup    {:.2} ms (controller enabled, identified, {} sync + {} lent queue pairs of {} entries)",
         setup.as_secs_f64() * 1e3,
@@ -923,7 +930,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         println!("prefill  {} written with the verify pattern in {:.2} s", fmt_bytes(range), t.elapsed().as_secs_f64());
     }
     let (mut checked, mut mismatches) = (0, 0);
-    let before = control.stats();
+    let before = control.as_ref().map(|c| c.stats());
     let mut result = Ok(());
     let engines: Vec<Engine> = if o.stream {
         vec![Engine::Stream]
@@ -946,9 +953,11 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
             }
         }
     }
-    let after = control.stats();
-    if after.dma_faults > before.dma_faults {
-        println!("emulator DMA faults during the runs: {}", after.dma_faults - before.dma_faults);
+    if let (Some(c), Some(before)) = (&control, before) {
+        let after = c.stats();
+        if after.dma_faults > before.dma_faults {
+            println!("emulator DMA faults during the runs: {}", after.dma_faults - before.dma_faults);
+        }
     }
     if o.verify {
         println!("verify   {checked} I/Os checked, {mismatches} mismatched 8-byte words");

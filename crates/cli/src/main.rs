@@ -8,7 +8,6 @@ mod histogram;
 mod target;
 
 use std::process::ExitCode;
-use std::sync::Arc;
 use ugds::{Driver, HandleOptions};
 
 const USAGE: &str = "\
@@ -105,15 +104,14 @@ fn identify(args: Vec<std::ffi::OsString>) -> Result<(), String> {
             _ => return Err(arg.unexpected().to_string()),
         }
     }
-    let (cfg, tmp) = target::emu_config(&t);
-    let _more = target::extra_temp_files(&t);
+    let target = target::open(&t)?;
     let driver = Driver::open();
-    let platform = Arc::new(ugds::platform::emu::EmuPlatform::new(cfg).map_err(|e| e.to_string())?);
+    let platform = target.platform.clone();
     let opts = HandleOptions { nsid: t.nsid, sync_queues: 1, async_queues: 0, ..HandleOptions::default() };
     let h = driver.open_handle(platform, opts).map_err(|e| e.to_string())?;
     let c = h.controller();
     let id = &c.identify;
-    println!("target       {}", target::describe(&t, &tmp));
+    println!("target       {}", target.description);
     println!("platform     {}", c.platform);
     println!("model        {}", id.mn);
     println!("serial       {}", id.sn);
@@ -127,7 +125,7 @@ fn identify(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     );
     println!("mqes         {} entries per queue", c.cap.mqes() as u32 + 1);
     println!("doorbells    stride {} bytes, timeout {} ms", 4u32 << c.cap.dstrd(), c.cap.to() as u32 * 500);
-    println!("io queues    {} granted to this handle (it asked for 1)", c.io_queues);
+    println!("io queues    {} granted to this handle", c.io_queues);
     println!(
         "oncs         {:#06x} (dataset management {}, write zeroes {})",
         id.oncs,

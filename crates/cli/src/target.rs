@@ -33,6 +33,8 @@ pub struct TargetOpts {
     pub nsid: Option<u32>,
     /// How long the emulator thread spins after its last work before parking.
     pub spin_us: Option<u64>,
+    /// A PCI function bound to vfio-pci: a real (or QEMU's) controller.
+    pub pci: Option<String>,
 }
 
 impl Default for TargetOpts {
@@ -51,6 +53,7 @@ impl Default for TargetOpts {
             bandwidth_mbs: None,
             nsid: None,
             spin_us: None,
+            pci: None,
         }
     }
 }
@@ -72,6 +75,7 @@ pub fn parse_long(t: &mut TargetOpts, name: &str, p: &mut lexopt::Parser) -> Res
         "emu-bandwidth-mbs" => t.bandwidth_mbs = Some(p.value()?.parse()?),
         "nsid" => t.nsid = Some(p.value()?.parse()?),
         "emu-spin-us" => t.spin_us = Some(p.value()?.parse()?),
+        "pci" => t.pci = Some(p.value()?.string()?),
         _ => return Ok(false),
     }
     Ok(true)
@@ -80,6 +84,8 @@ pub fn parse_long(t: &mut TargetOpts, name: &str, p: &mut lexopt::Parser) -> Res
 /// The help text for the target flags.
 pub const HELP: &str = "\
 Target (default: an emulated controller whose namespace is a temporary file):
+      --pci BDF               the controller at PCI address BDF (e.g. 0000:01:00.0),
+                              bound to vfio-pci; the --emu-* flags are ignored
       --emu-file PATH         back the namespace with PATH (kept afterwards)
       --emu-memory            back the namespace with memory
       --emu-null              null mode: commands complete without moving data
@@ -172,4 +178,32 @@ pub fn describe(t: &TargetOpts, tmp: &Option<TempFile>) -> String {
         crate::fmt_bytes(t.size),
         t.block
     )
+}
+
+/// An opened target: the platform, the emulator's controls when emulated,
+/// and the temporary files to remove afterwards.
+pub struct Target {
+    /// Where the controller is.
+    pub platform: std::sync::Arc<dyn ugds::platform::Platform>,
+    /// Counters and faults, for an emulated controller.
+    pub emu: Option<ugds::platform::emu::EmuControl>,
+    /// One line for the report.
+    pub description: String,
+    _tmp: Option<TempFile>,
+    _more: Vec<TempFile>,
+}
+
+/// Opens the target the flags name.
+pub fn open(t: &TargetOpts) -> Result<Target, String> {
+    if let Some(bdf) = &t.pci {
+        let p = ugds::platform::vfio::VfioPlatform::open(bdf).map_err(|e| e.to_string())?;
+        let description = format!("controller at {bdf} through vfio-pci");
+        return Ok(Target { platform: std::sync::Arc::new(p), emu: None, description, _tmp: None, _more: vec![] });
+    }
+    let (cfg, tmp) = emu_config(t);
+    let more = extra_temp_files(t);
+    let description = describe(t, &tmp);
+    let p = ugds::platform::emu::EmuPlatform::new(cfg).map_err(|e| e.to_string())?;
+    let emu = Some(p.control());
+    Ok(Target { platform: std::sync::Arc::new(p), emu, description, _tmp: tmp, _more: more })
 }

@@ -117,6 +117,12 @@ impl<'h> IoQueue<'h> {
         let (guard, data_off) = h.prepare(buf, size, file_offset, buf_offset)?;
         let chunks = h.chunker(file_offset, data_off, size);
         let n = if size <= 4096 { 1 } else { chunks.commands() };
+        if n > self.depth() {
+            return Err(Error::InvalidArgument(format!(
+                "request of {size} bytes needs {n} commands; this queue holds {} at most",
+                self.depth()
+            )));
+        }
         if self.qp().free_slots() < n {
             return Err(Error::QueueFull);
         }

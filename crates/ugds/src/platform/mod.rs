@@ -5,8 +5,10 @@
 //! The engine above it is the same whichever platform it runs on.
 //!
 //! - [`emu`]: an NVMe controller emulated in-process, the default target.
+//! - [`vfio`]: a controller bound to upstream vfio-pci behind an IOMMU.
 
 pub mod emu;
+pub mod vfio;
 
 use crate::dma::DmaBuffer;
 use crate::sys::EventFd;

@@ -1,5 +1,7 @@
 //! Every system call the library makes, in one place.
 
+pub(crate) mod vfio;
+
 use crate::{Error, Result};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;

@@ -1,0 +1,272 @@
+//! A controller bound to upstream vfio-pci, behind an IOMMU.
+//!
+//! Open: the function's IOMMU group, a type1v2 container, the device fd,
+//! BAR0 mapped uncached, bus mastering enabled, and (when the function has
+//! MSI-X) one eventfd per vector. DMA memory and registered buffers get
+//! IOVAs from a bump allocator the library owns (never reused, so a stale
+//! address can only fault). The engine disables the controller before any
+//! mapping is removed; dropping the platform then turns interrupts and bus
+//! mastering off.
+//!
+//! iommufd (the vfio cdev interface) is not used yet: the group/container
+//! interface works on every kernel that has vfio-pci.
+
+use crate::dma::{DmaBuffer, DmaRegion, DmaRelease};
+use crate::platform::{HostMapping, Platform};
+use crate::sys::vfio::{self as v, Mmio};
+use crate::sys::{Anonymous, EventFd, PAGE_SIZE};
+use crate::{Error, Result};
+use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+use ugds_nvme::Iova;
+
+/// First IOVA handed out; well inside the 39-bit address width of common
+/// IOMMUs (and QEMU's intel-iommu default).
+const IOVA_BASE: u64 = 0x10_0000_0000;
+
+/// Most MSI-X vectors set up (queue pairs beyond this poll).
+const MAX_VECTORS: u32 = 64;
+
+/// PCI command register bits.
+const PCI_COMMAND: u64 = 0x04;
+const PCI_COMMAND_MEMORY: u16 = 1 << 1;
+const PCI_COMMAND_MASTER: u16 = 1 << 2;
+
+struct Container {
+    fd: OwnedFd,
+    iova: Mutex<IovaSpace>,
+}
+
+struct IovaSpace {
+    next: u64,
+    /// Live mappings: IOVA -> (length, memory owned by the platform).
+    live: BTreeMap<u64, (usize, Option<Anonymous>)>,
+}
+
+impl Container {
+    fn map(&self, vaddr: usize, len: usize, owned: Option<Anonymous>) -> Result<u64> {
+        let mut sp = self.iova.lock().unwrap_or_else(|p| p.into_inner());
+        let iova = sp.next;
+        let mut m = v::DmaMap {
+            argsz: std::mem::size_of::<v::DmaMap>() as u32,
+            flags: v::VFIO_DMA_MAP_FLAG_READ | v::VFIO_DMA_MAP_FLAG_WRITE,
+            vaddr: vaddr as u64,
+            iova,
+            size: len as u64,
+        };
+        v::ioctl_ptr(&self.fd, "VFIO_IOMMU_MAP_DMA", v::VFIO_IOMMU_MAP_DMA, &mut m)?;
+        // A guard page of unmapped IOVA after each mapping: overruns fault.
+        sp.next += (len + PAGE_SIZE) as u64;
+        sp.live.insert(iova, (len, owned));
+        Ok(iova)
+    }
+
+    fn unmap(&self, iova: u64) -> Result<()> {
+        let mut sp = self.iova.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(&(len, _)) = sp.live.get(&iova) else {
+            return Err(Error::Platform(format!("no VFIO mapping at IOVA {iova:#x}")));
+        };
+        let mut u = v::DmaUnmap { argsz: std::mem::size_of::<v::DmaUnmap>() as u32, flags: 0, iova, size: len as u64 };
+        v::ioctl_ptr(&self.fd, "VFIO_IOMMU_UNMAP_DMA", v::VFIO_IOMMU_UNMAP_DMA, &mut u)?;
+        // Only now, with the IOMMU entry gone, may the memory be freed.
+        sp.live.remove(&iova);
+        Ok(())
+    }
+}
+
+impl DmaRelease for Container {
+    fn release(&self, region: &DmaRegion) {
+        if let Err(e) = self.unmap(region.iova(0)) {
+            // Not unmapped: the memory stays allocated (leaked) rather than
+            // freed under a live IOMMU entry.
+            tracing::error!("VFIO unmap of DMA memory failed, memory kept: {e}");
+            let mut sp = self.iova.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((_, owned)) = sp.live.remove(&region.iova(0)) {
+                std::mem::forget(owned);
+            }
+        }
+    }
+}
+
+/// A controller behind vfio-pci.
+pub struct VfioPlatform {
+    bdf: String,
+    container: Arc<Container>,
+    _group: OwnedFd,
+    device: OwnedFd,
+    config_offset: u64,
+    bar0: Mmio,
+    vectors: Vec<EventFd>,
+}
+
+fn sysfs(bdf: &str, what: &str) -> String {
+    format!("/sys/bus/pci/devices/{bdf}/{what}")
+}
+
+impl VfioPlatform {
+    /// Opens the PCI function `bdf` (e.g. `0000:00:04.0`), which must be
+    /// bound to vfio-pci.
+    pub fn open(bdf: &str) -> Result<VfioPlatform> {
+        let valid = bdf.len() == 12
+            && bdf.chars().enumerate().all(|(i, c)| match i {
+                4 | 7 => c == ':',
+                10 => c == '.',
+                _ => c.is_ascii_hexdigit(),
+            });
+        if !valid {
+            return Err(Error::InvalidArgument(format!("{bdf:?} is not a PCI address like 0000:01:00.0")));
+        }
+        let driver = std::fs::read_link(sysfs(bdf, "driver")).ok();
+        let driver = driver.as_ref().and_then(|p| p.file_name()).map(|s| s.to_string_lossy().into_owned());
+        if driver.as_deref() != Some("vfio-pci") {
+            return Err(Error::Platform(format!(
+                "{bdf} is bound to {}, not vfio-pci (echo vfio-pci > {}; echo {bdf} > /sys/bus/pci/drivers_probe)",
+                driver.as_deref().unwrap_or("no driver"),
+                sysfs(bdf, "driver_override")
+            )));
+        }
+        let group_link = std::fs::read_link(sysfs(bdf, "iommu_group"))
+            .map_err(|e| Error::Os { op: "read iommu_group", source: e })?;
+        let group_no = group_link.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+
+        let container = v::open_rw("/dev/vfio/vfio")?;
+        let ver = v::ioctl_val(&container, "VFIO_GET_API_VERSION", v::VFIO_GET_API_VERSION, 0)?;
+        if ver != v::VFIO_API_VERSION {
+            return Err(Error::Unsupported(format!("VFIO API version {ver}")));
+        }
+        if v::ioctl_val(&container, "VFIO_CHECK_EXTENSION", v::VFIO_CHECK_EXTENSION, v::VFIO_TYPE1V2_IOMMU)? == 0 {
+            return Err(Error::Unsupported("the kernel's VFIO has no type1v2 IOMMU (no IOMMU enabled?)".into()));
+        }
+        let group = v::open_rw(&format!("/dev/vfio/{group_no}"))?;
+        let mut st = v::GroupStatus { argsz: 8, flags: 0 };
+        v::ioctl_ptr(&group, "VFIO_GROUP_GET_STATUS", v::VFIO_GROUP_GET_STATUS, &mut st)?;
+        if st.flags & v::VFIO_GROUP_FLAGS_VIABLE == 0 {
+            return Err(Error::Platform(format!(
+                "IOMMU group {group_no} is not viable: bind every device in it to vfio-pci"
+            )));
+        }
+        let mut cfd = container.as_raw_fd();
+        v::ioctl_ptr(&group, "VFIO_GROUP_SET_CONTAINER", v::VFIO_GROUP_SET_CONTAINER, &mut cfd)?;
+        v::ioctl_val(&container, "VFIO_SET_IOMMU", v::VFIO_SET_IOMMU, v::VFIO_TYPE1V2_IOMMU)?;
+        let device = v::group_get_device_fd(&group, bdf)?;
+
+        let mut bar = v::RegionInfo { argsz: 32, index: v::VFIO_PCI_BAR0_REGION_INDEX, ..Default::default() };
+        v::ioctl_ptr(&device, "VFIO_DEVICE_GET_REGION_INFO", v::VFIO_DEVICE_GET_REGION_INFO, &mut bar)?;
+        if bar.flags & v::VFIO_REGION_INFO_FLAG_MMAP == 0 {
+            return Err(Error::Unsupported("BAR0 cannot be mmapped".into()));
+        }
+        let bar0 = Mmio::map(&device, bar.size as usize, bar.offset)?;
+
+        let mut cfg = v::RegionInfo { argsz: 32, index: v::VFIO_PCI_CONFIG_REGION_INDEX, ..Default::default() };
+        v::ioctl_ptr(&device, "VFIO_DEVICE_GET_REGION_INFO", v::VFIO_DEVICE_GET_REGION_INFO, &mut cfg)?;
+        let mut cmd = [0u8; 2];
+        v::pread_exact(&device, &mut cmd, cfg.offset + PCI_COMMAND)?;
+        let c = u16::from_le_bytes(cmd) | PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER;
+        v::pwrite_exact(&device, &c.to_le_bytes(), cfg.offset + PCI_COMMAND)?;
+
+        let mut p = VfioPlatform {
+            bdf: bdf.to_string(),
+            container: Arc::new(Container {
+                fd: container,
+                iova: Mutex::new(IovaSpace { next: IOVA_BASE, live: BTreeMap::new() }),
+            }),
+            _group: group,
+            device,
+            config_offset: cfg.offset,
+            bar0,
+            vectors: Vec::new(),
+        };
+        p.setup_msix();
+        Ok(p)
+    }
+
+    /// One eventfd per MSI-X vector; without MSI-X every queue polls.
+    fn setup_msix(&mut self) {
+        let mut irq = v::IrqInfo { argsz: 16, index: v::VFIO_PCI_MSIX_IRQ_INDEX, ..Default::default() };
+        if v::ioctl_ptr(&self.device, "VFIO_DEVICE_GET_IRQ_INFO", v::VFIO_DEVICE_GET_IRQ_INFO, &mut irq).is_err()
+            || irq.count == 0
+        {
+            tracing::info!(bdf = self.bdf, "no MSI-X: queues poll");
+            return;
+        }
+        let n = irq.count.min(MAX_VECTORS);
+        let fds: Result<Vec<EventFd>> = (0..n).map(|_| EventFd::new()).collect();
+        let Ok(fds) = fds else { return };
+        let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        match v::set_irq_eventfds(&self.device, v::VFIO_PCI_MSIX_IRQ_INDEX, &raw) {
+            Ok(()) => self.vectors = fds,
+            Err(e) => tracing::warn!(bdf = self.bdf, "MSI-X set-up failed, queues poll: {e}"),
+        }
+    }
+
+    /// The PCI address.
+    pub fn bdf(&self) -> &str {
+        &self.bdf
+    }
+}
+
+impl Drop for VfioPlatform {
+    fn drop(&mut self) {
+        // The engine disabled the controller already; stop interrupts and
+        // bus mastering as well before the descriptors close.
+        if !self.vectors.is_empty() {
+            let _ = v::set_irq_eventfds(&self.device, v::VFIO_PCI_MSIX_IRQ_INDEX, &[]);
+        }
+        let mut cmd = [0u8; 2];
+        if v::pread_exact(&self.device, &mut cmd, self.config_offset + PCI_COMMAND).is_ok() {
+            let c = u16::from_le_bytes(cmd) & !PCI_COMMAND_MASTER;
+            let _ = v::pwrite_exact(&self.device, &c.to_le_bytes(), self.config_offset + PCI_COMMAND);
+        }
+    }
+}
+
+impl Platform for VfioPlatform {
+    fn describe(&self) -> String {
+        format!("vfio-pci {} ({} MSI-X vectors)", self.bdf, self.vectors.len())
+    }
+
+    #[inline]
+    fn read32(&self, off: usize) -> u32 {
+        self.bar0.read32(off)
+    }
+
+    #[inline]
+    fn write32(&self, off: usize, val: u32) {
+        self.bar0.write32(off, val)
+    }
+
+    fn alloc_dma(&self, len: usize) -> Result<DmaBuffer> {
+        let mem = Anonymous::populated(len)?;
+        let (host, len) = (mem.as_ptr(), mem.len());
+        let iova = self.container.map(host as usize, len, Some(mem))?;
+        // SAFETY: the memory is owned by the container's table entry until
+        // `release` has unmapped it from the IOMMU.
+        let region = unsafe { DmaRegion::new(NonNull::new(host).expect("mmap is not null"), len, Iova(iova)) };
+        Ok(DmaBuffer::new(region, self.container.clone()))
+    }
+
+    unsafe fn map_host(&self, vaddr: *mut u8, len: usize) -> Result<HostMapping> {
+        if len == 0 {
+            return Err(Error::ZeroSize);
+        }
+        let start = vaddr as usize & !(PAGE_SIZE - 1);
+        let end = (vaddr as usize + len).next_multiple_of(PAGE_SIZE);
+        let iova = self.container.map(start, end - start, None)?;
+        let pages = (0..(end - start) / PAGE_SIZE).map(|i| iova + (i * PAGE_SIZE) as u64).collect();
+        Ok(HostMapping { pages, first_offset: vaddr as usize - start, cookie: iova })
+    }
+
+    fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
+        self.container.unmap(mapping.cookie)
+    }
+
+    fn interrupt(&self, vector: u16) -> Result<Option<&EventFd>> {
+        Ok(self.vectors.get(vector as usize))
+    }
+
+    fn interrupt_vectors(&self) -> u16 {
+        self.vectors.len() as u16
+    }
+}

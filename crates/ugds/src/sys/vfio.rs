@@ -1,0 +1,257 @@
+//! The VFIO ioctls (linux/vfio.h), as the kernel defines them.
+//!
+//! Every call here is a thin wrapper: the structures are `#[repr(C)]`
+//! copies of the kernel's, sizes asserted.
+
+use crate::{Error, Result};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+const VFIO_TYPE: u64 = b';' as u64;
+const VFIO_BASE: u64 = 100;
+
+/// `_IO(';', VFIO_BASE + n)`: VFIO's ioctls carry no size or direction.
+const fn io(n: u64) -> u64 {
+    VFIO_TYPE << 8 | (VFIO_BASE + n)
+}
+
+pub const VFIO_GET_API_VERSION: u64 = io(0);
+pub const VFIO_CHECK_EXTENSION: u64 = io(1);
+pub const VFIO_SET_IOMMU: u64 = io(2);
+pub const VFIO_GROUP_GET_STATUS: u64 = io(3);
+pub const VFIO_GROUP_SET_CONTAINER: u64 = io(4);
+pub const VFIO_GROUP_GET_DEVICE_FD: u64 = io(6);
+pub const VFIO_DEVICE_GET_REGION_INFO: u64 = io(8);
+pub const VFIO_DEVICE_GET_IRQ_INFO: u64 = io(9);
+pub const VFIO_DEVICE_SET_IRQS: u64 = io(10);
+pub const VFIO_IOMMU_MAP_DMA: u64 = io(13);
+pub const VFIO_IOMMU_UNMAP_DMA: u64 = io(14);
+
+pub const VFIO_API_VERSION: i32 = 0;
+pub const VFIO_TYPE1V2_IOMMU: u64 = 3;
+pub const VFIO_GROUP_FLAGS_VIABLE: u32 = 1;
+pub const VFIO_REGION_INFO_FLAG_MMAP: u32 = 1 << 2;
+pub const VFIO_PCI_BAR0_REGION_INDEX: u32 = 0;
+pub const VFIO_PCI_CONFIG_REGION_INDEX: u32 = 7;
+pub const VFIO_PCI_MSIX_IRQ_INDEX: u32 = 2;
+pub const VFIO_IRQ_SET_DATA_NONE: u32 = 1 << 0;
+pub const VFIO_IRQ_SET_DATA_EVENTFD: u32 = 1 << 2;
+pub const VFIO_IRQ_SET_ACTION_TRIGGER: u32 = 1 << 5;
+pub const VFIO_DMA_MAP_FLAG_READ: u32 = 1 << 0;
+pub const VFIO_DMA_MAP_FLAG_WRITE: u32 = 1 << 1;
+
+#[repr(C)]
+#[derive(Default, Debug)]
+pub struct GroupStatus {
+    pub argsz: u32,
+    pub flags: u32,
+}
+
+#[repr(C)]
+#[derive(Default, Debug)]
+pub struct RegionInfo {
+    pub argsz: u32,
+    pub flags: u32,
+    pub index: u32,
+    pub cap_offset: u32,
+    pub size: u64,
+    pub offset: u64,
+}
+
+#[repr(C)]
+#[derive(Default, Debug)]
+pub struct IrqInfo {
+    pub argsz: u32,
+    pub flags: u32,
+    pub index: u32,
+    pub count: u32,
+}
+
+#[repr(C)]
+#[derive(Default, Debug)]
+pub struct DmaMap {
+    pub argsz: u32,
+    pub flags: u32,
+    pub vaddr: u64,
+    pub iova: u64,
+    pub size: u64,
+}
+
+#[repr(C)]
+#[derive(Default, Debug)]
+pub struct DmaUnmap {
+    pub argsz: u32,
+    pub flags: u32,
+    pub iova: u64,
+    pub size: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<GroupStatus>() == 8);
+const _: () = assert!(std::mem::size_of::<RegionInfo>() == 32);
+const _: () = assert!(std::mem::size_of::<IrqInfo>() == 16);
+const _: () = assert!(std::mem::size_of::<DmaMap>() == 32);
+const _: () = assert!(std::mem::size_of::<DmaUnmap>() == 24);
+
+fn check(op: &'static str, r: libc::c_int) -> Result<libc::c_int> {
+    if r < 0 {
+        Err(Error::os(op))
+    } else {
+        Ok(r)
+    }
+}
+
+/// An ioctl whose argument is a plain integer.
+pub fn ioctl_val(fd: &OwnedFd, op: &'static str, req: u64, arg: u64) -> Result<libc::c_int> {
+    // SAFETY: the request takes an integer argument, no memory.
+    check(op, unsafe { libc::ioctl(fd.as_raw_fd(), req as _, arg as libc::c_ulong) })
+}
+
+/// An ioctl whose argument is a pointer to `T`, which the kernel may read
+/// and write (`argsz` set by the caller).
+pub fn ioctl_ptr<T>(fd: &OwnedFd, op: &'static str, req: u64, arg: &mut T) -> Result<libc::c_int> {
+    // SAFETY: `arg` is a live, exclusively borrowed `#[repr(C)]` structure of
+    // the size the request expects.
+    check(op, unsafe { libc::ioctl(fd.as_raw_fd(), req as _, arg as *mut T) })
+}
+
+/// VFIO_GROUP_GET_DEVICE_FD with the device's name.
+pub fn group_get_device_fd(group: &OwnedFd, name: &str) -> Result<OwnedFd> {
+    let c = std::ffi::CString::new(name).map_err(|_| Error::InvalidArgument(format!("bad device name {name:?}")))?;
+    // SAFETY: the argument is a NUL-terminated string that outlives the call.
+    let fd = check("VFIO_GROUP_GET_DEVICE_FD", unsafe {
+        libc::ioctl(group.as_raw_fd(), VFIO_GROUP_GET_DEVICE_FD as _, c.as_ptr())
+    })?;
+    // SAFETY: a fresh descriptor the kernel handed us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// VFIO_DEVICE_SET_IRQS for `index` with one eventfd per vector (or none, to disable).
+pub fn set_irq_eventfds(device: &OwnedFd, index: u32, fds: &[i32]) -> Result<()> {
+    // struct vfio_irq_set { argsz, flags, index, start, count; __u8 data[] }
+    let mut buf = vec![0u32; 5 + fds.len()];
+    buf[0] = (20 + 4 * fds.len()) as u32;
+    buf[1] =
+        VFIO_IRQ_SET_ACTION_TRIGGER | if fds.is_empty() { VFIO_IRQ_SET_DATA_NONE } else { VFIO_IRQ_SET_DATA_EVENTFD };
+    buf[2] = index;
+    buf[3] = 0;
+    buf[4] = fds.len() as u32;
+    for (i, &fd) in fds.iter().enumerate() {
+        buf[5 + i] = fd as u32;
+    }
+    // SAFETY: `buf` holds a complete vfio_irq_set with `count` eventfds.
+    check("VFIO_DEVICE_SET_IRQS", unsafe {
+        libc::ioctl(device.as_raw_fd(), VFIO_DEVICE_SET_IRQS as _, buf.as_mut_ptr())
+    })?;
+    Ok(())
+}
+
+/// Opens a file read-write.
+pub fn open_rw(path: &str) -> Result<OwnedFd> {
+    let c = std::ffi::CString::new(path).map_err(|_| Error::InvalidArgument(format!("bad path {path:?}")))?;
+    // SAFETY: a NUL-terminated path that outlives the call.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(Error::Os { op: "open", source: std::io::Error::last_os_error() });
+    }
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Reads `buf.len()` bytes at `offset` of a device region.
+pub fn pread_exact(fd: &OwnedFd, buf: &mut [u8], offset: u64) -> Result<()> {
+    // SAFETY: `buf` is a live, writable slice.
+    let n = unsafe { libc::pread(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), offset as libc::off_t) };
+    if n != buf.len() as isize {
+        return Err(Error::os("pread (device region)"));
+    }
+    Ok(())
+}
+
+/// Writes `buf` at `offset` of a device region.
+pub fn pwrite_exact(fd: &OwnedFd, buf: &[u8], offset: u64) -> Result<()> {
+    // SAFETY: `buf` is a live slice.
+    let n = unsafe { libc::pwrite(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len(), offset as libc::off_t) };
+    if n != buf.len() as isize {
+        return Err(Error::os("pwrite (device region)"));
+    }
+    Ok(())
+}
+
+/// A shared mapping of a device region (BAR0), unmapped on drop.
+pub struct Mmio {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: MMIO is accessed only with volatile reads and writes through raw
+// pointers; the mapping itself is owned by this value.
+unsafe impl Send for Mmio {}
+// SAFETY: as above.
+unsafe impl Sync for Mmio {}
+
+impl Mmio {
+    /// Maps `len` bytes of `fd` at `offset`, shared, read-write.
+    pub fn map(fd: &OwnedFd, len: usize, offset: u64) -> Result<Mmio> {
+        // SAFETY: a new shared mapping of a device region; no existing
+        // memory is affected.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                offset as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::os("mmap BAR0"));
+        }
+        Ok(Mmio { ptr: std::ptr::NonNull::new(p.cast()).expect("mmap is not null"), len })
+    }
+
+    /// Volatile 32-bit read; all ones outside the region (as PCI reads of
+    /// nothing return).
+    #[inline]
+    pub fn read32(&self, off: usize) -> u32 {
+        if off % 4 != 0 || off + 4 > self.len {
+            return u32::MAX;
+        }
+        // SAFETY: in bounds and aligned; device registers are read volatile.
+        unsafe { self.ptr.as_ptr().add(off).cast::<u32>().read_volatile() }
+    }
+
+    /// Volatile 32-bit write; ignored outside the region.
+    #[inline]
+    pub fn write32(&self, off: usize, v: u32) {
+        if off % 4 != 0 || off + 4 > self.len {
+            return;
+        }
+        // SAFETY: in bounds and aligned; device registers are written volatile.
+        unsafe { self.ptr.as_ptr().add(off).cast::<u32>().write_volatile(v) }
+    }
+}
+
+impl Drop for Mmio {
+    fn drop(&mut self) {
+        // SAFETY: our mapping, no longer used.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ioctl_numbers_match_linux() {
+        // From linux/vfio.h: _IO(VFIO_TYPE, VFIO_BASE + n), VFIO_TYPE ';'.
+        assert_eq!(VFIO_GET_API_VERSION, 0x3b64);
+        assert_eq!(VFIO_SET_IOMMU, 0x3b66);
+        assert_eq!(VFIO_GROUP_SET_CONTAINER, 0x3b68);
+        assert_eq!(VFIO_GROUP_GET_DEVICE_FD, 0x3b6a);
+        assert_eq!(VFIO_DEVICE_GET_REGION_INFO, 0x3b6c);
+        assert_eq!(VFIO_DEVICE_SET_IRQS, 0x3b6e);
+        assert_eq!(VFIO_IOMMU_MAP_DMA, 0x3b71);
+        assert_eq!(VFIO_IOMMU_UNMAP_DMA, 0x3b72);
+    }
+}

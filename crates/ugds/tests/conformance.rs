@@ -1,0 +1,321 @@
+//! Conformance tests: the data paths of the public API against whatever
+//! controller the environment names. By default the emulated controller;
+//! with `UGDS_TEST_PCI=<bdf>` a controller bound to vfio-pci (QEMU's, in the
+//! conformance harness `scripts/qemu-conformance`), with
+//! `UGDS_TEST_INTERRUPT=1` in interrupt completion mode.
+//!
+//! Run them one at a time (`--test-threads=1`) against a PCI device: each
+//! test opens it, and a device can be opened by one process user at a time.
+//! Everything adapts to the controller: block size, MDTS, queue count and
+//! depth, namespaces.
+
+mod common;
+use common::*;
+use std::sync::Arc;
+use std::time::Duration;
+use ugds::platform::emu::{EmuConfig, EmuControl, NamespaceConfig};
+use ugds::{BatchIo, BatchOp, BatchStatus, Completion, Driver, Error, Handle, HandleOptions, HostStream, StreamIo};
+
+fn pci() -> Option<String> {
+    std::env::var("UGDS_TEST_PCI").ok().filter(|s| !s.is_empty())
+}
+
+fn test_opts(nsid: Option<u32>) -> HandleOptions {
+    let interrupt = std::env::var("UGDS_TEST_INTERRUPT").is_ok_and(|v| v == "1");
+    HandleOptions {
+        nsid,
+        completion: if interrupt { Completion::Interrupt } else { Completion::Poll },
+        sync_queues: 2,
+        async_queues: 1,
+        queue_depth: 64,
+        timeout: Duration::from_secs(30),
+        ..Default::default()
+    }
+}
+
+fn emu_config() -> EmuConfig {
+    EmuConfig::default()
+        .namespaces(vec![NamespaceConfig::memory(32 << 20, 512), NamespaceConfig::memory(8 << 20, 4096)])
+}
+
+/// Opens the target for `nsid` (first namespace when `None`).
+fn target_ns(d: &Driver, nsid: Option<u32>) -> (Handle, Option<EmuControl>) {
+    match pci() {
+        Some(bdf) => {
+            let p = ugds::platform::vfio::VfioPlatform::open(&bdf).expect("open the vfio device");
+            (d.open_handle(Arc::new(p), test_opts(nsid)).expect("open a handle on the vfio device"), None)
+        }
+        None => {
+            let (h, c) = d.open_emulated(emu_config(), test_opts(nsid)).expect("open emulated");
+            (h, Some(c))
+        }
+    }
+}
+
+fn target(d: &Driver) -> (Handle, Option<EmuControl>) {
+    target_ns(d, None)
+}
+
+#[test]
+fn identify_is_sane() {
+    let d = Driver::open();
+    let (h, _) = target(&d);
+    let c = h.controller();
+    assert!(c.io_queues >= 1);
+    assert!(!c.namespaces.is_empty());
+    for ns in &c.namespaces {
+        assert!(ns.block_size == 512 || ns.block_size == 4096, "block size {}", ns.block_size);
+        assert!(ns.blocks > 0);
+    }
+    if let Some(m) = c.max_transfer {
+        assert!(m >= 4096 && m.is_power_of_two());
+    }
+    eprintln!(
+        "conformance target: {} {:?} mdts {:?} queues {}",
+        c.platform, c.identify.mn, c.max_transfer, c.io_queues
+    );
+    h.close(ugds::Drain::NoWait).unwrap();
+}
+
+#[test]
+fn round_trips_across_prp_and_mdts_boundaries() {
+    let d = Driver::open();
+    let (h, _) = target(&d);
+    let bs = h.namespace().block_size as usize;
+    let mdts = h.controller().max_transfer.unwrap_or(1 << 20).min(1 << 20);
+    let mut sizes = vec![bs, 4096, 4096 + bs, 8192, 8192 + bs, 12288, 65536, mdts, mdts + bs, 1 << 20];
+    sizes.retain(|s| s % bs == 0);
+    let mut b = Buf::new(&d, 3 << 20);
+    let mut off = 0u64;
+    for (i, &size) in sizes.iter().enumerate() {
+        for (j, &bo) in [0usize, 4, 512, 4096 - 512].iter().enumerate() {
+            let data = pattern((i * 5 + j) as u8, off, size);
+            b.mem[bo..bo + size].copy_from_slice(&data);
+            assert_eq!(h.write(&b.token, size, off, bo).unwrap(), size);
+            let ro = (1 << 20) + 8 + bo;
+            h.read(&b.token, size, off, ro).unwrap();
+            assert!(b.mem[ro..ro + size] == data[..], "size {size} buffer offset {bo} file offset {off}");
+            off += size.next_multiple_of(4096) as u64;
+        }
+    }
+    drop(b);
+    h.close(ugds::Drain::NoWait).unwrap();
+}
+
+#[test]
+fn data_survives_a_handle_reopen() {
+    let d = Driver::open();
+    let mut b = Buf::new(&d, 65536);
+    let off = 8 << 20;
+    {
+        let (h, _) = target(&d);
+        if pci().is_none() {
+            return; // the emulator's memory namespaces live with their handle
+        }
+        b.mem.copy_from_slice(&pattern(77, off, 65536));
+        h.write(&b.token, 65536, off, 0).unwrap();
+        h.flush().unwrap();
+        h.close(ugds::Drain::NoWait).unwrap();
+    }
+    let (h, _) = target(&d);
+    b.mem.fill(0);
+    h.read(&b.token, 65536, off, 0).unwrap();
+    assert!(b.mem[..] == pattern(77, off, 65536)[..]);
+}
+
+#[test]
+fn threads_share_the_queues() {
+    let d = Driver::open();
+    let (h, _) = target(&d);
+    let bs = h.namespace().block_size as u64;
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let (d, h) = (&d, &h);
+            s.spawn(move || {
+                let mut b = Buf::new(d, 32768);
+                for i in 0..16u64 {
+                    let off = (16 << 20) + (t * 16 + i) * 16384;
+                    let off = off - off % bs;
+                    let data = pattern((t * 16 + i) as u8, off, 16384);
+                    b.mem[..16384].copy_from_slice(&data);
+                    h.write(&b.token, 16384, off, 0).unwrap();
+                    h.read(&b.token, 16384, off, 16384).unwrap();
+                    assert!(b.mem[16384..] == data[..]);
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn an_io_queue_keeps_requests_in_flight() {
+    let d = Driver::open();
+    let (h, _) = target(&d);
+    let Ok(mut q) = h.io_queue() else {
+        eprintln!("skipped: no lendable queue pair (the controller granted {})", h.controller().io_queues);
+        return;
+    };
+    let n = q.depth().min(32) as u64;
+    let mut b = Buf::new(&d, (2 * n as usize) * 4096);
+    b.mem[..n as usize * 4096].copy_from_slice(&pattern(9, 0, n as usize * 4096));
+    h.write(&b.token, n as usize * 4096, 1 << 20, 0).unwrap();
+    let half = n as usize * 4096;
+    for i in 0..n {
+        q.submit_read(&b.token, 4096, (1 << 20) + (n - 1 - i) * 4096, half + i as usize * 4096, i).unwrap();
+    }
+    let mut seen = 0;
+    q.drain(|_, r| {
+        assert_eq!(r.unwrap(), 4096);
+        seen += 1;
+    })
+    .unwrap();
+    assert_eq!(seen, n);
+    drop(q);
+    for i in 0..n as usize {
+        let j = n as usize - 1 - i;
+        assert!(b.mem[half + i * 4096..half + (i + 1) * 4096] == b.mem[j * 4096..(j + 1) * 4096]);
+    }
+}
+
+#[test]
+fn batches_larger_than_the_queue() {
+    let d = Driver::open();
+    let (h, _) = target(&d);
+    let Some((entries, _)) = h.batch_geometry() else {
+        eprintln!("skipped: no batch queue");
+        return;
+    };
+    let n = (entries * 2).clamp(8, 256);
+    let mut b = Buf::new(&d, n * 8192);
+    b.mem[..n * 4096].copy_from_slice(&pattern(11, 0, n * 4096));
+    let batch = h.batch(n).unwrap();
+    let base = 24u64 << 20;
+    let writes: Vec<_> = (0..n)
+        .map(|i| BatchIo {
+            op: BatchOp::Write,
+            buf: b.token,
+            size: 4096,
+            file_offset: base + i as u64 * 4096,
+            buf_offset: i * 4096,
+            cookie: i as u64,
+        })
+        .collect();
+    batch.submit(&writes).unwrap();
+    let mut ev = Vec::new();
+    assert_eq!(batch.get_status(n, n, None, &mut ev).unwrap(), n);
+    assert!(ev.iter().all(|e| e.status == BatchStatus::Complete));
+    // Read back in one batch, mixed with writes of a second region.
+    let mut mixed = Vec::new();
+    for i in 0..n {
+        mixed.push(BatchIo {
+            op: BatchOp::Read,
+            buf: b.token,
+            size: 4096,
+            file_offset: base + i as u64 * 4096,
+            buf_offset: n * 4096 + i * 4096,
+            cookie: i as u64,
+        });
+    }
+    batch.submit(&mixed).unwrap();
+    ev.clear();
+    batch.get_status(n, n, None, &mut ev).unwrap();
+    assert!(ev.iter().all(|e| e.status == BatchStatus::Complete), "{ev:?}");
+    assert!(b.mem[n * 4096..] == pattern(11, 0, n * 4096)[..]);
+}
+
+#[test]
+fn stream_ordered_io_with_late_binding() {
+    let d = Driver::open();
+    let (h, _) = target(&d);
+    if h.batch_geometry().is_none() {
+        eprintln!("skipped: no batch queue for the stream engine");
+        return;
+    }
+    let mut b = Buf::new(&d, 1 << 20);
+    b.mem[..256 << 10].copy_from_slice(&pattern(13, 0, 256 << 10));
+    let s = HostStream::new();
+    let (w, wr) = StreamIo::new(256 << 10, 4 << 20, 0);
+    h.write_async(&b.token, w, &s).unwrap();
+    let size = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let foff = Arc::new(std::sync::atomic::AtomicU64::new(1));
+    let boff = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (r, rr) = StreamIo::late(size.clone(), foff.clone(), boff.clone());
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    s.enqueue(move || rx.recv().unwrap());
+    h.read_async(&b.token, r, &s).unwrap();
+    size.store(256 << 10, std::sync::atomic::Ordering::Release);
+    foff.store(4 << 20, std::sync::atomic::Ordering::Release);
+    boff.store(512 << 10, std::sync::atomic::Ordering::Release);
+    tx.send(()).unwrap();
+    s.synchronize();
+    assert_eq!(wr.bytes(), 256 << 10);
+    assert_eq!(rr.bytes(), 256 << 10, "{:?}", rr.take_error());
+    assert!(b.mem[512 << 10..768 << 10] == pattern(13, 0, 256 << 10)[..]);
+}
+
+#[test]
+fn write_zeroes_and_flush() {
+    let d = Driver::open();
+    let (h, _) = target(&d);
+    if h.controller().identify.oncs & ugds::nvme::IdentifyController::ONCS_WRITE_ZEROES == 0 {
+        eprintln!("skipped: no Write Zeroes");
+        return;
+    }
+    let mut b = Buf::new(&d, 16384);
+    b.mem.fill(0xa5);
+    let off = 12 << 20;
+    h.write(&b.token, 16384, off, 0).unwrap();
+    h.write_zeroes(8192, off + 4096).unwrap();
+    h.flush().unwrap();
+    h.read(&b.token, 16384, off, 0).unwrap();
+    assert!(b.mem[..4096].iter().all(|&x| x == 0xa5));
+    assert!(b.mem[4096..12288].iter().all(|&x| x == 0));
+    assert!(b.mem[12288..].iter().all(|&x| x == 0xa5));
+}
+
+#[test]
+fn bad_input_is_refused_before_the_device() {
+    let d = Driver::open();
+    let (h, emu) = target(&d);
+    let b = Buf::new(&d, 8192);
+    let bs = h.namespace().block_size as u64;
+    let before = emu.as_ref().map(|e| e.stats().commands);
+    assert!(matches!(h.read(&b.token, 8192, bs / 2, 0), Err(Error::Misaligned { .. })));
+    assert!(matches!(h.read(&b.token, bs as usize + 1, 0, 0), Err(Error::Misaligned { .. })));
+    assert!(matches!(h.read(&b.token, 4096, h.capacity(), 0), Err(Error::OutOfRange { .. })));
+    assert!(matches!(h.read(&b.token, 8192, 0, 4096), Err(Error::BufferRange { .. })));
+    assert!(matches!(h.read(&b.token, 0, 0, 0), Err(Error::ZeroSize)));
+    if let (Some(e), Some(n)) = (&emu, before) {
+        assert_eq!(e.stats().commands, n);
+    }
+    // The handle is untouched by all that.
+    h.read(&b.token, 4096, 0, 0).unwrap();
+}
+
+#[test]
+fn namespaces_are_separate() {
+    let d = Driver::open();
+    let (h1, _) = target(&d);
+    let Some(ns2) = h1.controller().namespaces.get(1).map(|n| n.nsid) else {
+        eprintln!("skipped: one namespace");
+        return;
+    };
+    let mut b = Buf::new(&d, 8192);
+    b.mem.fill(0x11);
+    h1.write(&b.token, 8192, 0, 0).unwrap();
+    h1.close(ugds::Drain::NoWait).unwrap();
+    drop(h1);
+    let (h2, _) = target_ns(&d, Some(ns2));
+    assert_eq!(h2.namespace().nsid, ns2);
+    b.mem.fill(0x22);
+    h2.write(&b.token, 8192, 0, 0).unwrap();
+    h2.close(ugds::Drain::NoWait).unwrap();
+    drop(h2);
+    let (h1, _) = target(&d);
+    b.mem.fill(0);
+    h1.read(&b.token, 8192, 0, 0).unwrap();
+    if pci().is_some() {
+        // Emulated namespaces are memory that does not outlive the handle.
+        assert!(b.mem.iter().all(|&x| x == 0x11), "namespace 2's write reached namespace 1");
+    }
+}
