@@ -39,6 +39,8 @@ Options:
       --verify            write a pattern, check every byte read against it
       --interrupt         interrupt completion instead of polling
       --no-progress       no progress bar, even on a terminal
+      --no-shadow-doorbells  MMIO doorbells even where the controller offers
+                          Doorbell Buffer Config
 
 ";
 
@@ -90,6 +92,7 @@ struct Opts {
     progress: bool,
     batches: Vec<usize>,
     stream: bool,
+    shadow_doorbells: bool,
     target: TargetOpts,
 }
 
@@ -108,6 +111,7 @@ fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, String> {
         progress: true,
         batches: Vec::new(),
         stream: false,
+        shadow_doorbells: true,
         target: TargetOpts::default(),
     };
     let mut p = lexopt::Parser::from_args(args);
@@ -139,6 +143,7 @@ fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, String> {
                 }
             }
             Long("stream") => o.stream = true,
+            Long("no-shadow-doorbells") => o.shadow_doorbells = false,
             Long("interrupt") => o.interrupt = true,
             Long("no-progress") => o.progress = false,
             Short('h') | Long("help") => {
@@ -891,6 +896,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         queue_depth: depth,
         // Queue mode needs lendable queues more than a batch queue (few queues: QEMU max_ioqpairs=2).
         batch_queue: !o.batches.is_empty() || o.stream,
+        shadow_doorbells: o.shadow_doorbells,
         ..HandleOptions::default()
     };
     let handle = driver.open_handle(platform, opts).map_err(|e| e.to_string())?;
@@ -906,11 +912,12 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     let (nsync, nasync) = handle.queue_counts();
     println!("target   {}", target.description);
     println!(
-        "setup    {:.2} ms (controller enabled, identified, {} sync + {} lent queue pairs of {} entries)",
+        "setup    {:.2} ms (controller enabled, identified, {} sync + {} lent queue pairs of {} entries{})",
         setup.as_secs_f64() * 1e3,
         nsync,
         nasync,
-        depth
+        depth,
+        if handle.shadow_doorbells() { ", shadow doorbells" } else { "" }
     );
     // One registered buffer per thread: qd slots of the largest size.
     let mut bufs = Vec::new();

@@ -281,6 +281,15 @@ impl Sqe {
         s
     }
 
+    /// Doorbell Buffer Config (section 5.9): the shadow doorbell page at
+    /// `prp1` and the EventIdx page at `prp2`.
+    pub fn doorbell_buffer_config(cid: Cid, shadow: u64, eventidx: u64) -> Sqe {
+        let mut s = Sqe::new(AdminOpcode::DoorbellBufferConfig as u8, cid);
+        s.prp1 = shadow;
+        s.prp2 = eventidx;
+        s
+    }
+
     /// Abort the command `target` submitted on queue `sqid`.
     pub fn abort(cid: Cid, sqid: Qid, target: Cid) -> Sqe {
         let mut s = Sqe::new(AdminOpcode::Abort as u8, cid);

@@ -36,6 +36,15 @@ pub const fn cq_head_doorbell(qid: u16, dstrd: u8) -> usize {
     DOORBELL_BASE + (2 * qid as usize + 1) * (4usize << dstrd)
 }
 
+/// The shadow doorbell rule (Doorbell Buffer Config, section 5.9; the same
+/// test as Linux's `nvme_dbbuf_need_event`): after moving a doorbell from
+/// `old` to `new` in the shadow page, the controller needs an MMIO doorbell
+/// write only if the EventIdx it published lies in `[old, new)`, all modulo
+/// 2^16.
+pub const fn dbbuf_need_event(event_idx: u16, new: u16, old: u16) -> bool {
+    new.wrapping_sub(event_idx).wrapping_sub(1) < new.wrapping_sub(old)
+}
+
 /// Bytes of register space needed for `nqueues` queue pairs (admin included).
 pub const fn bar_len(nqueues: u16, dstrd: u8) -> usize {
     cq_head_doorbell(nqueues, dstrd) + 4
@@ -255,6 +264,28 @@ mod tests {
         assert_eq!(aqa.0, 31 | 63 << 16);
         assert_eq!(aqa.asq_entries(), 32);
         assert_eq!(aqa.acq_entries(), 64);
+    }
+
+    #[test]
+    fn need_event_is_a_window_check() {
+        // Controller asked to be told once the tail passes 5.
+        assert!(dbbuf_need_event(5, 6, 5));
+        assert!(dbbuf_need_event(5, 9, 3));
+        assert!(!dbbuf_need_event(5, 5, 3), "event index not yet passed");
+        assert!(!dbbuf_need_event(5, 9, 6), "already passed before this update");
+        // Across the 16-bit wrap.
+        assert!(dbbuf_need_event(0xfffe, 2, 0xfff0));
+        assert!(!dbbuf_need_event(3, 2, 0xfff0));
+    }
+
+    proptest::proptest! {
+        /// Equal to "event_idx is one of the values old, old+1, ..., new-1".
+        #[test]
+        fn need_event_matches_a_walk(ei in proptest::prelude::any::<u16>(), old in proptest::prelude::any::<u16>(), step in 0u16..600) {
+            let new = old.wrapping_add(step);
+            let walked = (0..step).any(|k| old.wrapping_add(k) == ei);
+            proptest::prop_assert_eq!(dbbuf_need_event(ei, new, old), walked);
+        }
     }
 
     #[test]

@@ -45,7 +45,7 @@ impl Driver {
     /// of its namespaces.
     pub fn open_handle(&self, platform: Arc<dyn Platform>, opts: HandleOptions) -> Result<Handle> {
         let want = opts.sync_queues.max(1).saturating_add(opts.async_queues).saturating_add(opts.batch_queue as u16);
-        let ctrl = Controller::bring_up(platform, want)?;
+        let ctrl = Controller::bring_up_with(platform, want, opts.shadow_doorbells)?;
         let id = self.inner.next_handle.fetch_add(1, Ordering::Relaxed);
         let inner = HandleInner::new(id, self.inner.clone(), ctrl, opts)?;
         let inner = Arc::new(inner);

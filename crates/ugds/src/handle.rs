@@ -55,6 +55,10 @@ pub struct HandleOptions {
     /// PRP-list pages of the batch queue: how many multi-page commands may
     /// be in flight on it at once.
     pub batch_prp_pages: u16,
+    /// Use shadow doorbells (Doorbell Buffer Config) when the controller
+    /// offers them, as virtual controllers in VMs do: most doorbell MMIO
+    /// writes, each a VM exit there, are replaced by memory writes.
+    pub shadow_doorbells: bool,
 }
 
 impl Default for HandleOptions {
@@ -69,6 +73,7 @@ impl Default for HandleOptions {
             batch_queue: true,
             batch_depth: 1024,
             batch_prp_pages: 128,
+            shadow_doorbells: true,
         }
     }
 }
@@ -510,6 +515,11 @@ impl Handle {
     /// Queue pairs shared by synchronous calls, and lendable as [`IoQueue`]s.
     pub fn queue_counts(&self) -> (usize, usize) {
         (self.inner.sync.len(), self.inner.async_queues)
+    }
+
+    /// Whether the I/O queues use shadow doorbells.
+    pub fn shadow_doorbells(&self) -> bool {
+        self.inner.ctrl.shadow_doorbells()
     }
 
     /// Entries and PRP-list pages of the batch queue, if there is one.

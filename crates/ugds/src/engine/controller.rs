@@ -72,6 +72,8 @@ pub struct Controller {
     info: ControllerInfo,
     dstrd: u8,
     ready_timeout: Duration,
+    /// Shadow doorbell and EventIdx pages, when configured.
+    dbbuf: Option<Arc<DmaBuffer>>,
 }
 
 struct AdminQueue {
@@ -83,6 +85,17 @@ impl Controller {
     /// Resets and enables the controller behind `platform`, identifies it,
     /// and asks for `want_io_queues` I/O queue pairs.
     pub fn bring_up(platform: Arc<dyn Platform>, want_io_queues: u16) -> Result<Controller> {
+        Controller::bring_up_with(platform, want_io_queues, false)
+    }
+
+    /// As [`bring_up`](Self::bring_up); with `shadow_doorbells`, configures
+    /// Doorbell Buffer Config when the controller offers it (OACS bit 8),
+    /// and I/O queues created afterwards use it.
+    pub fn bring_up_with(
+        platform: Arc<dyn Platform>,
+        want_io_queues: u16,
+        shadow_doorbells: bool,
+    ) -> Result<Controller> {
         let cap = Cap(platform.read64(regs::CAP));
         if cap.0 == u64::MAX {
             return Err(Error::DeviceGone);
@@ -131,6 +144,7 @@ impl Controller {
             },
             dstrd,
             ready_timeout,
+            dbbuf: None,
         };
 
         let id = IdentifyController::parse(&ctrl.identify(cns::CONTROLLER, 0)?);
@@ -148,6 +162,15 @@ impl Controller {
         let want = want_io_queues.max(1);
         let cqe = ctrl.admin_command(Sqe::set_num_queues(Cid(0), want, want), "Set Features (Number of Queues)")?;
         let granted = ((cqe.dw0 & 0xffff) as u16).min((cqe.dw0 >> 16) as u16).saturating_add(1);
+        if shadow_doorbells && id.oacs & IdentifyController::OACS_DBBUF != 0 {
+            // Page 0: shadow doorbells; page 1: EventIdx (both zeroed).
+            let pages = Arc::new(platform.alloc_dma(2 * IDENTIFY_LEN)?);
+            let sqe = Sqe::doorbell_buffer_config(Cid(0), pages.iova(0), pages.iova(IDENTIFY_LEN));
+            match ctrl.admin_command(sqe, "Doorbell Buffer Config") {
+                Ok(_) => ctrl.dbbuf = Some(pages),
+                Err(e) => tracing::warn!("shadow doorbells not used: {e}"),
+            }
+        }
         ctrl.info.max_transfer = id.max_transfer_bytes(4096);
         ctrl.info.identify = id;
         ctrl.info.namespaces = namespaces;
@@ -164,6 +187,11 @@ impl Controller {
     /// The platform the controller lives on.
     pub fn platform(&self) -> &Arc<dyn Platform> {
         &self.platform
+    }
+
+    /// Whether I/O queues use shadow doorbells.
+    pub fn shadow_doorbells(&self) -> bool {
+        self.dbbuf.is_some()
     }
 
     /// Current controller status.
@@ -203,7 +231,8 @@ impl Controller {
         prp_pages: u16,
     ) -> Result<QueuePair> {
         let entries = entries.min(self.info.cap.mqes().saturating_add(1)).max(2);
-        let qp = QueuePair::with_prp_pages(self.platform.clone(), Qid(qid), entries, self.dstrd, vector, prp_pages)?;
+        let mut qp =
+            QueuePair::with_prp_pages(self.platform.clone(), Qid(qid), entries, self.dstrd, vector, prp_pages)?;
         self.admin_command(
             Sqe::create_io_cq(Cid(0), Qid(qid), entries, qp.cq_iova(), vector.unwrap_or(0), vector.is_some()),
             "Create I/O Completion Queue",
@@ -214,6 +243,9 @@ impl Controller {
         ) {
             self.admin_command(Sqe::delete_io_cq(Cid(0), Qid(qid)), "Delete I/O Completion Queue")?;
             return Err(e);
+        }
+        if let Some(pages) = &self.dbbuf {
+            qp.use_shadow_doorbells(pages.clone());
         }
         Ok(qp)
     }

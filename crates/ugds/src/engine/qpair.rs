@@ -21,6 +21,33 @@ use ugds_nvme::{regs, Cid, CidAllocator, Cqe, Qid, Sqe};
 
 const NO_PAGE: u16 = u16::MAX;
 
+/// This queue's slots in the shadow doorbell and EventIdx pages.
+struct Shadow {
+    pages: Arc<DmaBuffer>,
+    /// Offsets of the SQ tail and CQ head entries; the EventIdx page's
+    /// entries are at the same offsets plus `PAGE_SIZE`.
+    sq: usize,
+    cq: usize,
+}
+
+impl Shadow {
+    /// Publishes `new` as the doorbell value at `off` and says whether the
+    /// controller also needs the MMIO write (Linux's
+    /// `nvme_dbbuf_update_and_check_event`).
+    #[inline]
+    fn update(&self, off: usize, new: u32) -> bool {
+        let old = self.pages.read_u32(off);
+        // Release: the queue entries are visible before the new value.
+        self.pages.store_u32_release(off, new);
+        // The controller writes EventIdx, then reads the shadow value; we
+        // write the shadow value, then read EventIdx. Each side's store must
+        // be visible before its load: a full fence (mfence on x86-64).
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        let event = self.pages.load_u32_acquire(PAGE_SIZE + off);
+        regs::dbbuf_need_event(event as u16, new as u16, old as u16)
+    }
+}
+
 /// What kept a command from being staged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Full {
@@ -62,6 +89,9 @@ pub struct QueuePair {
     cq: DmaBuffer,
     cq_ring: Ring,
     cursor: CqCursor,
+
+    /// Shadow doorbells, when the controller offers Doorbell Buffer Config.
+    dbbuf: Option<Shadow>,
 
     // ---- Fields below this point are not touched on the normal I/O path. ----
     qid: Qid,
@@ -118,6 +148,7 @@ impl QueuePair {
             prp_pages,
             prp_free: (0..npages).rev().collect(),
             cid_page: vec![NO_PAGE; ncids as usize].into_boxed_slice(),
+            dbbuf: None,
             cq,
             cq_ring: Ring::new(entries as u32),
             cursor: CqCursor::default(),
@@ -128,6 +159,25 @@ impl QueuePair {
             vector,
             protocol_errors: 0,
         })
+    }
+
+    /// Uses shadow doorbells in `pages` (shadow page, then EventIdx page)
+    /// for this queue from now on.
+    pub fn use_shadow_doorbells(&mut self, pages: Arc<DmaBuffer>) {
+        let base = regs::DOORBELL_BASE;
+        let (sq, cq) = (self.sq_db - base, self.cq_db - base);
+        if cq + 4 > PAGE_SIZE || pages.len() < 2 * PAGE_SIZE {
+            return; // beyond one page of doorbells: MMIO only
+        }
+        // Start the shadow entries at the values the controller has.
+        pages.store_u32_release(sq, self.last_sq_tail);
+        pages.store_u32_release(cq, self.cursor.head);
+        self.dbbuf = Some(Shadow { pages, sq, cq });
+    }
+
+    /// Whether this queue uses shadow doorbells.
+    pub fn shadow_doorbells(&self) -> bool {
+        self.dbbuf.is_some()
     }
 
     /// Queue identifier.
@@ -243,7 +293,13 @@ impl QueuePair {
             // The SQEs and PRP lists written above must be visible before
             // the controller, woken by the doorbell, fetches them.
             barrier::dma_wmb();
-            self.platform.write32(self.sq_db, self.sq_tail);
+            let mmio = match &self.dbbuf {
+                Some(s) => s.update(s.sq, self.sq_tail),
+                None => true,
+            };
+            if mmio {
+                self.platform.write32(self.sq_db, self.sq_tail);
+            }
             self.last_sq_tail = self.sq_tail;
         }
     }
@@ -299,7 +355,13 @@ impl QueuePair {
         }
         if n > 0 {
             barrier::consumed_before_doorbell();
-            self.platform.write32(self.cq_db, self.cursor.head);
+            let mmio = match &self.dbbuf {
+                Some(s) => s.update(s.cq, self.cursor.head),
+                None => true,
+            };
+            if mmio {
+                self.platform.write32(self.cq_db, self.cursor.head);
+            }
         }
         n
     }

@@ -1,0 +1,35 @@
+#!/bin/sh
+# /init of the benchmark guest: the same random reads through the guest
+# kernel's nvme driver (pread O_DIRECT, io_uring with and without polling),
+# then through ugds on vfio-pci (with and without shadow doorbells).
+export PATH=/bin
+mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
+mkdir -p /tmp
+for m in $(cat /mods/order); do
+    case $m in nvme.ko) insmod /mods/$m poll_queues=1 ;; *) insmod /mods/$m ;; esac
+done
+sleep 2
+BDF=""
+for d in /sys/bus/pci/devices/*; do [ "$(cat $d/class)" = "0x010802" ] && BDF=$(basename $d); done
+DEV=/dev/nvme0n1
+echo "UGDS-GUEST: NVMe $BDF as $DEV, poll queues $(cat /sys/module/nvme/parameters/poll_queues)"
+D=${BENCH_SECS:-2}
+R=$((32 * 1024 * 1024))
+for w in "4096 1" "4096 32" "131072 8"; do
+    set -- $w
+    if [ "$2" = 1 ]; then /bin/ugds-kbench --dev $DEV --engine pread --size $1 --qd $2 --duration $D --range $R; fi
+    /bin/ugds-kbench --dev $DEV --engine uring --size $1 --qd $2 --duration $D --range $R
+    /bin/ugds-kbench --dev $DEV --engine uring-poll --size $1 --qd $2 --duration $D --range $R
+done
+echo $BDF > /sys/bus/pci/devices/$BDF/driver/unbind
+echo vfio-pci > /sys/bus/pci/devices/$BDF/driver_override
+echo $BDF > /sys/bus/pci/drivers_probe
+for w in "4096 1" "4096 32" "131072 8"; do
+    set -- $w
+    for sd in "" "--no-shadow-doorbells"; do
+        echo "UGDS-BENCH size=$1 qd=$2 shadow=$([ -z "$sd" ] && echo on || echo off)"
+        /bin/ugds bench --pci $BDF -m randread -s $1 -q $2 -d $D --range $R --no-progress $sd | grep randread
+    done
+done
+echo "UGDS-GUEST: done"
+poweroff -f

@@ -1,0 +1,121 @@
+# Shared by scripts/qemu-conformance and scripts/qemu-bench: QEMU and the
+# guest kernel from Debian's archive, static guest binaries, the initramfs,
+# and the controller configurations. Source it from the repository root.
+
+KV=6.12.95+deb12-amd64
+KVER=6.12.95-1~bpo12+1
+ROOT=$PWD
+W=$ROOT/target/qemu
+K=$W/kernel
+TGT=x86_64-unknown-linux-gnu
+mkdir -p "$W"
+T0=${T0:-$(date +%s)}
+say() { echo "[$(basename "$0") $(( $(date +%s) - T0 ))s] $*"; }
+
+# QEMU 10 from bookworm-backports, busybox, cpio, kmod.
+ensure_packages() {
+    if ! command -v qemu-system-x86_64 >/dev/null || ! command -v busybox >/dev/null || ! command -v cpio >/dev/null; then
+        if [ ! -e /etc/apt/sources.list.d/bookworm-backports.sources ]; then
+            awk 'NR==1,/^Suites:/' /etc/apt/sources.list.d/debian.sources | grep -v '^#' \
+                | sed 's/^Suites:.*/Suites: bookworm-backports/' > /etc/apt/sources.list.d/bookworm-backports.sources
+            printf 'Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+                >> /etc/apt/sources.list.d/bookworm-backports.sources
+        fi
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends -t bookworm-backports qemu-system-x86 >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends busybox-static cpio kmod xz-utils >/dev/null
+    fi
+    say "packages ready ($(qemu-system-x86_64 --version | head -1))"
+}
+
+# The guest kernel, unpacked under target/qemu (never installed).
+ensure_kernel() {
+    if [ ! -e "$K/boot/vmlinuz-$KV" ]; then
+        mkdir -p "$W/debs" "$K"
+        (cd "$W/debs" && apt-get download -qq "linux-image-$KV-unsigned=$KVER" 2>&1 | grep -v unsandboxed || true)
+        dpkg -x "$W"/debs/linux-image-$KV-unsigned_*.deb "$K"
+        depmod -b "$K" -F "$K/boot/System.map-$KV" "$KV"
+    fi
+    say "kernel $KV ready"
+}
+
+# build_static PACKAGE...: static release builds of binary packages.
+build_static() {
+    local args=()
+    for p in "$@"; do args+=(-p "$p"); done
+    RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked --quiet --target $TGT "${args[@]}"
+}
+
+# The conformance test binary, built static; prints its path.
+build_static_test() {
+    RUSTFLAGS='-C target-feature=+crt-static' cargo test --release --locked --quiet --no-run --target $TGT \
+        -p ugds --test conformance --message-format=json \
+        | python3 -c 'import sys,json
+for l in sys.stdin:
+    try: m=json.loads(l)
+    except ValueError: continue
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="conformance": print(m["executable"])' | tail -1
+}
+
+# make_initramfs INIT OUT [FILE...]: busybox, the nvme/vfio module closure,
+# INIT as /init and each FILE in /bin.
+make_initramfs() {
+    local init=$1 out=$2; shift 2
+    local I=$W/initramfs.$$
+    rm -rf "$I" && mkdir -p "$I"/{bin,dev,proc,sys,mods,tmp}
+    cp /bin/busybox "$I/bin/busybox"
+    for a in sh mount cat echo sleep insmod basename readlink mkdir poweroff ls; do ln -s busybox "$I/bin/$a"; done
+    local MD=$K/lib/modules/$KV
+    declare -A seen=(); local order=()
+    resolve() {
+        local rel=$1; [[ -n ${seen[$rel]:-} ]] && return; seen[$rel]=1
+        local deps; deps=$(grep -E "^${rel//+/\\+}:" "$MD/modules.dep" | cut -d: -f2)
+        for d in $deps; do resolve "$d"; done
+        order+=("$rel")
+    }
+    for m in nvme vfio vfio-pci vfio_iommu_type1; do
+        local rel; rel=$(grep -E "/${m}\.ko(\.xz|\.zst)?:" "$MD/modules.dep" | cut -d: -f1 || true)
+        [[ -n $rel ]] && resolve "$rel"
+    done
+    : > "$I/mods/order"
+    for rel in "${order[@]}"; do
+        local b; b=$(basename "$rel"); b=${b%.xz}; b=${b%.zst}
+        case $rel in *.xz) xz -dc "$MD/$rel" > "$I/mods/$b";; *.zst) zstd -qdc "$MD/$rel" > "$I/mods/$b";; *) cp "$MD/$rel" "$I/mods/$b";; esac
+        echo "$b" >> "$I/mods/order"
+    done
+    for f in "$@"; do cp "$f" "$I/bin/"; done
+    cp "$init" "$I/init"; chmod +x "$I/init"
+    (cd "$I" && find . | cpio -o -H newc --quiet | gzip -1) > "$out"
+    rm -rf "$I"
+}
+
+# controller_args CONFIG IMG1 IMG2: QEMU arguments for one configuration.
+#   default  one 512-byte-block namespace, QEMU's defaults (mdts 7, mqes 2047, 64 queues)
+#   small    mdts=2 (16 KiB), mqes=15, max_ioqpairs=2
+#   4k       4096-byte logical blocks
+#   twons    two namespaces
+#   null     a null namespace (no data kept, reads return zeros)
+controller_args() {
+    local cfg=$1 img1=$2 img2=$3
+    case $cfg in
+        default) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-default,drive=nvm1" ;;
+        small) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-small,drive=nvm1,mdts=2,mqes=15,max_ioqpairs=2" ;;
+        4k) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,id=nvme0,serial=ugds-4k -device nvme-ns,drive=nvm1,bus=nvme0,nsid=1,logical_block_size=4096,physical_block_size=4096" ;;
+        twons) echo "-drive file=$img1,if=none,id=nvm1,format=raw -drive file=$img2,if=none,id=nvm2,format=raw -device nvme,id=nvme0,serial=ugds-twons -device nvme-ns,drive=nvm1,bus=nvme0,nsid=1 -device nvme-ns,drive=nvm2,bus=nvme0,nsid=2" ;;
+        null) echo "-drive driver=null-co,read-zeroes=on,if=none,id=nvm1 -device nvme,serial=ugds-null,drive=nvm1" ;;
+        *) return 1 ;;
+    esac
+}
+
+# run_guest CONFIG INITRD CONSOLE TRACE [APPEND]: boots once; returns QEMU's status.
+run_guest() {
+    local cfg=$1 initrd=$2 con=$3 tr=$4 append=${5:-}
+    local img1=$W/$cfg-ns1.img img2=$W/$cfg-ns2.img
+    rm -f "$img1" "$img2" "$tr"; truncate -s 64M "$img1"; truncate -s 64M "$img2"
+    local dev; dev=$(controller_args "$cfg" "$img1" "$img2") || { echo "unknown configuration $cfg"; return 2; }
+    # shellcheck disable=SC2086
+    timeout 900 qemu-system-x86_64 -machine q35 -accel tcg -m 1G -smp 2 -nographic -no-reboot -nic none \
+        -device intel-iommu -kernel "$K/boot/vmlinuz-$KV" -initrd "$initrd" \
+        -append "console=ttyS0 panic=-1 quiet intel_iommu=on $append" $dev \
+        -trace 'pci_nvme_err*' -trace 'pci_nvme_ub*' -D "$tr" > "$con" 2>&1
+}
