@@ -169,8 +169,8 @@ fn main() {
                 unsafe { ring.submission().push(&e).expect("submission queue full") };
             };
             let start = Instant::now();
-            for s in 0..o.qd {
-                t0[s] = Instant::now();
+            for (s, t) in t0.iter_mut().enumerate() {
+                *t = Instant::now();
                 submit(&mut ring, s, &mut rng);
             }
             let mut inflight = o.qd;

@@ -29,6 +29,7 @@ fn test_opts(nsid: Option<u32>) -> HandleOptions {
         async_queues: 1,
         queue_depth: 64,
         timeout: Duration::from_secs(30),
+        shadow_doorbells: std::env::var("UGDS_TEST_SHADOW").map_or(true, |v| v != "0"),
         ..Default::default()
     }
 }
@@ -58,6 +59,7 @@ fn target(d: &Driver) -> (Handle, Option<EmuControl>) {
 
 #[test]
 fn identify_is_sane() {
+    eprintln!("identify_is_sane: opening");
     let d = Driver::open();
     let (h, _) = target(&d);
     let c = h.controller();
