@@ -12,7 +12,7 @@ sleep 2
 BDF=""
 for d in /sys/bus/pci/devices/*; do [ "$(cat $d/class)" = "0x010802" ] && BDF=$(basename $d); done
 DEV=/dev/nvme0n1
-echo "UGDS-GUEST: NVMe $BDF as $DEV, poll queues $(cat /sys/module/nvme/parameters/poll_queues)"
+echo "UGDS-GUEST: NVMe $BDF as $DEV, poll queues $(cat /sys/module/nvme/parameters/poll_queues), clocksource $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
 D=${BENCH_SECS:-2}
 R=$((32 * 1024 * 1024))
 for w in "4096 1" "4096 32" "131072 8"; do
@@ -30,6 +30,10 @@ for w in "4096 1" "4096 32" "131072 8"; do
         echo "UGDS-BENCH size=$1 qd=$2 shadow=$([ -z "$sd" ] && echo on || echo off)"
         /bin/ugds bench --pci $BDF -m randread -s $1 -q $2 -d $D --range $R --no-progress $sd | grep randread
     done
+    if [ -n "$UGDS_BENCH_EXTRA" ]; then
+        echo "UGDS-EXTRA size=$1 qd=$2: $UGDS_BENCH_EXTRA"
+        /bin/ugds bench --pci $BDF -m randread -s $1 -q $2 -d $D --range $R --no-progress $UGDS_BENCH_EXTRA | grep randread
+    fi
 done
 echo "UGDS-GUEST: done"
 poweroff -f

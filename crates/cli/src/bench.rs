@@ -39,6 +39,8 @@ Options:
       --verify            write a pattern, check every byte read against it
       --interrupt         interrupt completion instead of polling
       --no-progress       no progress bar, even on a terminal
+      --queue             at queue depth 1 too, use a lent I/O queue rather
+                          than synchronous calls
       --no-shadow-doorbells  MMIO doorbells even where the controller offers
                           Doorbell Buffer Config
 
@@ -93,6 +95,7 @@ struct Opts {
     batches: Vec<usize>,
     stream: bool,
     shadow_doorbells: bool,
+    force_queue: bool,
     target: TargetOpts,
 }
 
@@ -112,6 +115,7 @@ fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, String> {
         batches: Vec::new(),
         stream: false,
         shadow_doorbells: true,
+        force_queue: false,
         target: TargetOpts::default(),
     };
     let mut p = lexopt::Parser::from_args(args);
@@ -144,6 +148,7 @@ fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, String> {
             }
             Long("stream") => o.stream = true,
             Long("no-shadow-doorbells") => o.shadow_doorbells = false,
+            Long("queue") => o.force_queue = true,
             Long("interrupt") => o.interrupt = true,
             Long("no-progress") => o.progress = false,
             Short('h') | Long("help") => {
@@ -772,7 +777,7 @@ fn run_one(
                     match engine {
                         Engine::Batch(n) => run.batch_loop(tid, o.threads, s, n),
                         Engine::Stream => run.stream_loop(tid, o.threads, s),
-                        Engine::Queue if run.qd == 1 => run.sync_loop(tid, o.threads, s),
+                        Engine::Queue if run.qd == 1 && !o.force_queue => run.sync_loop(tid, o.threads, s),
                         Engine::Queue => run.async_loop(tid, o.threads, s),
                     }
                 })
@@ -892,7 +897,11 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         nsid: o.target.nsid,
         completion: if o.interrupt { Completion::Interrupt } else { Completion::Poll },
         sync_queues: o.threads as u16,
-        async_queues: if o.qd > 1 && o.batches.is_empty() && !o.stream { o.threads as u16 } else { 0 },
+        async_queues: if (o.qd > 1 || o.force_queue) && o.batches.is_empty() && !o.stream {
+            o.threads as u16
+        } else {
+            0
+        },
         queue_depth: depth,
         // Queue mode needs lendable queues more than a batch queue (few queues: QEMU max_ioqpairs=2).
         batch_queue: !o.batches.is_empty() || o.stream,

@@ -21,6 +21,36 @@ use ugds_nvme::{regs, Cid, CidAllocator, Cqe, Qid, Sqe};
 
 const NO_PAGE: u16 = u16::MAX;
 
+/// A read-only view of a completion ring's phase tags, so that threads
+/// waiting on a shared queue pair can see that something completed without
+/// taking its lock. Valid while the queue pair it came from lives; its
+/// owner keeps both together.
+pub struct CqView {
+    base: std::ptr::NonNull<u8>,
+    entries: u32,
+}
+
+// SAFETY: only atomic loads are made through the pointer.
+unsafe impl Send for CqView {}
+// SAFETY: as above.
+unsafe impl Sync for CqView {}
+
+impl CqView {
+    /// Whether the entry at `head` carries phase `phase` (is new).
+    #[inline]
+    pub fn is_new(&self, head: u32, phase: bool) -> bool {
+        debug_assert!(head < self.entries);
+        // SAFETY: `head` indexes the ring (checked by the cursor that
+        // produced it); the ring outlives the view (see the type's docs);
+        // an atomic load is the access allowed into device memory.
+        let dw3 = unsafe {
+            (*(self.base.as_ptr().add(head as usize * Cqe::SIZE + 12) as *const std::sync::atomic::AtomicU32))
+                .load(std::sync::atomic::Ordering::Acquire)
+        };
+        (dw3 >> 16) & 1 == phase as u32
+    }
+}
+
 /// This queue's slots in the shadow doorbell and EventIdx pages.
 struct Shadow {
     pages: Arc<DmaBuffer>,
@@ -302,6 +332,19 @@ impl QueuePair {
             }
             self.last_sq_tail = self.sq_tail;
         }
+    }
+
+    /// A lock-free view of the completion ring (see [`CqView`]).
+    pub fn cq_view(&self) -> CqView {
+        CqView {
+            base: std::ptr::NonNull::new(self.cq.vaddr()).expect("DMA memory is not null"),
+            entries: self.cq_ring.size(),
+        }
+    }
+
+    /// Where the next completion will appear: (head, expected phase).
+    pub fn cq_cursor(&self) -> (u32, bool) {
+        (self.cursor.head, self.cursor.phase)
     }
 
     /// Whether a new completion entry is waiting (a peek at the phase tag).
