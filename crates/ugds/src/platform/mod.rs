@@ -25,6 +25,30 @@ pub struct HostMapping {
     pub cookie: u64,
 }
 
+impl HostMapping {
+    /// The page span of `len` bytes at `vaddr`: its first page and length,
+    /// in whole pages. Platforms map this span.
+    pub fn span(vaddr: *const u8, len: usize) -> Result<(usize, usize)> {
+        if len == 0 {
+            return Err(crate::Error::ZeroSize);
+        }
+        let start = vaddr as usize & !(crate::sys::PAGE_SIZE - 1);
+        let end = (vaddr as usize)
+            .checked_add(len)
+            .ok_or_else(|| crate::Error::InvalidArgument("buffer wraps the address space".into()))?
+            .next_multiple_of(crate::sys::PAGE_SIZE);
+        Ok((start, end - start))
+    }
+
+    /// A mapping of the span of `vaddr` placed contiguously at `iova`
+    /// (behind an IOMMU, or in the emulator's table); `cookie` is `iova`.
+    pub fn contiguous(vaddr: *const u8, span: (usize, usize), iova: u64) -> HostMapping {
+        let (start, len) = span;
+        let pages = (0..len / crate::sys::PAGE_SIZE).map(|i| iova + (i * crate::sys::PAGE_SIZE) as u64).collect();
+        HostMapping { pages, first_offset: vaddr as usize - start, cookie: iova }
+    }
+}
+
 /// What the engine needs from wherever the controller is.
 pub trait Platform: Send + Sync {
     /// A short name for logs and `ugds identify` ("emulated", "vfio 0000:01:00.0").

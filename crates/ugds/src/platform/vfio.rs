@@ -248,14 +248,9 @@ impl Platform for VfioPlatform {
     }
 
     unsafe fn map_host(&self, vaddr: *mut u8, len: usize) -> Result<HostMapping> {
-        if len == 0 {
-            return Err(Error::ZeroSize);
-        }
-        let start = vaddr as usize & !(PAGE_SIZE - 1);
-        let end = (vaddr as usize + len).next_multiple_of(PAGE_SIZE);
-        let iova = self.container.map(start, end - start, None)?;
-        let pages = (0..(end - start) / PAGE_SIZE).map(|i| iova + (i * PAGE_SIZE) as u64).collect();
-        Ok(HostMapping { pages, first_offset: vaddr as usize - start, cookie: iova })
+        let span = HostMapping::span(vaddr, len)?;
+        let iova = self.container.map(span.0, span.1, None)?;
+        Ok(HostMapping::contiguous(vaddr, span, iova))
     }
 
     fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
