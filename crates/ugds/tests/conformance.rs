@@ -1,7 +1,8 @@
 //! Conformance tests: the data paths of the public API against whatever
 //! controller the environment names. By default the emulated controller;
-//! with `UGDS_TEST_PCI=<bdf>` a controller bound to vfio-pci (QEMU's, in the
-//! conformance harness `scripts/qemu-conformance`), with
+//! with `UGDS_TEST_PCI=<bdf>` a controller bound to vfio-pci, with
+//! `UGDS_TEST_DRV=/dev/ugds_drvN` one bound to our kernel module (both
+//! QEMU's, in the conformance harness `scripts/qemu-conformance`); with
 //! `UGDS_TEST_INTERRUPT=1` in interrupt completion mode.
 //!
 //! Run them one at a time (`--test-threads=1`) against a PCI device: each
@@ -17,7 +18,12 @@ use ugds::platform::emu::{EmuConfig, EmuControl, NamespaceConfig};
 use ugds::{BatchIo, BatchOp, BatchStatus, Completion, Driver, Error, Handle, HandleOptions, HostStream, StreamIo};
 
 fn pci() -> Option<String> {
-    std::env::var("UGDS_TEST_PCI").ok().filter(|s| !s.is_empty())
+    std::env::var("UGDS_TEST_PCI").ok().filter(|s| !s.is_empty()).or_else(drv)
+}
+
+/// `UGDS_TEST_DRV=/dev/ugds_drvN`: the device through our kernel module.
+fn drv() -> Option<String> {
+    std::env::var("UGDS_TEST_DRV").ok().filter(|s| !s.is_empty())
 }
 
 fn test_opts(nsid: Option<u32>) -> HandleOptions {
@@ -41,6 +47,10 @@ fn emu_config() -> EmuConfig {
 
 /// Opens the target for `nsid` (first namespace when `None`).
 fn target_ns(d: &Driver, nsid: Option<u32>) -> (Handle, Option<EmuControl>) {
+    if let Some(path) = drv() {
+        let p = ugds::platform::ugds_drv::UgdsDrvPlatform::open(&path).expect("open the ugds_drv device");
+        return (d.open_handle(Arc::new(p), test_opts(nsid)).expect("open a handle through ugds_drv"), None);
+    }
     match pci() {
         Some(bdf) => {
             let p = ugds::platform::vfio::VfioPlatform::open(&bdf).expect("open the vfio device");

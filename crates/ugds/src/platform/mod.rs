@@ -6,8 +6,10 @@
 //!
 //! - [`emu`]: an NVMe controller emulated in-process, the default target.
 //! - [`vfio`]: a controller bound to upstream vfio-pci behind an IOMMU.
+//! - [`ugds_drv`]: a controller bound to our kernel helper module.
 
 pub mod emu;
+pub mod ugds_drv;
 pub mod vfio;
 
 use crate::dma::DmaBuffer;

@@ -1,0 +1,195 @@
+//! A controller bound to our kernel helper, `kmod/ugds_drv.ko`, through its
+//! character device `/dev/ugds_drvN`.
+//!
+//! The module maps BAR0 uncached, allocates coherent DMA memory (mapped into
+//! the process), pins host buffers and imports dma-bufs, returning the
+//! controller address of every page, and bridges MSI-X vectors to eventfds.
+//! Closing the file (or unbinding the function) makes the module stop the
+//! controller before it releases anything; the engine disables it first
+//! anyway.
+
+use crate::dma::{DmaBuffer, DmaRegion, DmaRelease};
+use crate::platform::{HostMapping, Platform};
+use crate::sys::ugds_drv as k;
+use crate::sys::vfio::{open_rw, Mmio};
+use crate::sys::{EventFd, PAGE_SIZE};
+use crate::{Error, Result};
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
+use ugds_nvme::Iova;
+
+/// Most MSI-X vectors wired to eventfds.
+const MAX_VECTORS: u32 = 64;
+
+struct File {
+    fd: OwnedFd,
+    /// DMA allocations by bus address: (handle, host address, length).
+    dma: Mutex<HashMap<u64, (u64, usize, usize)>>,
+}
+
+impl DmaRelease for File {
+    fn release(&self, region: &DmaRegion) {
+        let Some((handle, host, len)) = self.dma.lock().unwrap_or_else(|p| p.into_inner()).remove(&region.iova(0))
+        else {
+            return;
+        };
+        // SAFETY: our own mapping of the coherent memory, no longer used.
+        unsafe { libc::munmap(host as *mut libc::c_void, len) };
+        let mut h = handle;
+        if let Err(e) = k::ioctl(&self.fd, "UGDS_DRV_IOC_FREE_DMA", k::IOC_FREE_DMA, &mut h) {
+            // Kept by the module until the file closes (after the device stopped).
+            tracing::warn!("ugds_drv: freeing DMA memory failed (released at close): {e}");
+        }
+    }
+}
+
+/// A controller behind `/dev/ugds_drvN`.
+pub struct UgdsDrvPlatform {
+    path: String,
+    file: Arc<File>,
+    bar0: Mmio,
+    vectors: Vec<EventFd>,
+}
+
+/// What the module reports about an open file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DrvCounters {
+    /// Host pages this file has pinned.
+    pub pinned_pages: u64,
+    /// Entries in this file's ledger (DMA memory, pinned ranges, dma-bufs).
+    pub live_mappings: u64,
+}
+
+impl UgdsDrvPlatform {
+    /// Opens `path` (e.g. `/dev/ugds_drv0`) and checks the module's ABI.
+    pub fn open(path: &str) -> Result<UgdsDrvPlatform> {
+        let fd = open_rw(path)?;
+        let mut info = k::Info::default();
+        k::ioctl(&fd, "UGDS_DRV_IOC_INFO", k::IOC_INFO, &mut info)?;
+        if info.abi_version != k::ABI_VERSION {
+            return Err(Error::Unsupported(format!(
+                "{path}: ugds_drv ABI version {} (this library speaks {})",
+                info.abi_version,
+                k::ABI_VERSION
+            )));
+        }
+        let bar0 = Mmio::map(&fd, info.bar0_size as usize, 0)?;
+        let file = Arc::new(File { fd, dma: Mutex::new(HashMap::new()) });
+        let mut p = UgdsDrvPlatform { path: path.to_string(), file, bar0, vectors: Vec::new() };
+        for v in 0..info.msix_vectors.min(MAX_VECTORS) {
+            let efd = EventFd::new()?;
+            let mut irq = k::Irq { vector: v, eventfd: efd.as_raw_fd() };
+            if let Err(e) = k::ioctl(&p.file.fd, "UGDS_DRV_IOC_SET_IRQ", k::IOC_SET_IRQ, &mut irq) {
+                tracing::warn!("{path}: vector {v}: {e}; later queues poll");
+                break;
+            }
+            p.vectors.push(efd);
+        }
+        Ok(p)
+    }
+
+    /// The module's counters for this open file.
+    pub fn counters(&self) -> Result<DrvCounters> {
+        let mut info = k::Info::default();
+        k::ioctl(&self.file.fd, "UGDS_DRV_IOC_INFO", k::IOC_INFO, &mut info)?;
+        Ok(DrvCounters { pinned_pages: info.pinned_pages, live_mappings: info.live_mappings })
+    }
+
+    /// Imports `len` bytes at `offset` of a dma-buf (GPU memory exported by
+    /// CUDA or HIP, or a udmabuf) for the controller.
+    pub fn map_dmabuf(&self, dmabuf: i32, offset: u64, len: usize) -> Result<HostMapping> {
+        if len == 0 {
+            return Err(Error::ZeroSize);
+        }
+        let first = offset as usize / PAGE_SIZE;
+        let npages = (offset as usize + len).div_ceil(PAGE_SIZE) - first;
+        let mut pages = vec![0u64; npages];
+        let mut m = k::Map {
+            dmabuf_fd: dmabuf,
+            offset,
+            size: len as u64,
+            pages_ptr: pages.as_mut_ptr() as u64,
+            npages: npages as u64,
+            ..Default::default()
+        };
+        k::ioctl(&self.file.fd, "UGDS_DRV_IOC_MAP (dma-buf)", k::IOC_MAP, &mut m)?;
+        Ok(HostMapping { pages, first_offset: offset as usize % PAGE_SIZE, cookie: m.handle })
+    }
+}
+
+impl Platform for UgdsDrvPlatform {
+    fn describe(&self) -> String {
+        format!("ugds_drv {} ({} MSI-X vectors)", self.path, self.vectors.len())
+    }
+
+    #[inline]
+    fn read32(&self, off: usize) -> u32 {
+        self.bar0.read32(off)
+    }
+
+    #[inline]
+    fn write32(&self, off: usize, val: u32) {
+        self.bar0.write32(off, val)
+    }
+
+    fn alloc_dma(&self, len: usize) -> Result<DmaBuffer> {
+        let len = len.max(1).next_multiple_of(PAGE_SIZE);
+        let mut d = k::Dma { size: len as u64, ..Default::default() };
+        k::ioctl(&self.file.fd, "UGDS_DRV_IOC_ALLOC_DMA", k::IOC_ALLOC_DMA, &mut d)?;
+        // SAFETY: a new shared mapping of the module's coherent memory.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                self.file.fd.as_raw_fd(),
+                d.mmap_offset as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            let e = Error::os("mmap ugds_drv DMA memory");
+            let mut h = d.handle;
+            let _ = k::ioctl(&self.file.fd, "UGDS_DRV_IOC_FREE_DMA", k::IOC_FREE_DMA, &mut h);
+            return Err(e);
+        }
+        // dma_alloc_coherent memory is zeroed; the rings rely on that.
+        self.file.dma.lock().unwrap_or_else(|p| p.into_inner()).insert(d.bus_addr, (d.handle, p as usize, len));
+        // SAFETY: the mapping is `len` bytes, page aligned, and stays until
+        // `release` (run by the DmaBuffer's drop) unmaps it.
+        let region =
+            unsafe { DmaRegion::new(NonNull::new(p.cast()).expect("mmap is not null"), len, Iova(d.bus_addr)) };
+        Ok(DmaBuffer::new(region, self.file.clone()))
+    }
+
+    unsafe fn map_host(&self, vaddr: *mut u8, len: usize) -> Result<HostMapping> {
+        let span = HostMapping::span(vaddr, len)?;
+        let npages = span.1 / PAGE_SIZE;
+        let mut pages = vec![0u64; npages];
+        let mut m = k::Map {
+            vaddr: vaddr as u64,
+            size: len as u64,
+            dmabuf_fd: -1,
+            pages_ptr: pages.as_mut_ptr() as u64,
+            npages: npages as u64,
+            ..Default::default()
+        };
+        k::ioctl(&self.file.fd, "UGDS_DRV_IOC_MAP", k::IOC_MAP, &mut m)?;
+        Ok(HostMapping { pages, first_offset: vaddr as usize - span.0, cookie: m.handle })
+    }
+
+    fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
+        let mut h = mapping.cookie;
+        k::ioctl(&self.file.fd, "UGDS_DRV_IOC_UNMAP", k::IOC_UNMAP, &mut h)
+    }
+
+    fn interrupt(&self, vector: u16) -> Result<Option<&EventFd>> {
+        Ok(self.vectors.get(vector as usize))
+    }
+
+    fn interrupt_vectors(&self) -> u16 {
+        self.vectors.len() as u16
+    }
+}
