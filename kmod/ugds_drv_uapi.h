@@ -21,6 +21,8 @@ struct ugds_drv_info {
 	__u64 bar0_size;
 	__u64 pinned_pages;  /* pages pinned by this open file */
 	__u64 live_mappings; /* ledger entries of this open file */
+	__u64 total_pinned_pages; /* pages pinned by every open file, module-wide */
+	__u64 total_mappings;     /* ledger entries of every open file, module-wide */
 };
 
 struct ugds_drv_dma {

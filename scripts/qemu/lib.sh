@@ -39,6 +39,31 @@ ensure_kernel() {
     say "kernel $KV ready"
 }
 
+# The same kernel's headers and kbuild, and a compiler, for kmod/ugds_drv.
+ensure_headers() {
+    local H=$K/usr/src/linux-headers-$KV
+    if ! command -v gcc-12 >/dev/null || ! command -v make >/dev/null || ! command -v pahole >/dev/null; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc-12 gcc make libc6-dev dwarves bc perl >/dev/null
+    fi
+    if [ ! -e "$H/Makefile" ]; then
+        local common=${KV%-amd64}
+        (cd "$W/debs" && apt-get download -qq "linux-headers-$KV=$KVER" "linux-headers-$common-common=$KVER" \
+            "linux-kbuild-${common}=$KVER" 2>&1 | grep -v unsandboxed || true)
+        for d in "$W"/debs/linux-headers-*.deb "$W"/debs/linux-kbuild-*.deb; do dpkg -x "$d" "$K"; done
+        # The headers' Makefile includes the common tree by an absolute path.
+        sed -i "s#^include /usr/src/#include $K/usr/src/#" "$H/Makefile"
+    fi
+    say "kernel headers ready"
+}
+
+# Builds kmod/ugds_drv.ko against the guest kernel (warnings are errors);
+# prints its path.
+build_module() {
+    rm -rf "$W/kmod" && cp -r "$ROOT/kmod" "$W/kmod"
+    make -s -C "$K/usr/src/linux-headers-$KV" M="$W/kmod" modules >&2
+    echo "$W/kmod/ugds_drv.ko"
+}
+
 # build_static PACKAGE...: static release builds of binary packages.
 build_static() {
     local args=()

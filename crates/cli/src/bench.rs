@@ -885,7 +885,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     // Deep enough for qd requests of the largest size, each split by MDTS.
     // (For a PCI target MDTS is known only after bring-up: ask for the most
     // the controller allows.)
-    let per_req = if o.target.pci.is_some() {
+    let per_req = if o.target.pci.is_some() || o.target.drv.is_some() {
         1024
     } else if o.target.mdts == 0 {
         1

@@ -35,6 +35,8 @@ pub struct TargetOpts {
     pub spin_us: Option<u64>,
     /// A PCI function bound to vfio-pci: a real (or QEMU's) controller.
     pub pci: Option<String>,
+    /// A controller bound to the ugds_drv module: its character device.
+    pub drv: Option<String>,
 }
 
 impl Default for TargetOpts {
@@ -54,6 +56,7 @@ impl Default for TargetOpts {
             nsid: None,
             spin_us: None,
             pci: None,
+            drv: None,
         }
     }
 }
@@ -76,6 +79,7 @@ pub fn parse_long(t: &mut TargetOpts, name: &str, p: &mut lexopt::Parser) -> Res
         "nsid" => t.nsid = Some(p.value()?.parse()?),
         "emu-spin-us" => t.spin_us = Some(p.value()?.parse()?),
         "pci" => t.pci = Some(p.value()?.string()?),
+        "drv" => t.drv = Some(p.value()?.string()?),
         _ => return Ok(false),
     }
     Ok(true)
@@ -86,6 +90,7 @@ pub const HELP: &str = "\
 Target (default: an emulated controller whose namespace is a temporary file):
       --pci BDF               the controller at PCI address BDF (e.g. 0000:01:00.0),
                               bound to vfio-pci; the --emu-* flags are ignored
+      --drv PATH              the controller behind ugds_drv's /dev/ugds_drvN
       --emu-file PATH         back the namespace with PATH (kept afterwards)
       --emu-memory            back the namespace with memory
       --emu-null              null mode: commands complete without moving data
@@ -195,6 +200,15 @@ pub struct Target {
 
 /// Opens the target the flags name.
 pub fn open(t: &TargetOpts) -> Result<Target, String> {
+    if let Some(path) = &t.drv {
+        let p = ugds::platform::ugds_drv::UgdsDrvPlatform::open(path).map_err(|e| e.to_string())?;
+        let c = p.counters().map_err(|e| e.to_string())?;
+        let description = format!(
+            "controller behind {path} (module-wide before this run: {} pinned pages, {} ledger entries)",
+            c.total_pinned_pages, c.total_mappings
+        );
+        return Ok(Target { platform: std::sync::Arc::new(p), emu: None, description, _tmp: None, _more: vec![] });
+    }
     if let Some(bdf) = &t.pci {
         let p = ugds::platform::vfio::VfioPlatform::open(bdf).map_err(|e| e.to_string())?;
         let description = format!("controller at {bdf} through vfio-pci");

@@ -331,3 +331,110 @@ fn namespaces_are_separate() {
         assert!(b.mem.iter().all(|&x| x == 0x11), "namespace 2's write reached namespace 1");
     }
 }
+
+/// Through ugds_drv only: the module's ledger refuses overlapping ranges and
+/// stale handles, and its counters return to zero.
+#[test]
+fn drv_ledger_refuses_overlaps_and_stale_handles() {
+    let Some(path) = drv() else {
+        eprintln!("skipped: not on ugds_drv");
+        return;
+    };
+    use ugds::platform::Platform;
+    let p = ugds::platform::ugds_drv::UgdsDrvPlatform::open(&path).unwrap();
+    let before = p.counters().unwrap();
+    let mut mem = ugds::HostBuffer::new(64 << 10).unwrap();
+    let base = mem.as_mut_ptr();
+    // SAFETY: `mem` outlives the mappings (all removed below).
+    let m = unsafe { p.map_host(base, 64 << 10) }.unwrap();
+    assert_eq!(m.pages.len(), 16);
+    assert!(m.pages.iter().all(|a| a % 4096 == 0));
+    assert_eq!(p.counters().unwrap().pinned_pages, before.pinned_pages + 16);
+    // SAFETY: as above.
+    assert!(unsafe { p.map_host(base, 4096) }.is_err(), "the same range twice");
+    // SAFETY: as above.
+    assert!(unsafe { p.map_host(base.add(60 << 10), 8192) }.is_err(), "an overlapping range");
+    let stale = ugds::platform::HostMapping { pages: vec![], first_offset: 0, cookie: 999_999 };
+    assert!(p.unmap_host(&stale).is_err(), "an unknown handle");
+    p.unmap_host(&m).unwrap();
+    assert!(p.unmap_host(&m).is_err(), "a handle already released");
+    let after = p.counters().unwrap();
+    assert_eq!((after.pinned_pages, after.live_mappings), (before.pinned_pages, before.live_mappings));
+    assert!(p.map_dmabuf(-1, 0, 4096).is_err(), "a bad dma-buf descriptor");
+}
+
+/// Through ugds_drv only: a dma-buf (udmabuf over a memfd, standing in for
+/// GPU memory) imported and used as the data buffer of NVMe commands.
+#[test]
+fn drv_dmabuf_import_moves_data() {
+    let Some(path) = drv() else {
+        eprintln!("skipped: not on ugds_drv");
+        return;
+    };
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use ugds::nvme::{Cid, Lba, Nsid, NvmOpcode, PrpPlan, Sqe};
+    const LEN: usize = 1 << 20;
+    // A memfd, sealed against shrinking, turned into a dma-buf by udmabuf.
+    // SAFETY: plain system calls on descriptors we own.
+    let (memfd, dmabuf) = unsafe {
+        let name = b"ugds-test\0";
+        let mfd = libc::memfd_create(name.as_ptr().cast(), libc::MFD_ALLOW_SEALING);
+        assert!(mfd >= 0);
+        assert_eq!(libc::ftruncate(mfd, LEN as i64), 0);
+        assert_eq!(libc::fcntl(mfd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK), 0);
+        let dev = libc::open(b"/dev/udmabuf\0".as_ptr().cast(), libc::O_RDWR);
+        assert!(dev >= 0, "no /dev/udmabuf");
+        #[repr(C)]
+        struct Create {
+            memfd: u32,
+            flags: u32,
+            offset: u64,
+            size: u64,
+        }
+        let mut c = Create { memfd: mfd as u32, flags: 1, offset: 0, size: LEN as u64 };
+        // UDMABUF_CREATE = _IOW('u', 0x42, struct udmabuf_create)
+        let buf = libc::ioctl(dev, 0x4018_7542, &mut c as *mut Create);
+        assert!(buf >= 0, "UDMABUF_CREATE: {}", std::io::Error::last_os_error());
+        libc::close(dev);
+        (OwnedFd::from_raw_fd(mfd), OwnedFd::from_raw_fd(buf))
+    };
+    // SAFETY: a shared mapping of our memfd, unmapped at the end.
+    let view = unsafe {
+        libc::mmap(std::ptr::null_mut(), LEN, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, memfd.as_raw_fd(), 0)
+    } as *mut u8;
+    assert!(view as isize != -1);
+    let p = Arc::new(ugds::platform::ugds_drv::UgdsDrvPlatform::open(&path).unwrap());
+    let ctrl = ugds::engine::Controller::bring_up(p.clone(), 1).unwrap();
+    let ns = ctrl.info().namespaces[0];
+    let mapping = p.map_dmabuf(dmabuf.as_raw_fd(), 0, LEN).unwrap();
+    assert_eq!(mapping.pages.len(), LEN / 4096);
+    let data = pattern(21, 0, 8192);
+    // SAFETY: within the mapping; the device does not touch it yet.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), view, 8192) };
+    let mut qp = ctrl.create_io_qpair(1, 16, None).unwrap();
+    let nlb = (8192 / ns.block_size) as u32;
+    let run = |qp: &mut ugds::engine::QueuePair, op, slba: u64, page: usize| {
+        let plan = PrpPlan::Two { prp1: mapping.pages[page], prp2: mapping.pages[page + 1] };
+        qp.submit(Sqe::rw(op, Cid(0), Nsid(ns.nsid), Lba(slba), nlb, 0, 0), Some(plan), 0).unwrap();
+        qp.ring_sq_doorbell();
+        let mut ok = None;
+        while ok.is_none() {
+            qp.process_completions(1, |_, c| ok = Some(c.status().is_success()));
+        }
+        assert_eq!(ok, Some(true));
+    };
+    let slba = (20 << 20) / ns.block_size as u64;
+    run(&mut qp, NvmOpcode::Write, slba, 0); // from dma-buf pages 0-1
+    run(&mut qp, NvmOpcode::Read, slba, 100); // into dma-buf pages 100-101
+    // SAFETY: the read completed; the range lies in the mapping.
+    let back = unsafe { std::slice::from_raw_parts(view.add(100 * 4096), 8192) };
+    assert!(back == &data[..], "data read into the dma-buf differs");
+    ctrl.delete_io_qpair(&qp).unwrap();
+    ctrl.shutdown().unwrap();
+    drop(qp);
+    drop(ctrl);
+    use ugds::platform::Platform;
+    p.unmap_host(&mapping).unwrap();
+    // SAFETY: our mapping, no longer used.
+    unsafe { libc::munmap(view.cast(), LEN) };
+}

@@ -60,6 +60,10 @@ pub struct DrvCounters {
     pub pinned_pages: u64,
     /// Entries in this file's ledger (DMA memory, pinned ranges, dma-bufs).
     pub live_mappings: u64,
+    /// Pages pinned by every open file of the module.
+    pub total_pinned_pages: u64,
+    /// Ledger entries of every open file of the module.
+    pub total_mappings: u64,
 }
 
 impl UgdsDrvPlatform {
@@ -94,7 +98,12 @@ impl UgdsDrvPlatform {
     pub fn counters(&self) -> Result<DrvCounters> {
         let mut info = k::Info::default();
         k::ioctl(&self.file.fd, "UGDS_DRV_IOC_INFO", k::IOC_INFO, &mut info)?;
-        Ok(DrvCounters { pinned_pages: info.pinned_pages, live_mappings: info.live_mappings })
+        Ok(DrvCounters {
+            pinned_pages: info.pinned_pages,
+            live_mappings: info.live_mappings,
+            total_pinned_pages: info.total_pinned_pages,
+            total_mappings: info.total_mappings,
+        })
     }
 
     /// Imports `len` bytes at `offset` of a dma-buf (GPU memory exported by

@@ -19,6 +19,8 @@ pub struct Info {
     pub bar0_size: u64,
     pub pinned_pages: u64,
     pub live_mappings: u64,
+    pub total_pinned_pages: u64,
+    pub total_mappings: u64,
 }
 
 #[repr(C)]
@@ -50,7 +52,7 @@ pub struct Irq {
     pub eventfd: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<Info>() == 32);
+const _: () = assert!(std::mem::size_of::<Info>() == 48);
 const _: () = assert!(std::mem::size_of::<Dma>() == 32);
 const _: () = assert!(std::mem::size_of::<Map>() == 56);
 const _: () = assert!(std::mem::size_of::<Irq>() == 8);
@@ -80,8 +82,8 @@ mod tests {
 
     #[test]
     fn ioctl_numbers_match_the_header() {
-        // _IOR('U', 0, 32 bytes), _IOWR('U', 1, 32), _IOW('U', 2, 8), _IOWR('U', 3, 56).
-        assert_eq!(IOC_INFO, 0x8020_5500);
+        // _IOR('U', 0, 48 bytes), _IOWR('U', 1, 32), _IOW('U', 2, 8), _IOWR('U', 3, 56).
+        assert_eq!(IOC_INFO, 0x8030_5500);
         assert_eq!(IOC_ALLOC_DMA, 0xc020_5501);
         assert_eq!(IOC_FREE_DMA, 0x4008_5502);
         assert_eq!(IOC_MAP, 0xc038_5503);
