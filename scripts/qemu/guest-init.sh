@@ -9,16 +9,27 @@ sleep 1
 BDF=""
 for d in /sys/bus/pci/devices/*; do [ "$(cat $d/class)" = "0x010802" ] && BDF=$(basename $d); done
 echo "UGDS-GUEST: kernel $(uname -r), NVMe at $BDF"
-if [ -e /sys/bus/pci/devices/$BDF/driver ]; then echo $BDF > /sys/bus/pci/devices/$BDF/driver/unbind; fi
-echo vfio-pci > /sys/bus/pci/devices/$BDF/driver_override
-echo $BDF > /sys/bus/pci/drivers_probe
-echo "UGDS-GUEST: driver $(basename $(readlink /sys/bus/pci/devices/$BDF/driver))"
 run() {
     name=$1; shift
     echo "UGDS-BEGIN $name"
     "$@"
     echo "UGDS-RESULT $name rc=$?"
 }
+driver() { basename "$(readlink /sys/bus/pci/devices/$BDF/driver)"; }
+# Binding refuses a function whose namespace is mounted, and leaves it be.
+NS=$(ls /sys/bus/pci/devices/$BDF/nvme/*/ | grep -m1 '^nvme[0-9]*n[0-9]*$')
+mkdir -p /mnt
+mke2fs -q /dev/$NS && mount -t ext2 /dev/$NS /mnt
+run list /bin/ugds list
+refuse_check() {
+    out=$(/bin/ugds bind $BDF vfio-pci 2>&1); rc=$?
+    echo "$out"
+    [ $rc -ne 0 ] && echo "$out" | grep -q "is mounted on /mnt" && [ "$(driver)" = nvme ]
+}
+run bind-refuses-mounted refuse_check
+umount /mnt
+run bind-vfio /bin/ugds bind $BDF vfio-pci
+echo "UGDS-GUEST: driver $(driver)"
 export UGDS_TEST_PCI=$BDF RUST_BACKTRACE=1
 run conformance-poll /bin/conformance --test-threads=1
 UGDS_TEST_INTERRUPT=1 run conformance-irq /bin/conformance --test-threads=1
@@ -29,10 +40,8 @@ run identify /bin/ugds identify --pci $BDF
 
 # The same controller through our kernel module.
 insmod /bin/ugds_drv.ko || echo "UGDS-GUEST: insmod ugds_drv failed"
-echo $BDF > /sys/bus/pci/devices/$BDF/driver/unbind
-echo ugds_drv > /sys/bus/pci/devices/$BDF/driver_override
-echo $BDF > /sys/bus/pci/drivers_probe
-echo "UGDS-GUEST: driver $(basename $(readlink /sys/bus/pci/devices/$BDF/driver)), $(ls /dev/ugds_drv*)"
+run bind-ugds_drv /bin/ugds bind $BDF ugds_drv
+echo "UGDS-GUEST: driver $(driver), $(ls /dev/ugds_drv*)"
 DRV=/dev/ugds_drv0
 unset UGDS_TEST_PCI
 export UGDS_TEST_DRV=$DRV

@@ -82,14 +82,16 @@ for l in sys.stdin:
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="conformance": print(m["executable"])' | tail -1
 }
 
-# make_initramfs INIT OUT [FILE...]: busybox, the nvme/vfio module closure,
+# make_initramfs INIT OUT [FILE...]: busybox, the nvme/vfio/ext4 module closure,
 # INIT as /init and each FILE in /bin.
 make_initramfs() {
     local init=$1 out=$2; shift 2
     local I=$W/initramfs.$$
     rm -rf "$I" && mkdir -p "$I"/{bin,dev,proc,sys,mods,tmp}
     cp /bin/busybox "$I/bin/busybox"
-    for a in sh mount cat echo sleep insmod basename readlink mkdir poweroff ls; do ln -s busybox "$I/bin/$a"; done
+    for a in sh mount umount cat echo sleep insmod basename readlink mkdir poweroff ls grep head kill mke2fs; do
+        ln -s busybox "$I/bin/$a"
+    done
     local MD=$K/lib/modules/$KV
     declare -A seen=(); local order=()
     resolve() {
@@ -98,7 +100,7 @@ make_initramfs() {
         for d in $deps; do resolve "$d"; done
         order+=("$rel")
     }
-    for m in nvme vfio vfio-pci vfio_iommu_type1; do
+    for m in nvme vfio vfio-pci vfio_iommu_type1 ext4; do
         local rel; rel=$(grep -E "/${m}\.ko(\.xz|\.zst)?:" "$MD/modules.dep" | cut -d: -f1 || true)
         [[ -n $rel ]] && resolve "$rel"
     done

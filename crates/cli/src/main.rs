@@ -4,6 +4,7 @@
 //! whose namespace is a temporary file, so they work on any machine.
 
 mod bench;
+mod bind;
 mod histogram;
 mod target;
 
@@ -16,6 +17,7 @@ ugds: user-space GPU Direct Storage
 Usage:
   ugds identify [TARGET]          controller and namespace facts
   ugds bench [OPTIONS] [TARGET]   throughput, IOPS and latency
+  ugds list | bind | unbind       NVMe functions and their drivers (ugds help bind)
   ugds help [COMMAND]
 
 Run `ugds help bench` for the benchmark's options.
@@ -28,10 +30,12 @@ fn main() -> ExitCode {
     let r = match cmd.as_deref() {
         Some("identify") => identify(rest),
         Some("bench") => bench::main(rest),
+        Some(c @ ("list" | "bind" | "unbind")) => bind::main(c, rest),
         Some("help") | Some("-h") | Some("--help") => {
             match rest.first().map(|a| a.to_string_lossy().into_owned()).as_deref() {
                 Some("bench") => print!("{}", bench::HELP),
                 Some("identify") => print!("Usage: ugds identify [TARGET]\n\n{}", target::HELP),
+                Some("bind" | "unbind" | "list") => print!("{}", bind::HELP),
                 _ => print!("{USAGE}"),
             }
             Ok(())

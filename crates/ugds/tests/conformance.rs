@@ -400,7 +400,14 @@ fn drv_dmabuf_import_moves_data() {
     };
     // SAFETY: a shared mapping of our memfd, unmapped at the end.
     let view = unsafe {
-        libc::mmap(std::ptr::null_mut(), LEN, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, memfd.as_raw_fd(), 0)
+        libc::mmap(
+            std::ptr::null_mut(),
+            LEN,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            memfd.as_raw_fd(),
+            0,
+        )
     } as *mut u8;
     assert!(view as isize != -1);
     let p = Arc::new(ugds::platform::ugds_drv::UgdsDrvPlatform::open(&path).unwrap());
@@ -426,6 +433,7 @@ fn drv_dmabuf_import_moves_data() {
     let slba = (20 << 20) / ns.block_size as u64;
     run(&mut qp, NvmOpcode::Write, slba, 0); // from dma-buf pages 0-1
     run(&mut qp, NvmOpcode::Read, slba, 100); // into dma-buf pages 100-101
+
     // SAFETY: the read completed; the range lies in the mapping.
     let back = unsafe { std::slice::from_raw_parts(view.add(100 * 4096), 8192) };
     assert!(back == &data[..], "data read into the dma-buf differs");

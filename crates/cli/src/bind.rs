@@ -1,0 +1,209 @@
+//! `ugds list`, `ugds bind`, `ugds unbind`: NVMe functions and the driver
+//! they are bound to, moved between nvme, vfio-pci and ugds_drv through
+//! sysfs. Binding away from nvme refuses a function whose namespaces are
+//! mounted, used as swap or held by dm/md, unless forced: a slip must not
+//! take a file system from under the kernel.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+const PCI: &str = "/sys/bus/pci/devices";
+
+/// The drivers a function can be moved to.
+const DRIVERS: [&str; 3] = ["nvme", "vfio-pci", "ugds_drv"];
+
+fn read(p: impl AsRef<Path>) -> String {
+    fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+fn driver_of(bdf: &str) -> Option<String> {
+    fs::read_link(format!("{PCI}/{bdf}/driver")).ok()?.file_name().map(|s| s.to_string_lossy().into_owned())
+}
+
+/// NVMe functions (class 0x010802), sorted.
+fn functions() -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(PCI)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|b| read(format!("{PCI}/{b}/class")) == "0x010802")
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Block devices of the function's namespaces (and their partitions), by
+/// name, with their device numbers.
+fn block_devices(bdf: &str) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    let Ok(ctrls) = fs::read_dir(format!("{PCI}/{bdf}/nvme")) else { return out };
+    for c in ctrls.flatten() {
+        let Ok(entries) = fs::read_dir(c.path()) else { continue };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !(name.starts_with("nvme") && name.contains('n') && Path::new(&format!("/sys/block/{name}")).exists()) {
+                continue;
+            }
+            out.push((name.clone(), devnum(&format!("/sys/block/{name}/dev"))));
+            if let Ok(parts) = fs::read_dir(format!("/sys/block/{name}")) {
+                for p in parts.flatten() {
+                    let pn = p.file_name().to_string_lossy().into_owned();
+                    if pn.starts_with(&name) && p.path().join("partition").exists() {
+                        out.push((pn.clone(), devnum(&format!("/sys/block/{name}/{pn}/dev"))));
+                    }
+                }
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn devnum(path: &str) -> u64 {
+    let s = read(path);
+    let mut it = s.split(':').map(|x| x.parse::<u64>().unwrap_or(0));
+    let (maj, min) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+    libc::makedev(maj as u32, min as u32)
+}
+
+/// What uses a block device: mounts, swap, holders.
+fn uses(name: &str, dev: u64) -> Vec<String> {
+    let mut u = Vec::new();
+    for line in read("/proc/self/mountinfo").lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() > 4 && devnum_from(f[2]) == dev {
+            u.push(format!("/dev/{name} is mounted on {}", f[4]));
+        }
+    }
+    for line in read("/proc/swaps").lines().skip(1) {
+        if let Some(p) = line.split_whitespace().next() {
+            if fs::metadata(p).map(|m| m.rdev()).ok() == Some(dev) {
+                u.push(format!("/dev/{name} is used as swap"));
+            }
+        }
+    }
+    let holders = if Path::new(&format!("/sys/block/{name}")).exists() {
+        format!("/sys/block/{name}/holders")
+    } else {
+        let disk: String = name.trim_end_matches(|c: char| c.is_ascii_digit()).trim_end_matches('p').to_string();
+        format!("/sys/block/{disk}/{name}/holders")
+    };
+    if let Ok(h) = fs::read_dir(holders) {
+        for e in h.flatten() {
+            u.push(format!("/dev/{name} is held by {} (dm/md)", e.file_name().to_string_lossy()));
+        }
+    }
+    u
+}
+
+fn devnum_from(majmin: &str) -> u64 {
+    let mut it = majmin.split(':').map(|x| x.parse::<u32>().unwrap_or(0));
+    libc::makedev(it.next().unwrap_or(0), it.next().unwrap_or(0))
+}
+
+pub fn list() -> Result<(), String> {
+    let fns = functions();
+    if fns.is_empty() {
+        println!("no NVMe functions");
+        return Ok(());
+    }
+    for bdf in fns {
+        let ids = format!("{}:{}", read(format!("{PCI}/{bdf}/vendor")), read(format!("{PCI}/{bdf}/device")));
+        let drv = driver_of(&bdf).unwrap_or_else(|| "(none)".into());
+        println!("{bdf}  {ids}  driver {drv}");
+        for (name, dev) in block_devices(&bdf) {
+            let u = uses(&name, dev);
+            println!("    /dev/{name}{}", if u.is_empty() { String::new() } else { format!("  ({})", u.join("; ")) });
+        }
+        let drvdev = format!("{PCI}/{bdf}/ugds_drv");
+        if let Ok(d) = fs::read_dir(drvdev) {
+            for e in d.flatten() {
+                println!("    /dev/{}", e.file_name().to_string_lossy());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn write(path: &str, what: &str) -> Result<(), String> {
+    fs::write(path, what).map_err(|e| format!("writing {what:?} to {path}: {e}"))
+}
+
+/// Moves `bdf` to `target` (nvme, vfio-pci, ugds_drv; "none" leaves it unbound).
+pub fn bind(bdf: &str, target: &str, force: bool) -> Result<(), String> {
+    if !functions().iter().any(|f| f == bdf) {
+        return Err(format!("{bdf} is not an NVMe function (see `ugds list`)"));
+    }
+    if target != "none" && !DRIVERS.contains(&target) {
+        return Err(format!("unknown driver {target:?}: nvme, vfio-pci or ugds_drv"));
+    }
+    let current = driver_of(bdf);
+    if current.as_deref() == Some(target) {
+        println!("{bdf} is bound to {target} already");
+        return Ok(());
+    }
+    if target != "none" && !Path::new(&format!("/sys/bus/pci/drivers/{target}")).exists() {
+        return Err(format!("driver {target} is not loaded (modprobe {target}, or insmod kmod/ugds_drv.ko)"));
+    }
+    let in_use: Vec<String> = block_devices(bdf).iter().flat_map(|(n, d)| uses(n, *d)).collect();
+    if !in_use.is_empty() {
+        if !force {
+            return Err(format!(
+                "refusing to take {bdf} from {}: {}; unmount / swapoff / remove the holders first, or pass --force",
+                current.as_deref().unwrap_or("its driver"),
+                in_use.join("; ")
+            ));
+        }
+        eprintln!("ugds: --force: taking {bdf} although {}", in_use.join("; "));
+    }
+    if current.is_some() {
+        write(&format!("{PCI}/{bdf}/driver/unbind"), bdf)?;
+    }
+    // nvme binds by class; the others only through driver_override.
+    let over = if target == "nvme" || target == "none" { "\n" } else { target };
+    write(&format!("{PCI}/{bdf}/driver_override"), over)?;
+    if target != "none" {
+        write("/sys/bus/pci/drivers_probe", bdf)?;
+        let now = driver_of(bdf);
+        if now.as_deref() != Some(target) {
+            return Err(format!("{bdf} did not bind to {target} (now: {})", now.as_deref().unwrap_or("no driver")));
+        }
+    }
+    println!("{bdf}: {} -> {target}", current.as_deref().unwrap_or("(none)"));
+    Ok(())
+}
+
+pub fn main(cmd: &str, args: Vec<std::ffi::OsString>) -> Result<(), String> {
+    use lexopt::prelude::*;
+    let mut p = lexopt::Parser::from_args(args);
+    let mut pos = Vec::new();
+    let mut force = false;
+    while let Some(a) = p.next().map_err(|e| e.to_string())? {
+        match a {
+            Long("force") => force = true,
+            Value(v) => pos.push(v.string().map_err(|e| e.to_string())?),
+            Short('h') | Long("help") => {
+                print!("{HELP}");
+                return Ok(());
+            }
+            _ => return Err(a.unexpected().to_string()),
+        }
+    }
+    match (cmd, pos.as_slice()) {
+        ("list", []) => list(),
+        ("bind", [bdf, target]) => bind(bdf, target, force),
+        ("unbind", [bdf]) => bind(bdf, "none", force),
+        _ => Err(format!("usage:\n{HELP}")),
+    }
+}
+
+pub const HELP: &str = "\
+  ugds list                            NVMe functions, drivers, namespaces and their users
+  ugds bind BDF nvme|vfio-pci|ugds_drv [--force]
+                                       move a function to a driver; refuses one whose
+                                       namespaces are mounted, swap or dm/md-held
+  ugds unbind BDF [--force]            leave a function without a driver
+";
