@@ -17,7 +17,7 @@ run() {
 }
 driver() { basename "$(readlink /sys/bus/pci/devices/$BDF/driver)"; }
 # Binding refuses a function whose namespace is mounted, and leaves it be.
-NS=$(ls /sys/bus/pci/devices/$BDF/nvme/*/ | grep -m1 '^nvme[0-9]*n[0-9]*$')
+NS=$(ls /sys/block | grep -m1 '^nvme[0-9]*n[0-9]*$')
 mkdir -p /mnt
 mke2fs -q /dev/$NS && mount -t ext2 /dev/$NS /mnt
 run list /bin/ugds list

@@ -100,7 +100,7 @@ make_initramfs() {
         for d in $deps; do resolve "$d"; done
         order+=("$rel")
     }
-    for m in nvme vfio vfio-pci vfio_iommu_type1 ext4; do
+    for m in nvme vfio vfio-pci vfio_iommu_type1 ext4 crc32c_generic crc32c-intel; do
         local rel; rel=$(grep -E "/${m}\.ko(\.xz|\.zst)?:" "$MD/modules.dep" | cut -d: -f1 || true)
         [[ -n $rel ]] && resolve "$rel"
     done

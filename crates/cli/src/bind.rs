@@ -43,8 +43,20 @@ fn block_devices(bdf: &str) -> Vec<(String, u64)> {
     for c in ctrls.flatten() {
         let Ok(entries) = fs::read_dir(c.path()) else { continue };
         for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if !(name.starts_with("nvme") && name.contains('n') && Path::new(&format!("/sys/block/{name}")).exists()) {
+            let mut name = e.file_name().to_string_lossy().into_owned();
+            if !(name.starts_with("nvme") && name[4..].contains('n')) {
+                continue;
+            }
+            // With native multipath the controller holds the hidden path
+            // device (nvme0c0n1); the namespace is used through its head
+            // (nvme0n1).
+            if name[4..].contains('c') {
+                match head_of(&name) {
+                    Some(h) => name = h,
+                    None => continue,
+                }
+            }
+            if !Path::new(&format!("/sys/block/{name}")).exists() || out.iter().any(|(n, _)| *n == name) {
                 continue;
             }
             out.push((name.clone(), devnum(&format!("/sys/block/{name}/dev"))));
@@ -60,6 +72,16 @@ fn block_devices(bdf: &str) -> Vec<(String, u64)> {
     }
     out.sort();
     out
+}
+
+/// The namespace head of a path device: `nvme<S>c<C>n<N>` is controller
+/// C's path to namespace head `nvme<S>n<N>` of subsystem S (the names the
+/// kernel's nvme multipath code gives).
+fn head_of(path_dev: &str) -> Option<String> {
+    let rest = path_dev.strip_prefix("nvme")?;
+    let (subsys, rest) = rest.split_once('c')?;
+    let (_, ns) = rest.split_once('n')?;
+    Some(format!("nvme{subsys}n{ns}"))
 }
 
 fn devnum(path: &str) -> u64 {
@@ -207,3 +229,13 @@ pub const HELP: &str = "\
                                        namespaces are mounted, swap or dm/md-held
   ugds unbind BDF [--force]            leave a function without a driver
 ";
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn path_devices_map_to_their_heads() {
+        assert_eq!(super::head_of("nvme0c0n1").as_deref(), Some("nvme0n1"));
+        assert_eq!(super::head_of("nvme2c5n13").as_deref(), Some("nvme2n13"));
+        assert_eq!(super::head_of("nvme0n1"), None);
+    }
+}

@@ -377,12 +377,11 @@ fn drv_dmabuf_import_moves_data() {
     // A memfd, sealed against shrinking, turned into a dma-buf by udmabuf.
     // SAFETY: plain system calls on descriptors we own.
     let (memfd, dmabuf) = unsafe {
-        let name = b"ugds-test\0";
-        let mfd = libc::memfd_create(name.as_ptr().cast(), libc::MFD_ALLOW_SEALING);
+        let mfd = libc::memfd_create(c"ugds-test".as_ptr(), libc::MFD_ALLOW_SEALING);
         assert!(mfd >= 0);
         assert_eq!(libc::ftruncate(mfd, LEN as i64), 0);
         assert_eq!(libc::fcntl(mfd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK), 0);
-        let dev = libc::open(b"/dev/udmabuf\0".as_ptr().cast(), libc::O_RDWR);
+        let dev = libc::open(c"/dev/udmabuf".as_ptr(), libc::O_RDWR);
         assert!(dev >= 0, "no /dev/udmabuf");
         #[repr(C)]
         struct Create {
@@ -419,7 +418,7 @@ fn drv_dmabuf_import_moves_data() {
     // SAFETY: within the mapping; the device does not touch it yet.
     unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), view, 8192) };
     let mut qp = ctrl.create_io_qpair(1, 16, None).unwrap();
-    let nlb = (8192 / ns.block_size) as u32;
+    let nlb = 8192 / ns.block_size;
     let run = |qp: &mut ugds::engine::QueuePair, op, slba: u64, page: usize| {
         let plan = PrpPlan::Two { prp1: mapping.pages[page], prp2: mapping.pages[page + 1] };
         qp.submit(Sqe::rw(op, Cid(0), Nsid(ns.nsid), Lba(slba), nlb, 0, 0), Some(plan), 0).unwrap();
