@@ -19,7 +19,7 @@ driver() { basename "$(readlink /sys/bus/pci/devices/$BDF/driver)"; }
 # Binding refuses a function whose namespace is mounted, and leaves it be.
 NS=$(ls /sys/block | grep -m1 '^nvme[0-9]*n[0-9]*$')
 mkdir -p /mnt
-mke2fs -q /dev/$NS && mount -t ext2 /dev/$NS /mnt
+mke2fs -q -b 4096 /dev/$NS && mount -t ext2 /dev/$NS /mnt || echo "UGDS-GUEST: could not mount /dev/$NS"
 run list /bin/ugds list
 refuse_check() {
     out=$(/bin/ugds bind $BDF vfio-pci 2>&1); rc=$?
