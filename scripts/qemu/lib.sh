@@ -141,7 +141,7 @@ run_guest() {
     rm -f "$img1" "$img2" "$tr"; truncate -s 64M "$img1"; truncate -s 64M "$img2"
     local dev; dev=$(controller_args "$cfg" "$img1" "$img2") || { echo "unknown configuration $cfg"; return 2; }
     # shellcheck disable=SC2086
-    timeout "${QEMU_TIMEOUT:-180}" qemu-system-x86_64 -machine q35 -accel tcg -m 1G -smp 2 -nographic -no-reboot -nic none \
+    timeout "${QEMU_TIMEOUT:-180}" qemu-system-x86_64 -machine q35 -accel tcg -m 1G -smp "${QEMU_SMP:-2}" -nographic -no-reboot -nic none \
         -device intel-iommu -kernel "$K/boot/vmlinuz-$KV" -initrd "$initrd" \
         -append "console=ttyS0 panic=-1 quiet intel_iommu=on $append" $dev \
         -trace 'pci_nvme_err*' -trace 'pci_nvme_ub*' -D "$tr" > "$con" 2>&1
