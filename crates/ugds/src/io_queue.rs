@@ -108,10 +108,9 @@ impl<'h> IoQueue<'h> {
         tag: u64,
     ) -> Result<()> {
         let h = &*self.handle.inner;
-        if self.dead || h.inflight.load(Ordering::Relaxed) == 0 {
-            return Err(Error::Wedged);
-        }
-        if self.handle.state() != crate::HandleState::Open {
+        // This queue holds an in-flight reference, so the handle cannot be
+        // closed under it; it can be wedged.
+        if self.dead || h.is_wedged() {
             return Err(Error::Wedged);
         }
         let (guard, data_off) = h.prepare(buf, size, file_offset, buf_offset)?;
