@@ -114,6 +114,9 @@ pub enum HandleState {
     Closed,
 }
 
+/// How long a timed-out request is given to complete after its Abort.
+const ABORT_GRACE: Duration = Duration::from_secs(1);
+
 const OPEN: u8 = 0;
 const WEDGED: u8 = 1;
 const CLOSING: u8 = 2;
@@ -328,6 +331,47 @@ impl HandleInner {
     /// Runs an admin command.
     pub fn admin(&self, sqe: Sqe, op: &'static str) -> Result<ugds_nvme::Cqe> {
         self.ctrl.admin_command(sqe, op)
+    }
+
+    /// The end of a synchronous request. A late one is escalated as Linux's
+    /// `nvme_timeout` does, after the queue's last look and the CSTS check:
+    /// Abort each of its commands, and give the controller a moment to
+    /// complete them. Only a request that still does not come back wedges
+    /// the handle, with its buffer reference quarantined.
+    pub fn finish(
+        &self,
+        q: &SyncQueue,
+        r: std::result::Result<(), Failure>,
+        op: &'static str,
+        guard: Option<BufGuard>,
+    ) -> Result<()> {
+        match r {
+            Ok(()) => Ok(()),
+            Err(Failure::Error(e)) => Err(e),
+            Err(Failure::Stuck(e)) => {
+                self.wedge(guard);
+                Err(e)
+            }
+            Err(Failure::Late { error, slot }) => {
+                for cid in q.outstanding_cids(slot) {
+                    match self.ctrl.admin_command(Sqe::abort(Cid(0), ugds_nvme::Qid(q.qid()), cid), "Abort") {
+                        Ok(c) if c.dw0 & 1 == 0 => tracing::warn!(qid = q.qid(), cid = cid.0, "{op}: aborted"),
+                        Ok(_) => tracing::warn!(qid = q.qid(), cid = cid.0, "{op}: the controller did not abort it"),
+                        Err(e) => tracing::warn!(qid = q.qid(), cid = cid.0, "{op}: Abort failed: {e}"),
+                    }
+                }
+                match q.settle(slot, op, ABORT_GRACE) {
+                    // It came back: aborted (an NVMe error, Command Abort
+                    // Requested) or completed after all (then it succeeded).
+                    Some(res) => res,
+                    None => {
+                        tracing::error!(qid = q.qid(), "{op} did not complete after Abort; wedging the handle");
+                        self.wedge(guard);
+                        Err(error)
+                    }
+                }
+            }
+        }
     }
 
     pub fn take_async_queue(&self) -> Option<QueuePair> {
@@ -562,14 +606,7 @@ impl Handle {
         let name = if op == NvmOpcode::Read { "Read" } else { "Write" };
         let r = q.execute(cmds, name, h.opts.completion, h.opts.timeout);
         drop(maps);
-        match r {
-            Ok(()) => Ok(size),
-            Err(Failure::Error(e)) => Err(e),
-            Err(Failure::Stuck(e)) => {
-                h.wedge([guard]);
-                Err(e)
-            }
-        }
+        h.finish(q, r, name, Some(guard)).map(|()| size)
     }
 
     /// Flushes the namespace's volatile write cache (NVMe Flush).
@@ -578,14 +615,8 @@ impl Handle {
         let _in = h.enter()?;
         let q = &h.sync[h.rr.fetch_add(1, Ordering::Relaxed) % h.sync.len()];
         let cmd = Cmd { sqe: Sqe::flush(Cid(0), Nsid(h.ns.nsid)), prp: None };
-        match q.execute(std::iter::once(cmd), "Flush", h.opts.completion, h.opts.timeout) {
-            Ok(()) => Ok(()),
-            Err(Failure::Error(e)) => Err(e),
-            Err(Failure::Stuck(e)) => {
-                h.wedge([]);
-                Err(e)
-            }
-        }
+        let r = q.execute(std::iter::once(cmd), "Flush", h.opts.completion, h.opts.timeout);
+        h.finish(q, r, "Flush", None)
     }
 
     /// Zeroes `size` bytes at `file_offset` (NVMe Write Zeroes).
@@ -600,14 +631,8 @@ impl Handle {
             sqe: Sqe::write_zeroes(Cid(0), Nsid(h.ns.nsid), Lba(first + b), (blocks - b).min(65536) as u32),
             prp: None,
         });
-        match q.execute(cmds, "Write Zeroes", h.opts.completion, h.opts.timeout) {
-            Ok(()) => Ok(()),
-            Err(Failure::Error(e)) => Err(e),
-            Err(Failure::Stuck(e)) => {
-                h.wedge([]);
-                Err(e)
-            }
-        }
+        let r = q.execute(cmds, "Write Zeroes", h.opts.completion, h.opts.timeout);
+        h.finish(q, r, "Write Zeroes", None)
     }
 
     /// Lends a queue pair for asynchronous submission from one thread.

@@ -77,6 +77,14 @@ pub enum Failure {
     /// Commands are still outstanding and will stay so: the slot is
     /// quarantined and whatever the request holds must be kept.
     Stuck(Error),
+    /// The deadline passed with commands outstanding on a controller that
+    /// still answers: the caller may try Abort, then [`SyncQueue::settle`].
+    Late {
+        /// The timeout, for the caller to report if nothing helps.
+        error: Error,
+        /// The request's slot (still taken).
+        slot: u32,
+    },
 }
 
 impl SyncQueue {
@@ -295,7 +303,44 @@ impl SyncQueue {
             return Failure::Stuck(Error::ControllerFatal);
         }
         let cid = st.qp.outstanding_cid_of(slot as u64).map_or(u16::MAX, |c| c.0);
-        tracing::error!(qid = self.qid, cid, ?timeout, "{op} timed out; quarantining its queue slot");
-        Failure::Stuck(Error::Timeout { qid: self.qid, cid, after: timeout })
+        tracing::error!(qid = self.qid, cid, ?timeout, "{op} timed out");
+        Failure::Late { error: Error::Timeout { qid: self.qid, cid, after: timeout }, slot }
+    }
+
+    /// Queue id.
+    pub fn qid(&self) -> u16 {
+        self.qid
+    }
+
+    /// The commands of `slot` still on the device.
+    pub fn outstanding_cids(&self, slot: u32) -> Vec<ugds_nvme::Cid> {
+        self.lock().qp.outstanding_cids_of(slot as u64)
+    }
+
+    /// After an Abort: waits up to `within` for the late request in `slot`
+    /// to complete. `Some(result)` frees the slot; `None` leaves it taken
+    /// (the request is stuck for good).
+    pub fn settle(&self, slot: u32, op: &'static str, within: Duration) -> Option<Result<()>> {
+        let deadline = Instant::now() + within;
+        loop {
+            {
+                let mut st = self.lock();
+                self.reap(&mut st, slot);
+                let s = &self.slots[slot as usize];
+                if s.pending.load(Ordering::Acquire) == 0 {
+                    st.free.push(slot);
+                    let status = s.status.load(Ordering::Relaxed);
+                    return Some(if status == 0 {
+                        Ok(())
+                    } else {
+                        Err(Error::Nvme { op, status: Status::from_field(status as u16) })
+                    });
+                }
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::yield_now();
+        }
     }
 }

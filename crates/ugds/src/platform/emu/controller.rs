@@ -866,9 +866,7 @@ impl Controller {
             AdminOpcode::DeleteIoSq => self.delete_sq(sqe),
             AdminOpcode::DeleteIoCq => self.delete_cq(sqe),
             AdminOpcode::GetLogPage => self.get_log_page(sqe, table),
-            // Dword 0 bit 0 set: the command was not aborted (it completes,
-            // or already did, on its own). A controller may always say so.
-            AdminOpcode::Abort => ok(1),
+            AdminOpcode::Abort => self.abort(sqe),
             AdminOpcode::AsyncEventRequest => {
                 if self.aers >= AER_LIMIT {
                     return done(Status::command_specific(0x05));
@@ -877,6 +875,24 @@ impl Controller {
                 Outcome::None
             }
             AdminOpcode::DoorbellBufferConfig => done(Status::generic(generic::INVALID_OPCODE)),
+        }
+    }
+
+    /// Abort (section 5.1): a command still held by the controller (stalled
+    /// by fault injection or the latency model) completes at once with
+    /// Command Abort Requested and dword 0 bit 0 clear. Anything else (done,
+    /// or lost) is not aborted: bit 0 set, which a controller may always say.
+    fn abort(&mut self, sqe: &Sqe) -> Outcome {
+        let (sqid, cid) = ((sqe.cdw10 & 0xffff) as u16, (sqe.cdw10 >> 16) as u16);
+        let all = std::mem::take(&mut self.delayed).into_vec();
+        let (hit, rest): (Vec<_>, Vec<_>) = all.into_iter().partition(|d| d.0.c.sqid == sqid && d.0.c.cid == cid);
+        self.delayed = rest.into_iter().collect();
+        match hit.into_iter().next() {
+            Some(d) => {
+                self.complete(Completion { status: Status::generic(generic::ABORT_REQUESTED), dw0: 0, ..d.0.c });
+                ok(0)
+            }
+            None => ok(1),
         }
     }
 
