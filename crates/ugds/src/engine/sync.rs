@@ -251,13 +251,7 @@ impl SyncQueue {
                     progressed |= self.stage(&mut st, slot, &mut cmds);
                 }
                 if cmds.peek().is_none() && s.pending.load(Ordering::Acquire) == 0 {
-                    st.free.push(slot);
-                    let status = s.status.load(Ordering::Relaxed);
-                    return if status == 0 {
-                        Ok(())
-                    } else {
-                        Err(Failure::Error(Error::Nvme { op, status: Status::from_field(status as u16) }))
-                    };
+                    return self.release_slot(&mut st, slot, op).map_err(Failure::Error);
                 }
             }
             if !progressed {
@@ -285,13 +279,9 @@ impl SyncQueue {
         self.reap(&mut st, slot);
         let s = &self.slots[slot as usize];
         if s.pending.load(Ordering::Acquire) == 0 {
-            st.free.push(slot);
-            let status = s.status.load(Ordering::Relaxed);
-            return if status == 0 {
-                Failure::Error(Error::Timeout { qid: self.qid, cid: u16::MAX, after: timeout })
-            } else {
-                Failure::Error(Error::Nvme { op, status: Status::from_field(status as u16) })
-            };
+            // It completed in that last look: a late success is still late.
+            let r = self.release_slot(&mut st, slot, op);
+            return Failure::Error(r.err().unwrap_or(Error::Timeout { qid: self.qid, cid: u16::MAX, after: timeout }));
         }
         let csts = regs::Csts(self.platform.read32(regs::CSTS));
         if csts.is_gone() {
@@ -303,6 +293,16 @@ impl SyncQueue {
         let cid = st.qp.outstanding_cid_of(slot as u64).map_or(u16::MAX, |c| c.0);
         tracing::error!(qid = self.qid, cid, ?timeout, "{op} timed out");
         Failure::Late { error: Error::Timeout { qid: self.qid, cid, after: timeout }, slot }
+    }
+
+    /// Frees a finished request's slot; its first error status, if any, is
+    /// the result.
+    fn release_slot(&self, st: &mut State, slot: u32, op: &'static str) -> Result<()> {
+        st.free.push(slot);
+        match self.slots[slot as usize].status.load(Ordering::Relaxed) {
+            0 => Ok(()),
+            status => Err(Error::Nvme { op, status: Status::from_field(status as u16) }),
+        }
     }
 
     /// Queue id.
@@ -324,15 +324,8 @@ impl SyncQueue {
             {
                 let mut st = self.lock();
                 self.reap(&mut st, slot);
-                let s = &self.slots[slot as usize];
-                if s.pending.load(Ordering::Acquire) == 0 {
-                    st.free.push(slot);
-                    let status = s.status.load(Ordering::Relaxed);
-                    return Some(if status == 0 {
-                        Ok(())
-                    } else {
-                        Err(Error::Nvme { op, status: Status::from_field(status as u16) })
-                    });
+                if self.slots[slot as usize].pending.load(Ordering::Acquire) == 0 {
+                    return Some(self.release_slot(&mut st, slot, op));
                 }
             }
             if Instant::now() > deadline {

@@ -15,8 +15,7 @@ use crate::sys::vfio::{open_rw, Mmio};
 use crate::sys::{EventFd, PAGE_SIZE};
 use crate::{Error, Result};
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::ptr::NonNull;
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 use ugds_nvme::Iova;
 
@@ -147,29 +146,23 @@ impl Platform for UgdsDrvPlatform {
         let len = len.max(1).next_multiple_of(PAGE_SIZE);
         let mut d = k::Dma { size: len as u64, ..Default::default() };
         k::ioctl(&self.file.fd, "UGDS_DRV_IOC_ALLOC_DMA", k::IOC_ALLOC_DMA, &mut d)?;
-        // SAFETY: a new shared mapping of the module's coherent memory.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                self.file.fd.as_raw_fd(),
-                d.mmap_offset as libc::off_t,
-            )
+        let p = match crate::sys::mmap_shared(&self.file.fd, len, d.mmap_offset, "mmap ugds_drv DMA memory") {
+            Ok(p) => p,
+            Err(e) => {
+                let mut h = d.handle;
+                let _ = k::ioctl(&self.file.fd, "UGDS_DRV_IOC_FREE_DMA", k::IOC_FREE_DMA, &mut h);
+                return Err(e);
+            }
         };
-        if p == libc::MAP_FAILED {
-            let e = Error::os("mmap ugds_drv DMA memory");
-            let mut h = d.handle;
-            let _ = k::ioctl(&self.file.fd, "UGDS_DRV_IOC_FREE_DMA", k::IOC_FREE_DMA, &mut h);
-            return Err(e);
-        }
         // dma_alloc_coherent memory is zeroed; the rings rely on that.
-        self.file.dma.lock().unwrap_or_else(|p| p.into_inner()).insert(d.bus_addr, (d.handle, p as usize, len));
+        self.file
+            .dma
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(d.bus_addr, (d.handle, p.as_ptr() as usize, len));
         // SAFETY: the mapping is `len` bytes, page aligned, and stays until
         // `release` (run by the DmaBuffer's drop) unmaps it.
-        let region =
-            unsafe { DmaRegion::new(NonNull::new(p.cast()).expect("mmap is not null"), len, Iova(d.bus_addr)) };
+        let region = unsafe { DmaRegion::new(p, len, Iova(d.bus_addr)) };
         Ok(DmaBuffer::new(region, self.file.clone()))
     }
 

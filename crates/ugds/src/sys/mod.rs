@@ -77,6 +77,27 @@ impl Drop for Anonymous {
     }
 }
 
+/// A shared read-write mapping of `len` bytes of a device file at `offset`
+/// (a BAR, or DMA memory a kernel driver lends); `what` names it in errors.
+pub(crate) fn mmap_shared(fd: &OwnedFd, len: usize, offset: u64, what: &'static str) -> Result<NonNull<u8>> {
+    // SAFETY: a new shared mapping of a device file; no existing memory is
+    // affected.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            offset as libc::off_t,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(Error::os(what));
+    }
+    Ok(NonNull::new(p.cast()).expect("mmap is not null"))
+}
+
 /// A non-blocking eventfd: interrupts arrive on it as counter increments.
 #[derive(Debug)]
 pub struct EventFd(OwnedFd);

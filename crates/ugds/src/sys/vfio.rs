@@ -191,22 +191,7 @@ unsafe impl Sync for Mmio {}
 impl Mmio {
     /// Maps `len` bytes of `fd` at `offset`, shared, read-write.
     pub fn map(fd: &OwnedFd, len: usize, offset: u64) -> Result<Mmio> {
-        // SAFETY: a new shared mapping of a device region; no existing
-        // memory is affected.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                offset as libc::off_t,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(Error::os("mmap BAR0"));
-        }
-        Ok(Mmio { ptr: std::ptr::NonNull::new(p.cast()).expect("mmap is not null"), len })
+        Ok(Mmio { ptr: super::mmap_shared(fd, len, offset, "mmap BAR0")?, len })
     }
 
     /// Volatile 32-bit read; all ones outside the region (as PCI reads of
