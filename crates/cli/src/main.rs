@@ -5,6 +5,7 @@
 
 mod bench;
 mod bind;
+mod gpubench;
 mod histogram;
 mod target;
 
@@ -17,6 +18,8 @@ ugds: user-space GPU Direct Storage
 Usage:
   ugds identify [TARGET]          controller and namespace facts
   ugds bench [OPTIONS] [TARGET]   throughput, IOPS and latency
+  ugds gpu-bench [OPTIONS] [TARGET]
+                                  the same with CUDA device memory (GPU 0)
   ugds list | bind | unbind       NVMe functions and their drivers (ugds help bind)
   ugds help [COMMAND]
 
@@ -30,10 +33,12 @@ fn main() -> ExitCode {
     let r = match cmd.as_deref() {
         Some("identify") => identify(rest),
         Some("bench") => bench::main(rest),
+        Some("gpu-bench") => gpubench::main(rest),
         Some(c @ ("list" | "bind" | "unbind")) => bind::main(c, rest),
         Some("help") | Some("-h") | Some("--help") => {
             match rest.first().map(|a| a.to_string_lossy().into_owned()).as_deref() {
                 Some("bench") => print!("{}", bench::HELP),
+                Some("gpu-bench") => print!("{}{}", gpubench::HELP, target::HELP),
                 Some("identify") => print!("Usage: ugds identify [TARGET]\n\n{}", target::HELP),
                 Some("bind" | "unbind" | "list") => print!("{}", bind::HELP),
                 _ => print!("{USAGE}"),

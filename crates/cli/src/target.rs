@@ -11,6 +11,8 @@ pub struct TargetOpts {
     pub file: Option<PathBuf>,
     /// Keep the namespace in memory instead of a file.
     pub memory: bool,
+    /// Open the backing file with O_DIRECT.
+    pub direct: bool,
     /// Size of each emulated namespace in bytes.
     pub size: u64,
     /// Logical block size.
@@ -44,6 +46,7 @@ impl Default for TargetOpts {
         TargetOpts {
             file: None,
             memory: false,
+            direct: false,
             size: 1 << 30,
             block: 512,
             namespaces: 1,
@@ -67,6 +70,7 @@ pub fn parse_long(t: &mut TargetOpts, name: &str, p: &mut lexopt::Parser) -> Res
     match name {
         "emu-file" => t.file = Some(p.value()?.into()),
         "emu-memory" => t.memory = true,
+        "emu-direct" => t.direct = true,
         "emu-size" => t.size = crate::parse_size(&p.value()?.string()?)?,
         "emu-block" => t.block = p.value()?.parse()?,
         "emu-namespaces" => t.namespaces = p.value()?.parse()?,
@@ -93,6 +97,7 @@ Target (default: an emulated controller whose namespace is a temporary file):
       --drv PATH              the controller behind ugds_drv's /dev/ugds_drvN
       --emu-file PATH         back the namespace with PATH (kept afterwards)
       --emu-memory            back the namespace with memory
+      --emu-direct            read and write the backing file with O_DIRECT (no page cache)
       --emu-null              null mode: commands complete without moving data
       --emu-size SIZE         namespace size [1G]
       --emu-block 512|4096    logical block size [512]
@@ -134,7 +139,11 @@ pub fn emu_config(t: &TargetOpts) -> (EmuConfig, Option<TempFile>) {
                     p
                 }
             };
-            NamespaceConfig::file(path, t.size, t.block)
+            if t.direct {
+                NamespaceConfig::direct_file(path, t.size, t.block)
+            } else {
+                NamespaceConfig::file(path, t.size, t.block)
+            }
         };
         namespaces.push(ns);
     }
@@ -176,7 +185,7 @@ pub fn describe(t: &TargetOpts, tmp: &Option<TempFile>) -> String {
         "memory".to_string()
     } else {
         let p = t.file.clone().or_else(|| tmp.as_ref().map(|f| f.0.clone())).unwrap_or_default();
-        format!("file {}", p.display())
+        format!("file {}{}", p.display(), if t.direct { " (O_DIRECT)" } else { "" })
     };
     format!(
         "emulated controller, namespace {} x {}-byte blocks, backed by {backing}",

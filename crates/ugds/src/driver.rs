@@ -1,11 +1,13 @@
 //! The library's entry point: buffer registration and handle opening.
 
 use crate::engine::Controller;
+use crate::gpu::cuda::Memory;
+use crate::gpu::{DeviceMemory, DmabufExport};
 use crate::handle::{Handle, HandleInner, HandleOptions};
 use crate::platform::emu::{EmuConfig, EmuControl, EmuPlatform};
 use crate::platform::Platform;
 use crate::registry::{BufferToken, Registry};
-use crate::Result;
+use crate::{Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -81,10 +83,57 @@ impl Driver {
     /// the returned token, and must not be read or written by anyone else
     /// while an I/O call on it is in progress.
     pub unsafe fn register(&self, base: *mut u8, len: usize) -> Result<BufferToken> {
+        self.insert(base as usize, len, None)
+    }
+
+    fn insert(&self, base: usize, len: usize, device: Option<DeviceMemory>) -> Result<BufferToken> {
         let handles = self.inner.handles.lock().unwrap_or_else(|p| p.into_inner());
         let live: Vec<_> =
             handles.iter().filter_map(|(id, w)| w.upgrade().map(|h| (*id, h.platform().clone()))).collect();
-        self.inner.registry.insert(base as usize, len, &live)
+        self.inner.registry.insert(base, len, device, &live)
+    }
+
+    /// Registers memory CUDA knows: device memory from `cuMemAlloc` (or
+    /// torch, CuPy), checked to be a plain device allocation of the current
+    /// context with the range inside it; or host memory (pinned or not),
+    /// registered as [`register`](Self::register) does.
+    ///
+    /// # Safety
+    /// The memory must stay allocated until [`Driver::deregister`] succeeds,
+    /// and must not be used by anyone else while an I/O on it is in progress.
+    pub unsafe fn register_cuda(&self, ptr: u64, len: usize) -> Result<BufferToken> {
+        let cuda = crate::gpu::cuda::Cuda::get()?;
+        match cuda.classify(ptr, len)? {
+            Memory::Host => self.insert(ptr as usize, len, None),
+            Memory::Device(d) => self.insert(ptr as usize, len, Some(d)),
+        }
+    }
+
+    /// Registers memory HIP knows; see [`register_cuda`](Self::register_cuda).
+    ///
+    /// # Safety
+    /// As for [`register_cuda`](Self::register_cuda).
+    pub unsafe fn register_hip(&self, ptr: u64, len: usize) -> Result<BufferToken> {
+        let hip = crate::gpu::hip::Hip::get()?;
+        match hip.classify(ptr, len)? {
+            Memory::Host => self.insert(ptr as usize, len, None),
+            Memory::Device(d) => self.insert(ptr as usize, len, Some(d)),
+        }
+    }
+
+    /// Exports registered GPU memory as a dma-buf, for other consumers
+    /// (an RDMA NIC's `ibv_reg_dmabuf_mr`, another driver). The caller owns
+    /// the returned descriptor.
+    pub fn export_dmabuf(&self, token: &BufferToken) -> Result<DmabufExport> {
+        match self.inner.registry.device_memory(token)? {
+            Some(d) => d.runtime.export_dmabuf(d.ptr, d.len),
+            None => Err(Error::Unsupported("dma-buf export of host memory".into())),
+        }
+    }
+
+    /// Whether the registration is GPU memory (and whose).
+    pub fn device_memory(&self, token: &BufferToken) -> Result<Option<DeviceMemory>> {
+        self.inner.registry.device_memory(token)
     }
 
     /// Deregisters a buffer: refused (and nothing changed) while I/O is in

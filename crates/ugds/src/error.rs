@@ -146,6 +146,53 @@ pub enum Error {
     /// The platform failed (mapping memory, opening the device, ...).
     #[error("platform: {0}")]
     Platform(String),
+    /// No GPU runtime could be loaded (no driver library, no device).
+    #[error("GPU runtime unavailable: {0}")]
+    GpuUnavailable(String),
+    /// A GPU runtime call failed.
+    #[error("{call} failed: {name} ({code})")]
+    GpuDriver {
+        /// The runtime function.
+        call: &'static str,
+        /// Its error code.
+        code: i32,
+        /// The runtime's name for the code.
+        name: String,
+    },
+    /// The address is not memory the GPU runtime knows.
+    #[error("{ptr:#x} is not a GPU allocation: {why}")]
+    GpuPointerInvalid {
+        /// The address.
+        ptr: u64,
+        /// What the runtime said.
+        why: String,
+    },
+    /// The memory is of a kind that cannot be used for I/O (managed memory, arrays).
+    #[error("{ptr:#x} is {kind} memory, which cannot be registered for I/O")]
+    GpuMemoryType {
+        /// The address.
+        ptr: u64,
+        /// What kind it is.
+        kind: &'static str,
+    },
+    /// The range runs past the end of the GPU allocation it starts in.
+    #[error("{ptr:#x}+{len:#x} runs past its allocation {alloc_base:#x}+{alloc_len:#x}")]
+    GpuPointerRange {
+        /// Start of the range.
+        ptr: u64,
+        /// Its length.
+        len: usize,
+        /// The allocation's base.
+        alloc_base: u64,
+        /// The allocation's length.
+        alloc_len: usize,
+    },
+    /// The memory belongs to another GPU context than the calling thread's.
+    #[error("{ptr:#x} belongs to another GPU context than the current one")]
+    GpuContextMismatch {
+        /// The address.
+        ptr: u64,
+    },
     /// An operating system call failed.
     #[error("{op}: {source}")]
     Os {
@@ -174,7 +221,12 @@ impl Error {
             | Error::Overlap { .. }
             | Error::StaleToken { .. }
             | Error::InvalidArgument(_)
+            | Error::GpuPointerInvalid { .. }
+            | Error::GpuMemoryType { .. }
+            | Error::GpuPointerRange { .. }
+            | Error::GpuContextMismatch { .. }
             | Error::CapacityExceeded { .. } => libc::EINVAL,
+            Error::GpuUnavailable(_) => libc::ENODEV,
             Error::Busy { .. } => libc::EBUSY,
             Error::Closed => libc::EBADF,
             Error::Timeout { .. } => libc::ETIMEDOUT,
@@ -187,6 +239,7 @@ impl Error {
             | Error::ControllerFatal
             | Error::NotReady { .. }
             | Error::Nvme { .. }
+            | Error::GpuDriver { .. }
             | Error::Platform(_) => libc::EIO,
         }
     }

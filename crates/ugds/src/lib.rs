@@ -42,6 +42,7 @@ pub mod dma;
 mod driver;
 pub mod engine;
 mod error;
+pub mod gpu;
 mod handle;
 mod io_queue;
 pub mod platform;

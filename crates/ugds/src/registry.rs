@@ -6,6 +6,7 @@
 //! cannot be deregistered while that count is not zero. An entry holds one
 //! controller mapping per open handle.
 
+use crate::gpu::DeviceMemory;
 use crate::platform::{HostMapping, Platform};
 use crate::{Error, Result};
 use std::collections::BTreeMap;
@@ -36,6 +37,8 @@ pub(crate) struct BufEntry {
     pub generation: u64,
     pub inflight: AtomicUsize,
     pub mappings: RwLock<Vec<Mapping>>,
+    /// GPU memory, or `None` for host memory.
+    pub device: Option<DeviceMemory>,
 }
 
 impl BufEntry {
@@ -47,7 +50,12 @@ impl BufEntry {
     pub fn map_for(&self, handle_id: u64, platform: &Arc<dyn Platform>) -> Result<()> {
         // SAFETY: the registrant promised (Driver::register) that the memory
         // stays valid until deregistration, which unmaps first.
-        let map = unsafe { platform.map_host(self.base as *mut u8, self.len)? };
+        let map = unsafe {
+            match &self.device {
+                None => platform.map_host(self.base as *mut u8, self.len)?,
+                Some(d) => platform.map_device(d)?,
+            }
+        };
         self.mappings.write().unwrap_or_else(|p| p.into_inner()).push(Mapping {
             handle_id,
             platform: platform.clone(),
@@ -92,7 +100,13 @@ pub(crate) struct Registry {
 impl Registry {
     /// Adds an entry for `base..base+len`, mapped on every handle in
     /// `handles`. Refuses a base already registered or an overlap.
-    pub fn insert(&self, base: usize, len: usize, handles: &[(u64, Arc<dyn Platform>)]) -> Result<BufferToken> {
+    pub fn insert(
+        &self,
+        base: usize,
+        len: usize,
+        device: Option<DeviceMemory>,
+        handles: &[(u64, Arc<dyn Platform>)],
+    ) -> Result<BufferToken> {
         if base == 0 {
             return Err(Error::InvalidArgument("null buffer".into()));
         }
@@ -117,6 +131,7 @@ impl Registry {
             generation,
             inflight: AtomicUsize::new(0),
             mappings: RwLock::new(Vec::new()),
+            device,
         });
         for (id, p) in handles {
             if let Err(e) = entry.map_for(*id, p) {
@@ -169,6 +184,16 @@ impl Registry {
         // Taken under the read lock: `remove` (write lock) sees it.
         e.inflight.fetch_add(1, Ordering::Acquire);
         Ok(BufGuard(e.clone()))
+    }
+
+    /// The device memory registered at `token`, checked.
+    pub fn device_memory(&self, token: &BufferToken) -> Result<Option<DeviceMemory>> {
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        let e = map.get(&token.base).ok_or(Error::NotRegistered { base: token.base })?;
+        if e.generation != token.generation {
+            return Err(Error::StaleToken { base: token.base, got: token.generation, current: e.generation });
+        }
+        Ok(e.device.clone())
     }
 
     /// Every entry, for mapping them on a new handle or unmapping on close.

@@ -70,6 +70,41 @@ fn file_backed_writes_land_at_lba_times_block_size() {
 }
 
 #[test]
+fn direct_file_namespace_moves_data_at_unaligned_buffer_offsets() {
+    // O_DIRECT needs a file system that supports it: the target directory
+    // is on disk (tmpfs before Linux 6.6 refuses O_DIRECT).
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("direct-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let cfg = EmuConfig::default().namespaces(vec![NamespaceConfig::direct_file(&path, 8 << 20, 4096)]);
+    let d = ugds::Driver::open();
+    let (h, emu) = match d.open_emulated(cfg, opts()) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("SKIPPED: O_DIRECT not available here ({e})");
+            return;
+        }
+    };
+    let mut b = Buf::new(&d, 1 << 20);
+    // Buffer offsets that are not block-aligned reach the bounce buffer.
+    for (k, &(off, len, boff)) in
+        [(0u64, 4096usize, 512usize), (1 << 20, 300 << 10, 8), (4 << 20, 64 << 10, 4096)].iter().enumerate()
+    {
+        b.mem[boff..boff + len].copy_from_slice(&pattern(k as u8, off, len));
+        h.write(&b.token, len, off, boff).unwrap();
+        b.mem.fill(0);
+        h.read(&b.token, len, off, 0).unwrap();
+        assert!(b.mem[..len] == pattern(k as u8, off, len)[..], "request {k}");
+    }
+    assert_eq!(emu.stats().dma_faults, 0);
+    drop(b);
+    h.close(ugds::Drain::NoWait).unwrap();
+    drop(h);
+    let file = std::fs::read(&path).unwrap();
+    assert!(file[1 << 20..(1 << 20) + (300 << 10)] == pattern(1, 1 << 20, 300 << 10)[..]);
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
 fn small_mdts_splits_into_many_commands() {
     let cfg = small_emu().mdts(1); // 8 KiB per command
     let (d, h, emu) = open(cfg, opts());

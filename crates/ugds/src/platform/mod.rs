@@ -13,6 +13,7 @@ pub mod ugds_drv;
 pub mod vfio;
 
 use crate::dma::DmaBuffer;
+use crate::gpu::DeviceMemory;
 use crate::sys::EventFd;
 use crate::Result;
 
@@ -84,7 +85,17 @@ pub trait Platform: Send + Sync {
     /// this mapping.
     unsafe fn map_host(&self, vaddr: *mut u8, len: usize) -> Result<HostMapping>;
 
-    /// Removes a mapping made by [`Platform::map_host`]. The caller makes
+    /// Makes registered GPU memory reachable by the controller. Platforms
+    /// without a path to GPU memory refuse it.
+    ///
+    /// # Safety
+    /// The memory must stay allocated until [`Platform::unmap_host`]
+    /// returns for this mapping.
+    unsafe fn map_device(&self, mem: &DeviceMemory) -> Result<HostMapping> {
+        Err(crate::Error::Unsupported(format!("{} cannot reach {} memory", self.describe(), mem.runtime.name())))
+    }
+
+    /// Removes a mapping made by [`Platform::map_host`] or [`Platform::map_device`]. The caller makes
     /// sure no command that uses it is outstanding.
     fn unmap_host(&self, mapping: &HostMapping) -> Result<()>;
 

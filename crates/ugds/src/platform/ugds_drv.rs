@@ -182,6 +182,13 @@ impl Platform for UgdsDrvPlatform {
         Ok(HostMapping { pages, first_offset: vaddr as usize - span.0, cookie: m.handle })
     }
 
+    unsafe fn map_device(&self, mem: &crate::gpu::DeviceMemory) -> Result<HostMapping> {
+        // The module imports the dma-buf (attach, pin, map) and holds its own
+        // reference; our descriptor is closed when `export` drops.
+        let export = mem.runtime.export_dmabuf(mem.ptr, mem.len)?;
+        self.map_dmabuf(std::os::fd::AsRawFd::as_raw_fd(&export.fd), export.offset, export.len)
+    }
+
     fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
         let mut h = mapping.cookie;
         k::ioctl(&self.file.fd, "UGDS_DRV_IOC_UNMAP", k::IOC_UNMAP, &mut h)

@@ -2,12 +2,14 @@
 
 use super::{EmuConfig, Fault, FaultAction, FaultTarget, IovaTable, Shared};
 use crate::dma::DmaRegion;
+use crate::gpu::DeviceRuntime;
 use crate::sys::{self, Anonymous};
 use crate::{Error, Result};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,6 +36,8 @@ pub(super) struct Namespace {
 enum Store {
     Memory(Anonymous),
     File(File),
+    /// Opened with O_DIRECT: transfers go through page-aligned memory only.
+    DirectFile(File),
 }
 
 impl Namespace {
@@ -44,19 +48,25 @@ impl Namespace {
                 let bytes = n.blocks * n.block_size as u64;
                 let store = match &n.backing {
                     super::Backing::Memory => Store::Memory(Anonymous::new(bytes as usize)?),
-                    super::Backing::File(p) => {
+                    super::Backing::File(p) | super::Backing::DirectFile(p) => {
+                        let direct = matches!(n.backing, super::Backing::DirectFile(_));
                         let f = OpenOptions::new()
                             .read(true)
                             .write(true)
                             .create(true)
                             .truncate(false)
+                            .custom_flags(if direct { libc::O_DIRECT } else { 0 })
                             .open(p)
                             .map_err(|e| Error::Os { op: "open namespace backing file", source: e })?;
                         let len = f.metadata().map_err(|e| Error::Os { op: "stat backing file", source: e })?.len();
                         if len < bytes {
                             f.set_len(bytes).map_err(|e| Error::Os { op: "extend backing file", source: e })?;
                         }
-                        Store::File(f)
+                        if direct {
+                            Store::DirectFile(f)
+                        } else {
+                            Store::File(f)
+                        }
                     }
                 };
                 Ok(Namespace { block_size: n.block_size, blocks: n.blocks, store })
@@ -77,7 +87,7 @@ impl Namespace {
                 Ok(())
             },
             // SAFETY: per this fn's contract.
-            Store::File(f) => unsafe { sys::pread_raw(f.as_raw_fd(), dst, len, off) },
+            Store::File(f) | Store::DirectFile(f) => unsafe { sys::pread_raw(f.as_raw_fd(), dst, len, off) },
         }
     }
 
@@ -93,7 +103,7 @@ impl Namespace {
                 Ok(())
             },
             // SAFETY: per this fn's contract.
-            Store::File(f) => unsafe { sys::pwrite_raw(f.as_raw_fd(), src, len, off) },
+            Store::File(f) | Store::DirectFile(f) => unsafe { sys::pwrite_raw(f.as_raw_fd(), src, len, off) },
         }
     }
 
@@ -104,8 +114,11 @@ impl Namespace {
                 std::ptr::write_bytes(m.as_ptr().add(off as usize), 0, len as usize);
                 Ok(())
             },
-            Store::File(f) => {
-                let zeros = vec![0u8; 1 << 16];
+            Store::File(f) | Store::DirectFile(f) => {
+                // Page-aligned zeros, as O_DIRECT needs.
+                let zeros = Anonymous::new(1 << 16).map_err(std::io::Error::other)?;
+                // SAFETY: a fresh, zeroed mapping of 64 KiB.
+                let zeros = unsafe { std::slice::from_raw_parts(zeros.as_ptr(), 1 << 16) };
                 let mut done = 0;
                 while done < len {
                     let n = (len - done).min(zeros.len() as u64) as usize;
@@ -118,7 +131,7 @@ impl Namespace {
     }
 
     fn flush(&self) {
-        if let Store::File(f) = &self.store {
+        if let Store::File(f) | Store::DirectFile(f) = &self.store {
             let _ = f.sync_data();
         }
     }
@@ -225,7 +238,12 @@ pub(super) struct Controller {
     busy_until: Instant,
     table_version: u64,
     segs: Vec<(u64, usize)>,
-    host_segs: Vec<(usize, usize)>,
+    /// Translated data segments: address, length, and the GPU runtime when
+    /// the address is device memory.
+    host_segs: Vec<DataSeg>,
+    /// Page-aligned bounce buffer between the namespace and GPU memory
+    /// (or host memory, for an O_DIRECT file).
+    staging: Option<Anonymous>,
     /// Completions of the current sweep, posted at its end (in reverse
     /// with `reverse_completions`).
     held: Vec<Completion>,
@@ -265,6 +283,7 @@ impl Controller {
             table_version: u64::MAX,
             segs: Vec::with_capacity(520),
             host_segs: Vec::with_capacity(520),
+            staging: None,
             held: Vec::with_capacity(SQ_BURST as usize),
             local: Local::default(),
         }
@@ -782,16 +801,25 @@ impl Controller {
     fn translate_segs(&mut self, table: &IovaTable) -> Result<(), Status> {
         self.host_segs.clear();
         for &(iova, len) in &self.segs {
-            let Some(host) = table.translate(iova, len) else {
+            let Some((addr, device)) = table.translate_data(iova, len) else {
                 tracing::debug!(iova, len, "emulator: DMA to unmapped address");
                 self.shared.stats.dma_faults.fetch_add(1, Ordering::Relaxed);
                 return Err(Status::generic(generic::DATA_TRANSFER_ERROR));
             };
-            let host = host.as_ptr() as usize;
             match self.host_segs.last_mut() {
-                Some((h, l)) if *h + *l == host => *l += len,
-                _ => self.host_segs.push((host, len)),
+                Some((a, l, d)) if *a + *l == addr && same_target(d.as_ref(), device) => *l += len,
+                _ => self.host_segs.push((addr, len, device.cloned())),
             }
+        }
+        Ok(())
+    }
+
+    /// Refuses device segments where only host memory is possible (data
+    /// of admin commands).
+    fn host_only(&self) -> Result<(), Status> {
+        if self.host_segs.iter().any(|s| s.2.is_some()) {
+            self.shared.stats.dma_faults.fetch_add(1, Ordering::Relaxed);
+            return Err(Status::generic(generic::DATA_TRANSFER_ERROR));
         }
         Ok(())
     }
@@ -799,20 +827,55 @@ impl Controller {
     fn transfer(&mut self, op: NvmOpcode, sqe: &Sqe, ns_off: u64, len: usize, table: &IovaTable) -> Result<(), Status> {
         self.walk(table, sqe.prp1, sqe.prp2, len)?;
         self.translate_segs(table)?;
-        let ns = self.namespace(sqe.nsid).expect("checked by caller");
+        let ns = &self.ns[(sqe.nsid - 1) as usize];
         let mut off = ns_off;
-        for &(host, l) in &self.host_segs {
-            // SAFETY: `host..host+l` lies inside an IOVA table entry, which the
-            // platform keeps valid while mapped; the read lock held by the
-            // caller keeps it mapped for the duration of this copy.
-            let r = unsafe {
-                if op == NvmOpcode::Read {
-                    ns.read_into(off, host as *mut u8, l)
-                } else {
-                    ns.write_from(off, host as *const u8, l)
-                }
+        for (addr, l, device) in &self.host_segs {
+            let (addr, l) = (*addr, *l);
+            let direct = matches!(ns.store, Store::DirectFile(_));
+            let r = match device {
+                None if direct => (|| {
+                    let buf = bounce(&mut self.staging, l)?;
+                    // SAFETY: `addr..addr+l` is mapped (see below) and `buf`
+                    // is our own page-aligned memory of at least `l` bytes.
+                    unsafe {
+                        if op == NvmOpcode::Read {
+                            ns.read_into(off, buf.as_mut_ptr(), l)?;
+                            std::ptr::copy_nonoverlapping(buf.as_ptr(), addr as *mut u8, l);
+                        } else {
+                            std::ptr::copy_nonoverlapping(addr as *const u8, buf.as_mut_ptr(), l);
+                            ns.write_from(off, buf.as_ptr(), l)?;
+                        }
+                    }
+                    Ok(())
+                })(),
+                // SAFETY: `addr..addr+l` lies inside an IOVA table entry, which
+                // the platform keeps valid while mapped; the read lock held by
+                // the caller keeps it mapped for the duration of this copy.
+                None => unsafe {
+                    if op == NvmOpcode::Read {
+                        ns.read_into(off, addr as *mut u8, l)
+                    } else {
+                        ns.write_from(off, addr as *const u8, l)
+                    }
+                },
+                // GPU memory: through a bounce buffer and the copy engine,
+                // standing in for the P2P DMA a real controller does.
+                Some(rt) => (|| {
+                    let buf = bounce(&mut self.staging, l)?;
+                    if op == NvmOpcode::Read {
+                        // SAFETY: `buf` is our own memory of `l` bytes.
+                        unsafe { ns.read_into(off, buf.as_mut_ptr(), l) }
+                            .and_then(|()| rt.copy_to_device(addr as u64, buf).map_err(std::io::Error::other))
+                    } else {
+                        rt.copy_from_device(buf, addr as u64)
+                            .map_err(std::io::Error::other)
+                            // SAFETY: as above.
+                            .and_then(|()| unsafe { ns.write_from(off, buf.as_ptr(), l) })
+                    }
+                })(),
             };
-            if r.is_err() {
+            if let Err(e) = r {
+                tracing::debug!("emulator: data transfer failed: {e}");
                 let sc = if op == NvmOpcode::Read {
                     ugds_nvme::status::media::UNRECOVERED_READ_ERROR
                 } else {
@@ -828,8 +891,9 @@ impl Controller {
     fn dma_write(&mut self, table: &IovaTable, prp1: u64, prp2: u64, data: &[u8]) -> Result<(), Status> {
         self.walk(table, prp1, prp2, data.len())?;
         self.translate_segs(table)?;
+        self.host_only()?;
         let mut done = 0;
-        for &(host, l) in &self.host_segs {
+        for &(host, l, _) in &self.host_segs {
             // SAFETY: a translated, mapped range (see `transfer`).
             unsafe { std::ptr::copy_nonoverlapping(data[done..].as_ptr(), host as *mut u8, l) };
             done += l;
@@ -840,9 +904,10 @@ impl Controller {
     fn dma_read(&mut self, table: &IovaTable, prp1: u64, prp2: u64, len: usize) -> Result<Vec<u8>, Status> {
         self.walk(table, prp1, prp2, len)?;
         self.translate_segs(table)?;
+        self.host_only()?;
         let mut out = vec![0u8; len];
         let mut done = 0;
-        for &(host, l) in &self.host_segs {
+        for &(host, l, _) in &self.host_segs {
             // SAFETY: a translated, mapped range (see `transfer`).
             unsafe { std::ptr::copy_nonoverlapping(host as *const u8, out[done..].as_mut_ptr(), l) };
             done += l;
@@ -1097,4 +1162,27 @@ fn translate_region(table: &IovaTable, iova: u64, len: usize) -> Option<DmaRegio
     // the region only under the table's read lock, and drops or re-translates
     // it whenever the table's version shows that an entry was removed.
     Some(unsafe { DmaRegion::new(host, len, Iova(iova)) })
+}
+
+/// A translated data segment: address, length, and the GPU runtime when the
+/// address is device memory.
+type DataSeg = (usize, usize, Option<Arc<dyn DeviceRuntime>>);
+
+fn same_target(a: Option<&Arc<dyn DeviceRuntime>>, b: Option<&Arc<dyn DeviceRuntime>>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        _ => false,
+    }
+}
+
+/// The first `len` bytes of the bounce buffer, grown (to a power of two) as needed.
+fn bounce(staging: &mut Option<Anonymous>, len: usize) -> std::io::Result<&mut [u8]> {
+    if staging.as_ref().is_none_or(|s| s.len() < len) {
+        *staging = Some(Anonymous::new(len.next_power_of_two()).map_err(std::io::Error::other)?);
+    }
+    let s = staging.as_ref().expect("just set");
+    // SAFETY: our own mapping of at least `len` bytes, borrowed mutably
+    // through `staging`.
+    Ok(unsafe { std::slice::from_raw_parts_mut(s.as_ptr(), len) })
 }

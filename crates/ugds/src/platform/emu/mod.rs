@@ -21,6 +21,7 @@
 mod controller;
 
 use crate::dma::{DmaBuffer, DmaRegion, DmaRelease};
+use crate::gpu::{DeviceMemory, DeviceRuntime};
 use crate::platform::{HostMapping, Platform};
 use crate::sys::{Anonymous, EventFd, PAGE_SIZE};
 use crate::{Error, Result};
@@ -41,6 +42,10 @@ pub enum Backing {
     /// A file: block `n` is at byte `n * block_size`. The file is created if
     /// missing and extended (sparsely) to the namespace size.
     File(PathBuf),
+    /// A file read and written with `O_DIRECT` (no page cache), through an
+    /// aligned bounce buffer: for benchmarks against a real disk. The
+    /// namespace's block size must be a multiple of the file system's.
+    DirectFile(PathBuf),
 }
 
 /// One namespace.
@@ -63,6 +68,11 @@ impl NamespaceConfig {
     /// A file-backed namespace of `bytes` bytes.
     pub fn file(path: impl Into<PathBuf>, bytes: u64, block_size: u32) -> Self {
         NamespaceConfig { block_size, blocks: bytes / block_size as u64, backing: Backing::File(path.into()) }
+    }
+
+    /// A namespace of `bytes` bytes on a file opened with `O_DIRECT`.
+    pub fn direct_file(path: impl Into<PathBuf>, bytes: u64, block_size: u32) -> Self {
+        NamespaceConfig { block_size, blocks: bytes / block_size as u64, backing: Backing::DirectFile(path.into()) }
     }
 }
 
@@ -306,7 +316,10 @@ struct IovaTable {
 
 struct IovaEntry {
     len: usize,
+    /// Host address, or device address when `device` is set.
     host: usize,
+    /// GPU memory, reached through the runtime's copy engine.
+    device: Option<Arc<dyn DeviceRuntime>>,
     /// Memory the platform allocated (queues, PRP pages); freed on removal.
     _owned: Option<Anonymous>,
 }
@@ -316,10 +329,14 @@ const IOVA_BASE: u64 = 0x1_0000_0000;
 
 impl IovaTable {
     fn insert(&mut self, host: usize, len: usize, owned: Option<Anonymous>) -> u64 {
+        self.insert_entry(IovaEntry { len, host, device: None, _owned: owned })
+    }
+
+    fn insert_entry(&mut self, e: IovaEntry) -> u64 {
         let iova = self.next;
         // Leave an unmapped page after every range so overruns fault.
-        self.next += (len.next_multiple_of(PAGE_SIZE) + PAGE_SIZE) as u64;
-        self.map.insert(iova, IovaEntry { len, host, _owned: owned });
+        self.next += (e.len.next_multiple_of(PAGE_SIZE) + PAGE_SIZE) as u64;
+        self.map.insert(iova, e);
         iova
     }
 
@@ -328,14 +345,24 @@ impl IovaTable {
         self.map.remove(&iova).is_some()
     }
 
-    /// Host address of `iova..iova+len`, when the whole range lies in one mapping.
+    /// Host address of `iova..iova+len`, when the whole range lies in one
+    /// mapping of host memory.
     fn translate(&self, iova: u64, len: usize) -> Option<NonNull<u8>> {
+        match self.translate_data(iova, len)? {
+            (host, None) => NonNull::new(host as *mut u8),
+            (_, Some(_)) => None,
+        }
+    }
+
+    /// Address of `iova..iova+len` in host memory, or in GPU memory with
+    /// the runtime that reaches it.
+    fn translate_data(&self, iova: u64, len: usize) -> Option<(usize, Option<&Arc<dyn DeviceRuntime>>)> {
         let (&start, e) = self.map.range(..=iova).next_back()?;
         let off = (iova - start) as usize;
         if off.checked_add(len)? > e.len {
             return None;
         }
-        NonNull::new((e.host + off) as *mut u8)
+        Some((e.host + off, e.device.as_ref()))
     }
 }
 
@@ -512,6 +539,13 @@ impl Platform for EmuPlatform {
         let span = HostMapping::span(vaddr, len)?;
         let iova = self.shared.iova.write().unwrap_or_else(|p| p.into_inner()).insert(span.0, span.1, None);
         Ok(HostMapping::contiguous(vaddr, span, iova))
+    }
+
+    unsafe fn map_device(&self, mem: &DeviceMemory) -> Result<HostMapping> {
+        let (start, len) = crate::gpu::page_span(mem.ptr, mem.len);
+        let entry = IovaEntry { len, host: start as usize, device: Some(mem.runtime.clone()), _owned: None };
+        let iova = self.shared.iova.write().unwrap_or_else(|p| p.into_inner()).insert_entry(entry);
+        Ok(HostMapping::contiguous(mem.ptr as *const u8, (start as usize, len), iova))
     }
 
     fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {

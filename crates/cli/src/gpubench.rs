@@ -1,0 +1,303 @@
+//! `ugds gpu-bench`: ugds on GPU memory, in the shape of the cuFile
+//! benchmark in bench/cufile, so the two print comparable figures.
+//!
+//! Every figure is printed as `RESULT key value unit` (for
+//! scripts/gpu-bench, which prints both side by side) and in words.
+
+use crate::histogram::Histogram;
+use crate::target::{self, TargetOpts};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use ugds::gpu::cuda::Cuda;
+use ugds::gpu::{GpuStream, StreamWait};
+use ugds::{BatchIo, BatchOp, BufferToken, Driver, Handle, HandleOptions, StreamIo};
+
+pub const HELP: &str = "\
+Usage: ugds gpu-bench [OPTIONS] [TARGET]
+
+Reads and writes between the target and CUDA device memory (GPU 0):
+set-up time, synchronous reads by size, one stream against synchronous
+16 MiB reads, the overlap of 16 x 1 MiB writes with compute, many streams,
+and a batch of 128 x 4 KiB (first batch and steady state).
+
+Options:
+      --seconds S        time per synchronous size [1]
+      --compute-us N     compute per I/O in the overlap experiment [500]
+  -h, --help
+
+";
+
+const MIB: usize = 1 << 20;
+
+fn result(key: &str, value: f64, unit: &str) {
+    println!("RESULT {key} {value:.3} {unit}");
+}
+
+pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
+    use lexopt::prelude::*;
+    let mut t = TargetOpts::default();
+    let mut seconds = 1.0f64;
+    let mut compute_us = 500u64;
+    let mut p = lexopt::Parser::from_args(args);
+    while let Some(arg) = p.next().map_err(|e| e.to_string())? {
+        match arg {
+            Short('h') | Long("help") => {
+                print!("{HELP}{}", target::HELP);
+                return Ok(());
+            }
+            Long("seconds") => seconds = p.value().map_err(|e| e.to_string())?.parse().map_err(|e| format!("{e}"))?,
+            Long("compute-us") => {
+                compute_us = p.value().map_err(|e| e.to_string())?.parse().map_err(|e| format!("{e}"))?
+            }
+            Long(l) => {
+                let l = l.to_owned();
+                if !target::parse_long(&mut t, &l, &mut p).map_err(|e| e.to_string())? {
+                    return Err(format!("unexpected option --{l}; try `ugds gpu-bench --help`"));
+                }
+            }
+            _ => return Err(arg.unexpected().to_string()),
+        }
+    }
+    run(&t, Duration::from_secs_f64(seconds), compute_us).map_err(|e| e.to_string())
+}
+
+fn run(t: &TargetOpts, per_size: Duration, compute_us: u64) -> ugds::Result<()> {
+    let cuda = Cuda::get()?;
+    cuda.use_device(0)?;
+    // The CUDA context exists and the buffer is allocated before timing,
+    // as in the cuFile benchmark.
+    let gpu = cuda.alloc(64 * MIB)?;
+
+    let t0 = Instant::now();
+    let target = target::open(t).map_err(ugds::Error::Platform)?;
+    let driver = Driver::open();
+    let t_open = t0.elapsed();
+    let h = driver.open_handle(target.platform.clone(), HandleOptions::default())?;
+    let t_handle = t0.elapsed();
+    // SAFETY: `gpu` outlives the registration (deregistered at the end).
+    let tok = unsafe { driver.register_cuda(gpu.ptr(), gpu.len())? };
+    let t_reg = t0.elapsed();
+    h.read(&tok, 4096, 0, 0)?;
+    let t_first = t0.elapsed();
+    println!("target: {}", target.description);
+    println!(
+        "set-up: driver open {:.3} ms, handle {:.3} ms, 64 MiB GPU buffer registered {:.3} ms, first 4 KiB read done at {:.3} ms",
+        ms(t_open),
+        ms(t_handle - t_open),
+        ms(t_reg - t_handle),
+        ms(t_first)
+    );
+    result("setup_total", ms(t_first), "ms");
+    result("setup_buf_register", ms(t_reg - t_handle), "ms");
+
+    // Synchronous random reads by size.
+    let cap = h.capacity();
+    let mut rng = crate::bench::Rng(0x9e37_79b9_7f4a_7c15);
+    for size in [4096usize, 65536, MIB, 16 * MIB] {
+        let mut hist = Histogram::default();
+        let (mut n, start) = (0u64, Instant::now());
+        while start.elapsed() < per_size || n < 4 {
+            let off = rng.next() % (cap / size as u64) * size as u64;
+            let s = Instant::now();
+            h.read(&tok, size, off, 0)?;
+            hist.record(s.elapsed().as_nanos() as u64);
+            n += 1;
+        }
+        let secs = start.elapsed().as_secs_f64();
+        let mibs = (n * size as u64) as f64 / secs / MIB as f64;
+        println!(
+            "sync read {:>6}: {:>8.1} MiB/s, mean {:.1} us, p99 {:.1} us ({n} reads)",
+            crate::fmt_bytes(size as u64),
+            mibs,
+            hist.mean() / 1e3,
+            hist.quantile(0.99) as f64 / 1e3
+        );
+        result(&format!("sync_read_{}k_mibs", size / 1024), mibs, "MiB/s");
+        if size == 4096 {
+            result("sync_read_4k_mean", hist.mean() / 1e3, "us");
+            result("sync_read_4k_p99", hist.quantile(0.99) as f64 / 1e3, "us");
+        }
+    }
+
+    // One stream against the same 16 MiB reads done synchronously.
+    let raw = cuda.create_stream()?;
+    let reads = 32usize;
+    let mut ratios = Vec::new();
+    for wait in [StreamWait::DeviceSide, StreamWait::BlockingCallback] {
+        // SAFETY: `raw` outlives `s`.
+        let s = unsafe { cuda.stream(raw.raw(), wait)? };
+        let mut best = (0f64, 0f64);
+        for _ in 0..3 {
+            let sync = {
+                let start = Instant::now();
+                for i in 0..reads {
+                    h.read(&tok, 16 * MIB, (i * 16 * MIB) as u64, (i % 4) * 16 * MIB)?;
+                }
+                (reads * 16) as f64 / start.elapsed().as_secs_f64()
+            };
+            let stream = {
+                let start = Instant::now();
+                let mut res = Vec::with_capacity(reads);
+                for i in 0..reads {
+                    let (io, r) = StreamIo::new(16 * MIB, (i * 16 * MIB) as u64, (i % 4) * 16 * MIB);
+                    h.read_async(&tok, io, &s)?;
+                    res.push(r);
+                }
+                s.synchronize()?;
+                let bw = (reads * 16) as f64 / start.elapsed().as_secs_f64();
+                if let Some(bad) = res.iter().find(|r| r.bytes() != (16 * MIB) as i64) {
+                    return Err(ugds::Error::Platform(format!("stream read failed: {}", bad.bytes())));
+                }
+                bw
+            };
+            best = (best.0.max(sync), best.1.max(stream));
+        }
+        let name = if wait == StreamWait::DeviceSide { "device-side wait" } else { "blocking callback" };
+        println!(
+            "one stream, {reads} x 16 MiB ({name}): sync {:.1} MiB/s, stream {:.1} MiB/s, {:.1}% kept (best of 3 each)",
+            best.0,
+            best.1,
+            100.0 * best.1 / best.0
+        );
+        ratios.push(best);
+    }
+    result("sync_16m_mibs", ratios[0].0, "MiB/s");
+    result("stream_16m_mibs", ratios[0].1, "MiB/s");
+    result("stream_16m_kept", 100.0 * ratios[0].1 / ratios[0].0, "%");
+    result("stream_16m_blocking_kept", 100.0 * ratios[1].1 / ratios[1].0, "%");
+
+    overlap(&cuda, &h, &tok, compute_us)?;
+    many_streams(&cuda, &h, &tok)?;
+    batch(&h, &tok)?;
+
+    driver.deregister(&tok)?;
+    h.close(ugds::Drain::Forever)?;
+    Ok(())
+}
+
+/// The paper's overlap experiment: 16 x 1 MiB writes from GPU memory and as
+/// many compute kernels, three schedules.
+fn overlap(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken, compute_us: u64) -> ugds::Result<()> {
+    let spin = cuda.spin_kernel()?;
+    let (io_raw, c_raw) = (cuda.create_stream()?, cuda.create_stream()?);
+    // SAFETY: `io_raw` outlives `io`.
+    let io = unsafe { cuda.stream(io_raw.raw(), StreamWait::DeviceSide)? };
+    // Written into the namespace's upper half, away from the read data.
+    let base = h.capacity() / 2;
+    let write = |i: usize| -> ugds::Result<()> {
+        let (sio, _r) = StreamIo::new(MIB, base + (i * MIB) as u64, i * MIB);
+        h.write_async(tok, sio, &io)
+    };
+    let ns = compute_us * 1000;
+    // Warm-up: one of each.
+    write(0)?;
+    spin.launch(&c_raw, ns)?;
+    io.synchronize()?;
+    c_raw.synchronize()?;
+    let mut out = Vec::new();
+    for schedule in ["sequential", "per_io_overlap", "pipelined"] {
+        let start = Instant::now();
+        for i in 0..16 {
+            match schedule {
+                "sequential" => {
+                    write(i)?;
+                    io.synchronize()?;
+                    spin.launch(&c_raw, ns)?;
+                    c_raw.synchronize()?;
+                }
+                "per_io_overlap" => {
+                    write(i)?;
+                    spin.launch(&c_raw, ns)?;
+                    io.synchronize()?;
+                    c_raw.synchronize()?;
+                }
+                _ => {
+                    write(i)?;
+                    spin.launch(&c_raw, ns)?;
+                }
+            }
+        }
+        io.synchronize()?;
+        c_raw.synchronize()?;
+        let took = ms(start.elapsed());
+        result(&format!("overlap_{schedule}"), took, "ms");
+        out.push(took);
+    }
+    println!(
+        "overlap, 16 x (1 MiB write + {compute_us} us compute): sequential {:.2} ms, per-I/O overlap {:.2} ms, pipelined {:.2} ms",
+        out[0], out[1], out[2]
+    );
+    Ok(())
+}
+
+/// Aggregate read bandwidth with 1, 4 and 16 streams, 16 x 1 MiB each.
+fn many_streams(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result<()> {
+    for n in [1usize, 4, 16] {
+        let raws: Vec<_> = (0..n).map(|_| cuda.create_stream()).collect::<ugds::Result<_>>()?;
+        // SAFETY: `raws` outlive the streams (dropped first, below).
+        let streams: Vec<GpuStream> = raws
+            .iter()
+            .map(|r| unsafe { cuda.stream(r.raw(), StreamWait::DeviceSide) })
+            .collect::<ugds::Result<_>>()?;
+        let start = Instant::now();
+        let mut res = Vec::new();
+        for i in 0..16 {
+            for (k, s) in streams.iter().enumerate() {
+                let idx = k * 16 + i;
+                let (io, r) = StreamIo::new(MIB, (idx * MIB) as u64, (idx % 64) * MIB);
+                h.read_async(tok, io, s)?;
+                res.push(r);
+            }
+        }
+        for s in &streams {
+            s.synchronize()?;
+        }
+        let mibs = (n * 16) as f64 / start.elapsed().as_secs_f64();
+        if res.iter().any(|r| r.bytes() != MIB as i64) {
+            return Err(ugds::Error::Platform("a stream read failed".into()));
+        }
+        println!("{n:>2} streams x 16 x 1 MiB reads: {mibs:.1} MiB/s");
+        result(&format!("streams_{n}_mibs"), mibs, "MiB/s");
+        drop(streams);
+    }
+    Ok(())
+}
+
+/// 128 x 4 KiB reads per batch: the first batch, then 20 more.
+fn batch(h: &Handle, tok: &BufferToken) -> ugds::Result<()> {
+    let b = h.batch(128)?;
+    let ios: Vec<BatchIo> = (0..128)
+        .map(|i| BatchIo {
+            op: BatchOp::Read,
+            buf: *tok,
+            size: 4096,
+            file_offset: (i * 8192) as u64,
+            buf_offset: i * 4096,
+            cookie: i as u64,
+        })
+        .collect();
+    let mut ev = Vec::with_capacity(128);
+    let mut times = Vec::new();
+    for _ in 0..21 {
+        ev.clear();
+        let start = Instant::now();
+        b.submit(&ios)?;
+        b.get_status(128, 128, Some(Duration::from_secs(10)), &mut ev)?;
+        times.push(start.elapsed());
+        if ev.iter().any(|e| e.result.as_ref().ok() != Some(&4096)) {
+            return Err(ugds::Error::Platform("a batch read failed".into()));
+        }
+    }
+    let first = times[0];
+    let mut steady: Vec<_> = times[1..].to_vec();
+    steady.sort();
+    let median = steady[steady.len() / 2];
+    println!("batch 128 x 4 KiB: first {:.3} ms, steady median {:.3} ms", ms(first), ms(median));
+    result("batch_first", ms(first), "ms");
+    result("batch_steady", ms(median), "ms");
+    Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}

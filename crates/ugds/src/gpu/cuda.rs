@@ -1,0 +1,684 @@
+//! CUDA, through the driver API in `libcuda.so.1`, loaded at run time.
+//!
+//! [`Cuda::get`] loads the library and initialises it once per process.
+//! Registration classifies a pointer with `cuPointerGetAttribute`: device
+//! memory must be a plain device allocation, the range inside one
+//! allocation, of the calling thread's context when it has one; host
+//! memory (pinned or not) is registered as host memory.
+
+use super::dl::Library;
+use super::stream::{GpuStream, StreamBackend};
+use super::{page_span, DeviceMemory, DeviceRuntime, DmabufExport};
+use crate::{Error, Result};
+use std::collections::HashMap;
+use std::ffi::{c_char, c_void, CStr};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::{Arc, Mutex, OnceLock};
+
+type Res = i32;
+type Ctx = *mut c_void;
+type RawStream = *mut c_void;
+type HostFn = unsafe extern "C" fn(*mut c_void);
+
+const SUCCESS: Res = 0;
+const ERROR_INVALID_VALUE: Res = 1;
+const ERROR_NOT_SUPPORTED: Res = 801;
+
+const POINTER_ATTRIBUTE_CONTEXT: i32 = 1;
+const POINTER_ATTRIBUTE_MEMORY_TYPE: i32 = 2;
+const POINTER_ATTRIBUTE_IS_MANAGED: i32 = 8;
+const MEMORYTYPE_HOST: u32 = 1;
+const MEMORYTYPE_DEVICE: u32 = 2;
+const MEMORYTYPE_ARRAY: u32 = 3;
+const STREAM_NON_BLOCKING: u32 = 1;
+const STREAM_WAIT_VALUE_GEQ: u32 = 0;
+const MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD: i32 = 1;
+const MEMHOSTALLOC_PORTABLE: u32 = 1;
+const MEMHOSTALLOC_DEVICEMAP: u32 = 2;
+const DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: i32 = 124;
+
+/// The driver API entry points ugds uses.
+#[allow(clippy::type_complexity)]
+struct Api {
+    init: unsafe extern "C" fn(u32) -> Res,
+    get_error_name: unsafe extern "C" fn(Res, *mut *const c_char) -> Res,
+    device_get_count: unsafe extern "C" fn(*mut i32) -> Res,
+    device_get: unsafe extern "C" fn(*mut i32, i32) -> Res,
+    device_get_attribute: unsafe extern "C" fn(*mut i32, i32, i32) -> Res,
+    primary_ctx_retain: unsafe extern "C" fn(*mut Ctx, i32) -> Res,
+    ctx_set_current: unsafe extern "C" fn(Ctx) -> Res,
+    ctx_get_current: unsafe extern "C" fn(*mut Ctx) -> Res,
+    ctx_get_device: unsafe extern "C" fn(*mut i32) -> Res,
+    ctx_synchronize: unsafe extern "C" fn() -> Res,
+    pointer_get_attribute: unsafe extern "C" fn(*mut c_void, i32, u64) -> Res,
+    mem_get_address_range: unsafe extern "C" fn(*mut u64, *mut usize, u64) -> Res,
+    mem_alloc: unsafe extern "C" fn(*mut u64, usize) -> Res,
+    mem_free: unsafe extern "C" fn(u64) -> Res,
+    mem_host_alloc: unsafe extern "C" fn(*mut *mut c_void, usize, u32) -> Res,
+    mem_host_get_device_pointer: unsafe extern "C" fn(*mut u64, *mut c_void, u32) -> Res,
+    mem_free_host: unsafe extern "C" fn(*mut c_void) -> Res,
+    memcpy_htod: unsafe extern "C" fn(u64, *const c_void, usize) -> Res,
+    memcpy_dtoh: unsafe extern "C" fn(*mut c_void, u64, usize) -> Res,
+    memcpy_htod_async: unsafe extern "C" fn(u64, *const c_void, usize, RawStream) -> Res,
+    memcpy_dtoh_async: unsafe extern "C" fn(*mut c_void, u64, usize, RawStream) -> Res,
+    mem_get_handle_for_address_range: unsafe extern "C" fn(*mut c_void, u64, usize, i32, u64) -> Res,
+    stream_create: unsafe extern "C" fn(*mut RawStream, u32) -> Res,
+    stream_destroy: unsafe extern "C" fn(RawStream) -> Res,
+    stream_synchronize: unsafe extern "C" fn(RawStream) -> Res,
+    launch_host_func: unsafe extern "C" fn(RawStream, HostFn, *mut c_void) -> Res,
+    stream_wait_value32: unsafe extern "C" fn(RawStream, u64, u32, u32) -> Res,
+    module_load_data: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> Res,
+    module_get_function: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_char) -> Res,
+    #[allow(clippy::type_complexity)]
+    launch_kernel: unsafe extern "C" fn(
+        *mut c_void,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        RawStream,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> Res,
+}
+
+impl Api {
+    fn load(lib: &Library) -> Result<Api> {
+        // SAFETY: each type below is the symbol's C prototype in cuda.h
+        // (CUresult = int, CUdevice = int, CUdeviceptr = unsigned long long,
+        // handles are pointers).
+        unsafe {
+            Ok(Api {
+                init: lib.sym(c"cuInit")?,
+                get_error_name: lib.sym(c"cuGetErrorName")?,
+                device_get_count: lib.sym(c"cuDeviceGetCount")?,
+                device_get: lib.sym(c"cuDeviceGet")?,
+                device_get_attribute: lib.sym(c"cuDeviceGetAttribute")?,
+                primary_ctx_retain: lib.sym(c"cuDevicePrimaryCtxRetain")?,
+                ctx_set_current: lib.sym(c"cuCtxSetCurrent")?,
+                ctx_get_current: lib.sym(c"cuCtxGetCurrent")?,
+                ctx_get_device: lib.sym(c"cuCtxGetDevice")?,
+                ctx_synchronize: lib.sym(c"cuCtxSynchronize")?,
+                pointer_get_attribute: lib.sym(c"cuPointerGetAttribute")?,
+                mem_get_address_range: lib.sym(c"cuMemGetAddressRange_v2")?,
+                mem_alloc: lib.sym(c"cuMemAlloc_v2")?,
+                mem_free: lib.sym(c"cuMemFree_v2")?,
+                mem_host_alloc: lib.sym(c"cuMemHostAlloc")?,
+                mem_host_get_device_pointer: lib.sym(c"cuMemHostGetDevicePointer_v2")?,
+                mem_free_host: lib.sym(c"cuMemFreeHost")?,
+                memcpy_htod: lib.sym(c"cuMemcpyHtoD_v2")?,
+                memcpy_dtoh: lib.sym(c"cuMemcpyDtoH_v2")?,
+                memcpy_htod_async: lib.sym(c"cuMemcpyHtoDAsync_v2")?,
+                memcpy_dtoh_async: lib.sym(c"cuMemcpyDtoHAsync_v2")?,
+                mem_get_handle_for_address_range: lib.sym(c"cuMemGetHandleForAddressRange")?,
+                stream_create: lib.sym(c"cuStreamCreate")?,
+                stream_destroy: lib.sym(c"cuStreamDestroy_v2")?,
+                stream_synchronize: lib.sym(c"cuStreamSynchronize")?,
+                launch_host_func: lib.sym(c"cuLaunchHostFunc")?,
+                stream_wait_value32: lib.sym_any(&[c"cuStreamWaitValue32_v2", c"cuStreamWaitValue32"])?,
+                module_load_data: lib.sym(c"cuModuleLoadData")?,
+                module_get_function: lib.sym(c"cuModuleGetFunction")?,
+                launch_kernel: lib.sym(c"cuLaunchKernel")?,
+            })
+        }
+    }
+}
+
+/// The CUDA driver, loaded and initialised.
+pub struct Cuda {
+    api: Api,
+    _lib: Library,
+    /// One runtime object per context, shared by its registrations.
+    contexts: Mutex<HashMap<usize, Arc<CudaContext>>>,
+}
+
+static CUDA: OnceLock<std::result::Result<Arc<Cuda>, String>> = OnceLock::new();
+
+impl Cuda {
+    /// Loads `libcuda.so.1` and calls `cuInit` (once per process).
+    pub fn get() -> Result<Arc<Cuda>> {
+        CUDA.get_or_init(|| Cuda::load().map(Arc::new).map_err(|e| e.to_string()))
+            .clone()
+            .map_err(Error::GpuUnavailable)
+    }
+
+    fn load() -> Result<Cuda> {
+        // A stream waiting for I/O (cuStreamWaitValue32) holds one of the
+        // device's hardware queues, which streams share round-robin (8 by
+        // default). The emulated controller's copy engine runs on a stream
+        // too, and would deadlock behind such a wait; with a real controller
+        // it only costs false sharing. Ask for the most queues (32) unless
+        // the user chose; this only takes effect if CUDA is not yet
+        // initialised in this process.
+        if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+            std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
+        }
+        let lib = Library::open(&["libcuda.so.1", "libcuda.so"])?;
+        let api = Api::load(&lib)?;
+        let cuda = Cuda { api, _lib: lib, contexts: Mutex::new(HashMap::new()) };
+        // SAFETY: cuInit takes flags 0.
+        cuda.check("cuInit", unsafe { (cuda.api.init)(0) })?;
+        Ok(cuda)
+    }
+
+    fn error_name(&self, code: Res) -> String {
+        let mut p: *const c_char = std::ptr::null();
+        // SAFETY: writes a pointer to a static string, or fails.
+        if unsafe { (self.api.get_error_name)(code, &mut p) } != SUCCESS || p.is_null() {
+            return format!("CUresult {code}");
+        }
+        // SAFETY: a static NUL-terminated string.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+
+    fn check(&self, call: &'static str, code: Res) -> Result<()> {
+        if code == SUCCESS {
+            Ok(())
+        } else {
+            Err(Error::GpuDriver { call, code, name: self.error_name(code) })
+        }
+    }
+
+    /// Number of CUDA devices.
+    pub fn device_count(&self) -> Result<usize> {
+        let mut n = 0;
+        // SAFETY: writes one int.
+        self.check("cuDeviceGetCount", unsafe { (self.api.device_get_count)(&mut n) })?;
+        Ok(n as usize)
+    }
+
+    /// Makes device `ordinal`'s primary context current on this thread
+    /// (as the CUDA runtime and torch do), retaining it for the process.
+    pub fn use_device(&self, ordinal: usize) -> Result<()> {
+        let mut dev = 0;
+        // SAFETY: writes one CUdevice.
+        self.check("cuDeviceGet", unsafe { (self.api.device_get)(&mut dev, ordinal as i32) })?;
+        let mut ctx: Ctx = std::ptr::null_mut();
+        // SAFETY: writes one context; the retain is never released (the
+        // primary context lives as long as the process uses the device).
+        self.check("cuDevicePrimaryCtxRetain", unsafe { (self.api.primary_ctx_retain)(&mut ctx, dev) })?;
+        // SAFETY: a live context.
+        self.check("cuCtxSetCurrent", unsafe { (self.api.ctx_set_current)(ctx) })
+    }
+
+    fn current(&self) -> Result<Ctx> {
+        let mut ctx: Ctx = std::ptr::null_mut();
+        // SAFETY: writes one context handle (null when none).
+        self.check("cuCtxGetCurrent", unsafe { (self.api.ctx_get_current)(&mut ctx) })?;
+        Ok(ctx)
+    }
+
+    fn set_current(&self, ctx: Ctx) -> Result<()> {
+        // SAFETY: a context handle this process retains.
+        self.check("cuCtxSetCurrent", unsafe { (self.api.ctx_set_current)(ctx) })
+    }
+
+    fn attribute<T: Default>(&self, ptr: u64, attr: i32) -> std::result::Result<T, Res> {
+        let mut v = T::default();
+        // SAFETY: `T` is the attribute's C type, chosen by the caller below.
+        let r = unsafe { (self.api.pointer_get_attribute)(&mut v as *mut T as *mut c_void, attr, ptr) };
+        if r == SUCCESS {
+            Ok(v)
+        } else {
+            Err(r)
+        }
+    }
+
+    /// What `ptr..ptr+len` is: host memory (pinned or not), or device
+    /// memory checked for registration.
+    pub fn classify(self: &Arc<Self>, ptr: u64, len: usize) -> Result<Memory> {
+        if ptr == 0 {
+            return Err(Error::InvalidArgument("null buffer".into()));
+        }
+        if len == 0 {
+            return Err(Error::ZeroSize);
+        }
+        let mem_type: u32 = match self.attribute(ptr, POINTER_ATTRIBUTE_MEMORY_TYPE) {
+            Ok(t) => t,
+            // Memory CUDA has never seen: plain host memory.
+            Err(ERROR_INVALID_VALUE) => return Ok(Memory::Host),
+            Err(code) => {
+                return Err(Error::GpuDriver { call: "cuPointerGetAttribute", code, name: self.error_name(code) })
+            }
+        };
+        let managed: u32 = self.attribute(ptr, POINTER_ATTRIBUTE_IS_MANAGED).unwrap_or(0);
+        if managed != 0 {
+            return Err(Error::GpuMemoryType { ptr, kind: "managed" });
+        }
+        match mem_type {
+            MEMORYTYPE_HOST => return Ok(Memory::Host),
+            MEMORYTYPE_DEVICE => {}
+            MEMORYTYPE_ARRAY => return Err(Error::GpuMemoryType { ptr, kind: "CUDA array" }),
+            _ => return Err(Error::GpuMemoryType { ptr, kind: "unified" }),
+        }
+        let ctx: usize = self
+            .attribute::<usize>(ptr, POINTER_ATTRIBUTE_CONTEXT)
+            .map_err(|c| Error::GpuPointerInvalid { ptr, why: self.error_name(c) })?;
+        let current = self.current()? as usize;
+        if current != 0 && current != ctx {
+            return Err(Error::GpuContextMismatch { ptr });
+        }
+        let (mut base, mut size) = (0u64, 0usize);
+        self.with_context(ctx as Ctx, || {
+            // SAFETY: writes the allocation's base and size.
+            self.check("cuMemGetAddressRange", unsafe { (self.api.mem_get_address_range)(&mut base, &mut size, ptr) })
+        })
+        .map_err(|e| Error::GpuPointerInvalid { ptr, why: e.to_string() })?;
+        if ptr.checked_add(len as u64).is_none_or(|end| end > base + size as u64) {
+            return Err(Error::GpuPointerRange { ptr, len, alloc_base: base, alloc_len: size });
+        }
+        Ok(Memory::Device(DeviceMemory { ptr, len, runtime: self.context(ctx)? }))
+    }
+
+    /// Runs `f` with `ctx` current on this thread, restoring what was.
+    fn with_context<T>(&self, ctx: Ctx, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let before = self.current()?;
+        if before == ctx {
+            return f();
+        }
+        self.set_current(ctx)?;
+        let r = f();
+        self.set_current(before)?;
+        r
+    }
+
+    fn context(self: &Arc<Self>, ctx: usize) -> Result<Arc<CudaContext>> {
+        let mut map = self.contexts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = map.get(&ctx) {
+            return Ok(c.clone());
+        }
+        let mut stream: RawStream = std::ptr::null_mut();
+        self.with_context(ctx as Ctx, || {
+            // SAFETY: writes one stream handle. Non-blocking: the copy
+            // engine's work never waits on (or for) the legacy default stream.
+            self.check("cuStreamCreate", unsafe { (self.api.stream_create)(&mut stream, STREAM_NON_BLOCKING) })
+        })?;
+        let c = Arc::new(CudaContext { cuda: self.clone(), ctx, copy_stream: stream as usize });
+        map.insert(ctx, c.clone());
+        Ok(c)
+    }
+
+    /// Whether device `ordinal` can export dma-bufs.
+    pub fn dmabuf_supported(&self, ordinal: usize) -> Result<bool> {
+        let (mut dev, mut v) = (0, 0);
+        // SAFETY: writes one CUdevice / one int.
+        self.check("cuDeviceGet", unsafe { (self.api.device_get)(&mut dev, ordinal as i32) })?;
+        // SAFETY: as above.
+        let r = unsafe { (self.api.device_get_attribute)(&mut v, DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev) };
+        self.check("cuDeviceGetAttribute", r)?;
+        Ok(v != 0)
+    }
+
+    /// A stream-ordered I/O target on `stream` (a `CUstream`; null is the
+    /// legacy default stream), in the calling thread's current context.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of the current context, and must
+    /// outlive the returned value.
+    pub unsafe fn stream(self: &Arc<Self>, stream: *mut c_void, wait: super::StreamWait) -> Result<GpuStream> {
+        let ctx = self.current()?;
+        if ctx.is_null() {
+            return Err(Error::InvalidArgument("no CUDA context is current on this thread".into()));
+        }
+        let backend = Arc::new(CudaStreamBackend { cuda: self.clone(), ctx: ctx as usize });
+        GpuStream::new(backend, stream as usize, wait)
+    }
+
+    /// Device memory for tests and benchmarks: `cuMemAlloc` in the current
+    /// context, freed on drop.
+    pub fn alloc(self: &Arc<Self>, len: usize) -> Result<DeviceBuffer> {
+        let mut ptr = 0u64;
+        // SAFETY: writes one device pointer.
+        self.check("cuMemAlloc", unsafe { (self.api.mem_alloc)(&mut ptr, len) })?;
+        Ok(DeviceBuffer { cuda: self.clone(), ptr, len })
+    }
+
+    /// Page-locked host memory from `cuMemHostAlloc`, freed on drop.
+    pub fn alloc_pinned(self: &Arc<Self>, len: usize) -> Result<PinnedBuffer> {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: writes one host pointer.
+        self.check("cuMemHostAlloc", unsafe { (self.api.mem_host_alloc)(&mut p, len, MEMHOSTALLOC_PORTABLE) })?;
+        Ok(PinnedBuffer { cuda: self.clone(), ptr: p as usize, len })
+    }
+
+    /// A new non-blocking stream in the current context, destroyed on drop.
+    pub fn create_stream(self: &Arc<Self>) -> Result<OwnedStream> {
+        let mut s: RawStream = std::ptr::null_mut();
+        // SAFETY: writes one stream handle.
+        self.check("cuStreamCreate", unsafe { (self.api.stream_create)(&mut s, STREAM_NON_BLOCKING) })?;
+        Ok(OwnedStream { cuda: self.clone(), raw: s as usize })
+    }
+
+    /// A kernel that keeps one GPU thread busy for a given time, standing in
+    /// for compute in benchmarks (PTX, compiled by the driver at load).
+    pub fn spin_kernel(self: &Arc<Self>) -> Result<SpinKernel> {
+        const PTX: &CStr = c"
+.version 7.0
+.target sm_50
+.address_size 64
+.visible .entry ugds_spin(.param .u64 ns)
+{
+    .reg .pred %p;
+    .reg .b64 %rd<5>;
+    ld.param.u64 %rd1, [ns];
+    mov.u64 %rd2, %globaltimer;
+LOOP:
+    mov.u64 %rd3, %globaltimer;
+    sub.u64 %rd4, %rd3, %rd2;
+    setp.lt.u64 %p, %rd4, %rd1;
+    @%p bra LOOP;
+    ret;
+}
+";
+        let mut module: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a NUL-terminated PTX image.
+        self.check("cuModuleLoadData", unsafe { (self.api.module_load_data)(&mut module, PTX.as_ptr().cast()) })?;
+        let mut f: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a loaded module and a NUL-terminated name.
+        let r = unsafe { (self.api.module_get_function)(&mut f, module, c"ugds_spin".as_ptr()) };
+        self.check("cuModuleGetFunction", r)?;
+        Ok(SpinKernel { cuda: self.clone(), f: f as usize })
+    }
+
+    /// Waits for all work of the current context.
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: no arguments.
+        self.check("cuCtxSynchronize", unsafe { (self.api.ctx_synchronize)() })
+    }
+
+    /// The ordinal of the current context's device.
+    pub fn current_device(&self) -> Result<usize> {
+        let mut d = 0;
+        // SAFETY: writes one int.
+        self.check("cuCtxGetDevice", unsafe { (self.api.ctx_get_device)(&mut d) })?;
+        Ok(d as usize)
+    }
+}
+
+/// What a pointer is, as far as registration cares.
+#[derive(Debug)]
+pub enum Memory {
+    /// Host memory: pageable, or pinned by CUDA (it has a host address).
+    Host,
+    /// Device memory, checked.
+    Device(DeviceMemory),
+}
+
+/// The runtime object of one CUDA context: its copy engine stream and exports.
+pub struct CudaContext {
+    cuda: Arc<Cuda>,
+    ctx: usize,
+    copy_stream: usize,
+}
+
+impl CudaContext {
+    fn copy(&self, f: impl FnOnce(RawStream) -> (Res, &'static str)) -> Result<()> {
+        let stream = self.copy_stream as RawStream;
+        // The emulator's thread makes this context current once and keeps it.
+        if self.cuda.current()? as usize != self.ctx {
+            self.cuda.set_current(self.ctx as Ctx)?;
+        }
+        let (r, call) = f(stream);
+        self.cuda.check(call, r)?;
+        // SAFETY: the context's own stream.
+        self.cuda.check("cuStreamSynchronize", unsafe { (self.cuda.api.stream_synchronize)(stream) })
+    }
+}
+
+impl DeviceRuntime for CudaContext {
+    fn name(&self) -> &'static str {
+        "CUDA"
+    }
+
+    fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()> {
+        self.copy(|s| {
+            // SAFETY: `src` is a live slice; `dst` lies in a registered
+            // allocation (the caller translated it through the IOVA table).
+            let r = unsafe { (self.cuda.api.memcpy_htod_async)(dst, src.as_ptr().cast(), src.len(), s) };
+            (r, "cuMemcpyHtoDAsync")
+        })
+    }
+
+    fn copy_from_device(&self, dst: &mut [u8], src: u64) -> Result<()> {
+        self.copy(|s| {
+            // SAFETY: as for copy_to_device, the other way.
+            let r = unsafe { (self.cuda.api.memcpy_dtoh_async)(dst.as_mut_ptr().cast(), src, dst.len(), s) };
+            (r, "cuMemcpyDtoHAsync")
+        })
+    }
+
+    fn export_dmabuf(&self, ptr: u64, len: usize) -> Result<DmabufExport> {
+        let (start, span) = page_span(ptr, len);
+        let mut fd: i32 = -1;
+        self.cuda.with_context(self.ctx as Ctx, || {
+            // SAFETY: writes one int (the dma-buf fd) for this handle type.
+            let r = unsafe {
+                (self.cuda.api.mem_get_handle_for_address_range)(
+                    &mut fd as *mut i32 as *mut c_void,
+                    start,
+                    span,
+                    MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                    0,
+                )
+            };
+            if r == ERROR_NOT_SUPPORTED {
+                return Err(Error::Unsupported("this GPU or kernel cannot export dma-bufs".into()));
+            }
+            self.cuda.check("cuMemGetHandleForAddressRange", r)
+        })?;
+        // SAFETY: a new descriptor the driver handed to us.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(DmabufExport { fd, offset: ptr - start, len })
+    }
+}
+
+struct CudaStreamBackend {
+    cuda: Arc<Cuda>,
+    ctx: usize,
+}
+
+impl StreamBackend for CudaStreamBackend {
+    fn alloc_flag(&self) -> Result<(usize, u64)> {
+        self.cuda.with_context(self.ctx as Ctx, || {
+            let mut host: *mut c_void = std::ptr::null_mut();
+            let flags = MEMHOSTALLOC_PORTABLE | MEMHOSTALLOC_DEVICEMAP;
+            // SAFETY: writes one host pointer to zeroed... (not zeroed: set below).
+            self.cuda.check("cuMemHostAlloc", unsafe { (self.cuda.api.mem_host_alloc)(&mut host, 64, flags) })?;
+            // SAFETY: 64 bytes just allocated.
+            unsafe { std::ptr::write_bytes(host as *mut u8, 0, 64) };
+            let mut dev = 0u64;
+            // SAFETY: `host` is mapped memory of this context.
+            let r = unsafe { (self.cuda.api.mem_host_get_device_pointer)(&mut dev, host, 0) };
+            if let Err(e) = self.cuda.check("cuMemHostGetDevicePointer", r) {
+                // SAFETY: ours, unused.
+                unsafe { (self.cuda.api.mem_free_host)(host) };
+                return Err(e);
+            }
+            Ok((host as usize, dev))
+        })
+    }
+
+    fn free_flag(&self, host: usize) {
+        // SAFETY: allocated by alloc_flag; the caller has synchronized the stream.
+        unsafe { (self.cuda.api.mem_free_host)(host as *mut c_void) };
+    }
+
+    fn launch_host_fn(&self, stream: usize, f: HostFn, data: *mut c_void) -> Result<()> {
+        // SAFETY: a live stream (GpuStream's contract); `f` takes `data`.
+        let r = unsafe { (self.cuda.api.launch_host_func)(stream as RawStream, f, data) };
+        self.cuda.check("cuLaunchHostFunc", r)
+    }
+
+    fn wait_value32(&self, stream: usize, addr: u64, value: u32) -> Result<bool> {
+        // SAFETY: a live stream and a device-mapped host word we own.
+        let r = unsafe { (self.cuda.api.stream_wait_value32)(stream as RawStream, addr, value, STREAM_WAIT_VALUE_GEQ) };
+        if r == ERROR_NOT_SUPPORTED {
+            return Ok(false);
+        }
+        self.cuda.check("cuStreamWaitValue32", r).map(|()| true)
+    }
+
+    fn synchronize(&self, stream: usize) -> Result<()> {
+        // SAFETY: a live stream.
+        self.cuda.check("cuStreamSynchronize", unsafe { (self.cuda.api.stream_synchronize)(stream as RawStream) })
+    }
+
+    fn name(&self) -> &'static str {
+        "CUDA"
+    }
+}
+
+/// Device memory from `cuMemAlloc`, freed on drop (tests and benchmarks).
+pub struct DeviceBuffer {
+    cuda: Arc<Cuda>,
+    ptr: u64,
+    len: usize,
+}
+
+impl DeviceBuffer {
+    /// Device address.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies `src` into the buffer at `offset` (synchronous).
+    pub fn upload(&self, offset: usize, src: &[u8]) -> Result<()> {
+        assert!(offset + src.len() <= self.len);
+        // SAFETY: in bounds of our allocation.
+        let r = unsafe { (self.cuda.api.memcpy_htod)(self.ptr + offset as u64, src.as_ptr().cast(), src.len()) };
+        self.cuda.check("cuMemcpyHtoD", r)
+    }
+
+    /// Copies the buffer's bytes at `offset` into `dst` (synchronous).
+    pub fn download(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        assert!(offset + dst.len() <= self.len);
+        // SAFETY: in bounds of our allocation.
+        let r = unsafe { (self.cuda.api.memcpy_dtoh)(dst.as_mut_ptr().cast(), self.ptr + offset as u64, dst.len()) };
+        self.cuda.check("cuMemcpyDtoH", r)
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: our allocation; the owner deregistered it first.
+        unsafe { (self.cuda.api.mem_free)(self.ptr) };
+    }
+}
+
+/// See [`Cuda::spin_kernel`].
+pub struct SpinKernel {
+    cuda: Arc<Cuda>,
+    f: usize,
+}
+
+impl SpinKernel {
+    /// Launches the kernel on `stream`: it runs for `ns` nanoseconds of GPU time.
+    pub fn launch(&self, stream: &OwnedStream, ns: u64) -> Result<()> {
+        let mut arg = ns;
+        let mut params = [&mut arg as *mut u64 as *mut c_void];
+        // SAFETY: one u64 parameter, as the kernel declares; the driver
+        // copies parameters at launch.
+        let r = unsafe {
+            (self.cuda.api.launch_kernel)(
+                self.f as *mut c_void,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                stream.raw(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        self.cuda.check("cuLaunchKernel", r)
+    }
+}
+
+/// Page-locked host memory from [`Cuda::alloc_pinned`]; derefs to bytes.
+pub struct PinnedBuffer {
+    cuda: Arc<Cuda>,
+    ptr: usize,
+    len: usize,
+}
+
+impl std::ops::Deref for PinnedBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: our live allocation of `len` bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+}
+
+impl std::ops::DerefMut for PinnedBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above; `&mut self` is the only view.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len) }
+    }
+}
+
+impl Drop for PinnedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: our allocation; the owner deregistered it first.
+        unsafe { (self.cuda.api.mem_free_host)(self.ptr as *mut c_void) };
+    }
+}
+
+/// A stream made by [`Cuda::create_stream`], destroyed on drop.
+pub struct OwnedStream {
+    cuda: Arc<Cuda>,
+    raw: usize,
+}
+
+impl OwnedStream {
+    /// The `CUstream`.
+    pub fn raw(&self) -> *mut c_void {
+        self.raw as *mut c_void
+    }
+
+    /// Waits for the stream's work.
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: our live stream.
+        self.cuda.check("cuStreamSynchronize", unsafe { (self.cuda.api.stream_synchronize)(self.raw()) })
+    }
+
+    /// Enqueues a host function (runs on CUDA's callback thread, must not call CUDA).
+    pub fn enqueue_host(&self, f: impl FnOnce() + Send + 'static) -> Result<()> {
+        unsafe extern "C" fn run(data: *mut c_void) {
+            // SAFETY: boxed below, run once.
+            let f = unsafe { Box::from_raw(data as *mut Box<dyn FnOnce() + Send>) };
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        }
+        let b: Box<Box<dyn FnOnce() + Send>> = Box::new(Box::new(f));
+        let data = Box::into_raw(b) as *mut c_void;
+        // SAFETY: a live stream; `run` takes `data`.
+        let r = unsafe { (self.cuda.api.launch_host_func)(self.raw(), run, data) };
+        if r != SUCCESS {
+            // SAFETY: not launched, still ours.
+            drop(unsafe { Box::from_raw(data as *mut Box<dyn FnOnce() + Send>) });
+        }
+        self.cuda.check("cuLaunchHostFunc", r)
+    }
+}
+
+impl Drop for OwnedStream {
+    fn drop(&mut self) {
+        // SAFETY: our stream; destroying it lets queued work finish.
+        unsafe { (self.cuda.api.stream_destroy)(self.raw()) };
+    }
+}

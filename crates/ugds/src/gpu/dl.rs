@@ -1,0 +1,97 @@
+//! Run-time loading of a GPU runtime's shared library (`dlopen`), so that
+//! nothing GPU is needed to build or to run without a GPU.
+
+use crate::{Error, Result};
+use std::ffi::{c_void, CStr, CString};
+
+/// An opened shared library; never closed (runtimes do not support it).
+pub(crate) struct Library {
+    handle: *mut c_void,
+    name: String,
+}
+
+// SAFETY: a dlopen handle may be used from any thread.
+unsafe impl Send for Library {}
+// SAFETY: dlsym on a handle is thread-safe.
+unsafe impl Sync for Library {}
+
+impl Library {
+    /// Opens the first of `names` that loads.
+    pub fn open(names: &[&str]) -> Result<Library> {
+        let mut last = String::new();
+        for name in names {
+            let c = CString::new(*name).expect("library names have no NUL");
+            // SAFETY: a valid C string; RTLD_NOW resolves everything up front.
+            let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+            if !handle.is_null() {
+                return Ok(Library { handle, name: (*name).to_string() });
+            }
+            last = dlerror();
+        }
+        Err(Error::GpuUnavailable(format!("cannot load {}: {last}", names.join(" or "))))
+    }
+
+    /// The address of `symbol` as a function pointer of type `T`.
+    ///
+    /// # Safety
+    /// `T` must be the symbol's true C function-pointer type.
+    pub unsafe fn sym<T: Copy>(&self, symbol: &CStr) -> Result<T> {
+        assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
+        // SAFETY: a live handle and a valid C string.
+        let p = unsafe { libc::dlsym(self.handle, symbol.as_ptr()) };
+        if p.is_null() {
+            return Err(Error::GpuUnavailable(format!("{} lacks {}", self.name, symbol.to_string_lossy())));
+        }
+        // SAFETY: the caller names the function's type; sizes checked above.
+        Ok(unsafe { std::mem::transmute_copy::<*mut c_void, T>(&p) })
+    }
+
+    /// The first of `symbols` the library has.
+    ///
+    /// # Safety
+    /// As for [`Library::sym`], for every name.
+    pub unsafe fn sym_any<T: Copy>(&self, symbols: &[&CStr]) -> Result<T> {
+        let mut err = None;
+        for s in symbols {
+            // SAFETY: per this fn's contract.
+            match unsafe { self.sym(s) } {
+                Ok(f) => return Ok(f),
+                Err(e) => err = Some(e),
+            }
+        }
+        Err(err.expect("at least one symbol"))
+    }
+}
+
+fn dlerror() -> String {
+    // SAFETY: dlerror returns a thread-local string or null.
+    let e = unsafe { libc::dlerror() };
+    if e.is_null() {
+        "unknown error".into()
+    } else {
+        // SAFETY: non-null, NUL-terminated.
+        unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_library_is_a_clear_error() {
+        let e = Library::open(&["libugds-no-such-runtime.so.1"]).err().expect("must fail");
+        assert!(matches!(e, Error::GpuUnavailable(ref m) if m.contains("libugds-no-such-runtime")), "{e}");
+    }
+
+    #[test]
+    fn symbols_resolve_and_missing_ones_are_named() {
+        let libc = Library::open(&["libc.so.6"]).unwrap();
+        // SAFETY: getpid's C type.
+        let getpid: extern "C" fn() -> i32 = unsafe { libc.sym(c"getpid").unwrap() };
+        assert_eq!(getpid(), std::process::id() as i32);
+        // SAFETY: never called.
+        let e = unsafe { libc.sym::<extern "C" fn()>(c"ugds_no_such_symbol") }.err().unwrap();
+        assert!(e.to_string().contains("ugds_no_such_symbol"), "{e}");
+    }
+}
