@@ -153,11 +153,15 @@ fn run(t: &TargetOpts, per_size: Duration, compute_us: u64) -> ugds::Result<()> 
             best = (best.0.max(sync), best.1.max(stream));
         }
         let name = if wait == StreamWait::DeviceSide { "device-side wait" } else { "blocking callback" };
+        let (n, busy, gap) = s.timing();
         println!(
-            "one stream, {reads} x 16 MiB ({name}): sync {:.1} MiB/s, stream {:.1} MiB/s, {:.1}% kept (best of 3 each)",
+            "one stream, {reads} x 16 MiB ({name}): sync {:.1} MiB/s, stream {:.1} MiB/s, {:.1}% kept (best of 3 each); \
+             per operation (mean of {n}): {:.1} us from start to signal, {:.1} us from signal to the next start",
             best.0,
             best.1,
-            100.0 * best.1 / best.0
+            100.0 * best.1 / best.0,
+            busy.as_secs_f64() * 1e6,
+            gap.as_secs_f64() * 1e6
         );
         ratios.push(best);
     }
@@ -166,12 +170,50 @@ fn run(t: &TargetOpts, per_size: Duration, compute_us: u64) -> ugds::Result<()> 
     result("stream_16m_kept", 100.0 * ratios[0].1 / ratios[0].0, "%");
     result("stream_16m_blocking_kept", 100.0 * ratios[1].1 / ratios[1].0, "%");
 
+    stream_costs(&cuda, &h, &tok)?;
     overlap(&cuda, &h, &tok, compute_us)?;
     many_streams(&cuda, &h, &tok)?;
     batch(&h, &tok)?;
 
     driver.deregister(&tok)?;
     h.close(ugds::Drain::Forever)?;
+    Ok(())
+}
+
+/// What one stream operation costs: with no I/O (a size of zero, refused
+/// inside the host function), and with one 4 KiB read, per operation.
+fn stream_costs(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result<()> {
+    let raw = cuda.create_stream()?;
+    // SAFETY: `raw` outlives `s`.
+    let s = unsafe { cuda.stream(raw.raw(), StreamWait::DeviceSide)? };
+    let n = 2000;
+    let per_op = |size: usize| -> ugds::Result<f64> {
+        let start = Instant::now();
+        for i in 0..n {
+            let (io, _r) = StreamIo::new(size, (i * 8192) as u64, 0);
+            h.read_async(tok, io, &s)?;
+        }
+        s.synchronize()?;
+        Ok(start.elapsed().as_secs_f64() * 1e6 / n as f64)
+    };
+    per_op(0)?;
+    let empty = per_op(0)?;
+    let read = per_op(4096)?;
+    let (ops, busy, gap) = s.timing();
+    let start = Instant::now();
+    for i in 0..n {
+        h.read(tok, 4096, (i * 8192) as u64, 0)?;
+    }
+    let sync = start.elapsed().as_secs_f64() * 1e6 / n as f64;
+    println!(
+        "stream operation, {n} in a row: {empty:.1} us with no I/O, {read:.1} us with a 4 KiB read (sync 4 KiB read {sync:.1} us); \
+         per operation (mean of {ops}): {:.1} us from start to signal, {:.1} us from signal to the next start",
+        busy.as_secs_f64() * 1e6,
+        gap.as_secs_f64() * 1e6
+    );
+    result("stream_op_empty", empty, "us");
+    result("stream_op_4k", read, "us");
+    result("sync_op_4k", sync, "us");
     Ok(())
 }
 

@@ -378,6 +378,9 @@ enum Msg {
     Stop,
 }
 
+/// How long an idle engine polls for the next operation before it sleeps.
+const IDLE_SPIN: Duration = Duration::from_micros(200);
+
 /// Requests the engine keeps on the device at once.
 const ENGINE_CAPACITY: usize = 1024;
 
@@ -449,11 +452,21 @@ impl Engine {
     fn run(mut self) {
         let mut spins = 0u32;
         loop {
-            // Idle: block for work. Busy: take what has arrived.
+            // Idle: poll for work for a while (a thread woken from sleep
+            // takes tens of microseconds on a VM, paid by every operation
+            // of a stream), then block. Busy: take what has arrived.
             let msg = if self.jobs.is_empty() && self.waiting.is_empty() {
-                match self.rx.recv() {
-                    Ok(m) => Some(m),
-                    Err(_) => break,
+                let idle_since = Instant::now();
+                loop {
+                    match self.rx.try_recv() {
+                        Ok(m) => break Some(m),
+                        Err(TryRecvError::Disconnected) => break Some(Msg::Stop),
+                        Err(TryRecvError::Empty) if idle_since.elapsed() < IDLE_SPIN => std::hint::spin_loop(),
+                        Err(TryRecvError::Empty) => match self.rx.recv() {
+                            Ok(m) => break Some(m),
+                            Err(_) => break Some(Msg::Stop),
+                        },
+                    }
                 }
             } else {
                 match self.rx.try_recv() {

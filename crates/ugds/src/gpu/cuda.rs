@@ -57,6 +57,8 @@ struct Api {
     mem_host_alloc: unsafe extern "C" fn(*mut *mut c_void, usize, u32) -> Res,
     mem_host_get_device_pointer: unsafe extern "C" fn(*mut u64, *mut c_void, u32) -> Res,
     mem_free_host: unsafe extern "C" fn(*mut c_void) -> Res,
+    mem_host_register: unsafe extern "C" fn(*mut c_void, usize, u32) -> Res,
+    mem_host_unregister: unsafe extern "C" fn(*mut c_void) -> Res,
     memcpy_htod: unsafe extern "C" fn(u64, *const c_void, usize) -> Res,
     memcpy_dtoh: unsafe extern "C" fn(*mut c_void, u64, usize) -> Res,
     memcpy_htod_async: unsafe extern "C" fn(u64, *const c_void, usize, RawStream) -> Res,
@@ -109,6 +111,8 @@ impl Api {
                 mem_host_alloc: lib.sym(c"cuMemHostAlloc")?,
                 mem_host_get_device_pointer: lib.sym(c"cuMemHostGetDevicePointer_v2")?,
                 mem_free_host: lib.sym(c"cuMemFreeHost")?,
+                mem_host_register: lib.sym(c"cuMemHostRegister_v2")?,
+                mem_host_unregister: lib.sym(c"cuMemHostUnregister")?,
                 memcpy_htod: lib.sym(c"cuMemcpyHtoD_v2")?,
                 memcpy_dtoh: lib.sym(c"cuMemcpyDtoH_v2")?,
                 memcpy_htod_async: lib.sym(c"cuMemcpyHtoDAsync_v2")?,
@@ -448,6 +452,26 @@ impl DeviceRuntime for CudaContext {
             let r = unsafe { (self.cuda.api.memcpy_dtoh_async)(dst.as_mut_ptr().cast(), src, dst.len(), s) };
             (r, "cuMemcpyDtoHAsync")
         })
+    }
+
+    fn host_register(&self, ptr: *mut u8, len: usize) -> bool {
+        let r = self.cuda.with_context(self.ctx as Ctx, || {
+            // SAFETY: the caller's live mapping of `len` bytes, unregistered
+            // before it is unmapped.
+            let r = unsafe { (self.cuda.api.mem_host_register)(ptr.cast(), len, MEMHOSTALLOC_PORTABLE) };
+            self.cuda.check("cuMemHostRegister", r)
+        });
+        if let Err(e) = &r {
+            tracing::debug!("bounce buffer not pinned: {e}");
+        }
+        r.is_ok()
+    }
+
+    fn host_unregister(&self, ptr: *mut u8) {
+        let _ = self.cuda.with_context(self.ctx as Ctx, || {
+            // SAFETY: registered by host_register.
+            self.cuda.check("cuMemHostUnregister", unsafe { (self.cuda.api.mem_host_unregister)(ptr.cast()) })
+        });
     }
 
     fn export_dmabuf(&self, ptr: u64, len: usize) -> Result<DmabufExport> {

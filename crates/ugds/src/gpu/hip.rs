@@ -60,6 +60,8 @@ struct Api {
     host_malloc: unsafe extern "C" fn(*mut *mut c_void, usize, u32) -> Res,
     host_get_device_pointer: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u32) -> Res,
     host_free: unsafe extern "C" fn(*mut c_void) -> Res,
+    host_register: unsafe extern "C" fn(*mut c_void, usize, u32) -> Res,
+    host_unregister: unsafe extern "C" fn(*mut c_void) -> Res,
     export_dmabuf: unsafe extern "C" fn(*const c_void, usize, *mut i32, *mut u64) -> i32,
 }
 
@@ -100,6 +102,8 @@ impl Hip {
                 host_malloc: hip.sym(c"hipHostMalloc")?,
                 host_get_device_pointer: hip.sym(c"hipHostGetDevicePointer")?,
                 host_free: hip.sym(c"hipHostFree")?,
+                host_register: hip.sym(c"hipHostRegister")?,
+                host_unregister: hip.sym(c"hipHostUnregister")?,
                 export_dmabuf: hsa.sym(c"hsa_amd_portable_export_dmabuf")?,
             }
         };
@@ -225,6 +229,16 @@ impl DeviceRuntime for HipDevice {
         self.copy("hipMemcpyDtoHAsync", |s| unsafe {
             (self.hip.api.memcpy_dtoh_async)(dst.as_mut_ptr().cast(), src as usize, dst.len(), s)
         })
+    }
+
+    fn host_register(&self, ptr: *mut u8, len: usize) -> bool {
+        // SAFETY: the caller's live mapping, unregistered before unmapping.
+        unsafe { (self.hip.api.host_register)(ptr.cast(), len, HOST_MALLOC_PORTABLE) == SUCCESS }
+    }
+
+    fn host_unregister(&self, ptr: *mut u8) {
+        // SAFETY: registered by host_register.
+        unsafe { (self.hip.api.host_unregister)(ptr.cast()) };
     }
 
     fn export_dmabuf(&self, ptr: u64, len: usize) -> Result<DmabufExport> {

@@ -32,6 +32,13 @@ pub trait DeviceRuntime: Send + Sync {
     /// Copies device memory at `src` into `dst` and waits for it.
     fn copy_from_device(&self, dst: &mut [u8], src: u64) -> Result<()>;
 
+    /// Page-locks host memory for faster copies; false if the runtime
+    /// refused (copies from it then still work, staged by the runtime).
+    fn host_register(&self, ptr: *mut u8, len: usize) -> bool;
+
+    /// Undoes [`host_register`](Self::host_register).
+    fn host_unregister(&self, ptr: *mut u8);
+
     /// Exports the pages spanning `ptr..ptr+len` as a dma-buf.
     fn export_dmabuf(&self, ptr: u64, len: usize) -> Result<DmabufExport>;
 }

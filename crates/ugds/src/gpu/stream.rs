@@ -13,8 +13,9 @@
 use crate::stream::{Stream, StreamSignal};
 use crate::{Error, Result};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Once};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Once, OnceLock};
+use std::time::{Duration, Instant};
 
 /// How a GPU stream waits for an operation's I/O.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +58,48 @@ pub struct GpuStream {
     /// Sequence number of the last operation; held while launching, so that
     /// numbers reach the stream in order.
     seq: Mutex<u32>,
+    timing: Arc<Timing>,
+}
+
+/// When the last signal was set, and the gaps from a signal to the next
+/// operation's start, for [`GpuStream::gaps`].
+#[derive(Default)]
+struct Timing {
+    /// Nanoseconds since `EPOCH` of the last signal; 0 before the first.
+    last_signal: AtomicU64,
+    gap_sum_ns: AtomicU64,
+    gaps: AtomicU64,
+    /// Start of the running operation, and the sum of operations' times
+    /// from start to signal.
+    last_start: AtomicU64,
+    busy_sum_ns: AtomicU64,
+    ops: AtomicU64,
+}
+
+impl Timing {
+    fn started(&self) {
+        let now = now_ns();
+        let last = self.last_signal.swap(0, Ordering::Relaxed);
+        if last != 0 {
+            self.gap_sum_ns.fetch_add(now.saturating_sub(last), Ordering::Relaxed);
+            self.gaps.fetch_add(1, Ordering::Relaxed);
+        }
+        self.last_start.store(now, Ordering::Relaxed);
+    }
+
+    fn signalled(&self) {
+        let now = now_ns();
+        let start = self.last_start.load(Ordering::Relaxed);
+        self.busy_sum_ns.fetch_add(now.saturating_sub(start), Ordering::Relaxed);
+        self.ops.fetch_add(1, Ordering::Relaxed);
+        self.last_signal.store(now, Ordering::Relaxed);
+    }
+}
+
+static EPOCH: OnceLock<Instant> = OnceLock::new();
+
+fn now_ns() -> u64 {
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
 static FALLBACK_LOGGED: Once = Once::new();
@@ -64,7 +107,8 @@ static FALLBACK_LOGGED: Once = Once::new();
 impl GpuStream {
     pub(crate) fn new(backend: Arc<dyn StreamBackend>, raw: usize, wait: StreamWait) -> Result<GpuStream> {
         let (flag_host, flag_dev) = backend.alloc_flag()?;
-        let mut s = GpuStream { backend, raw, flag_host, flag_dev, wait, seq: Mutex::new(0) };
+        let timing = Arc::new(Timing::default());
+        let mut s = GpuStream { backend, raw, flag_host, flag_dev, wait, seq: Mutex::new(0), timing };
         if wait == StreamWait::DeviceSide {
             // The word is 0, so waiting for >= 0 passes at once: a probe.
             match s.backend.wait_value32(raw, flag_dev, 0) {
@@ -97,7 +141,23 @@ impl GpuStream {
 
     /// Waits until all work on the stream is done.
     pub fn synchronize(&self) -> Result<()> {
-        self.backend.synchronize(self.raw)
+        let r = self.backend.synchronize(self.raw);
+        self.timing.last_signal.store(0, Ordering::Relaxed);
+        r
+    }
+
+    /// Where a stream's time went, for operations queued back to back:
+    /// `(operations, mean time from start to signal, mean time from one
+    /// operation's signal to the next one's start)`. The second is the
+    /// hand-off (the GPU seeing the word, the runtime running the next host
+    /// function); gaps across a [`synchronize`](Self::synchronize) are not
+    /// counted.
+    pub fn timing(&self) -> (u64, Duration, Duration) {
+        let t = &self.timing;
+        let (ops, gaps) = (t.ops.load(Ordering::Relaxed), t.gaps.load(Ordering::Relaxed));
+        let busy = t.busy_sum_ns.load(Ordering::Relaxed).checked_div(ops).unwrap_or(0);
+        let gap = t.gap_sum_ns.load(Ordering::Relaxed).checked_div(gaps).unwrap_or(0);
+        (ops, Duration::from_nanos(busy), Duration::from_nanos(gap))
     }
 
     /// The completion word's value: the sequence number of the last
@@ -110,6 +170,7 @@ impl GpuStream {
 }
 
 struct HostCall {
+    timing: Arc<Timing>,
     op: Box<dyn FnOnce(StreamSignal) + Send>,
     signal: StreamSignal,
     /// Set in blocking mode: the callback waits on it.
@@ -119,7 +180,8 @@ struct HostCall {
 unsafe extern "C" fn host_call(data: *mut c_void) {
     // SAFETY: boxed by `launch`, launched once, run once.
     let call = unsafe { Box::from_raw(data as *mut HostCall) };
-    let HostCall { op, signal, gate } = *call;
+    let HostCall { timing, op, signal, gate } = *call;
+    timing.started();
     // A panic must not unwind into the runtime; the signal, dropped while
     // unwinding, still lets the stream go on.
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || op(signal))).is_err() {
@@ -137,10 +199,13 @@ impl Stream for GpuStream {
     fn launch(&self, op: Box<dyn FnOnce(StreamSignal) + Send>) -> Result<()> {
         let mut seq = self.seq.lock().unwrap_or_else(|p| p.into_inner());
         let next = seq.wrapping_add(1);
+        let timing = self.timing.clone();
         let (signal, gate) = match self.wait {
             StreamWait::DeviceSide => {
                 let flag = self.flag_host;
+                let t = timing.clone();
                 let signal = StreamSignal::new(move || {
+                    t.signalled();
                     // SAFETY: the word outlives every signal: drop
                     // synchronizes the stream, which waits for this store.
                     let f = unsafe { &*(flag as *const AtomicU32) };
@@ -153,14 +218,16 @@ impl Stream for GpuStream {
             StreamWait::BlockingCallback => {
                 let gate = Arc::new((Mutex::new(false), Condvar::new()));
                 let g = gate.clone();
+                let t = timing.clone();
                 let signal = StreamSignal::new(move || {
+                    t.signalled();
                     *g.0.lock().unwrap_or_else(|p| p.into_inner()) = true;
                     g.1.notify_all();
                 });
                 (signal, Some(gate))
             }
         };
-        let data = Box::into_raw(Box::new(HostCall { op, signal, gate })) as *mut c_void;
+        let data = Box::into_raw(Box::new(HostCall { timing, op, signal, gate })) as *mut c_void;
         if let Err(e) = self.backend.launch_host_fn(self.raw, host_call, data) {
             // SAFETY: not launched: still ours. Dropping it sets the signal,
             // which nothing waits for.

@@ -243,7 +243,7 @@ pub(super) struct Controller {
     host_segs: Vec<DataSeg>,
     /// Page-aligned bounce buffer between the namespace and GPU memory
     /// (or host memory, for an O_DIRECT file).
-    staging: Option<Anonymous>,
+    staging: Option<Bounce>,
     /// Completions of the current sweep, posted at its end (in reverse
     /// with `reverse_completions`).
     held: Vec<Completion>,
@@ -834,7 +834,7 @@ impl Controller {
             let direct = matches!(ns.store, Store::DirectFile(_));
             let r = match device {
                 None if direct => (|| {
-                    let buf = bounce(&mut self.staging, l)?;
+                    let buf = bounce(&mut self.staging, l, None)?;
                     // SAFETY: `addr..addr+l` is mapped (see below) and `buf`
                     // is our own page-aligned memory of at least `l` bytes.
                     unsafe {
@@ -861,7 +861,7 @@ impl Controller {
                 // GPU memory: through a bounce buffer and the copy engine,
                 // standing in for the P2P DMA a real controller does.
                 Some(rt) => (|| {
-                    let buf = bounce(&mut self.staging, l)?;
+                    let buf = bounce(&mut self.staging, l, Some(rt))?;
                     if op == NvmOpcode::Read {
                         // SAFETY: `buf` is our own memory of `l` bytes.
                         unsafe { ns.read_into(off, buf.as_mut_ptr(), l) }
@@ -1176,13 +1176,46 @@ fn same_target(a: Option<&Arc<dyn DeviceRuntime>>, b: Option<&Arc<dyn DeviceRunt
     }
 }
 
-/// The first `len` bytes of the bounce buffer, grown (to a power of two) as needed.
-fn bounce(staging: &mut Option<Anonymous>, len: usize) -> std::io::Result<&mut [u8]> {
-    if staging.as_ref().is_none_or(|s| s.len() < len) {
-        *staging = Some(Anonymous::new(len.next_power_of_two()).map_err(std::io::Error::other)?);
+/// Page-aligned bounce memory, page-locked by a GPU runtime when it is used
+/// for GPU transfers (so the copy engine reads and writes it directly).
+struct Bounce {
+    mem: Anonymous,
+    pinned_by: Option<Arc<dyn DeviceRuntime>>,
+}
+
+impl Drop for Bounce {
+    fn drop(&mut self) {
+        if let Some(rt) = self.pinned_by.take() {
+            rt.host_unregister(self.mem.as_ptr());
+        }
     }
-    let s = staging.as_ref().expect("just set");
+}
+
+/// The first `len` bytes of the bounce buffer, grown (to a power of two, at
+/// least 4 MiB) as needed and pinned by `rt` when given.
+fn bounce<'a>(
+    staging: &'a mut Option<Bounce>,
+    len: usize,
+    rt: Option<&Arc<dyn DeviceRuntime>>,
+) -> std::io::Result<&'a mut [u8]> {
+    let fits = staging.as_ref().is_some_and(|b| {
+        b.mem.len() >= len
+            && match (rt, &b.pinned_by) {
+                (Some(r), Some(p)) => Arc::ptr_eq(r, p),
+                (Some(_), None) => false,
+                (None, _) => true,
+            }
+    });
+    if !fits {
+        let size = staging.as_ref().map_or(0, |b| b.mem.len()).max(len.next_power_of_two()).max(4 << 20);
+        *staging = None;
+        let mem = Anonymous::populated(size).map_err(std::io::Error::other)?;
+        // Best effort: unpinned memory still works, only slower.
+        let pinned_by = rt.filter(|r| r.host_register(mem.as_ptr(), size)).cloned();
+        *staging = Some(Bounce { mem, pinned_by });
+    }
+    let b = staging.as_ref().expect("just set");
     // SAFETY: our own mapping of at least `len` bytes, borrowed mutably
     // through `staging`.
-    Ok(unsafe { std::slice::from_raw_parts_mut(s.as_ptr(), len) })
+    Ok(unsafe { std::slice::from_raw_parts_mut(b.mem.as_ptr(), len) })
 }
