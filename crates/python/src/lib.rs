@@ -1,0 +1,614 @@
+//! The native module behind the `ugds` Python package (`ugds._ugds`).
+//!
+//! Thin: every call goes straight to the Rust library, with the GIL released
+//! while the device works. Turning Python objects (torch tensors, arrays
+//! with `__cuda_array_interface__`, DLPack) into an address and a length is
+//! done by the pure-Python layer in `python/ugds/__init__.py`.
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use ugds::gpu::StreamWait;
+use ugds::platform::emu::{EmuConfig, EmuPlatform, NamespaceConfig};
+use ugds::{BatchIo, BatchOp, BatchStatus, BufferToken, Completion, Drain, HandleOptions, HostStream, StreamIo};
+
+create_exception!(_ugds, Error, PyException, "Base of every ugds error; `errno` is its errno.");
+create_exception!(_ugds, InvalidArgument, Error, "Bad input (alignment, range, size): nothing was done.");
+create_exception!(_ugds, NotRegistered, Error, "The buffer is not (or no longer) registered.");
+create_exception!(_ugds, AlreadyRegistered, Error, "The memory overlaps a registered buffer.");
+create_exception!(_ugds, BusyError, Error, "I/O is in flight on it: nothing was released.");
+create_exception!(_ugds, TimeoutError, Error, "A command did not complete in time; the handle is wedged.");
+create_exception!(_ugds, WedgedError, Error, "The handle is wedged after a timeout; close it with drain='force'.");
+create_exception!(_ugds, ClosedError, Error, "The handle is closed.");
+create_exception!(_ugds, UnsupportedError, Error, "The platform or device cannot do this.");
+create_exception!(_ugds, GpuError, Error, "A GPU runtime call failed, or the pointer is not usable GPU memory.");
+create_exception!(_ugds, DeviceError, Error, "The controller failed the command or is gone.");
+
+fn err(e: ugds::Error) -> PyErr {
+    use ugds::Error as E;
+    let msg = e.to_string();
+    let errno = e.errno();
+    let py_err = match e {
+        E::ZeroSize
+        | E::Misaligned { .. }
+        | E::OutOfRange { .. }
+        | E::BufferRange { .. }
+        | E::InvalidArgument(_)
+        | E::CapacityExceeded { .. } => InvalidArgument::new_err(msg),
+        E::NotRegistered { .. } | E::StaleToken { .. } => NotRegistered::new_err(msg),
+        E::AlreadyRegistered { .. } | E::Overlap { .. } => AlreadyRegistered::new_err(msg),
+        E::Busy { .. } => BusyError::new_err(msg),
+        E::Timeout { .. } => TimeoutError::new_err(msg),
+        E::Wedged => WedgedError::new_err(msg),
+        E::Closed | E::Canceled => ClosedError::new_err(msg),
+        E::Unsupported(_) => UnsupportedError::new_err(msg),
+        E::GpuUnavailable(_)
+        | E::GpuDriver { .. }
+        | E::GpuPointerInvalid { .. }
+        | E::GpuMemoryType { .. }
+        | E::GpuPointerRange { .. }
+        | E::GpuContextMismatch { .. } => GpuError::new_err(msg),
+        _ => DeviceError::new_err(msg),
+    };
+    Python::with_gil(|py| {
+        let _ = py_err.value(py).setattr("errno", errno);
+    });
+    py_err
+}
+
+/// Library state: registered buffers and open handles (`uGDSDriverOpen`).
+#[pyclass(module = "ugds._ugds", frozen, subclass)]
+struct Driver {
+    inner: ugds::Driver,
+}
+
+fn options(interrupt: bool) -> HandleOptions {
+    let mut o = HandleOptions::from_env();
+    if interrupt {
+        o.completion = Completion::Interrupt;
+    }
+    o
+}
+
+#[pymethods]
+impl Driver {
+    #[new]
+    fn new() -> Self {
+        Driver { inner: ugds::Driver::open() }
+    }
+
+    /// Opens a handle on an emulated NVMe controller (runs anywhere). The
+    /// namespace lives in memory, or in the file `path` (created if missing;
+    /// `direct` reads and writes it with O_DIRECT).
+    #[pyo3(signature = (path=None, size=1<<30, block_size=512, direct=false, interrupt=false))]
+    fn open_emulated(
+        &self,
+        py: Python<'_>,
+        path: Option<std::path::PathBuf>,
+        size: u64,
+        block_size: u32,
+        direct: bool,
+        interrupt: bool,
+    ) -> PyResult<Handle> {
+        let ns = match path {
+            None => NamespaceConfig::memory(size, block_size),
+            Some(p) if direct => NamespaceConfig::direct_file(p, size, block_size),
+            Some(p) => NamespaceConfig::file(p, size, block_size),
+        };
+        let cfg = EmuConfig::default().namespaces(vec![ns]);
+        py.allow_threads(|| {
+            let p = EmuPlatform::new(cfg)?;
+            self.inner.open_handle(Arc::new(p), options(interrupt))
+        })
+        .map(Handle::from)
+        .map_err(err)
+    }
+
+    /// Opens a handle on a controller bound to the ugds_drv module
+    /// (`/dev/ugds_drvN`).
+    #[pyo3(signature = (path, interrupt=false))]
+    fn open_drv(&self, py: Python<'_>, path: &str, interrupt: bool) -> PyResult<Handle> {
+        py.allow_threads(|| {
+            let p = ugds::platform::ugds_drv::UgdsDrvPlatform::open(path)?;
+            self.inner.open_handle(Arc::new(p), options(interrupt))
+        })
+        .map(Handle::from)
+        .map_err(err)
+    }
+
+    /// Opens a handle on a controller bound to vfio-pci, by PCI address.
+    #[pyo3(signature = (bdf, interrupt=false))]
+    fn open_vfio(&self, py: Python<'_>, bdf: &str, interrupt: bool) -> PyResult<Handle> {
+        py.allow_threads(|| {
+            let p = ugds::platform::vfio::VfioPlatform::open(bdf)?;
+            self.inner.open_handle(Arc::new(p), options(interrupt))
+        })
+        .map(Handle::from)
+        .map_err(err)
+    }
+
+    /// Registers `nbytes` at address `ptr`: `kind` is "host", "cuda" or
+    /// "hip". `owner` is kept alive as long as the registration. Prefer
+    /// `Driver.register(obj)`, which finds the address of a tensor.
+    #[pyo3(signature = (ptr, nbytes, kind="host", owner=None))]
+    fn register_raw(&self, ptr: u64, nbytes: usize, kind: &str, owner: Option<PyObject>) -> PyResult<Buffer> {
+        // SAFETY: the caller (the Python layer) passes memory that `owner`
+        // keeps allocated; Buffer holds `owner` until deregistration, and
+        // deregistration refuses while I/O is in flight.
+        let token = unsafe {
+            match kind {
+                "host" => self.inner.register(ptr as *mut u8, nbytes),
+                "cuda" => self.inner.register_cuda(ptr, nbytes),
+                "hip" => self.inner.register_hip(ptr, nbytes),
+                other => {
+                    return Err(InvalidArgument::new_err(format!("unknown memory kind {other:?} (host, cuda, hip)")))
+                }
+            }
+        }
+        .map_err(err)?;
+        let device = self.inner.device_memory(&token).map_err(err)?.is_some();
+        Ok(Buffer { token, device, owner: std::sync::Mutex::new(owner) })
+    }
+
+    /// Deregisters a buffer; refused (BusyError) while I/O is in flight on it.
+    fn deregister(&self, buf: &Buffer) -> PyResult<()> {
+        self.inner.deregister(&buf.token).map_err(err)?;
+        buf.owner.lock().unwrap_or_else(|p| p.into_inner()).take();
+        Ok(())
+    }
+
+    /// Exports registered GPU memory as a dma-buf: `(fd, offset, length)`.
+    /// The caller owns `fd` (close it with `os.close`).
+    fn export_dmabuf(&self, buf: &Buffer) -> PyResult<(i32, u64, usize)> {
+        let x = self.inner.export_dmabuf(&buf.token).map_err(err)?;
+        Ok((std::os::fd::IntoRawFd::into_raw_fd(x.fd), x.offset, x.len))
+    }
+}
+
+/// A registered buffer. Keep it to do I/O; deregister it before freeing the
+/// memory.
+#[pyclass(module = "ugds._ugds", frozen)]
+struct Buffer {
+    token: BufferToken,
+    device: bool,
+    owner: std::sync::Mutex<Option<PyObject>>,
+}
+
+#[pymethods]
+impl Buffer {
+    /// Base address.
+    #[getter]
+    fn ptr(&self) -> u64 {
+        self.token.base as u64
+    }
+    /// Length in bytes.
+    #[getter]
+    fn nbytes(&self) -> usize {
+        self.token.len
+    }
+    /// Whether this is GPU memory.
+    #[getter]
+    fn is_device(&self) -> bool {
+        self.device
+    }
+    fn __repr__(&self) -> String {
+        let kind = if self.device { "GPU" } else { "host" };
+        format!("<ugds.Buffer {kind} {:#x}+{:#x}>", self.token.base, self.token.len)
+    }
+}
+
+/// One controller and namespace. read/write are synchronous and release
+/// the GIL; any number of threads may use one handle.
+#[pyclass(module = "ugds._ugds", frozen)]
+struct Handle {
+    inner: ugds::Handle,
+}
+
+impl From<ugds::Handle> for Handle {
+    fn from(inner: ugds::Handle) -> Self {
+        Handle { inner }
+    }
+}
+
+/// A late-bound value for stream-ordered I/O: read when the stream reaches
+/// the operation, so it may be set after the call that enqueues it.
+#[pyclass(module = "ugds._ugds", frozen)]
+struct Cell {
+    v: Arc<AtomicU64>,
+}
+
+#[pymethods]
+impl Cell {
+    #[new]
+    #[pyo3(signature = (value=0))]
+    fn new(value: u64) -> Self {
+        Cell { v: Arc::new(AtomicU64::new(value)) }
+    }
+    /// The value.
+    #[getter]
+    fn get_value(&self) -> u64 {
+        self.v.load(Ordering::Acquire)
+    }
+    #[setter]
+    fn set_value(&self, value: u64) {
+        self.v.store(value, Ordering::Release)
+    }
+}
+
+#[derive(FromPyObject)]
+enum Arg<'py> {
+    Cell(PyRef<'py, Cell>),
+    Int(u64),
+}
+
+impl Arg<'_> {
+    fn cell(&self) -> Arc<AtomicU64> {
+        match self {
+            Arg::Cell(c) => c.v.clone(),
+            Arg::Int(v) => Arc::new(AtomicU64::new(*v)),
+        }
+    }
+}
+
+fn op(name: &str) -> PyResult<BatchOp> {
+    match name {
+        "read" => Ok(BatchOp::Read),
+        "write" => Ok(BatchOp::Write),
+        o => Err(InvalidArgument::new_err(format!("unknown operation {o:?} (read, write)"))),
+    }
+}
+
+#[pymethods]
+impl Handle {
+    /// Reads `size` bytes at byte `file_offset` of the namespace into the
+    /// buffer at `buf_offset`; returns the bytes read.
+    #[pyo3(signature = (buf, size, file_offset, buf_offset=0))]
+    fn read(&self, py: Python<'_>, buf: &Buffer, size: usize, file_offset: u64, buf_offset: usize) -> PyResult<usize> {
+        let t = buf.token;
+        py.allow_threads(|| self.inner.read(&t, size, file_offset, buf_offset)).map_err(err)
+    }
+
+    /// Writes `size` bytes from the buffer at `buf_offset` to byte
+    /// `file_offset` of the namespace; returns the bytes written.
+    #[pyo3(signature = (buf, size, file_offset, buf_offset=0))]
+    fn write(&self, py: Python<'_>, buf: &Buffer, size: usize, file_offset: u64, buf_offset: usize) -> PyResult<usize> {
+        let t = buf.token;
+        py.allow_threads(|| self.inner.write(&t, size, file_offset, buf_offset)).map_err(err)
+    }
+
+    /// Flushes the device's volatile write cache.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        py.allow_threads(|| self.inner.flush()).map_err(err)
+    }
+
+    /// Namespace capacity in bytes.
+    #[getter]
+    fn capacity(&self) -> u64 {
+        self.inner.capacity()
+    }
+
+    /// Logical block size: offsets and sizes are multiples of it.
+    #[getter]
+    fn block_size(&self) -> u32 {
+        self.inner.namespace().block_size
+    }
+
+    /// A batch context for up to `capacity` requests in flight.
+    fn batch(&self, capacity: usize) -> PyResult<Batch> {
+        self.inner.batch(capacity).map(|inner| Batch { inner }).map_err(err)
+    }
+
+    /// Reads in stream order: `size`, `file_offset` and `buf_offset` (ints,
+    /// or Cells read when the stream gets there) are bound when the stream
+    /// reaches the operation. Returns a StreamResult, filled in before later
+    /// work on the stream runs.
+    #[pyo3(signature = (buf, size, file_offset, buf_offset, stream))]
+    fn read_async(
+        &self,
+        buf: &Buffer,
+        size: Arg<'_>,
+        file_offset: Arg<'_>,
+        buf_offset: Arg<'_>,
+        stream: &Stream,
+    ) -> PyResult<StreamResult> {
+        let (io, r) = StreamIo::late(size.cell(), file_offset.cell(), buf_offset.cell());
+        self.inner.read_async(&buf.token, io, stream.get()).map_err(err)?;
+        Ok(StreamResult { inner: r })
+    }
+
+    /// Writes in stream order; see read_async.
+    #[pyo3(signature = (buf, size, file_offset, buf_offset, stream))]
+    fn write_async(
+        &self,
+        buf: &Buffer,
+        size: Arg<'_>,
+        file_offset: Arg<'_>,
+        buf_offset: Arg<'_>,
+        stream: &Stream,
+    ) -> PyResult<StreamResult> {
+        let (io, r) = StreamIo::late(size.cell(), file_offset.cell(), buf_offset.cell());
+        self.inner.write_async(&buf.token, io, stream.get()).map_err(err)?;
+        Ok(StreamResult { inner: r })
+    }
+
+    /// An ordered batch: `ios` is a list of `(op, buf, size, file_offset,
+    /// buf_offset)` with op "read" or "write"; all run after earlier work on
+    /// the stream and before later work, in no order among themselves.
+    fn batch_async(
+        &self,
+        ios: Vec<(String, PyRef<'_, Buffer>, Arg<'_>, Arg<'_>, Arg<'_>)>,
+        stream: &Stream,
+    ) -> PyResult<Vec<StreamResult>> {
+        let mut reqs = Vec::with_capacity(ios.len());
+        let mut results = Vec::with_capacity(ios.len());
+        for (o, b, size, foff, boff) in &ios {
+            let (io, r) = StreamIo::late(size.cell(), foff.cell(), boff.cell());
+            reqs.push((op(o)?, b.token, io));
+            results.push(StreamResult { inner: r });
+        }
+        self.inner.batch_async(reqs, stream.get()).map_err(err)?;
+        Ok(results)
+    }
+
+    /// Closes the handle. `drain`: "wait" (for I/O in flight, up to
+    /// `timeout` seconds, forever when None), "nowait" (BusyError if any),
+    /// or "force" (a wedged handle: reset the controller, then release).
+    #[pyo3(signature = (drain="wait", timeout=None))]
+    fn close(&self, py: Python<'_>, drain: &str, timeout: Option<f64>) -> PyResult<()> {
+        let d = match (drain, timeout) {
+            ("wait", None) => Drain::Forever,
+            ("wait", Some(t)) => Drain::Timeout(Duration::from_secs_f64(t)),
+            ("nowait", _) => Drain::NoWait,
+            ("force", _) => Drain::ForceAfterReset,
+            (o, _) => return Err(InvalidArgument::new_err(format!("unknown drain {o:?} (wait, nowait, force)"))),
+        };
+        py.allow_threads(|| self.inner.close(d)).map_err(err)
+    }
+
+    fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __exit__(&self, py: Python<'_>, _t: PyObject, _v: PyObject, _tb: PyObject) -> PyResult<()> {
+        self.close(py, "wait", None)
+    }
+}
+
+/// A batch context (cuFile's batch API): submit many, collect by cookie.
+#[pyclass(module = "ugds._ugds", frozen)]
+struct Batch {
+    inner: ugds::Batch,
+}
+
+#[pymethods]
+impl Batch {
+    /// Submits `ios`, a list of `(op, buf, size, file_offset, buf_offset,
+    /// cookie)`; all are checked first, and bad input submits none. Returns
+    /// the number of doorbell writes it took (1 unless the queue filled).
+    fn submit(&self, py: Python<'_>, ios: Vec<(String, PyRef<'_, Buffer>, usize, u64, usize, u64)>) -> PyResult<usize> {
+        let reqs = ios
+            .iter()
+            .map(|(o, b, size, file_offset, buf_offset, cookie)| {
+                Ok(BatchIo {
+                    op: op(o)?,
+                    buf: b.token,
+                    size: *size,
+                    file_offset: *file_offset,
+                    buf_offset: *buf_offset,
+                    cookie: *cookie,
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        py.allow_threads(|| self.inner.submit(&reqs)).map_err(err)
+    }
+
+    /// Waits for at least `min_nr` finished requests (or `timeout`
+    /// seconds) and returns up to `max_nr` as `(cookie, status, result)`:
+    /// status "complete", "failed", "canceled" or "timeout"; result the
+    /// bytes moved, or a negative errno.
+    #[pyo3(signature = (min_nr=1, max_nr=None, timeout=None))]
+    fn get_status(
+        &self,
+        py: Python<'_>,
+        min_nr: usize,
+        max_nr: Option<usize>,
+        timeout: Option<f64>,
+    ) -> PyResult<Vec<(u64, &'static str, i64)>> {
+        let max = max_nr.unwrap_or(self.inner.capacity());
+        let mut ev = Vec::new();
+        py.allow_threads(|| self.inner.get_status(min_nr, max, timeout.map(Duration::from_secs_f64), &mut ev))
+            .map_err(err)?;
+        Ok(ev
+            .into_iter()
+            .map(|e| {
+                let status = match e.status {
+                    BatchStatus::Complete => "complete",
+                    BatchStatus::Failed => "failed",
+                    BatchStatus::Canceled => "canceled",
+                    BatchStatus::Timeout => "timeout",
+                };
+                let r = match &e.result {
+                    Ok(n) => *n as i64,
+                    Err(x) => -(x.errno() as i64),
+                };
+                (e.cookie, status, r)
+            })
+            .collect())
+    }
+
+    /// Cancels: no more submissions; waits for what the device holds.
+    fn cancel(&self, py: Python<'_>) -> PyResult<()> {
+        py.allow_threads(|| self.inner.cancel()).map_err(err)
+    }
+
+    /// Requests submitted and not yet collected.
+    #[getter]
+    fn outstanding(&self) -> usize {
+        self.inner.outstanding()
+    }
+}
+
+enum StreamKind {
+    Host(HostStream),
+    Gpu(ugds::gpu::GpuStream),
+}
+
+/// A stream to order I/O on: `Stream.cuda(handle)` for a CUDA stream (e.g.
+/// `torch.cuda.current_stream().cuda_stream`), `Stream.host()` for a
+/// host-side stream (no GPU needed).
+#[pyclass(module = "ugds._ugds", frozen)]
+struct Stream {
+    inner: StreamKind,
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // Dropping waits for the stream's work, which may need the GIL (a
+        // Python callable enqueued on a host stream): wait without it.
+        let inner = &self.inner;
+        Python::with_gil(|py| {
+            py.allow_threads(|| match inner {
+                StreamKind::Host(s) => s.synchronize(),
+                StreamKind::Gpu(s) => {
+                    let _ = s.synchronize();
+                }
+            })
+        });
+    }
+}
+
+impl Stream {
+    fn get(&self) -> &dyn ugds::Stream {
+        match &self.inner {
+            StreamKind::Host(s) => s,
+            StreamKind::Gpu(s) => s,
+        }
+    }
+}
+
+#[pymethods]
+impl Stream {
+    /// A stream run by a host thread, in order.
+    #[staticmethod]
+    fn host() -> Stream {
+        Stream { inner: StreamKind::Host(HostStream::new()) }
+    }
+
+    /// The CUDA stream `handle` (a `CUstream` as an int; 0 is the legacy
+    /// default stream) of the current context (or of `device`'s primary
+    /// context if none is current). `blocking=True` makes the host callback
+    /// wait for each I/O instead of the GPU (the fallback mode).
+    #[staticmethod]
+    #[pyo3(signature = (handle, device=0, blocking=false))]
+    fn cuda(handle: u64, device: usize, blocking: bool) -> PyResult<Stream> {
+        let cuda = ugds::gpu::cuda::Cuda::get().map_err(err)?;
+        let wait = if blocking { StreamWait::BlockingCallback } else { StreamWait::DeviceSide };
+        // SAFETY: the caller passes a live stream handle that outlives this
+        // object (the Python layer documents it).
+        let s = match unsafe { cuda.stream(handle as *mut std::ffi::c_void, wait) } {
+            Ok(s) => s,
+            Err(ugds::Error::InvalidArgument(_)) => {
+                cuda.use_device(device).map_err(err)?;
+                // SAFETY: as above.
+                unsafe { cuda.stream(handle as *mut std::ffi::c_void, wait) }.map_err(err)?
+            }
+            Err(e) => return Err(err(e)),
+        };
+        Ok(Stream { inner: StreamKind::Gpu(s) })
+    }
+
+    /// Runs the Python callable `f` in stream order (host streams only);
+    /// its exceptions are printed and otherwise ignored.
+    fn enqueue(&self, f: PyObject) -> PyResult<()> {
+        match &self.inner {
+            StreamKind::Host(s) => {
+                s.enqueue(move || {
+                    Python::with_gil(|py| {
+                        if let Err(e) = f.call0(py) {
+                            e.print(py);
+                        }
+                    })
+                });
+                Ok(())
+            }
+            StreamKind::Gpu(_) => Err(UnsupportedError::new_err(
+                "enqueue Python work on a CUDA stream with torch (torch.cuda.stream) instead",
+            )),
+        }
+    }
+
+    /// Waits until all work on the stream is done.
+    fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
+        py.allow_threads(|| match &self.inner {
+            StreamKind::Host(s) => {
+                s.synchronize();
+                Ok(())
+            }
+            StreamKind::Gpu(s) => s.synchronize(),
+        })
+        .map_err(err)
+    }
+
+    /// Whether the GPU waits for I/O on the device ("device") or the host
+    /// callback does ("blocking"); "host" for a host stream.
+    #[getter]
+    fn wait_mode(&self) -> &'static str {
+        match &self.inner {
+            StreamKind::Host(_) => "host",
+            StreamKind::Gpu(s) if s.wait_mode() == StreamWait::DeviceSide => "device",
+            StreamKind::Gpu(_) => "blocking",
+        }
+    }
+}
+
+/// The outcome of a stream-ordered operation.
+#[pyclass(module = "ugds._ugds", frozen)]
+struct StreamResult {
+    inner: Arc<ugds::StreamResult>,
+}
+
+#[pymethods]
+impl StreamResult {
+    /// Bytes moved, or a negative errno; valid once `done`.
+    #[getter]
+    fn bytes(&self) -> i64 {
+        self.inner.bytes()
+    }
+    /// Whether the operation has run.
+    #[getter]
+    fn done(&self) -> bool {
+        self.inner.is_done()
+    }
+    /// The error's message, if it failed (taken once).
+    fn error(&self) -> Option<String> {
+        self.inner.take_error().map(|e| e.to_string())
+    }
+}
+
+#[pymodule]
+fn _ugds(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<Driver>()?;
+    m.add_class::<Handle>()?;
+    m.add_class::<Buffer>()?;
+    m.add_class::<Batch>()?;
+    m.add_class::<Stream>()?;
+    m.add_class::<StreamResult>()?;
+    m.add_class::<Cell>()?;
+    m.add("Error", py.get_type::<Error>())?;
+    m.add("InvalidArgument", py.get_type::<InvalidArgument>())?;
+    m.add("NotRegistered", py.get_type::<NotRegistered>())?;
+    m.add("AlreadyRegistered", py.get_type::<AlreadyRegistered>())?;
+    m.add("BusyError", py.get_type::<BusyError>())?;
+    m.add("TimeoutError", py.get_type::<TimeoutError>())?;
+    m.add("WedgedError", py.get_type::<WedgedError>())?;
+    m.add("ClosedError", py.get_type::<ClosedError>())?;
+    m.add("UnsupportedError", py.get_type::<UnsupportedError>())?;
+    m.add("GpuError", py.get_type::<GpuError>())?;
+    m.add("DeviceError", py.get_type::<DeviceError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

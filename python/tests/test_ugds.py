@@ -1,0 +1,244 @@
+"""Tests of the Python API. Host memory runs anywhere (the emulated
+controller); CUDA tests need torch with a GPU and say why they skip."""
+
+import errno
+import os
+import sys
+import threading
+import unittest
+
+import ugds
+
+try:
+    import numpy as np
+except ImportError:  # pragma: no cover
+    np = None
+try:
+    import torch
+
+    HAVE_CUDA = torch.cuda.is_available()
+except ImportError:
+    torch = None
+    HAVE_CUDA = False
+
+REQUIRE_GPU = os.environ.get("UGDS_REQUIRE_GPU") == "1"
+
+
+def pattern(seed, n):
+    return bytes(((i * 31) ^ seed ^ (i >> 9)) & 0xFF for i in range(n))
+
+
+class Host(unittest.TestCase):
+    def setUp(self):
+        self.drv = ugds.Driver()
+        self.h = self.drv.open_emulated(size=16 << 20)
+
+    def tearDown(self):
+        self.h.close()
+
+    def test_bytearray_round_trip(self):
+        mem = bytearray(pattern(1, 1 << 20))
+        buf = self.drv.register(mem)
+        self.assertFalse(buf.is_device)
+        self.assertEqual(self.h.write(buf, 1 << 20, 4096), 1 << 20)
+        mem[:] = bytes(1 << 20)
+        self.assertEqual(self.h.read(buf, 8192, 4096 + 8192, 512), 8192)
+        self.assertEqual(bytes(mem[512 : 512 + 8192]), pattern(1, 1 << 20)[8192 : 2 * 8192])
+        self.drv.deregister(buf)
+
+    @unittest.skipIf(np is None, "numpy is not installed")
+    def test_numpy_and_dlpack(self):
+        a = np.frombuffer(pattern(2, 65536), dtype=np.uint32).copy()
+        buf = self.drv.register(a)
+        self.h.write(buf, 65536, 0)
+        self.drv.deregister(buf)
+        b = np.zeros(65536 // 4, dtype=np.uint32)
+        # Through DLPack rather than __array_interface__.
+        ptr, n, kind = ugds._from_dlpack(b)
+        self.assertEqual((ptr, n, kind), (b.__array_interface__["data"][0], 65536, "host"))
+        buf = self.drv.register_raw(ptr, n, kind, b)
+        self.h.read(buf, 65536, 0)
+        self.assertTrue((a == b).all())
+        self.drv.deregister(buf)
+        with self.assertRaises(ugds.InvalidArgument):
+            self.drv.register(np.zeros((64, 64), dtype=np.uint8)[:, ::2])
+
+    def test_errors_are_typed_and_change_nothing(self):
+        mem = bytearray(65536)
+        buf = self.drv.register(mem)
+        with self.assertRaises(ugds.InvalidArgument) as e:
+            self.h.read(buf, 4096, 7)
+        self.assertEqual(e.exception.errno, errno.EINVAL)
+        with self.assertRaises(ugds.InvalidArgument):
+            self.h.read(buf, 1 << 20, 0)  # larger than the buffer
+        with self.assertRaises(ugds.InvalidArgument):
+            self.h.read(buf, 4096, 32 << 20)  # past the namespace
+        with self.assertRaises(ugds.AlreadyRegistered):
+            self.drv.register(mem)
+        with self.assertRaises(ugds.InvalidArgument):
+            self.drv.register(b"read-only bytes")
+        with self.assertRaises(ugds.InvalidArgument):
+            self.drv.register(object())
+        self.drv.deregister(buf)
+        with self.assertRaises(ugds.NotRegistered):
+            self.drv.deregister(buf)
+        with self.assertRaises(ugds.NotRegistered):
+            self.h.read(buf, 4096, 0)
+        self.assertTrue(issubclass(ugds.BusyError, ugds.Error))
+
+    def test_batch(self):
+        mem = bytearray(128 * 4096)
+        buf = self.drv.register(mem)
+        mem[:] = pattern(3, len(mem))
+        b = self.h.batch(128)
+        # One doorbell write for the whole batch.
+        self.assertEqual(b.submit([("write", buf, 4096, i * 4096, i * 4096, i) for i in range(128)]), 1)
+        ev = b.get_status(128, 128, timeout=10)
+        self.assertEqual(sorted(c for c, _, _ in ev), list(range(128)))
+        self.assertTrue(all(s == "complete" and r == 4096 for _, s, r in ev))
+        mem[:] = bytes(len(mem))
+        b.submit([("read", buf, 4096, i * 4096, i * 4096, 1000 + i) for i in range(128)])
+        ev = b.get_status(128, 128, timeout=10)
+        self.assertEqual(len(ev), 128)
+        self.assertEqual(bytes(mem), pattern(3, len(mem)))
+        with self.assertRaises(ugds.InvalidArgument):
+            b.submit([("read", buf, 4096, 0, 0, 0)] * 129)
+        with self.assertRaises(ugds.InvalidArgument):
+            b.submit([("copy", buf, 4096, 0, 0, 0)])
+        b.cancel()
+        self.drv.deregister(buf)
+
+    def test_host_stream_late_binding(self):
+        mem = bytearray(pattern(4, 1 << 20))
+        buf = self.drv.register(mem)
+        self.h.write(buf, 1 << 20, 0)
+        mem[:] = bytes(1 << 20)
+        s = ugds.Stream.host()
+        self.assertEqual(s.wait_mode, "host")
+        gate = threading.Event()
+        s.enqueue(gate.wait)  # the stream waits here until the values are set
+        size, foff = ugds.Cell(0), ugds.Cell(3)  # invalid if bound now
+        r = self.h.read_async(buf, size, foff, 0, s)
+        size.value, foff.value = 8192, 16384
+        gate.set()
+        s.synchronize()
+        self.assertEqual(r.bytes, 8192, r.error())
+        self.assertEqual(bytes(mem[:8192]), pattern(4, 1 << 20)[16384 : 16384 + 8192])
+        results = self.h.batch_async([("read", buf, 4096, i * 4096, i * 4096) for i in range(16)], s)
+        s.synchronize()
+        self.assertTrue(all(x.done and x.bytes == 4096 for x in results))
+        bad = self.h.read_async(buf, 4096, 7, 0, s)
+        s.synchronize()
+        self.assertEqual(bad.bytes, -errno.EINVAL)
+        self.drv.deregister(buf)
+
+    def test_threads_share_a_handle(self):
+        mems = [bytearray(65536) for _ in range(4)]
+        bufs = [self.drv.register(m) for m in mems]
+
+        def work(i):
+            for k in range(20):
+                mems[i][:] = bytes([i + k]) * 65536
+                self.h.write(bufs[i], 65536, (i * 20 + k) * 65536)
+                self.h.read(bufs[i], 65536, (i * 20 + k) * 65536)
+                assert mems[i][-1] == (i + k) & 0xFF
+
+        ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        for b in bufs:
+            self.drv.deregister(b)
+
+
+def gpu_or_skip():
+    if HAVE_CUDA:
+        return
+    why = "torch is not installed" if torch is None else "torch sees no CUDA GPU"
+    if REQUIRE_GPU:
+        raise AssertionError(f"UGDS_REQUIRE_GPU=1 but {why}")
+    sys.stderr.write(f"SKIPPED: CUDA tests ({why})\n")
+    raise unittest.SkipTest(why)
+
+
+class Cuda(unittest.TestCase):
+    def setUp(self):
+        gpu_or_skip()
+        self.drv = ugds.Driver()
+        self.h = self.drv.open_emulated(size=64 << 20)
+
+    def tearDown(self):
+        self.h.close()
+
+    def test_cuda_tensor_sync_and_batch(self):
+        src = torch.arange(1 << 18, dtype=torch.int32)  # 1 MiB on the host
+        host = self.drv.register(src)
+        self.h.write(host, 1 << 20, 0)
+        t = torch.zeros(1 << 18, dtype=torch.int32, device="cuda")
+        buf = self.drv.register(t)
+        self.assertTrue(buf.is_device)
+        self.assertEqual(self.h.read(buf, 1 << 20, 0), 1 << 20)
+        self.assertTrue(torch.equal(t.cpu(), src))
+        b = self.h.batch(64)
+        t.zero_()
+        b.submit([("read", buf, 16384, i * 16384, i * 16384, i) for i in range(64)])
+        ev = b.get_status(64, 64, timeout=10)
+        self.assertTrue(all(s == "complete" for _, s, _ in ev))
+        self.assertTrue(torch.equal(t.cpu(), src))
+        # GPU -> namespace -> host.
+        t.mul_(3)
+        self.h.write(buf, 1 << 20, 1 << 20)
+        self.h.read(host, 1 << 20, 1 << 20)
+        self.assertTrue(torch.equal(src, (torch.arange(1 << 18, dtype=torch.int32) * 3)))
+        b.cancel()
+        self.drv.deregister(buf)
+        self.drv.deregister(host)
+
+    def test_stream_ordered_on_torch_stream(self):
+        data = torch.randint(0, 255, (4 << 20,), dtype=torch.uint8)
+        host = self.drv.register(data)
+        self.h.write(host, 4 << 20, 0)
+        t = torch.zeros(4 << 20, dtype=torch.uint8, device="cuda")
+        buf = self.drv.register(t)
+        torch_stream = torch.cuda.Stream()
+        s = ugds.Stream.cuda(torch_stream.cuda_stream)
+        self.assertEqual(s.wait_mode, "device")
+        with torch.cuda.stream(torch_stream):
+            # Kernels before and after the reads, on the same stream.
+            t.fill_(7)
+            size = ugds.Cell(0)
+            rs = [self.h.read_async(buf, size if i == 0 else 1 << 20, i << 20, i << 20, s) for i in range(4)]
+            size.value = 1 << 20
+            out = t.to(torch.int32).sum()
+        torch_stream.synchronize()
+        self.assertTrue(all(r.bytes == 1 << 20 for r in rs), [r.error() for r in rs])
+        self.assertEqual(int(out), int(data.to(torch.int64).sum()))
+        self.assertTrue(torch.equal(t.cpu(), data))
+        # Export for other consumers.
+        fd, off, n = self.drv.export_dmabuf(buf)
+        self.assertEqual((off, n), (0, 4 << 20))
+        os.close(fd)
+        del s
+        self.drv.deregister(buf)
+        self.drv.deregister(host)
+
+    def test_cuda_array_interface(self):
+        t = torch.zeros(4096, dtype=torch.uint8, device="cuda")
+        ptr, n, kind = ugds.memory_of(t)
+        self.assertEqual((n, kind), (4096, "cuda"))
+
+        class Cai:
+            __cuda_array_interface__ = {"data": (ptr, False), "shape": (4096,), "typestr": "|u1", "version": 3}
+
+        buf = self.drv.register(Cai())
+        self.assertTrue(buf.is_device)
+        self.drv.deregister(buf)
+        # Past the end of the allocation (torch's caching allocator may
+        # place the tensor inside a larger one, so go far past it).
+        with self.assertRaises(ugds.GpuError):
+            self.drv.register_raw(ptr, 1 << 40, "cuda")
+
+
+if __name__ == "__main__":
+    unittest.main()
