@@ -143,6 +143,11 @@ impl Driver {
         self.inner.registry.remove(token)
     }
 
+    /// The registration whose range holds `addr`, if any.
+    pub fn token_containing(&self, addr: *const u8) -> Option<BufferToken> {
+        self.inner.registry.containing(addr as usize)
+    }
+
     /// The current registration at `base`, if any (for callers that keep
     /// base addresses, as the C API does).
     pub fn token_at(&self, base: *const u8) -> Option<BufferToken> {

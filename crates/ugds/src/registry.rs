@@ -170,6 +170,13 @@ impl Registry {
         map.get(&base).map(|e| BufferToken { base, len: e.len, generation: e.generation })
     }
 
+    /// The registration whose range holds `addr`.
+    pub fn containing(&self, addr: usize) -> Option<BufferToken> {
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        let (&base, e) = map.range(..=addr).next_back()?;
+        (addr < base + e.len).then_some(BufferToken { base, len: e.len, generation: e.generation })
+    }
+
     /// Looks a token up and takes an in-flight reference, after checking
     /// `offset..offset+len` lies in the buffer.
     pub fn acquire(&self, token: &BufferToken, offset: u64, len: u64) -> Result<BufGuard> {

@@ -22,6 +22,7 @@ type HostFn = unsafe extern "C" fn(*mut c_void);
 
 const SUCCESS: Res = 0;
 const ERROR_INVALID_VALUE: Res = 1;
+const ERROR_INVALID_CONTEXT: Res = 201;
 const ERROR_NOT_SUPPORTED: Res = 801;
 
 const POINTER_ATTRIBUTE_CONTEXT: i32 = 1;
@@ -242,8 +243,9 @@ impl Cuda {
         }
         let mem_type: u32 = match self.attribute(ptr, POINTER_ATTRIBUTE_MEMORY_TYPE) {
             Ok(t) => t,
-            // Memory CUDA has never seen: plain host memory.
-            Err(ERROR_INVALID_VALUE) => return Ok(Memory::Host),
+            // Memory CUDA has never seen: plain host memory (asked with no
+            // context current, CUDA says the context is invalid instead).
+            Err(ERROR_INVALID_VALUE | ERROR_INVALID_CONTEXT) => return Ok(Memory::Host),
             Err(code) => {
                 return Err(Error::GpuDriver { call: "cuPointerGetAttribute", code, name: self.error_name(code) })
             }

@@ -68,7 +68,14 @@ pub struct DrvCounters {
 impl UgdsDrvPlatform {
     /// Opens `path` (e.g. `/dev/ugds_drv0`) and checks the module's ABI.
     pub fn open(path: &str) -> Result<UgdsDrvPlatform> {
-        let fd = open_rw(path)?;
+        UgdsDrvPlatform::from_fd(open_rw(path)?, path)
+    }
+
+    /// Uses a descriptor the caller opened on `/dev/ugds_drvN` (the module
+    /// allows one opener, so a C caller's fd is taken over, not reopened);
+    /// `name` is for messages.
+    pub fn from_fd(fd: OwnedFd, name: &str) -> Result<UgdsDrvPlatform> {
+        let path = name;
         let mut info = k::Info::default();
         k::ioctl(&fd, "UGDS_DRV_IOC_INFO", k::IOC_INFO, &mut info)?;
         if info.abi_version != k::ABI_VERSION {

@@ -1,0 +1,985 @@
+//! libugds: the C ABI of ugds, declared in `include/ugds.h`; a drop-in for
+//! the existing uGDS C interface (names, values and layouts as it has them).
+//!
+//! Thin by design: each entry point checks its arguments, finds the objects
+//! it names in one table, and calls the Rust library; no lock is held while
+//! a device works. No panic crosses the boundary: each entry point catches
+//! it and returns `UGDS_INTERNAL_ERROR` (or `-UGDS_INTERNAL_ERROR`).
+//!
+//! A handle is a small allocation whose first member is the registered fd,
+//! as existing callers expect. It is never freed, so that a deregistered
+//! handle's address is never reused and any later use of it is reported as
+//! `UGDS_HANDLE_NOT_REGISTERED` rather than reaching another handle.
+
+#![allow(non_snake_case)]
+// Every entry point takes raw pointers from C and checks them for null; the
+// contract for the rest is the C header's.
+#![allow(clippy::not_unsafe_ptr_arg_deref)]
+
+pub mod abi;
+
+use abi::{op, uGDSError_t, HandleObj};
+use libc::{off_t, size_t, ssize_t, timespec};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_uint, c_void, CString};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use ugds::gpu::{GpuStream, StreamWait};
+use ugds::platform::emu::{EmuConfig, EmuPlatform, NamespaceConfig};
+use ugds::{BatchIo, BatchOp, BatchStatus, BufferToken, Drain, Error, Handle, HandleOptions, StreamIo};
+
+struct Registered {
+    handle: Arc<Handle>,
+    fd: c_int,
+}
+
+struct State {
+    driver: ugds::Driver,
+    /// Live handles by the address of their `HandleObj`.
+    handles: HashMap<usize, Registered>,
+    /// Batch contexts by id (an opaque `void *` to the caller).
+    batches: HashMap<usize, Arc<ugds::Batch>>,
+    next_batch: usize,
+    /// Streams by their runtime handle.
+    streams: HashMap<usize, Arc<GpuStream>>,
+}
+
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn state() -> MutexGuard<'static, Option<State>> {
+    STATE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn ok() -> uGDSError_t {
+    uGDSError_t { err: op::SUCCESS, cu_err: 0 }
+}
+
+fn fail(err: c_int, msg: impl Into<String>) -> uGDSError_t {
+    remember(msg.into());
+    uGDSError_t { err, cu_err: 0 }
+}
+
+fn remember(msg: String) {
+    tracing::debug!("ugds C API: {msg}");
+    LAST_ERROR.with(|l| *l.borrow_mut() = CString::new(msg.replace('\0', " ")).unwrap_or_default());
+}
+
+/// The uGDSOpError for a library error (and the GPU driver's code).
+fn code(e: &Error) -> (c_int, c_int) {
+    match e {
+        Error::ZeroSize
+        | Error::Misaligned { .. }
+        | Error::OutOfRange { .. }
+        | Error::BufferRange { .. }
+        | Error::StaleToken { .. }
+        | Error::InvalidArgument(_) => (op::INVALID_VALUE, 0),
+        Error::NotRegistered { .. } => (op::MEMORY_NOT_REGISTERED, 0),
+        Error::AlreadyRegistered { .. } | Error::Overlap { .. } => (op::MEMORY_ALREADY_REGISTERED, 0),
+        Error::Busy { .. } => (op::BUSY, 0),
+        Error::CapacityExceeded { .. } => (op::BATCH_CAPACITY_EXCEEDED, 0),
+        Error::Closed => (op::HANDLE_NOT_REGISTERED, 0),
+        Error::GpuUnavailable(_) => (op::PLATFORM_NOT_SUPPORTED, 0),
+        Error::GpuDriver { code, .. } => (op::CUDA_DRIVER_ERROR, *code),
+        Error::GpuPointerInvalid { .. } => (op::CUDA_POINTER_INVALID, 0),
+        Error::GpuMemoryType { .. } => (op::CUDA_MEMORY_TYPE_INVALID, 0),
+        Error::GpuPointerRange { .. } => (op::CUDA_POINTER_RANGE_ERROR, 0),
+        Error::GpuContextMismatch { .. } => (op::CUDA_CONTEXT_MISMATCH, 0),
+        Error::Unsupported(_) => (op::IO_NOT_SUPPORTED, 0),
+        Error::Wedged | Error::Timeout { .. } => (op::IO_DISABLED, 0),
+        Error::Os { source, .. } => match source.raw_os_error() {
+            Some(libc::EACCES | libc::EPERM) => (op::PERMISSION_DENIED, 0),
+            Some(libc::ENOENT | libc::ENODEV | libc::ENXIO) => (op::DEVICE_NOT_FOUND, 0),
+            Some(libc::ENOMEM) => (op::OUT_OF_MEMORY, 0),
+            _ => (op::INTERNAL_ERROR, 0),
+        },
+        _ => (op::INTERNAL_ERROR, 0),
+    }
+}
+
+fn from_error(e: Error) -> uGDSError_t {
+    let (err, cu_err) = code(&e);
+    remember(e.to_string());
+    uGDSError_t { err, cu_err }
+}
+
+/// Runs an entry point's body; a panic becomes `on_panic`.
+fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(v) => v,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            remember(format!("internal error (panic): {msg}"));
+            on_panic
+        }
+    }
+}
+
+fn internal() -> uGDSError_t {
+    uGDSError_t { err: op::INTERNAL_ERROR, cu_err: 0 }
+}
+
+/// The message of the calling thread's last error (an extension).
+#[no_mangle]
+pub extern "C" fn ugds_last_error() -> *const c_char {
+    LAST_ERROR.with(|l| l.borrow().as_ptr())
+}
+
+/// Opens the library state (no device work). A second open: `UGDS_DRIVER_ALREADY_OPEN`.
+#[no_mangle]
+pub extern "C" fn uGDSDriverOpen() -> uGDSError_t {
+    guard(internal(), || {
+        let mut s = state();
+        if s.is_some() {
+            return fail(op::DRIVER_ALREADY_OPEN, "the driver is open already");
+        }
+        *s = Some(State {
+            driver: ugds::Driver::open(),
+            handles: HashMap::new(),
+            batches: HashMap::new(),
+            next_batch: 0x1000,
+            streams: HashMap::new(),
+        });
+        ok()
+    })
+}
+
+/// Closes streams, batches and handles, waiting for their I/O.
+#[no_mangle]
+pub extern "C" fn uGDSDriverClose() -> uGDSError_t {
+    guard(internal(), || {
+        let Some(st) = state().take() else {
+            return fail(op::DRIVER_NOT_INITIALIZED, "the driver is not open");
+        };
+        // Streams first (they wait for their work), then batches, then
+        // handles: each drop waits for or quarantines what the device holds.
+        drop(st.streams);
+        drop(st.batches);
+        for (_, r) in st.handles {
+            if let Err(e) = r.handle.close(Drain::Forever) {
+                tracing::warn!("closing handle on fd {} at driver close: {e}", r.fd);
+            }
+        }
+        ok()
+    })
+}
+
+macro_rules! with_state {
+    ($s:ident, $on_closed:expr) => {
+        let mut guard_ = state();
+        let Some($s) = guard_.as_mut() else {
+            return $on_closed;
+        };
+    };
+}
+
+/// The file behind `fd`, by path (for the emulated controller).
+fn fd_path(fd: c_int) -> Option<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()
+}
+
+/// Opens the platform for `fd`: a ugds_drv character device, or (with
+/// UGDS_EMULATE=1) an emulated controller over a regular file.
+fn platform_for(fd: c_int) -> Result<Arc<dyn ugds::platform::Platform>, uGDSError_t> {
+    // SAFETY: fstat writes one struct; an invalid fd is an error.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(fail(op::INVALID_VALUE, format!("fd {fd} is not an open file")));
+    }
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFCHR => {
+            let (maj, min) = (libc::major(st.st_rdev), libc::minor(st.st_rdev));
+            let subsystem = std::fs::read_link(format!("/sys/dev/char/{maj}:{min}/subsystem")).ok();
+            if subsystem.as_ref().and_then(|p| p.file_name()).is_none_or(|n| n != "ugds_drv") {
+                return Err(fail(op::INVALID_FILE_TYPE, format!("fd {fd} is a character device not of ugds_drv")));
+            }
+            // SAFETY: `fd` is open (fstat succeeded); the dup is ours.
+            let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+            if dup < 0 {
+                return Err(fail(op::GETNEWFD_FAILED, "dup of the device fd failed"));
+            }
+            // SAFETY: a new descriptor we own.
+            let owned = unsafe { OwnedFd::from_raw_fd(dup) };
+            let name = fd_path(fd).map(|p| p.display().to_string()).unwrap_or_else(|| format!("fd {fd}"));
+            ugds::platform::ugds_drv::UgdsDrvPlatform::from_fd(owned, &name)
+                .map(|p| Arc::new(p) as Arc<dyn ugds::platform::Platform>)
+                .map_err(from_error)
+        }
+        libc::S_IFREG if std::env::var("UGDS_EMULATE").is_ok_and(|v| v == "1") => {
+            let path = fd_path(fd).ok_or_else(|| fail(op::INVALID_VALUE, "cannot find the file's path"))?;
+            let block: u32 = std::env::var("UGDS_EMULATE_BLOCK_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(512);
+            let size = st.st_size as u64 / block as u64 * block as u64;
+            if size == 0 {
+                return Err(fail(op::INVALID_VALUE, "the file is smaller than one block"));
+            }
+            // SAFETY: F_GETFL on an open fd.
+            let direct = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_DIRECT != 0;
+            let ns = if direct {
+                NamespaceConfig::direct_file(path, size, block)
+            } else {
+                NamespaceConfig::file(path, size, block)
+            };
+            EmuPlatform::new(EmuConfig::default().namespaces(vec![ns]))
+                .map(|p| Arc::new(p) as Arc<dyn ugds::platform::Platform>)
+                .map_err(from_error)
+        }
+        libc::S_IFREG => Err(fail(
+            op::INVALID_FILE_TYPE,
+            "a regular file needs UGDS_EMULATE=1 (an emulated controller over the file)",
+        )),
+        _ => Err(fail(op::INVALID_FILE_TYPE, format!("fd {fd} is neither /dev/ugds_drvN nor a regular file"))),
+    }
+}
+
+/// Brings up the controller behind `descr`'s fd: `/dev/ugds_drvN`, or a regular file with `UGDS_EMULATE=1`.
+#[no_mangle]
+pub extern "C" fn uGDSHandleRegister(fh: *mut *mut c_void, descr: *mut abi::uGDSDescr_t) -> uGDSError_t {
+    guard(internal(), || {
+        if fh.is_null() || descr.is_null() {
+            return fail(op::INVALID_VALUE, "null argument");
+        }
+        if state().is_none() {
+            return fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first");
+        }
+        // SAFETY: non-null; the caller passes a valid descriptor.
+        let d = unsafe { &*descr };
+        if d.type_ != abi::HANDLE_TYPE_OPAQUE_FD {
+            return fail(op::INVALID_FILE_TYPE, format!("handle type {} (only OPAQUE_FD)", d.type_));
+        }
+        // SAFETY: OPAQUE_FD: the union holds an fd.
+        let fd = unsafe { d.handle.fd };
+        if state().as_ref().is_some_and(|s| s.handles.values().any(|r| r.fd == fd)) {
+            return fail(op::HANDLE_ALREADY_REGISTERED, format!("fd {fd} is registered already"));
+        }
+        // Device work (bring-up) without the table's lock.
+        let platform = match platform_for(fd) {
+            Ok(p) => p,
+            Err(e) => return e,
+        };
+        let driver = match state().as_ref() {
+            Some(s) => s.driver.clone(),
+            None => return fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed"),
+        };
+        let handle = match driver.open_handle(platform, HandleOptions::from_env()) {
+            Ok(h) => Arc::new(h),
+            Err(e) => return from_error(e),
+        };
+        let obj = Box::into_raw(Box::new(HandleObj { fd }));
+        with_state!(s, fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed"));
+        s.handles.insert(obj as usize, Registered { handle, fd });
+        // SAFETY: non-null, checked above.
+        unsafe { *fh = obj.cast() };
+        ok()
+    })
+}
+
+fn handle_of(s: &State, fh: *mut c_void) -> Option<Arc<Handle>> {
+    s.handles.get(&(fh as usize)).map(|r| r.handle.clone())
+}
+
+fn lookup(fh: *mut c_void) -> Result<(Arc<Handle>, ugds::Driver), c_int> {
+    let g = state();
+    let s = g.as_ref().ok_or(op::DRIVER_NOT_INITIALIZED)?;
+    if fh.is_null() {
+        return Err(op::INVALID_VALUE);
+    }
+    let h = handle_of(s, fh).ok_or(op::HANDLE_NOT_REGISTERED)?;
+    Ok((h, s.driver.clone()))
+}
+
+/// The namespace's capacity in bytes.
+#[no_mangle]
+pub extern "C" fn uGDSGetDeviceCapacity(fh: *mut c_void, bytes: *mut u64) -> uGDSError_t {
+    guard(internal(), || {
+        if bytes.is_null() {
+            return fail(op::INVALID_VALUE, "null argument");
+        }
+        match lookup(fh) {
+            Ok((h, _)) => {
+                // SAFETY: non-null, checked above.
+                unsafe { *bytes = h.capacity() };
+                ok()
+            }
+            Err(c) => fail(c, "no such handle"),
+        }
+    })
+}
+
+/// Closes a handle, waiting for its I/O; a null handle is ignored.
+#[no_mangle]
+pub extern "C" fn uGDSHandleDeregister(fh: *mut c_void) {
+    guard((), || {
+        if !fh.is_null() {
+            let _ = uGDSHandleDeregisterEx(fh, -1);
+        }
+    })
+}
+
+/// Closes a handle: 0 refuses with `UGDS_BUSY` while I/O is in flight, > 0 waits that many seconds, -1 waits, < -1 tears a wedged handle down after a controller reset.
+#[no_mangle]
+pub extern "C" fn uGDSHandleDeregisterEx(fh: *mut c_void, timeout_sec: c_int) -> uGDSError_t {
+    guard(internal(), || {
+        let h = match lookup(fh) {
+            Ok((h, _)) => h,
+            Err(c) => return fail(c, "no such handle"),
+        };
+        let drain = match timeout_sec {
+            0 => Drain::NoWait,
+            -1 => Drain::Forever,
+            t if t < -1 => Drain::ForceAfterReset,
+            t => Drain::Timeout(Duration::from_secs(t as u64)),
+        };
+        if let Err(e) = h.close(drain) {
+            return from_error(e);
+        }
+        with_state!(s, ok());
+        s.handles.remove(&(fh as usize));
+        ok()
+    })
+}
+
+/// Registers with the runtime that owns the memory: CUDA where it loads,
+/// HIP when asked (NVM_MAP_DMABUF is what ROCm callers pass), else host.
+fn register(base: *const c_void, len: size_t, backend: c_int) -> uGDSError_t {
+    if base.is_null() || len == 0 {
+        return fail(op::INVALID_VALUE, "null base or zero length");
+    }
+    let driver = match state().as_ref() {
+        Some(s) => s.driver.clone(),
+        None => return fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first"),
+    };
+    // SAFETY: the C contract: the memory stays allocated until
+    // uGDSBufDeregister succeeds.
+    let r = unsafe {
+        match backend {
+            abi::BACKEND_CUDA => driver.register_cuda(base as u64, len),
+            abi::BACKEND_HIP => driver.register_hip(base as u64, len),
+            _ => match ugds::gpu::cuda::Cuda::get() {
+                Ok(_) => driver.register_cuda(base as u64, len),
+                Err(_) => driver.register(base as *mut u8, len),
+            },
+        }
+    };
+    match r {
+        Ok(_) => ok(),
+        Err(e) => from_error(e),
+    }
+}
+
+/// Registers memory (GPU or host) by base address.
+#[no_mangle]
+pub extern "C" fn uGDSBufRegister(base: *const c_void, len: size_t, flags: c_int) -> uGDSError_t {
+    guard(internal(), || {
+        let backend = if flags & abi::NVM_MAP_FORCE_CUDA != 0 {
+            abi::BACKEND_CUDA
+        } else if flags & abi::NVM_MAP_DMABUF != 0 && ugds::gpu::cuda::Cuda::get().is_err() {
+            abi::BACKEND_HIP
+        } else {
+            abi::BACKEND_DEFAULT
+        };
+        register(base, len, backend)
+    })
+}
+
+/// Registers memory with an explicit backend.
+#[no_mangle]
+pub extern "C" fn uGDSBufRegisterEx(
+    base: *const c_void,
+    len: size_t,
+    config: *const abi::uGDSBufConfig_t,
+) -> uGDSError_t {
+    guard(internal(), || {
+        if config.is_null() {
+            return fail(op::INVALID_VALUE, "null config");
+        }
+        // SAFETY: non-null; the caller passes a valid config.
+        let backend = unsafe { (*config).backend };
+        if !matches!(backend, abi::BACKEND_DEFAULT | abi::BACKEND_CUDA | abi::BACKEND_HIP) {
+            return fail(op::INVALID_VALUE, format!("unknown backend {backend}"));
+        }
+        register(base, len, backend)
+    })
+}
+
+/// Deregisters by base address; `UGDS_BUSY` while I/O is in flight.
+#[no_mangle]
+pub extern "C" fn uGDSBufDeregister(base: *const c_void) -> uGDSError_t {
+    guard(internal(), || {
+        if base.is_null() {
+            return fail(op::INVALID_VALUE, "null base");
+        }
+        let driver = match state().as_ref() {
+            Some(s) => s.driver.clone(),
+            None => return fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first"),
+        };
+        let Some(t) = driver.token_at(base.cast()) else {
+            return fail(op::MEMORY_NOT_REGISTERED, format!("nothing registered at {base:p}"));
+        };
+        match driver.deregister(&t) {
+            Ok(()) => ok(),
+            Err(e) => from_error(e),
+        }
+    })
+}
+
+/// Exports registered GPU memory as a dma-buf; the caller closes the fd.
+#[no_mangle]
+pub extern "C" fn uGDSExportDmabuf(base: *const c_void, out: *mut abi::uGDSDmabufExport_t) -> uGDSError_t {
+    guard(internal(), || {
+        if base.is_null() || out.is_null() {
+            return fail(op::INVALID_VALUE, "null argument");
+        }
+        let driver = match state().as_ref() {
+            Some(s) => s.driver.clone(),
+            None => return fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first"),
+        };
+        let Some(t) = driver.token_at(base.cast()) else {
+            return fail(op::MEMORY_NOT_REGISTERED, format!("nothing registered at {base:p}"));
+        };
+        match driver.export_dmabuf(&t) {
+            Ok(x) => {
+                // SAFETY: non-null, checked above.
+                unsafe {
+                    *out = abi::uGDSDmabufExport_t {
+                        fd: std::os::fd::IntoRawFd::into_raw_fd(x.fd),
+                        offset: x.offset,
+                        length: x.len,
+                    }
+                };
+                ok()
+            }
+            Err(e) => from_error(e),
+        }
+    })
+}
+
+/// Registers the exported dma-buf with an RDMA protection domain (`ibv_reg_dmabuf_mr`).
+#[no_mangle]
+pub extern "C" fn uGDSRDMARegister(
+    base: *const c_void,
+    ibv_pd: *mut c_void,
+    access: c_int,
+    region: *mut abi::uGDSRDMARegion_t,
+) -> uGDSError_t {
+    guard(internal(), || {
+        if base.is_null() || ibv_pd.is_null() || region.is_null() {
+            return fail(op::INVALID_VALUE, "null argument");
+        }
+        let mut x = abi::uGDSDmabufExport_t { fd: -1, offset: 0, length: 0 };
+        let e = uGDSExportDmabuf(base, &mut x);
+        if e.err != op::SUCCESS {
+            return e;
+        }
+        // SAFETY: a descriptor the export just gave us.
+        let fd = unsafe { OwnedFd::from_raw_fd(x.fd) };
+        match rdma::reg_dmabuf_mr(ibv_pd, x.offset, x.length, base as u64, &fd, access) {
+            Ok((mr, lkey, rkey)) => {
+                // SAFETY: non-null, checked above.
+                unsafe {
+                    *region = abi::uGDSRDMARegion_t { mr, iova: base as u64, lkey, rkey, token: base as u64 };
+                }
+                ok()
+            }
+            Err(e) => e,
+        }
+    })
+}
+
+/// Undoes `uGDSRDMARegister`.
+#[no_mangle]
+pub extern "C" fn uGDSRDMAUnregister(base: *const c_void, region: *mut abi::uGDSRDMARegion_t) -> uGDSError_t {
+    guard(internal(), || {
+        if base.is_null() || region.is_null() {
+            return fail(op::INVALID_VALUE, "null argument");
+        }
+        // SAFETY: non-null; the region uGDSRDMARegister filled in.
+        let r = unsafe { &mut *region };
+        if r.mr.is_null() || r.token != base as u64 {
+            return fail(op::INVALID_VALUE, "the region was not registered for this base");
+        }
+        match rdma::dereg_mr(r.mr) {
+            Ok(()) => {
+                r.mr = std::ptr::null_mut();
+                ok()
+            }
+            Err(e) => e,
+        }
+    })
+}
+
+/// libibverbs, loaded at run time for the RDMA calls.
+mod rdma {
+    use super::*;
+
+    type RegDmabufMr = unsafe extern "C" fn(*mut c_void, u64, size_t, u64, c_int, c_int) -> *mut c_void;
+    type DeregMr = unsafe extern "C" fn(*mut c_void) -> c_int;
+
+    fn lib() -> Result<*mut c_void, uGDSError_t> {
+        // SAFETY: dlopen with a literal name.
+        let h = unsafe { libc::dlopen(c"libibverbs.so.1".as_ptr(), libc::RTLD_NOW) };
+        if h.is_null() {
+            return Err(fail(op::PLATFORM_NOT_SUPPORTED, "libibverbs.so.1 is not installed"));
+        }
+        Ok(h)
+    }
+
+    fn sym<T: Copy>(h: *mut c_void, n: &std::ffi::CStr) -> Result<T, uGDSError_t> {
+        // SAFETY: a live handle and a NUL-terminated name.
+        let p = unsafe { libc::dlsym(h, n.as_ptr()) };
+        if p.is_null() {
+            return Err(fail(op::PLATFORM_NOT_SUPPORTED, format!("libibverbs lacks {}", n.to_string_lossy())));
+        }
+        // SAFETY: the caller names the symbol's C type.
+        Ok(unsafe { std::mem::transmute_copy::<*mut c_void, T>(&p) })
+    }
+
+    /// `ibv_reg_dmabuf_mr`; returns the MR and its keys (`struct ibv_mr`:
+    /// context, pd, addr, length, handle, lkey, rkey).
+    pub fn reg_dmabuf_mr(
+        pd: *mut c_void,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        fd: &OwnedFd,
+        access: c_int,
+    ) -> Result<(*mut c_void, u32, u32), uGDSError_t> {
+        let f: RegDmabufMr = sym(lib()?, c"ibv_reg_dmabuf_mr")?;
+        let raw = std::os::fd::AsRawFd::as_raw_fd(fd);
+        // SAFETY: the caller's protection domain and our dma-buf.
+        let mr = unsafe { f(pd, offset, len, iova, raw, access) };
+        if mr.is_null() {
+            return Err(fail(op::INTERNAL_ERROR, format!("ibv_reg_dmabuf_mr: {}", std::io::Error::last_os_error())));
+        }
+        // SAFETY: a live ibv_mr; lkey and rkey follow three pointers, a
+        // size_t and a u32.
+        let (lkey, rkey) = unsafe {
+            let p = mr as *const u8;
+            ((p.add(36) as *const u32).read(), (p.add(40) as *const u32).read())
+        };
+        Ok((mr, lkey, rkey))
+    }
+
+    pub fn dereg_mr(mr: *mut c_void) -> Result<(), uGDSError_t> {
+        let f: DeregMr = sym(lib()?, c"ibv_dereg_mr")?;
+        // SAFETY: an MR from reg_dmabuf_mr.
+        match unsafe { f(mr) } {
+            0 => Ok(()),
+            e => Err(fail(op::RDMA_MR_STILL_ACTIVE, format!("ibv_dereg_mr: errno {e}"))),
+        }
+    }
+}
+
+/// The registration to use for `base + buf_offset .. + size`: the one
+/// holding `base`, or a just-in-time one (deregistered after the I/O).
+enum Target {
+    Registered(BufferToken, usize),
+    JustInTime(BufferToken),
+}
+
+fn neg(c: c_int) -> ssize_t {
+    -(c as ssize_t)
+}
+
+fn sync_io(
+    fh: *mut c_void,
+    base: *const c_void,
+    size: size_t,
+    file_offset: off_t,
+    buf_offset: off_t,
+    write: bool,
+) -> ssize_t {
+    if base.is_null() || size == 0 || file_offset < 0 || buf_offset < 0 {
+        remember("null buffer, zero size or negative offset".into());
+        return neg(libc::EINVAL);
+    }
+    let (h, driver) = match lookup(fh) {
+        Ok(x) => x,
+        Err(c) => {
+            remember("no such handle".into());
+            return neg(c);
+        }
+    };
+    let bs = h.namespace().block_size as i64;
+    if file_offset % bs != 0 || size as i64 % bs != 0 {
+        remember(format!("offset {file_offset} or size {size} is not a multiple of the {bs}-byte block"));
+        return neg(libc::EINVAL);
+    }
+    let target = match driver.token_containing(base.cast()) {
+        Some(t) => Target::Registered(t, base as usize - t.base + buf_offset as usize),
+        None => {
+            let start = base as usize + buf_offset as usize;
+            // SAFETY: the C contract: the caller's buffer is valid for the
+            // call; it is deregistered before this returns.
+            let r = unsafe {
+                match ugds::gpu::cuda::Cuda::get().and_then(|c| c.classify(start as u64, size)) {
+                    Ok(ugds::gpu::cuda::Memory::Device(_)) if start % (64 << 10) != 0 => {
+                        remember("an unregistered GPU buffer must start 64 KiB aligned".into());
+                        return neg(libc::EINVAL);
+                    }
+                    Ok(ugds::gpu::cuda::Memory::Device(_)) => driver.register_cuda(start as u64, size),
+                    Err(Error::GpuPointerRange { .. } | Error::GpuMemoryType { .. }) => {
+                        remember("the GPU range cannot be used".into());
+                        return neg(libc::EINVAL);
+                    }
+                    _ => driver.register(start as *mut u8, size),
+                }
+            };
+            match r {
+                Ok(t) => Target::JustInTime(t),
+                Err(e) => {
+                    let n = neg(e.errno());
+                    remember(e.to_string());
+                    return n;
+                }
+            }
+        }
+    };
+    let (token, off) = match &target {
+        Target::Registered(t, off) => (*t, *off),
+        Target::JustInTime(t) => (*t, 0),
+    };
+    let r = if write {
+        h.write(&token, size, file_offset as u64, off)
+    } else {
+        h.read(&token, size, file_offset as u64, off)
+    };
+    if let Target::JustInTime(t) = target {
+        if let Err(e) = driver.deregister(&t) {
+            tracing::warn!("just-in-time registration kept: {e}");
+        }
+    }
+    match r {
+        Ok(n) => n as ssize_t,
+        Err(e) => {
+            let n = match e {
+                Error::Closed => neg(op::HANDLE_NOT_REGISTERED),
+                ref other => neg(other.errno()),
+            };
+            remember(e.to_string());
+            n
+        }
+    }
+}
+
+/// Synchronous read: bytes read, or a negative errno / uGDSOpError.
+#[no_mangle]
+pub extern "C" fn uGDSRead(
+    fh: *mut c_void,
+    base: *mut c_void,
+    size: size_t,
+    file_offset: off_t,
+    buf_offset: off_t,
+) -> ssize_t {
+    guard(neg(op::INTERNAL_ERROR), || sync_io(fh, base, size, file_offset, buf_offset, false))
+}
+
+/// Synchronous write: bytes written, or a negative errno / uGDSOpError.
+#[no_mangle]
+pub extern "C" fn uGDSWrite(
+    fh: *mut c_void,
+    base: *const c_void,
+    size: size_t,
+    file_offset: off_t,
+    buf_offset: off_t,
+) -> ssize_t {
+    guard(neg(op::INTERNAL_ERROR), || sync_io(fh, base, size, file_offset, buf_offset, true))
+}
+
+/// A batch context for up to `nr` requests on the handle's deep queue.
+#[no_mangle]
+pub extern "C" fn uGDSBatchIOSetUp(batch: *mut *mut c_void, fh: *mut c_void, nr: c_uint) -> uGDSError_t {
+    guard(internal(), || {
+        if batch.is_null() || nr == 0 {
+            return fail(op::INVALID_VALUE, "null batch pointer or nr 0");
+        }
+        let h = match lookup(fh) {
+            Ok((h, _)) => h,
+            Err(c) => return fail(c, "no such handle"),
+        };
+        let b = match h.batch(nr as usize) {
+            Ok(b) => Arc::new(b),
+            Err(e) => return from_error(e),
+        };
+        with_state!(s, fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed"));
+        let id = s.next_batch;
+        s.next_batch += 16;
+        s.batches.insert(id, b);
+        // SAFETY: non-null, checked above.
+        unsafe { *batch = id as *mut c_void };
+        ok()
+    })
+}
+
+fn batch_of(batch: *mut c_void) -> Result<(Arc<ugds::Batch>, ugds::Driver), uGDSError_t> {
+    let g = state();
+    let s = g.as_ref().ok_or_else(|| fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first"))?;
+    if batch.is_null() {
+        return Err(fail(op::INVALID_VALUE, "null batch"));
+    }
+    let b = s.batches.get(&(batch as usize)).ok_or_else(|| fail(op::INVALID_VALUE, "no such batch"))?;
+    Ok((b.clone(), s.driver.clone()))
+}
+
+/// Submits `nr` requests (all checked first; bad input submits none).
+#[no_mangle]
+pub extern "C" fn uGDSBatchIOSubmit(
+    batch: *mut c_void,
+    nr: c_uint,
+    params: *mut abi::uGDSIOParams_t,
+    _flags: c_uint,
+) -> uGDSError_t {
+    guard(internal(), || {
+        if params.is_null() || nr == 0 {
+            return fail(op::INVALID_VALUE, "null params or nr 0");
+        }
+        let (b, driver) = match batch_of(batch) {
+            Ok(x) => x,
+            Err(e) => return e,
+        };
+        if nr as usize > b.capacity() {
+            return fail(op::BATCH_CAPACITY_EXCEEDED, format!("{nr} requests, capacity {}", b.capacity()));
+        }
+        // SAFETY: the caller passes `nr` parameter blocks.
+        let ps = unsafe { std::slice::from_raw_parts(params, nr as usize) };
+        let mut ios = Vec::with_capacity(ps.len());
+        for p in ps {
+            if p.devPtr_base.is_null() || p.file_offset < 0 || p.devPtr_offset < 0 {
+                return fail(op::INVALID_VALUE, "null buffer or negative offset");
+            }
+            let op_ = match p.opcode {
+                abi::READ => BatchOp::Read,
+                abi::WRITE => BatchOp::Write,
+                o => return fail(op::INVALID_VALUE, format!("opcode {o}")),
+            };
+            let Some(t) = driver.token_containing(p.devPtr_base.cast()) else {
+                return fail(op::MEMORY_NOT_REGISTERED, "batch I/O needs registered buffers");
+            };
+            ios.push(BatchIo {
+                op: op_,
+                buf: t,
+                size: p.size,
+                file_offset: p.file_offset as u64,
+                buf_offset: p.devPtr_base as usize - t.base + p.devPtr_offset as usize,
+                cookie: p.cookie as u64,
+            });
+        }
+        match b.submit(&ios) {
+            Ok(_) => ok(),
+            Err(e) => from_error(e),
+        }
+    })
+}
+
+/// Collects finished requests: at least `min_nr` unless `timeout` passes; `*nr` is the room in, the count out.
+#[no_mangle]
+pub extern "C" fn uGDSBatchIOGetStatus(
+    batch: *mut c_void,
+    min_nr: c_uint,
+    nr: *mut c_uint,
+    events: *mut abi::uGDSIOEvents_t,
+    timeout: *mut timespec,
+) -> uGDSError_t {
+    guard(internal(), || {
+        if nr.is_null() || events.is_null() {
+            return fail(op::INVALID_VALUE, "null argument");
+        }
+        let (b, _) = match batch_of(batch) {
+            Ok(x) => x,
+            Err(e) => return e,
+        };
+        // SAFETY: non-null, checked above.
+        let room = unsafe { *nr } as usize;
+        if (min_nr as usize) > room {
+            return fail(op::INVALID_VALUE, format!("min_nr {min_nr} is more than the {room} events' room"));
+        }
+        let to = if timeout.is_null() {
+            None
+        } else {
+            // SAFETY: non-null; the caller's timespec.
+            let t = unsafe { *timeout };
+            Some(Duration::new(t.tv_sec.max(0) as u64, t.tv_nsec.clamp(0, 999_999_999) as u32))
+        };
+        let mut ev = Vec::with_capacity(room);
+        if let Err(e) = b.get_status(min_nr as usize, room, to, &mut ev) {
+            return from_error(e);
+        }
+        for (i, e) in ev.iter().enumerate() {
+            let (status, ret) = match (&e.status, &e.result) {
+                (BatchStatus::Complete, Ok(n)) => (abi::BATCH_COMPLETE, *n as ssize_t),
+                (BatchStatus::Canceled, _) => (abi::BATCH_CANCELED, neg(libc::ECANCELED)),
+                (BatchStatus::Timeout, _) => (abi::BATCH_TIMEOUT, neg(libc::ETIMEDOUT)),
+                (_, Err(x)) => (abi::BATCH_FAILED, neg(x.errno())),
+                (_, Ok(n)) => (abi::BATCH_FAILED, *n as ssize_t),
+            };
+            // SAFETY: i < room, the caller's array holds `room` events.
+            unsafe { *events.add(i) = abi::uGDSIOEvents_t { cookie: e.cookie as *mut c_void, status, ret } };
+        }
+        // SAFETY: non-null, checked above.
+        unsafe { *nr = ev.len() as c_uint };
+        ok()
+    })
+}
+
+/// Cancels a batch context's requests (cuFile's `cuFileBatchIOCancel`).
+#[no_mangle]
+pub extern "C" fn uGDSBatchIOCancel(batch: *mut c_void) -> uGDSError_t {
+    guard(internal(), || match batch_of(batch) {
+        Ok((b, _)) => match b.cancel() {
+            Ok(()) => ok(),
+            Err(e) => from_error(e),
+        },
+        Err(e) => e,
+    })
+}
+
+/// Destroys a batch context after the device is done with it; null is ignored.
+#[no_mangle]
+pub extern "C" fn uGDSBatchIODestroy(batch: *mut c_void) {
+    guard((), || {
+        if batch.is_null() {
+            return;
+        }
+        let b = state().as_mut().and_then(|s| s.batches.remove(&(batch as usize)));
+        // Dropped outside the lock: a context with commands in flight waits
+        // for them (or wedges the handle) before it goes.
+        drop(b);
+    })
+}
+
+fn stream_for(stream: *mut c_void, backend: c_int) -> Result<Arc<GpuStream>, uGDSError_t> {
+    if let Some(s) = state().as_ref().and_then(|s| s.streams.get(&(stream as usize)).cloned()) {
+        return Ok(s);
+    }
+    // SAFETY: the C contract: `stream` is a live stream of the current
+    // context that outlives its registration.
+    let s = unsafe {
+        match backend {
+            abi::BACKEND_HIP => ugds::gpu::hip::Hip::get().and_then(|h| h.stream(stream, StreamWait::DeviceSide)),
+            _ => ugds::gpu::cuda::Cuda::get().and_then(|c| c.stream(stream, StreamWait::DeviceSide)),
+        }
+    }
+    .map_err(from_error)?;
+    let s = Arc::new(s);
+    let mut g = state();
+    let st = g.as_mut().ok_or_else(|| fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first"))?;
+    Ok(st.streams.entry(stream as usize).or_insert(s).clone())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn async_io(
+    fh: *mut c_void,
+    base: *const c_void,
+    size_p: *mut size_t,
+    file_offset_p: *mut off_t,
+    buf_offset_p: *mut off_t,
+    bytes_p: *mut ssize_t,
+    stream: *mut c_void,
+    write: bool,
+) -> uGDSError_t {
+    if base.is_null() || size_p.is_null() || file_offset_p.is_null() || buf_offset_p.is_null() || bytes_p.is_null() {
+        return fail(op::INVALID_VALUE, "null argument");
+    }
+    let (h, driver) = match lookup(fh) {
+        Ok(x) => x,
+        Err(c) => return fail(c, "no such handle"),
+    };
+    let Some(t) = driver.token_at(base.cast()) else {
+        return fail(op::MEMORY_NOT_REGISTERED, "stream-ordered I/O needs a registered buffer (by its base)");
+    };
+    let s = match stream_for(stream, abi::BACKEND_DEFAULT) {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    // SAFETY: the C contract: the four pointers stay valid until the
+    // stream has passed the operation.
+    let io = unsafe { StreamIo::from_raw(size_p, file_offset_p, buf_offset_p, bytes_p) };
+    let r = if write { h.write_async(&t, io, &*s) } else { h.read_async(&t, io, &*s) };
+    match r {
+        Ok(()) => ok(),
+        Err(e) => from_error(e),
+    }
+}
+
+/// Stream-ordered read: the values behind the pointers are read when the stream reaches it.
+#[no_mangle]
+pub extern "C" fn uGDSReadAsync(
+    fh: *mut c_void,
+    base: *mut c_void,
+    size_p: *mut size_t,
+    file_offset_p: *mut off_t,
+    buf_offset_p: *mut off_t,
+    bytes_p: *mut ssize_t,
+    stream: *mut c_void,
+) -> uGDSError_t {
+    guard(internal(), || async_io(fh, base, size_p, file_offset_p, buf_offset_p, bytes_p, stream, false))
+}
+
+/// Stream-ordered write; see `uGDSReadAsync`.
+#[no_mangle]
+pub extern "C" fn uGDSWriteAsync(
+    fh: *mut c_void,
+    base: *mut c_void,
+    size_p: *mut size_t,
+    file_offset_p: *mut off_t,
+    buf_offset_p: *mut off_t,
+    bytes_p: *mut ssize_t,
+    stream: *mut c_void,
+) -> uGDSError_t {
+    guard(internal(), || async_io(fh, base, size_p, file_offset_p, buf_offset_p, bytes_p, stream, true))
+}
+
+/// Prepares a CUDA stream for stream-ordered I/O.
+#[no_mangle]
+pub extern "C" fn uGDSStreamRegister(stream: *mut c_void) -> uGDSError_t {
+    uGDSStreamRegisterEx(stream, abi::BACKEND_DEFAULT)
+}
+
+/// Prepares a CUDA or HIP stream for stream-ordered I/O.
+#[no_mangle]
+pub extern "C" fn uGDSStreamRegisterEx(stream: *mut c_void, backend: c_int) -> uGDSError_t {
+    guard(internal(), || {
+        if state().is_none() {
+            return fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first");
+        }
+        if !matches!(backend, abi::BACKEND_DEFAULT | abi::BACKEND_CUDA | abi::BACKEND_HIP) {
+            return fail(op::INVALID_VALUE, format!("unknown backend {backend}"));
+        }
+        match stream_for(stream, backend) {
+            Ok(_) => ok(),
+            Err(e) => e,
+        }
+    })
+}
+
+/// Forgets a stream, after its work is done.
+#[no_mangle]
+pub extern "C" fn uGDSStreamDeregister(stream: *mut c_void) -> uGDSError_t {
+    guard(internal(), || {
+        let s = {
+            let mut g = state();
+            let Some(st) = g.as_mut() else {
+                return fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first");
+            };
+            st.streams.remove(&(stream as usize))
+        };
+        match s {
+            // Dropped without the lock: it waits for the stream's work.
+            Some(s) => {
+                drop(s);
+                ok()
+            }
+            None => fail(op::INVALID_VALUE, "the stream is not registered"),
+        }
+    })
+}

@@ -1,0 +1,268 @@
+/*
+ * ugds.h: the C interface of libugds, user-space GPU Direct Storage.
+ *
+ * A drop-in for the existing uGDS C interface (which mirrors NVIDIA cuFile;
+ * error numbers are cuFile's CU_FILE_*): same names, values and layouts.
+ *
+ *   uGDSDriverOpen();
+ *   int fd = open("/dev/ugds_drv0", O_RDWR);      (or any regular file with
+ *   uGDSDescr_t d = { .type = UGDS_HANDLE_TYPE_OPAQUE_FD, .handle.fd = fd };
+ *   uGDSHandle_t fh; uGDSHandleRegister(&fh, &d);  UGDS_EMULATE=1: an emulated
+ *   uGDSBufRegister(gpu_buf, len, 0);              controller over that file)
+ *   ssize_t n = uGDSRead(fh, gpu_buf, 4096, 0, 0);
+ *
+ * Environment: UGDS_INTERRUPT_MODE=1 selects MSI-X completion for handles
+ * registered afterwards; UGDS_EMULATE=1 lets a handle be registered on a
+ * regular file, served by an emulated NVMe controller whose namespace is
+ * that file (UGDS_EMULATE_BLOCK_SIZE: 512 or 4096, default 512).
+ *
+ * Apache-2.0 OR MIT.
+ */
+#ifndef UGDS_H
+#define UGDS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/types.h>
+#include <time.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define UGDSOP_BASE_ERR 5000
+
+typedef enum uGDSOpError {
+    UGDS_SUCCESS = 0,
+    UGDS_DRIVER_NOT_INITIALIZED = UGDSOP_BASE_ERR + 1,
+    UGDS_DRIVER_INVALID_PROPS = UGDSOP_BASE_ERR + 2,
+    UGDS_DRIVER_UNSUPPORTED_LIMIT = UGDSOP_BASE_ERR + 3,
+    UGDS_DRIVER_VERSION_MISMATCH = UGDSOP_BASE_ERR + 4,
+    UGDS_DRIVER_VERSION_READ_ERROR = UGDSOP_BASE_ERR + 5,
+    UGDS_DRIVER_CLOSING = UGDSOP_BASE_ERR + 6,
+    UGDS_PLATFORM_NOT_SUPPORTED = UGDSOP_BASE_ERR + 7,
+    UGDS_IO_NOT_SUPPORTED = UGDSOP_BASE_ERR + 8,
+    UGDS_DEVICE_NOT_SUPPORTED = UGDSOP_BASE_ERR + 9,
+    UGDS_NVFS_DRIVER_ERROR = UGDSOP_BASE_ERR + 10,
+    UGDS_CUDA_DRIVER_ERROR = UGDSOP_BASE_ERR + 11,
+    UGDS_CUDA_POINTER_INVALID = UGDSOP_BASE_ERR + 12,
+    UGDS_CUDA_MEMORY_TYPE_INVALID = UGDSOP_BASE_ERR + 13,
+    UGDS_CUDA_POINTER_RANGE_ERROR = UGDSOP_BASE_ERR + 14,
+    UGDS_CUDA_CONTEXT_MISMATCH = UGDSOP_BASE_ERR + 15,
+    UGDS_INVALID_MAPPING_SIZE = UGDSOP_BASE_ERR + 16,
+    UGDS_INVALID_MAPPING_RANGE = UGDSOP_BASE_ERR + 17,
+    UGDS_INVALID_FILE_TYPE = UGDSOP_BASE_ERR + 18,
+    UGDS_INVALID_FILE_OPEN_FLAG = UGDSOP_BASE_ERR + 19,
+    UGDS_DIO_NOT_SET = UGDSOP_BASE_ERR + 20,
+    UGDS_INVALID_VALUE = UGDSOP_BASE_ERR + 22,
+    UGDS_MEMORY_ALREADY_REGISTERED = UGDSOP_BASE_ERR + 23,
+    UGDS_MEMORY_NOT_REGISTERED = UGDSOP_BASE_ERR + 24,
+    UGDS_PERMISSION_DENIED = UGDSOP_BASE_ERR + 25,
+    UGDS_DRIVER_ALREADY_OPEN = UGDSOP_BASE_ERR + 26,
+    UGDS_HANDLE_NOT_REGISTERED = UGDSOP_BASE_ERR + 27,
+    UGDS_HANDLE_ALREADY_REGISTERED = UGDSOP_BASE_ERR + 28,
+    UGDS_DEVICE_NOT_FOUND = UGDSOP_BASE_ERR + 29,
+    UGDS_INTERNAL_ERROR = UGDSOP_BASE_ERR + 30,
+    UGDS_GETNEWFD_FAILED = UGDSOP_BASE_ERR + 31,
+    UGDS_NVFS_SETUP_ERROR = UGDSOP_BASE_ERR + 33,
+    UGDS_IO_DISABLED = UGDSOP_BASE_ERR + 34,
+    UGDS_GPU_MEMORY_PINNING_FAILED = UGDSOP_BASE_ERR + 36,
+    UGDS_BATCH_CAPACITY_EXCEEDED = UGDSOP_BASE_ERR + 40,
+    UGDS_RDMA_MR_STILL_ACTIVE = UGDSOP_BASE_ERR + 41,
+    UGDS_BUSY = UGDSOP_BASE_ERR + 42,
+    UGDS_OUT_OF_MEMORY = UGDSOP_BASE_ERR + 43
+} uGDSOpError;
+
+/* A result: err, and the CUDA (or HIP) driver's code when err is a GPU error. */
+typedef struct uGDSError {
+    uGDSOpError err;
+    int cu_err;
+} uGDSError_t;
+
+typedef enum uGDSHandleType {
+    UGDS_HANDLE_TYPE_OPAQUE_FD = 1,
+    UGDS_HANDLE_TYPE_OPAQUE_WIN32 = 2,
+    UGDS_HANDLE_TYPE_USERSPACE_FS = 3
+} uGDSHandleType;
+
+typedef struct uGDSDescr {
+    enum uGDSHandleType type;
+    union {
+        int fd;
+        void *handle;
+    } handle;
+} uGDSDescr_t;
+
+/* Points to an object whose first member is the registered fd (an int). */
+typedef void *uGDSHandle_t;
+
+typedef enum uGDSBackend {
+    UGDS_BACKEND_DEFAULT = 0,
+    UGDS_BACKEND_CUDA = 1,
+    UGDS_BACKEND_HIP = 2
+} uGDSBackend_t;
+
+typedef struct uGDSBufConfig {
+    uGDSBackend_t backend;
+    bool enable_export;
+} uGDSBufConfig_t;
+
+/* fd is a new descriptor: the caller closes it. */
+typedef struct uGDSDmabufExport {
+    int fd;
+    uint64_t offset;
+    size_t length;
+} uGDSDmabufExport_t;
+
+typedef struct uGDSRDMARegion {
+    void *mr;
+    uint64_t iova;
+    uint32_t lkey;
+    uint32_t rkey;
+    uint64_t token;
+} uGDSRDMARegion_t;
+
+typedef void *uGDSBatchHandle_t;
+
+typedef enum uGDSOpcode {
+    UGDS_READ = 0,
+    UGDS_WRITE = 1
+} uGDSOpcode_t;
+
+typedef enum uGDSBatchStatus {
+    UGDS_BATCH_WAITING = 0x01,
+    UGDS_BATCH_PENDING = 0x02,
+    UGDS_BATCH_INVALID = 0x04,
+    UGDS_BATCH_CANCELED = 0x08,
+    UGDS_BATCH_COMPLETE = 0x10,
+    UGDS_BATCH_TIMEOUT = 0x20,
+    UGDS_BATCH_FAILED = 0x40
+} uGDSBatchStatus_t;
+
+typedef struct uGDSIOParams {
+    void *devPtr_base;
+    off_t file_offset;
+    off_t devPtr_offset;
+    size_t size;
+    uGDSOpcode_t opcode;
+    void *cookie;
+} uGDSIOParams_t;
+
+typedef struct uGDSIOEvents {
+    void *cookie;
+    uGDSBatchStatus_t status;
+    ssize_t ret;
+} uGDSIOEvents_t;
+
+/* Flags of uGDSBufRegister. */
+#define NVM_MAP_DMABUF 0x1
+#define UGDS_REGISTER_DMABUF NVM_MAP_DMABUF
+#define NVM_MAP_RDMA 0x2
+#define NVM_MAP_FORCE_CUDA 0x4
+
+static inline const char *uGDS_status_error(uGDSOpError status) {
+    switch (status) {
+    case UGDS_SUCCESS: return "success";
+    case UGDS_DRIVER_NOT_INITIALIZED: return "driver not initialized";
+    case UGDS_DRIVER_INVALID_PROPS: return "invalid driver properties";
+    case UGDS_DRIVER_UNSUPPORTED_LIMIT: return "driver limit not supported";
+    case UGDS_DRIVER_VERSION_MISMATCH: return "driver version mismatch";
+    case UGDS_DRIVER_VERSION_READ_ERROR: return "driver version read error";
+    case UGDS_DRIVER_CLOSING: return "driver is closing";
+    case UGDS_PLATFORM_NOT_SUPPORTED: return "platform not supported";
+    case UGDS_IO_NOT_SUPPORTED: return "I/O not supported";
+    case UGDS_DEVICE_NOT_SUPPORTED: return "device not supported";
+    case UGDS_NVFS_DRIVER_ERROR: return "kernel helper error";
+    case UGDS_CUDA_DRIVER_ERROR: return "GPU driver error";
+    case UGDS_CUDA_POINTER_INVALID: return "invalid GPU pointer";
+    case UGDS_CUDA_MEMORY_TYPE_INVALID: return "GPU memory type cannot be used";
+    case UGDS_CUDA_POINTER_RANGE_ERROR: return "range runs past the GPU allocation";
+    case UGDS_CUDA_CONTEXT_MISMATCH: return "GPU context mismatch";
+    case UGDS_INVALID_MAPPING_SIZE: return "invalid mapping size";
+    case UGDS_INVALID_MAPPING_RANGE: return "invalid mapping range";
+    case UGDS_INVALID_FILE_TYPE: return "invalid file type";
+    case UGDS_INVALID_FILE_OPEN_FLAG: return "invalid file open flags";
+    case UGDS_DIO_NOT_SET: return "O_DIRECT not set";
+    case UGDS_INVALID_VALUE: return "invalid value";
+    case UGDS_MEMORY_ALREADY_REGISTERED: return "memory already registered";
+    case UGDS_MEMORY_NOT_REGISTERED: return "memory not registered";
+    case UGDS_PERMISSION_DENIED: return "permission denied";
+    case UGDS_DRIVER_ALREADY_OPEN: return "driver already open";
+    case UGDS_HANDLE_NOT_REGISTERED: return "handle not registered";
+    case UGDS_HANDLE_ALREADY_REGISTERED: return "handle already registered";
+    case UGDS_DEVICE_NOT_FOUND: return "device not found";
+    case UGDS_INTERNAL_ERROR: return "internal error";
+    case UGDS_GETNEWFD_FAILED: return "failed to get a new descriptor";
+    case UGDS_NVFS_SETUP_ERROR: return "kernel helper setup error";
+    case UGDS_IO_DISABLED: return "I/O disabled";
+    case UGDS_GPU_MEMORY_PINNING_FAILED: return "GPU memory pinning failed";
+    case UGDS_BATCH_CAPACITY_EXCEEDED: return "batch capacity exceeded";
+    case UGDS_RDMA_MR_STILL_ACTIVE: return "RDMA memory region still active";
+    case UGDS_BUSY: return "busy: I/O in flight";
+    case UGDS_OUT_OF_MEMORY: return "out of memory";
+    }
+    return "unknown error";
+}
+
+#define IS_UGDS_ERR(err) (abs((int)(err)) > UGDSOP_BASE_ERR)
+#define UGDS_ERRSTR(err) uGDS_status_error((uGDSOpError)abs((int)(err)))
+
+/* Library state only; device work happens at handle registration. */
+uGDSError_t uGDSDriverOpen(void);
+uGDSError_t uGDSDriverClose(void);
+
+/* descr->type UGDS_HANDLE_TYPE_OPAQUE_FD with the fd of /dev/ugds_drvN (or of
+ * a regular file with UGDS_EMULATE=1). */
+uGDSError_t uGDSHandleRegister(uGDSHandle_t *fh, uGDSDescr_t *descr);
+uGDSError_t uGDSGetDeviceCapacity(uGDSHandle_t fh, uint64_t *bytes);
+void uGDSHandleDeregister(uGDSHandle_t fh);
+/* timeout_sec 0: UGDS_BUSY if I/O is in flight; > 0: wait that long; -1:
+ * wait; < -1: after-reset teardown of a wedged handle. */
+uGDSError_t uGDSHandleDeregisterEx(uGDSHandle_t fh, int timeout_sec);
+
+uGDSError_t uGDSBufRegister(const void *base, size_t len, int flags);
+uGDSError_t uGDSBufRegisterEx(const void *base, size_t len, const uGDSBufConfig_t *config);
+uGDSError_t uGDSBufDeregister(const void *base);
+uGDSError_t uGDSExportDmabuf(const void *base, uGDSDmabufExport_t *out);
+uGDSError_t uGDSRDMARegister(const void *base, void *ibv_pd, int access, uGDSRDMARegion_t *region);
+uGDSError_t uGDSRDMAUnregister(const void *base, uGDSRDMARegion_t *region);
+
+/* Bytes moved, or a negative error (-errno, or -uGDSOpError). */
+ssize_t uGDSRead(uGDSHandle_t fh, void *base, size_t size, off_t file_offset, off_t buf_offset);
+ssize_t uGDSWrite(uGDSHandle_t fh, const void *base, size_t size, off_t file_offset, off_t buf_offset);
+
+uGDSError_t uGDSBatchIOSetUp(uGDSBatchHandle_t *batch, uGDSHandle_t fh, unsigned nr);
+uGDSError_t uGDSBatchIOSubmit(uGDSBatchHandle_t batch, unsigned nr, uGDSIOParams_t *params, unsigned flags);
+uGDSError_t uGDSBatchIOGetStatus(uGDSBatchHandle_t batch, unsigned min_nr, unsigned *nr, uGDSIOEvents_t *events,
+                                 struct timespec *timeout);
+/* Not in the existing uGDS (cuFile has cuFileBatchIOCancel). */
+uGDSError_t uGDSBatchIOCancel(uGDSBatchHandle_t batch);
+void uGDSBatchIODestroy(uGDSBatchHandle_t batch);
+
+/* stream: a cudaStream_t (or hipStream_t for a stream registered with
+ * UGDS_BACKEND_HIP). The pointed-to values are read when the stream reaches
+ * the operation; *bytes_p is written before later work on the stream runs. */
+uGDSError_t uGDSReadAsync(uGDSHandle_t fh, void *base, size_t *size_p, off_t *file_offset_p, off_t *buf_offset_p,
+                          ssize_t *bytes_p, void *stream);
+uGDSError_t uGDSWriteAsync(uGDSHandle_t fh, void *base, size_t *size_p, off_t *file_offset_p, off_t *buf_offset_p,
+                           ssize_t *bytes_p, void *stream);
+uGDSError_t uGDSStreamRegister(void *stream);
+uGDSError_t uGDSStreamRegisterEx(void *stream, uGDSBackend_t backend);
+uGDSError_t uGDSStreamDeregister(void *stream);
+
+/* The calling thread's last error message (an extension; never NULL). */
+const char *ugds_last_error(void);
+
+/* ABI self-check (used by the tests): the Rust side's view of the layouts
+ * and constants; -1 for a name it does not know. */
+long ugds_abi_sizeof(const char *type_name);
+long ugds_abi_offsetof(const char *type_name, const char *field);
+long ugds_abi_constant(const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* UGDS_H */
