@@ -107,7 +107,8 @@ Target (default: an emulated controller whose namespace is a temporary file):
       --emu-queues N          I/O queue pairs the controller grants [16]
       --emu-latency-us N      latency model: microseconds per command
       --emu-bandwidth-mbs N   latency model: MB/s, transfers serialised
-      --emu-spin-us N         emulator spins N us after its last work, then parks [100]
+      --emu-spin-us N         emulator spins N us after its last work, then parks
+                              [100; bench: the whole run]
       --nsid N                namespace to use [first active]
 ";
 
