@@ -21,6 +21,7 @@
 #include <linux/device.h>
 #include <linux/dma-buf.h>
 #include <linux/dma-mapping.h>
+#include <linux/dma-resv.h>
 #include <linux/eventfd.h>
 #include <linux/fs.h>
 #include <linux/idr.h>
@@ -158,7 +159,10 @@ static void ugds_map_release(struct ugds_dev *d, struct ugds_map *m)
 		kvfree(m->pages);
 		break;
 	case UGDS_DMABUF:
-		dma_buf_unmap_attachment_unlocked(m->att, m->dsgt, DMA_BIDIRECTIONAL);
+		dma_resv_lock(m->dbuf->resv, NULL);
+		dma_buf_unmap_attachment(m->att, m->dsgt, DMA_BIDIRECTIONAL);
+		dma_buf_unpin(m->att);
+		dma_resv_unlock(m->dbuf->resv);
 		dma_buf_detach(m->dbuf, m->att);
 		dma_buf_put(m->dbuf);
 		break;
@@ -340,6 +344,22 @@ unpin:
 	return ret;
 }
 
+/*
+ * The exporter asks us to let go of a mapping so it can move the buffer. Our
+ * attachments are pinned, which forbids moving them; an exporter that asks
+ * anyway is told nothing has changed, and the mapping stays until the user
+ * unmaps it (after the controller is done with it).
+ */
+static void ugds_move_notify(struct dma_buf_attachment *att)
+{
+	pr_warn_ratelimited("ugds_drv: exporter asked to move a pinned dma-buf; kept until unmapped\n");
+}
+
+static const struct dma_buf_attach_ops ugds_importer_ops = {
+	.allow_peer2peer = true,
+	.move_notify = ugds_move_notify,
+};
+
 static long ugds_map_dmabuf(struct ugds_dev *d, struct ugds_drv_map *req, struct ugds_map *m)
 {
 	unsigned long first, n;
@@ -358,24 +378,41 @@ static long ugds_map_dmabuf(struct ugds_dev *d, struct ugds_drv_map *req, struct
 		ret = -EINVAL;
 		goto put;
 	}
-	/* Attach, which pins the buffer for a static importer, and map. */
-	m->att = dma_buf_attach(m->dbuf, &d->pdev->dev);
+	/*
+	 * A dynamic attachment that accepts peer-to-peer (GPU memory behind a
+	 * BAR, as NVIDIA's and AMD's exporters give it), pinned for as long as
+	 * the mapping lives: the controller may DMA into it at any time, so the
+	 * exporter must not move it.
+	 */
+	m->att = dma_buf_dynamic_attach(m->dbuf, &d->pdev->dev, &ugds_importer_ops, m);
 	if (IS_ERR(m->att)) {
 		ret = PTR_ERR(m->att);
 		goto put;
 	}
-	m->dsgt = dma_buf_map_attachment_unlocked(m->att, DMA_BIDIRECTIONAL);
-	if (IS_ERR(m->dsgt)) {
-		ret = PTR_ERR(m->dsgt);
+	dma_resv_lock(m->dbuf->resv, NULL);
+	ret = dma_buf_pin(m->att);
+	if (ret) {
+		dma_resv_unlock(m->dbuf->resv);
 		goto detach;
 	}
+	m->dsgt = dma_buf_map_attachment(m->att, DMA_BIDIRECTIONAL);
+	if (IS_ERR(m->dsgt)) {
+		ret = PTR_ERR(m->dsgt);
+		dma_buf_unpin(m->att);
+		dma_resv_unlock(m->dbuf->resv);
+		goto detach;
+	}
+	dma_resv_unlock(m->dbuf->resv);
 	ret = ugds_put_pages(m->dsgt, first, n, u64_to_user_ptr(req->pages_ptr));
 	if (ret)
 		goto unmap;
 	m->kind = UGDS_DMABUF;
 	return 0;
 unmap:
-	dma_buf_unmap_attachment_unlocked(m->att, m->dsgt, DMA_BIDIRECTIONAL);
+	dma_resv_lock(m->dbuf->resv, NULL);
+	dma_buf_unmap_attachment(m->att, m->dsgt, DMA_BIDIRECTIONAL);
+	dma_buf_unpin(m->att);
+	dma_resv_unlock(m->dbuf->resv);
 detach:
 	dma_buf_detach(m->dbuf, m->att);
 put:

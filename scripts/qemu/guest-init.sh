@@ -47,6 +47,7 @@ unset UGDS_TEST_PCI
 export UGDS_TEST_DRV=$DRV
 run drv-conformance-poll /bin/conformance --test-threads=1
 UGDS_TEST_INTERRUPT=1 run drv-conformance-irq /bin/conformance --test-threads=1
+run drv-c-interface /bin/capi-drv --test-threads=1
 run drv-bench-verify /bin/ugds bench --drv $DRV --verify -d 1 -q 4 --range 16M --no-progress
 # A process killed with I/O in flight leaves nothing pinned or mapped.
 kill_check() {

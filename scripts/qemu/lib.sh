@@ -71,15 +71,17 @@ build_static() {
     RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked --quiet --target $TGT "${args[@]}"
 }
 
-# The conformance test binary, built static; prints its path.
+# build_static_test PACKAGE TEST: an integration test binary, built static;
+# prints its path.
 build_static_test() {
+    local pkg=$1 test=$2
     RUSTFLAGS='-C target-feature=+crt-static' cargo test --release --locked --quiet --no-run --target $TGT \
-        -p ugds --test conformance --message-format=json \
-        | python3 -c 'import sys,json
+        -p "$pkg" --test "$test" --message-format=json \
+        | TEST=$test python3 -c 'import sys,json,os
 for l in sys.stdin:
     try: m=json.loads(l)
     except ValueError: continue
-    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="conformance": print(m["executable"])' | tail -1
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]==os.environ["TEST"]: print(m["executable"])' | tail -1
 }
 
 # make_initramfs INIT OUT [FILE...]: busybox, the nvme/vfio/ext4 module closure,

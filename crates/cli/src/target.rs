@@ -108,7 +108,7 @@ Target (default: an emulated controller whose namespace is a temporary file):
       --emu-latency-us N      latency model: microseconds per command
       --emu-bandwidth-mbs N   latency model: MB/s, transfers serialised
       --emu-spin-us N         emulator spins N us after its last work, then parks
-                              [100; bench: the whole run]
+                              [100; bench: 20000]
       --nsid N                namespace to use [first active]
 ";
 

@@ -121,6 +121,16 @@ impl Driver {
         }
     }
 
+    /// Registers `len` bytes at `offset` of a dma-buf that another driver
+    /// exported (a GPU's, an RDMA NIC's, a udmabuf); see [`crate::gpu::dmabuf`].
+    /// The descriptor is duplicated: the caller may close its own. Returns
+    /// the token; offsets in I/O calls count from the registered range.
+    pub fn register_dmabuf(&self, fd: std::os::fd::BorrowedFd<'_>, offset: u64, len: usize) -> Result<BufferToken> {
+        let d = std::sync::Arc::new(crate::gpu::dmabuf::Dmabuf::new(fd, offset, len)?);
+        let base = d.base();
+        self.insert(base, len, Some(DeviceMemory { ptr: base as u64, len, runtime: d }))
+    }
+
     /// Exports registered GPU memory as a dma-buf, for other consumers
     /// (an RDMA NIC's `ibv_reg_dmabuf_mr`, another driver). The caller owns
     /// the returned descriptor.

@@ -371,44 +371,11 @@ fn drv_dmabuf_import_moves_data() {
         eprintln!("skipped: not on ugds_drv");
         return;
     };
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::fd::AsRawFd;
     use ugds::nvme::{Cid, Lba, Nsid, NvmOpcode, PrpPlan, Sqe};
     const LEN: usize = 1 << 20;
     // A memfd, sealed against shrinking, turned into a dma-buf by udmabuf.
-    // SAFETY: plain system calls on descriptors we own.
-    let (memfd, dmabuf) = unsafe {
-        let mfd = libc::memfd_create(c"ugds-test".as_ptr(), libc::MFD_ALLOW_SEALING);
-        assert!(mfd >= 0);
-        assert_eq!(libc::ftruncate(mfd, LEN as i64), 0);
-        assert_eq!(libc::fcntl(mfd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK), 0);
-        let dev = libc::open(c"/dev/udmabuf".as_ptr(), libc::O_RDWR);
-        assert!(dev >= 0, "no /dev/udmabuf");
-        #[repr(C)]
-        struct Create {
-            memfd: u32,
-            flags: u32,
-            offset: u64,
-            size: u64,
-        }
-        let mut c = Create { memfd: mfd as u32, flags: 1, offset: 0, size: LEN as u64 };
-        // UDMABUF_CREATE = _IOW('u', 0x42, struct udmabuf_create)
-        let buf = libc::ioctl(dev, 0x4018_7542, &mut c as *mut Create);
-        assert!(buf >= 0, "UDMABUF_CREATE: {}", std::io::Error::last_os_error());
-        libc::close(dev);
-        (OwnedFd::from_raw_fd(mfd), OwnedFd::from_raw_fd(buf))
-    };
-    // SAFETY: a shared mapping of our memfd, unmapped at the end.
-    let view = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            LEN,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            memfd.as_raw_fd(),
-            0,
-        )
-    } as *mut u8;
-    assert!(view as isize != -1);
+    let (_memfd, dmabuf, view) = udmabuf(LEN).expect("no /dev/udmabuf");
     let p = Arc::new(ugds::platform::ugds_drv::UgdsDrvPlatform::open(&path).unwrap());
     let ctrl = ugds::engine::Controller::bring_up(p.clone(), 1).unwrap();
     let ns = ctrl.info().namespaces[0];
@@ -442,6 +409,83 @@ fn drv_dmabuf_import_moves_data() {
     drop(ctrl);
     use ugds::platform::Platform;
     p.unmap_host(&mapping).unwrap();
+    // SAFETY: our mapping, no longer used.
+    unsafe { libc::munmap(view.cast(), LEN) };
+}
+
+/// A memfd of `len` bytes turned into a dma-buf by udmabuf, and a shared
+/// CPU view of the memfd; None where there is no /dev/udmabuf.
+fn udmabuf(len: usize) -> Option<(std::os::fd::OwnedFd, std::os::fd::OwnedFd, *mut u8)> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: plain system calls on descriptors we own.
+    unsafe {
+        let dev = libc::open(c"/dev/udmabuf".as_ptr(), libc::O_RDWR);
+        if dev < 0 {
+            return None;
+        }
+        let mfd = libc::memfd_create(c"ugds-test".as_ptr(), libc::MFD_ALLOW_SEALING);
+        assert!(mfd >= 0);
+        assert_eq!(libc::ftruncate(mfd, len as i64), 0);
+        assert_eq!(libc::fcntl(mfd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK), 0);
+        #[repr(C)]
+        struct Create {
+            memfd: u32,
+            flags: u32,
+            offset: u64,
+            size: u64,
+        }
+        let mut c = Create { memfd: mfd as u32, flags: 1, offset: 0, size: len as u64 };
+        // UDMABUF_CREATE = _IOW('u', 0x42, struct udmabuf_create)
+        let buf = libc::ioctl(dev, 0x4018_7542, &mut c as *mut Create);
+        assert!(buf >= 0, "UDMABUF_CREATE: {}", std::io::Error::last_os_error());
+        libc::close(dev);
+        let memfd = OwnedFd::from_raw_fd(mfd);
+        let view = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            memfd.as_raw_fd(),
+            0,
+        ) as *mut u8;
+        assert!(view as isize != -1);
+        Some((memfd, OwnedFd::from_raw_fd(buf), view))
+    }
+}
+
+#[test]
+fn dmabuf_registered_through_the_public_api() {
+    use std::os::fd::AsFd;
+    const LEN: usize = 2 << 20;
+    let Some((_memfd, dmabuf, view)) = udmabuf(LEN) else {
+        eprintln!("skipped: no /dev/udmabuf");
+        return;
+    };
+    let d = Driver::open();
+    let (h, _emu) = target(&d);
+    // A range that does not start on a page: offsets count from it.
+    let r = d.register_dmabuf(dmabuf.as_fd(), 4096 + 512, LEN - 8192);
+    if pci().is_some() && drv().is_none() {
+        // vfio cannot import dma-bufs (iommufd does not as of Linux 6.19).
+        assert!(matches!(r, Err(Error::Unsupported(_))), "{r:?}");
+        return;
+    }
+    let t = r.unwrap();
+    let data = pattern(23, 0, 1 << 20);
+    // SAFETY: within the memfd view; no I/O is in flight.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), view.add(4096 + 512 + 8192), 1 << 20) };
+    let off = 24 << 20;
+    assert_eq!(h.write(&t, 1 << 20, off, 8192).unwrap(), 1 << 20);
+    assert_eq!(h.read(&t, 1 << 20, off, 16384 + 4096).unwrap(), 1 << 20);
+    // SAFETY: the read completed; within the view.
+    let back = unsafe { std::slice::from_raw_parts(view.add(4096 + 512 + 16384 + 4096), 1 << 20) };
+    assert!(back == &data[..], "data through the registered dma-buf differs");
+    // It can be handed on, as registered GPU memory can.
+    let x = d.export_dmabuf(&t).unwrap();
+    assert_eq!((x.offset, x.len), (4096 + 512, LEN - 8192));
+    drop(x);
+    d.deregister(&t).unwrap();
+    h.close(ugds::Drain::NoWait).unwrap();
     // SAFETY: our mapping, no longer used.
     unsafe { libc::munmap(view.cast(), LEN) };
 }

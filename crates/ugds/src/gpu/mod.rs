@@ -11,6 +11,7 @@
 
 pub mod cuda;
 mod dl;
+pub mod dmabuf;
 pub mod hip;
 mod stream;
 
