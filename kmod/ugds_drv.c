@@ -36,6 +36,10 @@
 
 #include "ugds_drv_uapi.h"
 
+#ifdef UGDS_NVIDIA_P2P
+#include "nv-p2p.h"
+#endif
+
 #define DRV_NAME "ugds_drv"
 #define UGDS_MAX_DEVS 64
 #define UGDS_MAX_VECTORS 64
@@ -45,7 +49,7 @@
 #define NVME_REG_CC 0x14
 #define NVME_REG_CSTS 0x1c
 
-enum ugds_map_kind { UGDS_COHERENT, UGDS_PINNED, UGDS_DMABUF };
+enum ugds_map_kind { UGDS_COHERENT, UGDS_PINNED, UGDS_DMABUF, UGDS_GPU_P2P };
 
 struct ugds_map {
 	struct list_head node;
@@ -65,6 +69,14 @@ struct ugds_map {
 	struct dma_buf *dbuf;
 	struct dma_buf_attachment *att;
 	struct sg_table *dsgt;
+#ifdef UGDS_NVIDIA_P2P
+	/* nvidia_p2p: GPU virtual range, its page table and DMA mapping */
+	struct ugds_dev *owner;
+	u64 gpu_va, gpu_len;
+	struct nvidia_p2p_page_table *pt;
+	struct nvidia_p2p_dma_mapping *dm;
+	atomic_t revoked; /* set once: by unmap, or by the driver's free callback */
+#endif
 };
 
 struct ugds_irq {
@@ -157,6 +169,14 @@ static void ugds_map_release(struct ugds_dev *d, struct ugds_map *m)
 		d->pinned_pages -= m->npages;
 		atomic64_sub(m->npages, &ugds_total_pinned);
 		kvfree(m->pages);
+		break;
+	case UGDS_GPU_P2P:
+#ifdef UGDS_NVIDIA_P2P
+		if (atomic_xchg(&m->revoked, 1) == 0) {
+			nvidia_p2p_dma_unmap_pages(d->pdev, m->pt, m->dm);
+			nvidia_p2p_put_pages(0, 0, m->gpu_va, m->pt);
+		}
+#endif
 		break;
 	case UGDS_DMABUF:
 		dma_resv_lock(m->dbuf->resv, NULL);
@@ -420,6 +440,72 @@ put:
 	return ret;
 }
 
+#ifdef UGDS_NVIDIA_P2P
+/*
+ * The NVIDIA driver frees the pages under a live mapping (the process freed
+ * the memory, or exited). The controller might still DMA into them: stop it
+ * first (bus mastering off; the user-space engine sees its commands time out
+ * and the handle wedge), then release what the driver handed us, as its API
+ * requires from this callback.
+ */
+static void ugds_p2p_free(void *data)
+{
+	struct ugds_map *m = data;
+
+	if (atomic_xchg(&m->revoked, 1))
+		return;
+	pci_clear_master(m->owner->pdev);
+	dev_warn(&m->owner->pdev->dev, "GPU memory %llx+%llx freed while mapped: bus mastering stopped\n",
+		 m->gpu_va, m->gpu_len);
+	nvidia_p2p_free_dma_mapping(m->dm);
+	nvidia_p2p_free_page_table(m->pt);
+}
+
+static long ugds_map_nvidia_p2p(struct ugds_dev *d, struct ugds_drv_map *req, struct ugds_map *m)
+{
+	const u64 gran = 64 * 1024;
+	u64 done = 0, i, off;
+	int ret;
+
+	if (!req->size || (req->vaddr | req->size) & (gran - 1) || req->vaddr + req->size < req->vaddr ||
+	    req->npages != req->size >> PAGE_SHIFT)
+		return -EINVAL;
+	m->owner = d;
+	m->gpu_va = req->vaddr;
+	m->gpu_len = req->size;
+	atomic_set(&m->revoked, 0);
+	ret = nvidia_p2p_get_pages(0, 0, req->vaddr, req->size, &m->pt, ugds_p2p_free, m);
+	if (ret)
+		return ret;
+	ret = nvidia_p2p_dma_map_pages(d->pdev, m->pt, &m->dm);
+	if (ret)
+		goto put;
+	if (m->dm->page_size_type != NVIDIA_P2P_PAGE_SIZE_64KB) {
+		ret = -EOPNOTSUPP;
+		goto unmap;
+	}
+	/* Each 64 KiB GPU page becomes sixteen controller pages. */
+	for (i = 0; i < m->dm->entries && done < req->npages; i++)
+		for (off = 0; off < gran && done < req->npages; off += PAGE_SIZE, done++)
+			if (put_user(m->dm->dma_addresses[i] + off, (u64 __user *)u64_to_user_ptr(req->pages_ptr) + done)) {
+				ret = -EFAULT;
+				goto unmap;
+			}
+	if (done != req->npages) {
+		ret = -EINVAL;
+		goto unmap;
+	}
+	m->kind = UGDS_GPU_P2P;
+	return 0;
+unmap:
+	nvidia_p2p_dma_unmap_pages(d->pdev, m->pt, m->dm);
+put:
+	atomic_set(&m->revoked, 1);
+	nvidia_p2p_put_pages(0, 0, req->vaddr, m->pt);
+	return ret;
+}
+#endif
+
 static long ugds_map(struct ugds_dev *d, void __user *arg)
 {
 	struct ugds_drv_map req;
@@ -433,7 +519,19 @@ static long ugds_map(struct ugds_dev *d, void __user *arg)
 	m = kzalloc(sizeof(*m), GFP_KERNEL);
 	if (!m)
 		return -ENOMEM;
-	ret = req.dmabuf_fd >= 0 ? ugds_map_dmabuf(d, &req, m) : ugds_map_pinned(d, &req, m);
+	if (req.flags & ~UGDS_DRV_MAP_NVIDIA_P2P) {
+		kfree(m);
+		return -EINVAL;
+	}
+	if (req.flags & UGDS_DRV_MAP_NVIDIA_P2P) {
+#ifdef UGDS_NVIDIA_P2P
+		ret = req.dmabuf_fd >= 0 ? -EINVAL : ugds_map_nvidia_p2p(d, &req, m);
+#else
+		ret = -EOPNOTSUPP;
+#endif
+	} else {
+		ret = req.dmabuf_fd >= 0 ? ugds_map_dmabuf(d, &req, m) : ugds_map_pinned(d, &req, m);
+	}
 	if (ret) {
 		kfree(m);
 		return ret;

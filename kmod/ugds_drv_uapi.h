@@ -9,7 +9,7 @@
 #include <linux/ioctl.h>
 #include <linux/types.h>
 
-#define UGDS_DRV_ABI_VERSION 1
+#define UGDS_DRV_ABI_VERSION 2
 #define UGDS_DRV_IOC_MAGIC 'U'
 
 /* Offsets for mmap: BAR0 at 0; DMA memory at its `mmap_offset`. */
@@ -40,12 +40,19 @@ struct ugds_drv_map {
 	__u64 vaddr;
 	__u64 size;
 	__s32 dmabuf_fd;
-	__u32 pad;
+	__u32 flags; /* UGDS_DRV_MAP_* */
 	__u64 offset;
 	__u64 pages_ptr;
 	__u64 npages;
 	__u64 handle; /* out */
 };
+
+/*
+ * Map GPU memory by its CUDA virtual address (vaddr, 64 KiB aligned; size a
+ * multiple of 64 KiB) with NVIDIA's peer-to-peer API. Only in a module built
+ * with NVIDIA_SRC (see the Makefile); otherwise -EOPNOTSUPP. dmabuf_fd is -1.
+ */
+#define UGDS_DRV_MAP_NVIDIA_P2P (1u << 0)
 
 struct ugds_drv_irq {
 	__u32 vector;

@@ -59,9 +59,32 @@ ensure_headers() {
 # Builds kmod/ugds_drv.ko against the guest kernel (warnings are errors);
 # prints its path.
 build_module() {
-    rm -rf "$W/kmod" && cp -r "$ROOT/kmod" "$W/kmod"
+    rm -rf "$W/kmod" && mkdir -p "$W/kmod" && cp "$ROOT"/kmod/{Makefile,*.c,*.h} "$W/kmod/"
     make -s -C "$K/usr/src/linux-headers-$KV" M="$W/kmod" modules >&2
     echo "$W/kmod/ugds_drv.ko"
+}
+
+# Builds kmod/ugds_drv.ko once more with its nvidia_p2p option, against the
+# headers of NVIDIA's open kernel modules from Debian's contrib archive (a
+# compile check: there is no NVIDIA driver to link against or load here, so
+# modpost is told to only warn about the nvidia_p2p_* symbols).
+build_module_p2p() {
+    local A=$W/nvapt NV=$W/nvapt/src/modules/nvidia-open-kernel
+    if [ ! -e "$NV/nvidia/nv-p2p.h" ]; then
+        mkdir -p "$A/lists/partial" "$A/cache/archives/partial" "$A/src"
+        echo "deb http://deb.debian.org/debian bookworm contrib non-free" > "$A/sources.list"
+        local o=(-o Dir::Etc::SourceList="$A/sources.list" -o Dir::Etc::SourceParts=/dev/null
+            -o Dir::State::Lists="$A/lists" -o Dir::Cache="$A/cache")
+        apt-get "${o[@]}" update -qq >/dev/null
+        (cd "$A" && apt-get "${o[@]}" download -qq nvidia-open-kernel-source 2>&1 | grep -v unsandboxed || true)
+        dpkg -x "$A"/nvidia-open-kernel-source_*.deb "$A/deb"
+        tar -xJf "$A/deb/usr/src/nvidia-open-kernel.tar.xz" -C "$A/src" \
+            modules/nvidia-open-kernel/nvidia/nv-p2p.h
+    fi
+    rm -rf "$W/kmod-p2p" && mkdir -p "$W/kmod-p2p" && cp "$ROOT"/kmod/{Makefile,*.c,*.h} "$W/kmod-p2p/"
+    make -s -C "$K/usr/src/linux-headers-$KV" M="$W/kmod-p2p" NVIDIA_SRC="$NV" KBUILD_MODPOST_WARN=1 \
+        modules 2>&1 | grep -v 'WARNING: modpost: "nvidia_p2p_' >&2 || true
+    [ -e "$W/kmod-p2p/ugds_drv.ko" ]
 }
 
 # build_static PACKAGE...: static release builds of binary packages.

@@ -361,6 +361,9 @@ fn drv_ledger_refuses_overlaps_and_stale_handles() {
     let after = p.counters().unwrap();
     assert_eq!((after.pinned_pages, after.live_mappings), (before.pinned_pages, before.live_mappings));
     assert!(p.map_dmabuf(-1, 0, 4096).is_err(), "a bad dma-buf descriptor");
+    // A module built without NVIDIA's sources has no nvidia_p2p.
+    let e = p.map_nvidia_p2p(0x7f00_0000_0000, 65536).unwrap_err();
+    assert!(e.to_string().contains("not supported") || e.to_string().contains("95"), "{e}");
 }
 
 /// Through ugds_drv only: a dma-buf (udmabuf over a memfd, standing in for

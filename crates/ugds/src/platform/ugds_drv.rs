@@ -134,6 +134,33 @@ impl UgdsDrvPlatform {
     }
 }
 
+impl UgdsDrvPlatform {
+    /// Maps CUDA memory at `ptr..ptr+len` with nvidia_p2p: the 64 KiB
+    /// aligned span is pinned by the NVIDIA driver and mapped for the
+    /// controller. Needs a module built with `NVIDIA_SRC`.
+    pub fn map_nvidia_p2p(&self, ptr: u64, len: usize) -> Result<HostMapping> {
+        const GRAN: u64 = 64 << 10;
+        let start = ptr & !(GRAN - 1);
+        let end = (ptr + len as u64).next_multiple_of(GRAN);
+        let npages = ((end - start) as usize) / PAGE_SIZE;
+        let mut pages = vec![0u64; npages];
+        let mut m = k::Map {
+            vaddr: start,
+            size: end - start,
+            dmabuf_fd: -1,
+            flags: k::MAP_NVIDIA_P2P,
+            pages_ptr: pages.as_mut_ptr() as u64,
+            npages: npages as u64,
+            ..Default::default()
+        };
+        k::ioctl(&self.file.fd, "UGDS_DRV_IOC_MAP (nvidia_p2p)", k::IOC_MAP, &mut m)?;
+        // Keep the pages from the one holding `ptr` on.
+        let skip = ((ptr - start) as usize) / PAGE_SIZE;
+        pages.drain(..skip);
+        Ok(HostMapping { pages, first_offset: ptr as usize % PAGE_SIZE, cookie: m.handle })
+    }
+}
+
 impl Platform for UgdsDrvPlatform {
     fn describe(&self) -> String {
         format!("ugds_drv {} ({} MSI-X vectors)", self.path, self.vectors.len())
@@ -192,8 +219,19 @@ impl Platform for UgdsDrvPlatform {
     unsafe fn map_device(&self, mem: &crate::gpu::DeviceMemory) -> Result<HostMapping> {
         // The module imports the dma-buf (attach, pin, map) and holds its own
         // reference; our descriptor is closed when `export` drops.
-        let export = mem.runtime.export_dmabuf(mem.ptr, mem.len)?;
-        self.map_dmabuf(std::os::fd::AsRawFd::as_raw_fd(&export.fd), export.offset, export.len)
+        let dmabuf = mem
+            .runtime
+            .export_dmabuf(mem.ptr, mem.len)
+            .and_then(|x| self.map_dmabuf(std::os::fd::AsRawFd::as_raw_fd(&x.fd), x.offset, x.len));
+        match dmabuf {
+            Ok(m) => Ok(m),
+            // Without dma-buf support (older driver or kernel), a module built
+            // with NVIDIA's sources maps CUDA memory with nvidia_p2p.
+            Err(e) if mem.runtime.name() == "CUDA" => self.map_nvidia_p2p(mem.ptr, mem.len).map_err(|p2p| {
+                Error::Platform(format!("{}: dma-buf import failed ({e}); nvidia_p2p failed ({p2p})", self.path))
+            }),
+            Err(e) => Err(e),
+        }
     }
 
     fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {

@@ -3,7 +3,10 @@
 use crate::{Error, Result};
 use std::os::fd::{AsRawFd, OwnedFd};
 
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
+
+/// `Map::flags`: map GPU memory by CUDA virtual address with nvidia_p2p.
+pub const MAP_NVIDIA_P2P: u32 = 1;
 
 const fn ioc(dir: u64, nr: u64, size: usize) -> u64 {
     dir << 30 | (size as u64) << 16 | (b'U' as u64) << 8 | nr
@@ -38,7 +41,7 @@ pub struct Map {
     pub vaddr: u64,
     pub size: u64,
     pub dmabuf_fd: i32,
-    pub pad: u32,
+    pub flags: u32,
     pub offset: u64,
     pub pages_ptr: u64,
     pub npages: u64,
