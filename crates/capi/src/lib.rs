@@ -349,6 +349,18 @@ pub extern "C" fn uGDSHandleDeregisterEx(fh: *mut c_void, timeout_sec: c_int) ->
     })
 }
 
+/// The driver and the registration at `base`.
+fn registered(base: *const c_void) -> Result<(ugds::Driver, BufferToken), uGDSError_t> {
+    let driver = match state().as_ref() {
+        Some(s) => s.driver.clone(),
+        None => return Err(fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first")),
+    };
+    match driver.token_at(base.cast()) {
+        Some(t) => Ok((driver, t)),
+        None => Err(fail(op::MEMORY_NOT_REGISTERED, format!("nothing registered at {base:p}"))),
+    }
+}
+
 /// Registers with the runtime that owns the memory: CUDA where it loads,
 /// HIP when asked (NVM_MAP_DMABUF is what ROCm callers pass), else host.
 fn register(base: *const c_void, len: size_t, backend: c_int) -> uGDSError_t {
@@ -419,12 +431,9 @@ pub extern "C" fn uGDSBufDeregister(base: *const c_void) -> uGDSError_t {
         if base.is_null() {
             return fail(op::INVALID_VALUE, "null base");
         }
-        let driver = match state().as_ref() {
-            Some(s) => s.driver.clone(),
-            None => return fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first"),
-        };
-        let Some(t) = driver.token_at(base.cast()) else {
-            return fail(op::MEMORY_NOT_REGISTERED, format!("nothing registered at {base:p}"));
+        let (driver, t) = match registered(base) {
+            Ok(x) => x,
+            Err(e) => return e,
         };
         match driver.deregister(&t) {
             Ok(()) => ok(),
@@ -440,12 +449,9 @@ pub extern "C" fn uGDSExportDmabuf(base: *const c_void, out: *mut abi::uGDSDmabu
         if base.is_null() || out.is_null() {
             return fail(op::INVALID_VALUE, "null argument");
         }
-        let driver = match state().as_ref() {
-            Some(s) => s.driver.clone(),
-            None => return fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first"),
-        };
-        let Some(t) = driver.token_at(base.cast()) else {
-            return fail(op::MEMORY_NOT_REGISTERED, format!("nothing registered at {base:p}"));
+        let (driver, t) = match registered(base) {
+            Ok(x) => x,
+            Err(e) => return e,
         };
         match driver.export_dmabuf(&t) {
             Ok(x) => {

@@ -518,61 +518,8 @@ impl Run<'_> {
         }
         let size = self.size;
         let op = if self.mode.writes() { BatchOp::Write } else { BatchOp::Read };
-        // The first batch of a context, measured on FIRST_BATCHES fresh
-        // contexts (set up, one batch, dropped): their median is reported.
-        let mut firsts = Vec::with_capacity(FIRST_BATCHES);
-        for _ in 0..FIRST_BATCHES {
-            let fresh = match self.handle.batch(n) {
-                Ok(b) => b,
-                Err(e) => {
-                    Self::record_error(&mut r, e);
-                    return r;
-                }
-            };
-            ios.clear();
-            while ios.len() < n && self.take() {
-                let off = self.offset(tid, threads, &mut seq, &mut rng);
-                let slot = ios.len();
-                if self.mode.writes() && self.verify {
-                    // SAFETY: no I/O is in flight on this slot.
-                    unsafe { fill_pattern(s.base.add(slot * size), size, off) };
-                }
-                ios.push(BatchIo { op, buf: s.token, size, file_offset: off, buf_offset: slot * size, cookie: 0 });
-            }
-            if ios.is_empty() {
-                break;
-            }
-            let t0 = Instant::now();
-            let k = ios.len();
-            let res = fresh.submit(&ios).and_then(|d| {
-                events.clear();
-                fresh.get_status(k, k, None, &mut events).map(|_| d)
-            });
-            firsts.push(t0.elapsed());
-            match res {
-                Ok(d) => r.doorbells += d as u64,
-                Err(e) => {
-                    Self::record_error(&mut r, e);
-                    return r;
-                }
-            }
-            r.batches += 1;
-            for e in &events {
-                match &e.result {
-                    Ok(b) => {
-                        r.ios += 1;
-                        r.bytes += *b as u64;
-                    }
-                    Err(err) => {
-                        r.errors += 1;
-                        r.first_error.get_or_insert_with(|| err.to_string());
-                    }
-                }
-            }
-        }
-        firsts.sort();
-        r.first_batch = firsts.get(firsts.len() / 2).copied();
-        while !self.stop.load(Ordering::Relaxed) {
+        // Fills `ios` with the next batch (empty when the run is over).
+        let mut fill = |ios: &mut Vec<BatchIo>| {
             ios.clear();
             while ios.len() < n && self.take() {
                 let off = self.offset(tid, threads, &mut seq, &mut rng);
@@ -590,26 +537,26 @@ impl Run<'_> {
                     cookie: slot as u64,
                 });
             }
-            if ios.is_empty() {
-                break;
-            }
+        };
+        // Submits a batch and waits for all of it; its latency, or None
+        // after an error (recorded).
+        let run = |b: &ugds::Batch, ios: &[BatchIo], events: &mut Vec<ugds::BatchEvent>, r: &mut ThreadResult| {
             let t0 = Instant::now();
             let k = ios.len();
-            let res = batch.submit(&ios).and_then(|d| {
+            let res = b.submit(ios).and_then(|d| {
                 events.clear();
-                batch.get_status(k, k, None, &mut events).map(|_| d)
+                b.get_status(k, k, None, events).map(|_| d)
             });
             let lat = t0.elapsed();
             match res {
                 Ok(d) => r.doorbells += d as u64,
                 Err(e) => {
-                    Self::record_error(&mut r, e);
-                    break;
+                    Self::record_error(r, e);
+                    return None;
                 }
             }
-            r.hist.record(lat.as_nanos() as u64);
             r.batches += 1;
-            for e in &events {
+            for e in events.iter() {
                 match &e.result {
                     Ok(b) => {
                         r.ios += 1;
@@ -621,6 +568,38 @@ impl Run<'_> {
                     }
                 }
             }
+            Some(lat)
+        };
+        // The first batch of a context, measured on FIRST_BATCHES fresh
+        // contexts (set up, one batch, dropped): their median is reported.
+        let mut firsts = Vec::with_capacity(FIRST_BATCHES);
+        for _ in 0..FIRST_BATCHES {
+            let fresh = match self.handle.batch(n) {
+                Ok(b) => b,
+                Err(e) => {
+                    Self::record_error(&mut r, e);
+                    return r;
+                }
+            };
+            fill(&mut ios);
+            if ios.is_empty() {
+                break;
+            }
+            match run(&fresh, &ios, &mut events, &mut r) {
+                Some(lat) => firsts.push(lat),
+                None => return r,
+            }
+        }
+        firsts.sort();
+        r.first_batch = firsts.get(firsts.len() / 2).copied();
+        while !self.stop.load(Ordering::Relaxed) {
+            fill(&mut ios);
+            if ios.is_empty() {
+                break;
+            }
+            let k = ios.len();
+            let Some(lat) = run(&batch, &ios, &mut events, &mut r) else { break };
+            r.hist.record(lat.as_nanos() as u64);
             if self.verify {
                 if self.mode.writes() {
                     // Read the batch back into the same slots.

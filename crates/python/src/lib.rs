@@ -73,6 +73,18 @@ fn options(interrupt: bool) -> HandleOptions {
     o
 }
 
+impl Driver {
+    /// Opens the platform `open` makes and a handle on it, without the GIL.
+    fn open_on(
+        &self,
+        py: Python<'_>,
+        interrupt: bool,
+        open: impl FnOnce() -> ugds::Result<Arc<dyn ugds::platform::Platform>> + Send,
+    ) -> PyResult<Handle> {
+        py.allow_threads(|| self.inner.open_handle(open()?, options(interrupt))).map(Handle::from).map_err(err)
+    }
+}
+
 #[pymethods]
 impl Driver {
     #[new]
@@ -99,35 +111,20 @@ impl Driver {
             Some(p) => NamespaceConfig::file(p, size, block_size),
         };
         let cfg = EmuConfig::default().namespaces(vec![ns]);
-        py.allow_threads(|| {
-            let p = EmuPlatform::new(cfg)?;
-            self.inner.open_handle(Arc::new(p), options(interrupt))
-        })
-        .map(Handle::from)
-        .map_err(err)
+        self.open_on(py, interrupt, || Ok(Arc::new(EmuPlatform::new(cfg)?)))
     }
 
     /// Opens a handle on a controller bound to the ugds_drv module
     /// (`/dev/ugds_drvN`).
     #[pyo3(signature = (path, interrupt=false))]
     fn open_drv(&self, py: Python<'_>, path: &str, interrupt: bool) -> PyResult<Handle> {
-        py.allow_threads(|| {
-            let p = ugds::platform::ugds_drv::UgdsDrvPlatform::open(path)?;
-            self.inner.open_handle(Arc::new(p), options(interrupt))
-        })
-        .map(Handle::from)
-        .map_err(err)
+        self.open_on(py, interrupt, || Ok(Arc::new(ugds::platform::ugds_drv::UgdsDrvPlatform::open(path)?)))
     }
 
     /// Opens a handle on a controller bound to vfio-pci, by PCI address.
     #[pyo3(signature = (bdf, interrupt=false))]
     fn open_vfio(&self, py: Python<'_>, bdf: &str, interrupt: bool) -> PyResult<Handle> {
-        py.allow_threads(|| {
-            let p = ugds::platform::vfio::VfioPlatform::open(bdf)?;
-            self.inner.open_handle(Arc::new(p), options(interrupt))
-        })
-        .map(Handle::from)
-        .map_err(err)
+        self.open_on(py, interrupt, || Ok(Arc::new(ugds::platform::vfio::VfioPlatform::open(bdf)?)))
     }
 
     /// Registers `nbytes` at address `ptr`: `kind` is "host", "cuda" or

@@ -69,6 +69,17 @@ static inline int temp_file(char *path, size_t cap, size_t size) {
     return fd;
 }
 
+/* Registers a handle on `fd` (OPAQUE_FD); fails the test if it cannot. */
+static inline uGDSHandle_t open_handle(int fd) {
+    uGDSDescr_t d;
+    memset(&d, 0, sizeof d);
+    d.type = UGDS_HANDLE_TYPE_OPAQUE_FD;
+    d.handle.fd = fd;
+    uGDSHandle_t fh = NULL;
+    CHECK_ERR(uGDSHandleRegister(&fh, &d), UGDS_SUCCESS);
+    return fh;
+}
+
 static inline int finish(const char *name) {
     if (failures) {
         fprintf(stderr, "%s: %d failures\n", name, failures);

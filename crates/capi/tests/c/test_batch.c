@@ -11,12 +11,7 @@ int main(void) {
     char path[256];
     int fd = temp_file(path, sizeof path, 8u << 20);
     CHECK_ERR(uGDSDriverOpen(), UGDS_SUCCESS);
-    uGDSDescr_t d;
-    memset(&d, 0, sizeof d);
-    d.type = UGDS_HANDLE_TYPE_OPAQUE_FD;
-    d.handle.fd = fd;
-    uGDSHandle_t fh = NULL;
-    CHECK_ERR(uGDSHandleRegister(&fh, &d), UGDS_SUCCESS);
+    uGDSHandle_t fh = open_handle(fd);
 
     unsigned char *buf = aligned_alloc(4096, 2 * N * SZ);
     CHECK_ERR(uGDSBufRegister(buf, 2 * N * SZ, 0), UGDS_SUCCESS);

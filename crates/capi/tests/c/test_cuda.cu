@@ -30,12 +30,7 @@ int main(void) {
     CHECK(cudaMalloc(&gpu, 16 * MIB) == cudaSuccess);
 
     CHECK_ERR(uGDSDriverOpen(), UGDS_SUCCESS);
-    uGDSDescr_t d;
-    memset(&d, 0, sizeof d);
-    d.type = UGDS_HANDLE_TYPE_OPAQUE_FD;
-    d.handle.fd = fd;
-    uGDSHandle_t fh = NULL;
-    CHECK_ERR(uGDSHandleRegister(&fh, &d), UGDS_SUCCESS);
+    uGDSHandle_t fh = open_handle(fd);
 
     // Just-in-time: an unregistered GPU buffer, 64 KiB aligned, then not.
     CHECK_RET(uGDSRead(fh, gpu, MIB, 0, 0), MIB);

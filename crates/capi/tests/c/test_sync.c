@@ -11,12 +11,7 @@ int main(void) {
     int fd = temp_file(path, sizeof path, 16 * MIB);
 
     CHECK_ERR(uGDSDriverOpen(), UGDS_SUCCESS);
-    uGDSDescr_t d;
-    memset(&d, 0, sizeof d);
-    d.type = UGDS_HANDLE_TYPE_OPAQUE_FD;
-    d.handle.fd = fd;
-    uGDSHandle_t fh = NULL;
-    CHECK_ERR(uGDSHandleRegister(&fh, &d), UGDS_SUCCESS);
+    uGDSHandle_t fh = open_handle(fd);
     CHECK(fh != NULL && *(int *)fh == fd); /* existing callers read the fd so */
     uint64_t cap = 0;
     CHECK_ERR(uGDSGetDeviceCapacity(fh, &cap), UGDS_SUCCESS);

@@ -119,6 +119,11 @@ pub struct QueuePair {
     cq: DmaBuffer,
     cq_ring: Ring,
     cursor: CqCursor,
+    /// Completions consumed but not yet reported through the CQ head
+    /// doorbell, and how many may wait (0 on interrupt-driven queues: every
+    /// sweep is reported).
+    cq_unreported: u32,
+    cq_lazy: u32,
 
     /// Shadow doorbells, when the controller offers Doorbell Buffer Config.
     dbbuf: Option<Shadow>,
@@ -182,6 +187,10 @@ impl QueuePair {
             cq,
             cq_ring: Ring::new(entries as u32),
             cursor: CqCursor::default(),
+            cq_unreported: 0,
+            // A polled queue reports its head every quarter ring: the
+            // controller only needs room to post (see `report_cq_head`).
+            cq_lazy: if vector.is_none() { entries as u32 / 4 } else { 0 },
             qid,
             sq_db: regs::sq_tail_doorbell(qid.0, dstrd),
             cq_db: regs::cq_head_doorbell(qid.0, dstrd),
@@ -282,6 +291,13 @@ impl QueuePair {
     pub fn submit(&mut self, mut sqe: Sqe, data: Option<PrpPlan<'_>>, tag: u64) -> Result<Cid, Full> {
         if self.sq_ring.is_full(self.sq_head, self.sq_tail) {
             return Err(Full::Sq);
+        }
+        // Every command in flight must find a free CQ slot when it
+        // completes: consumed entries not yet reported still count as used.
+        if self.cq_unreported > 0
+            && self.cq_unreported as usize + self.cids.outstanding() + 1 >= self.cq_ring.size() as usize
+        {
+            self.report_cq_head();
         }
         if matches!(data, Some(PrpPlan::List { .. })) && self.prp_free.is_empty() {
             return Err(Full::PrpPages);
@@ -397,21 +413,43 @@ impl QueuePair {
             }
         }
         if n > 0 {
-            barrier::consumed_before_doorbell();
-            let mmio = match &self.dbbuf {
-                Some(s) => s.update(s.cq, self.cursor.head),
-                None => true,
-            };
-            if mmio {
-                self.platform.write32(self.cq_db, self.cursor.head);
+            self.cq_unreported += n as u32;
+            if self.cq_unreported > self.cq_lazy
+                || self.cq_unreported as usize + self.cids.outstanding() + 1 >= self.cq_ring.size() as usize
+            {
+                self.report_cq_head();
             }
         }
         n
     }
 
+    /// Tells the controller how far the completion queue has been consumed.
+    ///
+    /// A polled queue does this lazily (every quarter ring, and before a
+    /// submission could leave a completion without a free slot), saving a
+    /// doorbell write per sweep: the controller needs the head only to know
+    /// the ring has room, and the invariant `unreported + in flight <
+    /// entries` keeps room for every command in flight. Interrupt-driven
+    /// queues report every sweep.
+    pub fn report_cq_head(&mut self) {
+        if self.cq_unreported == 0 {
+            return;
+        }
+        barrier::consumed_before_doorbell();
+        let mmio = match &self.dbbuf {
+            Some(s) => s.update(s.cq, self.cursor.head),
+            None => true,
+        };
+        if mmio {
+            self.platform.write32(self.cq_db, self.cursor.head);
+        }
+        self.cq_unreported = 0;
+    }
+
     /// Forgets every outstanding command: only after the controller was
     /// reset or the queue deleted, when no completion for them can come.
     pub fn forget_outstanding(&mut self) -> usize {
+        self.cq_unreported = 0;
         let n = self.cids.outstanding();
         let ncids = self.cids.capacity();
         self.cids = CidAllocator::new(ncids);
