@@ -6,8 +6,9 @@
 //! as in Linux and SPDK: [`QueuePair::submit`] copies an entry into the ring
 //! and advances the tail; [`QueuePair::ring_sq_doorbell`] tells the
 //! controller, once for however many entries were staged;
-//! [`QueuePair::process_completions`] consumes new entries and rings the
-//! completion doorbell once.
+//! [`QueuePair::process_completions`] consumes new entries and reports the
+//! new CQ head: once per sweep on an interrupt-driven queue, lazily on a
+//! polled one (see [`QueuePair::report_cq_head`]).
 
 use crate::barrier;
 use crate::dma::DmaBuffer;
@@ -371,7 +372,8 @@ impl QueuePair {
     }
 
     /// Consumes up to `max` new completion entries, calling `f(tag, cqe)` for
-    /// each, and rings the completion doorbell once. Returns how many.
+    /// each, and reports the CQ head (see [`report_cq_head`](Self::report_cq_head)).
+    /// Returns how many.
     #[inline]
     pub fn process_completions(&mut self, max: usize, mut f: impl FnMut(u64, &Cqe)) -> usize {
         let mut n = 0;
