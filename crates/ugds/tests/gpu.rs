@@ -343,3 +343,35 @@ fn deregistration_is_refused_while_a_stream_holds_the_buffer() {
     assert_eq!(res.bytes(), 4096);
     d.deregister(&t).unwrap();
 }
+
+#[test]
+fn memory_of_another_context_is_refused_until_that_context_is_current() {
+    let Some(cuda) = cuda() else { return };
+    let ctx = match cuda.create_context(0) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "SKIPPED: cannot create a second context ({e})");
+            return;
+        }
+    };
+    // Allocated in the new context (current after creation).
+    let other = cuda.alloc(1 << 20).unwrap();
+    cuda.use_device(0).unwrap(); // the primary context again
+    let (d, h, _e) = open(small_emu(), opts());
+    // SAFETY: refused; nothing registered.
+    let e = unsafe { d.register_cuda(other.ptr(), other.len()) }.unwrap_err();
+    assert!(matches!(e, Error::GpuContextMismatch { .. }), "{e}");
+    // With its own context current it registers, and I/O reaches it.
+    ctx.make_current().unwrap();
+    // SAFETY: `other` outlives the registration.
+    let t = unsafe { d.register_cuda(other.ptr(), other.len()) }.unwrap();
+    let mut host = Buf::new(&d, 65536);
+    host.mem.copy_from_slice(&pattern(8, 0, 65536));
+    h.write(&host.token, 65536, 0, 0).unwrap();
+    h.read(&t, 65536, 0, 4096).unwrap();
+    assert!(download(&other, 4096, 65536) == pattern(8, 0, 65536));
+    d.deregister(&t).unwrap();
+    drop(other);
+    cuda.use_device(0).unwrap();
+    drop(ctx);
+}

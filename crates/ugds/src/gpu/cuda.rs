@@ -70,6 +70,9 @@ struct Api {
     stream_synchronize: unsafe extern "C" fn(RawStream) -> Res,
     launch_host_func: unsafe extern "C" fn(RawStream, HostFn, *mut c_void) -> Res,
     stream_wait_value32: unsafe extern "C" fn(RawStream, u64, u32, u32) -> Res,
+    /// Optional (for tests): a context other than the primary one.
+    ctx_create: Option<unsafe extern "C" fn(*mut Ctx, u32, i32) -> Res>,
+    ctx_destroy: unsafe extern "C" fn(Ctx) -> Res,
     module_load_data: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> Res,
     module_get_function: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_char) -> Res,
     #[allow(clippy::type_complexity)]
@@ -124,6 +127,8 @@ impl Api {
                 stream_synchronize: lib.sym(c"cuStreamSynchronize")?,
                 launch_host_func: lib.sym(c"cuLaunchHostFunc")?,
                 stream_wait_value32: lib.sym_any(&[c"cuStreamWaitValue32_v2", c"cuStreamWaitValue32"])?,
+                ctx_create: lib.sym(c"cuCtxCreate_v2").ok(),
+                ctx_destroy: lib.sym(c"cuCtxDestroy_v2")?,
                 module_load_data: lib.sym(c"cuModuleLoadData")?,
                 module_get_function: lib.sym(c"cuModuleGetFunction")?,
                 launch_kernel: lib.sym(c"cuLaunchKernel")?,
@@ -340,6 +345,20 @@ impl Cuda {
         // SAFETY: writes one device pointer.
         self.check("cuMemAlloc", unsafe { (self.api.mem_alloc)(&mut ptr, len) })?;
         Ok(DeviceBuffer { cuda: self.clone(), ptr, len })
+    }
+
+    /// A new context on device `ordinal`, current on this thread until
+    /// another is made current; destroyed on drop. For tests of context
+    /// checks (applications use the primary context, as torch does).
+    pub fn create_context(self: &Arc<Self>, ordinal: usize) -> Result<OwnedContext> {
+        let create = self.api.ctx_create.ok_or_else(|| Error::GpuUnavailable("no cuCtxCreate_v2".into()))?;
+        let mut dev = 0;
+        // SAFETY: writes one CUdevice.
+        self.check("cuDeviceGet", unsafe { (self.api.device_get)(&mut dev, ordinal as i32) })?;
+        let mut ctx: Ctx = std::ptr::null_mut();
+        // SAFETY: writes one context handle.
+        self.check("cuCtxCreate", unsafe { create(&mut ctx, 0, dev) })?;
+        Ok(OwnedContext { cuda: self.clone(), ctx: ctx as usize })
     }
 
     /// Page-locked host memory from `cuMemHostAlloc`, freed on drop.
@@ -601,6 +620,26 @@ impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         // SAFETY: our allocation; the owner deregistered it first.
         unsafe { (self.cuda.api.mem_free)(self.ptr) };
+    }
+}
+
+/// A context made by [`Cuda::create_context`].
+pub struct OwnedContext {
+    cuda: Arc<Cuda>,
+    ctx: usize,
+}
+
+impl OwnedContext {
+    /// Makes it the calling thread's current context.
+    pub fn make_current(&self) -> Result<()> {
+        self.cuda.set_current(self.ctx as Ctx)
+    }
+}
+
+impl Drop for OwnedContext {
+    fn drop(&mut self) {
+        // SAFETY: our context; its allocations were freed by their owners.
+        unsafe { (self.cuda.api.ctx_destroy)(self.ctx as Ctx) };
     }
 }
 
