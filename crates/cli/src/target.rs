@@ -35,6 +35,8 @@ pub struct TargetOpts {
     pub nsid: Option<u32>,
     /// How long the emulator thread spins after its last work before parking.
     pub spin_us: Option<u64>,
+    /// Emulator I/O worker threads (file-backed namespaces).
+    pub io_workers: usize,
     /// A PCI function bound to vfio-pci: a real (or QEMU's) controller.
     pub pci: Option<String>,
     /// A controller bound to the ugds_drv module: its character device.
@@ -58,6 +60,7 @@ impl Default for TargetOpts {
             bandwidth_mbs: None,
             nsid: None,
             spin_us: None,
+            io_workers: 0,
             pci: None,
             drv: None,
         }
@@ -82,6 +85,7 @@ pub fn parse_long(t: &mut TargetOpts, name: &str, p: &mut lexopt::Parser) -> Res
         "emu-bandwidth-mbs" => t.bandwidth_mbs = Some(p.value()?.parse()?),
         "nsid" => t.nsid = Some(p.value()?.parse()?),
         "emu-spin-us" => t.spin_us = Some(p.value()?.parse()?),
+        "emu-io-workers" => t.io_workers = p.value()?.parse()?,
         "pci" => t.pci = Some(p.value()?.string()?),
         "drv" => t.drv = Some(p.value()?.string()?),
         _ => return Ok(false),
@@ -107,6 +111,8 @@ Target (default: an emulated controller whose namespace is a temporary file):
       --emu-queues N          I/O queue pairs the controller grants [16]
       --emu-latency-us N      latency model: microseconds per command
       --emu-bandwidth-mbs N   latency model: MB/s, transfers serialised
+      --emu-io-workers N      N threads move file-backed data, several commands at
+                              once (as an SSD); 0: the controller thread does [0]
       --emu-spin-us N         emulator spins N us after its last work, then parks
                               [100; bench: 20000]
       --nsid N                namespace to use [first active]
@@ -161,6 +167,7 @@ pub fn emu_config(t: &TargetOpts) -> (EmuConfig, Option<TempFile>) {
         .mqes(t.mqes)
         .max_io_queues(t.queues)
         .null(t.null)
+        .io_workers(t.io_workers)
         .latency(latency);
     if let Some(us) = t.spin_us {
         cfg.spin = Duration::from_micros(us);

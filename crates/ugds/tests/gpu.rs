@@ -375,3 +375,46 @@ fn memory_of_another_context_is_refused_until_that_context_is_current() {
     cuda.use_device(0).unwrap();
     drop(ctx);
 }
+
+#[test]
+fn device_memory_through_emulator_io_workers() {
+    // A file-backed namespace whose data 4 threads move at once, each with
+    // its own pinned bounce buffer and the shared copy engine.
+    let Some(cuda) = cuda() else { return };
+    let path = std::env::temp_dir().join(format!("ugds-gpu-workers-{}", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let cfg = ugds::platform::emu::EmuConfig::default()
+        .namespaces(vec![ugds::platform::emu::NamespaceConfig::file(&path, 32 << 20, 4096)])
+        .io_workers(4);
+    let (d, h, _e) = open(cfg, opts());
+    let mut host = Buf::new(&d, 8 << 20);
+    host.mem.copy_from_slice(&pattern(12, 0, 8 << 20));
+    h.write(&host.token, 8 << 20, 0, 0).unwrap();
+    let gpu = cuda.alloc(8 << 20).unwrap();
+    // SAFETY: deregistered below.
+    let t = unsafe { d.register_cuda(gpu.ptr(), gpu.len()) }.unwrap();
+    let b = h.batch(128).unwrap();
+    let ios: Vec<BatchIo> = (0..128)
+        .map(|i| BatchIo {
+            op: BatchOp::Read,
+            buf: t,
+            size: 65536,
+            file_offset: (127 - i as u64) * 65536,
+            buf_offset: i * 65536,
+            cookie: i as u64,
+        })
+        .collect();
+    b.submit(&ios).unwrap();
+    let mut ev = Vec::new();
+    b.get_status(128, 128, Some(Duration::from_secs(20)), &mut ev).unwrap();
+    assert!(ev.iter().all(|e| e.status == BatchStatus::Complete), "{ev:?}");
+    let all = download(&gpu, 0, 8 << 20);
+    for i in 0..128usize {
+        let want = pattern(12, ((127 - i) * 65536) as u64, 65536);
+        assert!(all[i * 65536..(i + 1) * 65536] == want[..], "slot {i}");
+    }
+    drop(b);
+    d.deregister(&t).unwrap();
+    drop(h);
+    let _ = std::fs::remove_file(&path);
+}

@@ -224,7 +224,13 @@ fn ok(dw0: u32) -> Outcome {
 pub(super) struct Controller {
     shared: Arc<Shared>,
     cfg: EmuConfig,
-    ns: Vec<Namespace>,
+    ns: Arc<Vec<Namespace>>,
+    /// I/O workers, when configured (file-backed namespaces only).
+    workers: Option<Workers>,
+    /// Whether the submission queue being swept holds more commands after
+    /// the one executing (a lone command with nothing in flight is run on
+    /// this thread: handing it to a worker only adds a wake-up).
+    more_in_sweep: bool,
     cc: u32,
     enabled: bool,
     fatal: bool,
@@ -265,10 +271,15 @@ impl Controller {
     pub(super) fn new(shared: Arc<Shared>, cfg: EmuConfig, ns: Vec<Namespace>) -> Controller {
         let nq = cfg.max_io_queues as usize + 1;
         let granted = (cfg.max_io_queues, cfg.max_io_queues);
+        let ns = Arc::new(ns);
+        let workers = (cfg.io_workers > 0 && !cfg.null && cfg.latency.is_none())
+            .then(|| Workers::start(cfg.io_workers, &shared, &ns));
         Controller {
             shared,
             cfg,
             ns,
+            workers,
+            more_in_sweep: false,
             cc: 0,
             enabled: false,
             fatal: false,
@@ -326,7 +337,9 @@ impl Controller {
             self.shared.sleeping.store(false, Ordering::Relaxed);
             idle_since = None;
         }
-        for n in &self.ns {
+        // The workers finish what they hold before the namespaces are flushed.
+        drop(self.workers.take());
+        for n in self.ns.iter() {
             n.flush();
         }
     }
@@ -355,6 +368,7 @@ impl Controller {
         if !self.delayed.is_empty() {
             did |= self.release_due();
         }
+        did |= self.collect_jobs();
         for qid in 0..self.cqs.len() {
             if self.cqs[qid].as_ref().is_some_and(|c| !c.pending.is_empty()) {
                 did |= self.flush_cq(qid);
@@ -387,7 +401,7 @@ impl Controller {
             self.reset();
         }
         if new.en() && new.shn() != regs::shutdown::NONE && old.shn() == regs::shutdown::NONE {
-            for n in &self.ns {
+            for n in self.ns.iter() {
                 n.flush();
             }
             let csts = self.reg(regs::CSTS) & !(3 << 2);
@@ -439,6 +453,11 @@ impl Controller {
     /// Controller reset: every queue and every command in flight is dropped,
     /// and nothing is touched in host memory after CSTS.RDY reads 0.
     fn reset(&mut self) {
+        // No DMA after the controller is disabled: wait for the workers,
+        // and drop what they finished (the queues go with the reset).
+        if let Some(w) = self.workers.as_mut() {
+            w.drain();
+        }
         for q in self.sqs.iter_mut() {
             *q = None;
         }
@@ -451,7 +470,7 @@ impl Controller {
         self.aers = 0;
         self.granted = (self.cfg.max_io_queues, self.cfg.max_io_queues);
         self.shared.stats.resets.fetch_add(1, Ordering::Relaxed);
-        for n in &self.ns {
+        for n in self.ns.iter() {
             n.flush();
         }
         self.set_reg(regs::CSTS, 0);
@@ -509,6 +528,7 @@ impl Controller {
             let Some(mem) = sq.mem.as_ref() else { break };
             let sqe = mem.read_sqe(sq.head as usize * Sqe::SIZE);
             sq.head = sq.ring.next(sq.head);
+            self.more_in_sweep = sq.head != tail;
             n += 1;
             self.execute(qid as u16, sqe, table);
         }
@@ -559,6 +579,10 @@ impl Controller {
                 Outcome::Done { status, dw0, .. } => Outcome::Done { status, dw0, due: Some(Instant::now() + d) },
                 Outcome::None => Outcome::None,
             },
+            None if qid != 0 && self.workers.is_some() => match self.dispatch(qid, &sqe, table) {
+                Some(outcome) => outcome,
+                None => self.run_command(qid, &sqe, table),
+            },
             None => self.run_command(qid, &sqe, table),
         };
         if let Outcome::Done { status, dw0, due } = outcome {
@@ -571,6 +595,74 @@ impl Controller {
                 _ => self.held.push(c),
             }
         }
+    }
+
+    /// Hands a valid read or write on a file-backed namespace to the I/O
+    /// workers (`Some(Outcome::None)`: it completes when they are done), or
+    /// completes a bad one at once; `None` for any other command.
+    fn dispatch(&mut self, qid: u16, sqe: &Sqe, table: &IovaTable) -> Option<Outcome> {
+        if self.workers.as_ref().is_some_and(|w| w.inflight == 0) && !self.more_in_sweep {
+            return None;
+        }
+        let op = NvmOpcode::from_u8(sqe.opcode()).filter(|o| matches!(o, NvmOpcode::Read | NvmOpcode::Write))?;
+        let idx = sqe.nsid.checked_sub(1)? as usize;
+        let ns = self.ns.get(idx).filter(|n| !matches!(n.store, Store::Memory(_)))?;
+        let (bs, blocks) = (ns.block_size as u64, ns.blocks);
+        let (slba, nlb) = (sqe.slba().0, sqe.nlb() as u64);
+        if slba.checked_add(nlb).is_none_or(|e| e > blocks) {
+            return Some(done(Status::generic(generic::LBA_OUT_OF_RANGE)));
+        }
+        let len = (nlb * bs) as usize;
+        if self.cfg.mdts != 0 && len > 4096usize << self.cfg.mdts {
+            return Some(done(Status::generic(generic::INVALID_FIELD)));
+        }
+        if let Err(s) = self.walk(table, sqe.prp1, sqe.prp2, len).and_then(|()| self.translate_segs(table)) {
+            return Some(done(s));
+        }
+        let job = Job {
+            c: Completion { sqid: qid, cid: sqe.cid().0, dw0: 0, status: Status::SUCCESS },
+            op,
+            ns: idx,
+            off: slba * bs,
+            len,
+            segs: std::mem::take(&mut self.host_segs),
+        };
+        let w = self.workers.as_mut().expect("checked by the caller");
+        w.inflight += 1;
+        w.tx.as_ref().expect("workers live").send(job).expect("workers outlive the controller");
+        Some(Outcome::None)
+    }
+
+    /// Completes what the I/O workers finished.
+    fn collect_jobs(&mut self) -> bool {
+        let Some(w) = self.workers.as_mut() else { return false };
+        if w.inflight == 0 {
+            return false;
+        }
+        let jobs = std::mem::take(&mut *w.done.lock().unwrap_or_else(|p| p.into_inner()));
+        if jobs.is_empty() {
+            return false;
+        }
+        w.inflight -= jobs.len();
+        for job in jobs {
+            if job.c.status.is_success() {
+                if job.op == NvmOpcode::Read {
+                    self.local.reads += 1;
+                    self.local.bytes_read += job.len as u64;
+                } else {
+                    self.local.writes += 1;
+                    self.local.bytes_written += job.len as u64;
+                }
+            }
+            self.held.push(job.c);
+        }
+        self.publish();
+        let mut held = std::mem::take(&mut self.held);
+        for c in held.drain(..) {
+            self.complete(c);
+        }
+        self.held = held;
+        true
     }
 
     fn take_fault(&mut self, qid: u16, opcode: u8) -> Option<FaultAction> {
@@ -828,64 +920,9 @@ impl Controller {
         self.walk(table, sqe.prp1, sqe.prp2, len)?;
         self.translate_segs(table)?;
         let ns = &self.ns[(sqe.nsid - 1) as usize];
-        let mut off = ns_off;
-        for (addr, l, device) in &self.host_segs {
-            let (addr, l) = (*addr, *l);
-            let direct = matches!(ns.store, Store::DirectFile(_));
-            let r = match device {
-                None if direct => (|| {
-                    let buf = bounce(&mut self.staging, l, None)?;
-                    // SAFETY: `addr..addr+l` is mapped (see below) and `buf`
-                    // is our own page-aligned memory of at least `l` bytes.
-                    unsafe {
-                        if op == NvmOpcode::Read {
-                            ns.read_into(off, buf.as_mut_ptr(), l)?;
-                            std::ptr::copy_nonoverlapping(buf.as_ptr(), addr as *mut u8, l);
-                        } else {
-                            std::ptr::copy_nonoverlapping(addr as *const u8, buf.as_mut_ptr(), l);
-                            ns.write_from(off, buf.as_ptr(), l)?;
-                        }
-                    }
-                    Ok(())
-                })(),
-                // SAFETY: `addr..addr+l` lies inside an IOVA table entry, which
-                // the platform keeps valid while mapped; the read lock held by
-                // the caller keeps it mapped for the duration of this copy.
-                None => unsafe {
-                    if op == NvmOpcode::Read {
-                        ns.read_into(off, addr as *mut u8, l)
-                    } else {
-                        ns.write_from(off, addr as *const u8, l)
-                    }
-                },
-                // GPU memory: through a bounce buffer and the copy engine,
-                // standing in for the P2P DMA a real controller does.
-                Some(rt) => (|| {
-                    let buf = bounce(&mut self.staging, l, Some(rt))?;
-                    if op == NvmOpcode::Read {
-                        // SAFETY: `buf` is our own memory of `l` bytes.
-                        unsafe { ns.read_into(off, buf.as_mut_ptr(), l) }
-                            .and_then(|()| rt.copy_to_device(addr as u64, buf).map_err(std::io::Error::other))
-                    } else {
-                        rt.copy_from_device(buf, addr as u64)
-                            .map_err(std::io::Error::other)
-                            // SAFETY: as above.
-                            .and_then(|()| unsafe { ns.write_from(off, buf.as_ptr(), l) })
-                    }
-                })(),
-            };
-            if let Err(e) = r {
-                tracing::debug!("emulator: data transfer failed: {e}");
-                let sc = if op == NvmOpcode::Read {
-                    ugds_nvme::status::media::UNRECOVERED_READ_ERROR
-                } else {
-                    ugds_nvme::status::media::WRITE_FAULT
-                };
-                return Err(Status::new(2, sc));
-            }
-            off += l as u64;
-        }
-        Ok(())
+        // SAFETY: the segments were translated under `table`'s read lock,
+        // which the caller holds for the duration of the copy.
+        unsafe { move_data(ns, op, ns_off, &self.host_segs, &mut self.staging) }
     }
 
     fn dma_write(&mut self, table: &IovaTable, prp1: u64, prp2: u64, data: &[u8]) -> Result<(), Status> {
@@ -1167,6 +1204,157 @@ fn translate_region(table: &IovaTable, iova: u64, len: usize) -> Option<DmaRegio
 /// A translated data segment: address, length, and the GPU runtime when the
 /// address is device memory.
 type DataSeg = (usize, usize, Option<Arc<dyn DeviceRuntime>>);
+
+/// Moves a command's data between the namespace at byte `off` and the
+/// translated segments `segs`.
+///
+/// # Safety
+/// Every segment must stay mapped for the duration of the call (the caller
+/// holds the IOVA table's read lock, which unmapping waits for).
+unsafe fn move_data(
+    ns: &Namespace,
+    op: NvmOpcode,
+    mut off: u64,
+    segs: &[DataSeg],
+    staging: &mut Option<Bounce>,
+) -> Result<(), Status> {
+    let direct = matches!(ns.store, Store::DirectFile(_));
+    for (addr, l, device) in segs {
+        let (addr, l) = (*addr, *l);
+        let r = match device {
+            None if direct => (|| {
+                let buf = bounce(staging, l, None)?;
+                // SAFETY: `addr..addr+l` is mapped (this fn's contract) and
+                // `buf` is our own page-aligned memory of at least `l` bytes.
+                unsafe {
+                    if op == NvmOpcode::Read {
+                        ns.read_into(off, buf.as_mut_ptr(), l)?;
+                        std::ptr::copy_nonoverlapping(buf.as_ptr(), addr as *mut u8, l);
+                    } else {
+                        std::ptr::copy_nonoverlapping(addr as *const u8, buf.as_mut_ptr(), l);
+                        ns.write_from(off, buf.as_ptr(), l)?;
+                    }
+                }
+                Ok(())
+            })(),
+            // SAFETY: `addr..addr+l` lies inside an IOVA table entry that
+            // stays mapped for the duration of this copy (this fn's contract).
+            None => unsafe {
+                if op == NvmOpcode::Read {
+                    ns.read_into(off, addr as *mut u8, l)
+                } else {
+                    ns.write_from(off, addr as *const u8, l)
+                }
+            },
+            // GPU memory: through a bounce buffer and the copy engine,
+            // standing in for the P2P DMA a real controller does.
+            Some(rt) => (|| {
+                let buf = bounce(staging, l, Some(rt))?;
+                if op == NvmOpcode::Read {
+                    // SAFETY: `buf` is our own memory of `l` bytes.
+                    unsafe { ns.read_into(off, buf.as_mut_ptr(), l) }
+                        .and_then(|()| rt.copy_to_device(addr as u64, buf).map_err(std::io::Error::other))
+                } else {
+                    rt.copy_from_device(buf, addr as u64)
+                        .map_err(std::io::Error::other)
+                        // SAFETY: as above.
+                        .and_then(|()| unsafe { ns.write_from(off, buf.as_ptr(), l) })
+                }
+            })(),
+        };
+        if let Err(e) = r {
+            tracing::debug!("emulator: data transfer failed: {e}");
+            let sc = if op == NvmOpcode::Read {
+                ugds_nvme::status::media::UNRECOVERED_READ_ERROR
+            } else {
+                ugds_nvme::status::media::WRITE_FAULT
+            };
+            return Err(Status::new(2, sc));
+        }
+        off += l as u64;
+    }
+    Ok(())
+}
+
+/// A read or write handed to an I/O worker, its PRPs already translated.
+struct Job {
+    c: Completion,
+    op: NvmOpcode,
+    ns: usize,
+    off: u64,
+    len: usize,
+    segs: Vec<DataSeg>,
+}
+
+/// The I/O workers: a queue of jobs, and the finished ones for the
+/// controller thread to complete.
+struct Workers {
+    tx: Option<std::sync::mpsc::Sender<Job>>,
+    done: Arc<std::sync::Mutex<Vec<Job>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    /// Jobs sent and not yet collected from `done`.
+    inflight: usize,
+}
+
+impl Workers {
+    fn start(n: usize, shared: &Arc<Shared>, ns: &Arc<Vec<Namespace>>) -> Workers {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let rx = Arc::new(std::sync::Mutex::new(rx));
+        let done = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let threads = (0..n)
+            .filter_map(|i| {
+                let (rx, done, shared, ns) = (rx.clone(), done.clone(), shared.clone(), ns.clone());
+                std::thread::Builder::new()
+                    .name(format!("ugds-emu-io{i}"))
+                    .spawn(move || {
+                        let mut staging = None;
+                        loop {
+                            let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                            let Ok(mut job) = job else { break };
+                            {
+                                // Held for the copy: unmapping waits for it.
+                                let _table = shared.iova.read().unwrap_or_else(|p| p.into_inner());
+                                // SAFETY: translated by the controller; the
+                                // driver unmaps a buffer only after its
+                                // commands completed, and a reset waits for
+                                // every job first.
+                                let r = unsafe { move_data(&ns[job.ns], job.op, job.off, &job.segs, &mut staging) };
+                                if let Err(s) = r {
+                                    job.c.status = s;
+                                }
+                            }
+                            done.lock().unwrap_or_else(|p| p.into_inner()).push(job);
+                            shared.wake();
+                        }
+                    })
+                    .ok()
+            })
+            .collect();
+        Workers { tx: Some(tx), done, threads, inflight: 0 }
+    }
+
+    /// Waits until every job sent has finished.
+    fn drain(&mut self) -> Vec<Job> {
+        let mut all = Vec::new();
+        while all.len() < self.inflight {
+            all.append(&mut self.done.lock().unwrap_or_else(|p| p.into_inner()));
+            if all.len() < self.inflight {
+                std::thread::yield_now();
+            }
+        }
+        self.inflight = 0;
+        all
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.tx.take();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
 
 fn same_target(a: Option<&Arc<dyn DeviceRuntime>>, b: Option<&Arc<dyn DeviceRuntime>>) -> bool {
     match (a, b) {

@@ -109,6 +109,11 @@ pub struct EmuConfig {
     /// Complete the commands fetched in one sweep of a submission queue in
     /// the reverse of their order (the spec allows any order).
     pub reverse_completions: bool,
+    /// Threads that move the data of reads and writes on file-backed
+    /// namespaces, several commands at once as an SSD works on them; 0: the
+    /// controller thread does it, one command at a time. Not used with a
+    /// latency model.
+    pub io_workers: usize,
 }
 
 impl Default for EmuConfig {
@@ -123,6 +128,7 @@ impl Default for EmuConfig {
             interrupt_vectors: 17,
             spin: Duration::from_micros(100),
             reverse_completions: false,
+            io_workers: 0,
         }
     }
 }
@@ -153,6 +159,12 @@ impl EmuConfig {
         self.null = null;
         self
     }
+    /// Moves data with `n` worker threads (see [`EmuConfig::io_workers`]).
+    pub fn io_workers(mut self, n: usize) -> Self {
+        self.io_workers = n;
+        self
+    }
+
     /// Completes each sweep's commands in reverse order.
     pub fn reverse_completions(mut self, on: bool) -> Self {
         self.reverse_completions = on;
