@@ -204,6 +204,16 @@ struct Handle {
     inner: ugds::Handle,
 }
 
+impl Handle {
+    /// One stream-ordered request (an ordered batch of one).
+    fn one_async(&self, op: BatchOp, buf: &Buffer, args: [Arg<'_>; 3], stream: &Stream) -> PyResult<StreamResult> {
+        let [size, file_offset, buf_offset] = args;
+        let (io, r) = StreamIo::late(size.cell(), file_offset.cell(), buf_offset.cell());
+        self.inner.batch_async(vec![(op, buf.token, io)], stream.get()).map_err(err)?;
+        Ok(StreamResult { inner: r })
+    }
+}
+
 impl From<ugds::Handle> for Handle {
     fn from(inner: ugds::Handle) -> Self {
         Handle { inner }
@@ -311,9 +321,7 @@ impl Handle {
         buf_offset: Arg<'_>,
         stream: &Stream,
     ) -> PyResult<StreamResult> {
-        let (io, r) = StreamIo::late(size.cell(), file_offset.cell(), buf_offset.cell());
-        self.inner.read_async(&buf.token, io, stream.get()).map_err(err)?;
-        Ok(StreamResult { inner: r })
+        self.one_async(BatchOp::Read, buf, [size, file_offset, buf_offset], stream)
     }
 
     /// Writes in stream order; see read_async.
@@ -326,9 +334,7 @@ impl Handle {
         buf_offset: Arg<'_>,
         stream: &Stream,
     ) -> PyResult<StreamResult> {
-        let (io, r) = StreamIo::late(size.cell(), file_offset.cell(), buf_offset.cell());
-        self.inner.write_async(&buf.token, io, stream.get()).map_err(err)?;
-        Ok(StreamResult { inner: r })
+        self.one_async(BatchOp::Write, buf, [size, file_offset, buf_offset], stream)
     }
 
     /// An ordered batch: `ios` is a list of `(op, buf, size, file_offset,
