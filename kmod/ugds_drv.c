@@ -514,15 +514,11 @@ static long ugds_map(struct ugds_dev *d, void __user *arg)
 
 	if (copy_from_user(&req, arg, sizeof(req)))
 		return -EFAULT;
-	if (req.npages == 0 || req.npages > (1UL << 24))
+	if (req.npages == 0 || req.npages > (1UL << 24) || (req.flags & ~UGDS_DRV_MAP_NVIDIA_P2P))
 		return -EINVAL;
 	m = kzalloc(sizeof(*m), GFP_KERNEL);
 	if (!m)
 		return -ENOMEM;
-	if (req.flags & ~UGDS_DRV_MAP_NVIDIA_P2P) {
-		kfree(m);
-		return -EINVAL;
-	}
 	if (req.flags & UGDS_DRV_MAP_NVIDIA_P2P) {
 #ifdef UGDS_NVIDIA_P2P
 		ret = req.dmabuf_fd >= 0 ? -EINVAL : ugds_map_nvidia_p2p(d, &req, m);

@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 use ugds::gpu::{GpuStream, StreamWait};
 use ugds::platform::emu::{EmuConfig, EmuPlatform, NamespaceConfig};
@@ -47,14 +47,20 @@ struct State {
     streams: HashMap<usize, Arc<GpuStream>>,
 }
 
-static STATE: Mutex<Option<State>> = Mutex::new(None);
+/// Read-locked by every I/O call (to find its handle), write-locked only to
+/// add or remove objects; never held across device work.
+static STATE: RwLock<Option<State>> = RwLock::new(None);
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 
-fn state() -> MutexGuard<'static, Option<State>> {
-    STATE.lock().unwrap_or_else(|p| p.into_inner())
+fn state() -> RwLockReadGuard<'static, Option<State>> {
+    STATE.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn state_mut() -> RwLockWriteGuard<'static, Option<State>> {
+    STATE.write().unwrap_or_else(|p| p.into_inner())
 }
 
 fn ok() -> uGDSError_t {
@@ -139,7 +145,7 @@ pub extern "C" fn ugds_last_error() -> *const c_char {
 #[no_mangle]
 pub extern "C" fn uGDSDriverOpen() -> uGDSError_t {
     guard(internal(), || {
-        let mut s = state();
+        let mut s = state_mut();
         if s.is_some() {
             return fail(op::DRIVER_ALREADY_OPEN, "the driver is open already");
         }
@@ -158,7 +164,7 @@ pub extern "C" fn uGDSDriverOpen() -> uGDSError_t {
 #[no_mangle]
 pub extern "C" fn uGDSDriverClose() -> uGDSError_t {
     guard(internal(), || {
-        let Some(st) = state().take() else {
+        let Some(st) = state_mut().take() else {
             return fail(op::DRIVER_NOT_INITIALIZED, "the driver is not open");
         };
         // Streams first (they wait for their work), then batches, then
@@ -176,7 +182,7 @@ pub extern "C" fn uGDSDriverClose() -> uGDSError_t {
 
 macro_rules! with_state {
     ($s:ident, $on_closed:expr) => {
-        let mut guard_ = state();
+        let mut guard_ = state_mut();
         let Some($s) = guard_.as_mut() else {
             return $on_closed;
         };
@@ -275,8 +281,20 @@ pub extern "C" fn uGDSHandleRegister(fh: *mut *mut c_void, descr: *mut abi::uGDS
             Ok(h) => Arc::new(h),
             Err(e) => return from_error(e),
         };
+        let mut g = state_mut();
+        let Some(s) = g.as_mut() else {
+            drop(g);
+            let _ = handle.close(Drain::Forever);
+            return fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed");
+        };
+        // Checked again under the write lock: another thread may have
+        // registered the same fd meanwhile.
+        if s.handles.values().any(|r| r.fd == fd) {
+            drop(g);
+            let _ = handle.close(Drain::Forever);
+            return fail(op::HANDLE_ALREADY_REGISTERED, format!("fd {fd} is registered already"));
+        }
         let obj = Box::into_raw(Box::new(HandleObj { fd }));
-        with_state!(s, fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed"));
         s.handles.insert(obj as usize, Registered { handle, fd });
         // SAFETY: non-null, checked above.
         unsafe { *fh = obj.cast() };
@@ -856,7 +874,7 @@ pub extern "C" fn uGDSBatchIODestroy(batch: *mut c_void) {
         if batch.is_null() {
             return;
         }
-        let b = state().as_mut().and_then(|s| s.batches.remove(&(batch as usize)));
+        let b = state_mut().as_mut().and_then(|s| s.batches.remove(&(batch as usize)));
         // Dropped outside the lock: a context with commands in flight waits
         // for them (or wedges the handle) before it goes.
         drop(b);
@@ -877,7 +895,7 @@ fn stream_for(stream: *mut c_void, backend: c_int) -> Result<Arc<GpuStream>, uGD
     }
     .map_err(from_error)?;
     let s = Arc::new(s);
-    let mut g = state();
+    let mut g = state_mut();
     let st = g.as_mut().ok_or_else(|| fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first"))?;
     Ok(st.streams.entry(stream as usize).or_insert(s).clone())
 }
@@ -973,7 +991,7 @@ pub extern "C" fn uGDSStreamRegisterEx(stream: *mut c_void, backend: c_int) -> u
 pub extern "C" fn uGDSStreamDeregister(stream: *mut c_void) -> uGDSError_t {
     guard(internal(), || {
         let s = {
-            let mut g = state();
+            let mut g = state_mut();
             let Some(st) = g.as_mut() else {
                 return fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first");
             };

@@ -227,6 +227,8 @@ pub(super) struct Controller {
     ns: Arc<Vec<Namespace>>,
     /// I/O workers, when configured (file-backed namespaces only).
     workers: Option<Workers>,
+    /// Segment lists the workers gave back, reused for the next jobs.
+    spare_segs: Vec<Vec<DataSeg>>,
     /// Whether the submission queue being swept holds more commands after
     /// the one executing (a lone command with nothing in flight is run on
     /// this thread: handing it to a worker only adds a wake-up).
@@ -279,6 +281,7 @@ impl Controller {
             cfg,
             ns,
             workers,
+            spare_segs: Vec::new(),
             more_in_sweep: false,
             cc: 0,
             enabled: false,
@@ -625,7 +628,7 @@ impl Controller {
             ns: idx,
             off: slba * bs,
             len,
-            segs: std::mem::take(&mut self.host_segs),
+            segs: std::mem::replace(&mut self.host_segs, self.spare_segs.pop().unwrap_or_default()),
         };
         let w = self.workers.as_mut().expect("checked by the caller");
         w.inflight += 1;
@@ -644,7 +647,9 @@ impl Controller {
             return false;
         }
         w.inflight -= jobs.len();
-        for job in jobs {
+        for mut job in jobs {
+            job.segs.clear();
+            self.spare_segs.push(job.segs);
             if job.c.status.is_success() {
                 if job.op == NvmOpcode::Read {
                     self.local.reads += 1;
