@@ -85,6 +85,10 @@ class Host(unittest.TestCase):
         with self.assertRaises(ugds.NotRegistered):
             self.h.read(buf, 4096, 0)
         self.assertTrue(issubclass(ugds.BusyError, ugds.Error))
+        with self.assertRaises(ugds.InvalidArgument):
+            self.drv.open_vfio("0000:00:00.0", interface="vfio-v3")
+        with self.assertRaises(ugds.InvalidArgument):
+            self.drv.open_vfio("not-a-bdf", interface="cdev")
 
     def test_batch(self):
         mem = bytearray(128 * 4096)

@@ -24,7 +24,8 @@ done
 echo $BDF > /sys/bus/pci/devices/$BDF/driver/unbind
 echo vfio-pci > /sys/bus/pci/devices/$BDF/driver_override
 echo $BDF > /sys/bus/pci/drivers_probe
-/bin/raw_qd1 $BDF $D
+# The floor: the bare queue pair against ugds's own API, same boot.
+/bin/floor $BDF $D raw1,read,raw32,queue32
 for w in "4096 1" "4096 32" "131072 8"; do
     set -- $w
     for sd in "" "--no-shadow-doorbells"; do

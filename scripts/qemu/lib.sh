@@ -87,6 +87,42 @@ build_module_p2p() {
     [ -e "$W/kmod-p2p/ugds_drv.ko" ]
 }
 
+# A kernel with iommufd and the vfio cdev, for the iommufd configuration:
+# Debian's linux-source-6.12, tinyconfig plus scripts/qemu/iommufd.config,
+# built once into $W/iommufd-kernel/bzImage (about 7 minutes on 2 cores).
+IOMMUFD_KERNEL=$W/iommufd-kernel/bzImage
+ensure_iommufd_kernel() {
+    local B=$W/iommufd-kernel frag=$ROOT/scripts/qemu/iommufd.config
+    local stamp; stamp=$(sha256sum "$frag" | cut -c1-16)
+    if [ -e "$IOMMUFD_KERNEL" ] && [ "$(cat "$B/stamp" 2>/dev/null)" = "$stamp" ]; then
+        say "iommufd kernel ready ($(cat "$B/version"))"
+        return
+    fi
+    local need=()
+    for c in flex bison bc make gcc; do command -v $c >/dev/null || need+=("$c"); done
+    [ -e /usr/include/libelf.h ] || need+=(libelf-dev)
+    if [ ${#need[@]} -gt 0 ]; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" libc6-dev perl >/dev/null
+    fi
+    rm -rf "$B" && mkdir -p "$B/deb"
+    (cd "$B" && apt-get download -qq linux-source-6.12 2>&1 | grep -v unsandboxed || true)
+    dpkg -x "$B"/linux-source-6.12_*.deb "$B/deb"
+    tar -xJf "$B"/deb/usr/src/linux-source-6.12.tar.xz -C "$B"
+    local S=$B/linux-source-6.12
+    make -s -C "$S" tinyconfig >/dev/null
+    (cd "$S" && KCONFIG_CONFIG=.config scripts/kconfig/merge_config.sh -m -Q .config "$frag" >/dev/null)
+    make -s -C "$S" olddefconfig >/dev/null
+    local missing; missing=$(grep '^CONFIG_' "$frag" | while read -r l; do grep -qx "$l" "$S/.config" || echo "${l%%=*}"; done)
+    [ -z "$missing" ] || { echo "iommufd kernel: options not taken: $missing"; return 1; }
+    say "building the iommufd kernel ($(make -s -C "$S" kernelversion))"
+    make -s -C "$S" -j"$(nproc)" bzImage >/dev/null
+    cp "$S/arch/x86/boot/bzImage" "$IOMMUFD_KERNEL"
+    make -s -C "$S" kernelversion > "$B/version"
+    rm -rf "$S" "$B/deb" "$B"/linux-source-6.12_*.deb
+    echo "$stamp" > "$B/stamp"
+    say "iommufd kernel ready ($(cat "$B/version"))"
+}
+
 # build_static PACKAGE...: static release builds of binary packages.
 build_static() {
     local args=()
@@ -146,6 +182,7 @@ make_initramfs() {
 #   small    mdts=2 (16 KiB), mqes=15, max_ioqpairs=2
 #   4k       4096-byte logical blocks
 #   twons    two namespaces
+#   iommufd  as default, booted on the iommufd kernel (vfio cdev)
 #   null     a null namespace (no data kept, reads return zeros)
 controller_args() {
     local cfg=$1 img1=$2 img2=$3
@@ -154,20 +191,25 @@ controller_args() {
         small) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-small,drive=nvm1,mdts=2,mqes=15,max_ioqpairs=2" ;;
         4k) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,id=nvme0,serial=ugds-4k -device nvme-ns,drive=nvm1,bus=nvme0,nsid=1,logical_block_size=4096,physical_block_size=4096" ;;
         twons) echo "-drive file=$img1,if=none,id=nvm1,format=raw -drive file=$img2,if=none,id=nvm2,format=raw -device nvme,id=nvme0,serial=ugds-twons -device nvme-ns,drive=nvm1,bus=nvme0,nsid=1 -device nvme-ns,drive=nvm2,bus=nvme0,nsid=2" ;;
+        iommufd) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-iommufd,drive=nvm1" ;;
         null) echo "-drive driver=null-co,read-zeroes=on,if=none,id=nvm1 -device nvme,serial=ugds-null,drive=nvm1" ;;
         *) return 1 ;;
     esac
 }
 
-# run_guest CONFIG INITRD CONSOLE TRACE [APPEND]: boots once; returns QEMU's status.
+# run_guest CONFIG INITRD CONSOLE TRACE [APPEND]: boots once; returns QEMU's
+# status. The iommufd configuration boots the iommufd kernel, the others
+# Debian's.
 run_guest() {
     local cfg=$1 initrd=$2 con=$3 tr=$4 append=${5:-}
     local img1=$W/$cfg-ns1.img img2=$W/$cfg-ns2.img
     rm -f "$img1" "$img2" "$tr"; truncate -s 64M "$img1"; truncate -s 64M "$img2"
     local dev; dev=$(controller_args "$cfg" "$img1" "$img2") || { echo "unknown configuration $cfg"; return 2; }
+    local kernel=$K/boot/vmlinuz-$KV
+    [ "$cfg" = iommufd ] && kernel=$IOMMUFD_KERNEL
     # shellcheck disable=SC2086
     timeout "${QEMU_TIMEOUT:-180}" qemu-system-x86_64 -machine q35 -accel tcg -m 1G -smp "${QEMU_SMP:-2}" -nographic -no-reboot -nic none \
-        -device intel-iommu -kernel "$K/boot/vmlinuz-$KV" -initrd "$initrd" \
+        -device intel-iommu -kernel "$kernel" -initrd "$initrd" \
         -append "console=ttyS0 panic=-1 quiet intel_iommu=on $append" $dev \
         -trace 'pci_nvme_err*' -trace 'pci_nvme_ub*' -D "$tr" > "$con" 2>&1
 }

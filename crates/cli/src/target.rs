@@ -39,6 +39,8 @@ pub struct TargetOpts {
     pub io_workers: usize,
     /// A PCI function bound to vfio-pci: a real (or QEMU's) controller.
     pub pci: Option<String>,
+    /// How to reach a PCI function: the vfio cdev + iommufd or the group.
+    pub vfio: ugds::platform::vfio::VfioInterface,
     /// A controller bound to the ugds_drv module: its character device.
     pub drv: Option<String>,
 }
@@ -62,6 +64,7 @@ impl Default for TargetOpts {
             spin_us: None,
             io_workers: 0,
             pci: None,
+            vfio: Default::default(),
             drv: None,
         }
     }
@@ -87,6 +90,7 @@ pub fn parse_long(t: &mut TargetOpts, name: &str, p: &mut lexopt::Parser) -> Res
         "emu-spin-us" => t.spin_us = Some(p.value()?.parse()?),
         "emu-io-workers" => t.io_workers = p.value()?.parse()?,
         "pci" => t.pci = Some(p.value()?.string()?),
+        "vfio" => t.vfio = p.value()?.parse()?,
         "drv" => t.drv = Some(p.value()?.string()?),
         _ => return Ok(false),
     }
@@ -98,6 +102,9 @@ pub const HELP: &str = "\
 Target (default: an emulated controller whose namespace is a temporary file):
       --pci BDF               the controller at PCI address BDF (e.g. 0000:01:00.0),
                               bound to vfio-pci; the --emu-* flags are ignored
+      --vfio auto|cdev|group  how to reach it: the vfio cdev with iommufd, or the
+                              IOMMU group in a type1 container [auto: cdev where
+                              the kernel has it]
       --drv PATH              the controller behind ugds_drv's /dev/ugds_drvN
       --emu-file PATH         back the namespace with PATH (kept afterwards)
       --emu-memory            back the namespace with memory
@@ -227,8 +234,12 @@ pub fn open(t: &TargetOpts) -> Result<Target, String> {
         return Ok(Target { platform: std::sync::Arc::new(p), emu: None, description, _tmp: None, _more: vec![] });
     }
     if let Some(bdf) = &t.pci {
-        let p = ugds::platform::vfio::VfioPlatform::open(bdf).map_err(|e| e.to_string())?;
-        let description = format!("controller at {bdf} through vfio-pci");
+        let p = ugds::platform::vfio::VfioPlatform::open_with(bdf, t.vfio).map_err(|e| e.to_string())?;
+        let via = match p.interface() {
+            ugds::platform::vfio::VfioInterface::Cdev => "vfio cdev and iommufd",
+            _ => "vfio group and type1 container",
+        };
+        let description = format!("controller at {bdf} through vfio-pci ({via})");
         return Ok(Target { platform: std::sync::Arc::new(p), emu: None, description, _tmp: None, _more: vec![] });
     }
     let (cfg, tmp) = emu_config(t);

@@ -35,11 +35,13 @@ impl CidAllocator {
     }
 
     /// Number of identifiers.
+    #[inline]
     pub fn capacity(&self) -> u16 {
         self.capacity
     }
 
     /// Number of identifiers currently allocated.
+    #[inline]
     pub fn outstanding(&self) -> usize {
         self.capacity as usize - self.free.len()
     }

@@ -159,6 +159,7 @@ impl Sqe {
     pub const SIZE: usize = 64;
 
     /// An entry with opcode and CID set, everything else zero.
+    #[inline]
     pub const fn new(opcode: u8, cid: Cid) -> Sqe {
         Sqe {
             cdw0: opcode as u32 | (cid.0 as u32) << 16,
@@ -188,6 +189,7 @@ impl Sqe {
     }
 
     /// Replaces the command identifier.
+    #[inline]
     pub fn set_cid(&mut self, cid: Cid) {
         self.cdw0 = (self.cdw0 & 0xffff) | (cid.0 as u32) << 16;
     }
@@ -300,6 +302,7 @@ impl Sqe {
     // ---- NVM commands ----
 
     /// Read or Write of `nlb` blocks at `slba` (NVM spec 3.2.4 / 3.2.6).
+    #[inline]
     pub fn rw(op: NvmOpcode, cid: Cid, nsid: Nsid, slba: Lba, nlb: u32, prp1: u64, prp2: u64) -> Sqe {
         debug_assert!((1..=0x1_0000).contains(&nlb));
         let mut s = Sqe::new(op as u8, cid);
@@ -318,6 +321,7 @@ impl Sqe {
     }
 
     /// Flush the volatile write cache of `nsid`.
+    #[inline]
     pub fn flush(cid: Cid, nsid: Nsid) -> Sqe {
         let mut s = Sqe::new(NvmOpcode::Flush as u8, cid);
         s.nsid = nsid.0;
@@ -428,6 +432,7 @@ impl Cqe {
     }
 
     /// The status field, decoded.
+    #[inline]
     pub const fn status(&self) -> crate::Status {
         crate::Status::from_field(self.status)
     }
@@ -443,6 +448,7 @@ impl Cqe {
     }
 
     /// Rebuilds an entry from its four dwords.
+    #[inline]
     pub const fn from_dwords(d: [u32; 4]) -> Cqe {
         Cqe {
             dw0: d[0],

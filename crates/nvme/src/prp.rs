@@ -91,6 +91,7 @@ impl PrpPlan<'_> {
 /// Plans the PRPs for `len` bytes starting `offset` bytes into the memory
 /// described by `pages` (the controller address of each page, in order).
 /// `page_size` is the controller memory page size (CC.MPS), a power of two.
+#[inline]
 pub fn plan(pages: &[u64], page_size: usize, offset: usize, len: usize) -> Result<PrpPlan<'_>, PrpError> {
     debug_assert!(page_size.is_power_of_two() && page_size >= 4096);
     if len == 0 {

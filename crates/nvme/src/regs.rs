@@ -41,6 +41,7 @@ pub const fn cq_head_doorbell(qid: u16, dstrd: u8) -> usize {
 /// `old` to `new` in the shadow page, the controller needs an MMIO doorbell
 /// write only if the EventIdx it published lies in `[old, new)`, all modulo
 /// 2^16.
+#[inline]
 pub const fn dbbuf_need_event(event_idx: u16, new: u16, old: u16) -> bool {
     new.wrapping_sub(event_idx).wrapping_sub(1) < new.wrapping_sub(old)
 }

@@ -106,6 +106,7 @@ impl Status {
     }
 
     /// Decodes the 16-bit field at CQE bytes 14-15 (phase tag ignored).
+    #[inline]
     pub const fn from_field(field: u16) -> Status {
         Status {
             sc: (field >> 1) as u8,
@@ -127,6 +128,7 @@ impl Status {
     }
 
     /// Whether the command succeeded.
+    #[inline]
     pub const fn is_success(self) -> bool {
         self.sct == 0 && self.sc == 0
     }

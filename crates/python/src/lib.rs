@@ -122,9 +122,12 @@ impl Driver {
     }
 
     /// Opens a handle on a controller bound to vfio-pci, by PCI address.
-    #[pyo3(signature = (bdf, interrupt=false))]
-    fn open_vfio(&self, py: Python<'_>, bdf: &str, interrupt: bool) -> PyResult<Handle> {
-        self.open_on(py, interrupt, || Ok(Arc::new(ugds::platform::vfio::VfioPlatform::open(bdf)?)))
+    /// `interface`: "auto" (the vfio cdev and iommufd where the kernel has
+    /// them, else the IOMMU group), "cdev" or "group".
+    #[pyo3(signature = (bdf, interrupt=false, interface="auto"))]
+    fn open_vfio(&self, py: Python<'_>, bdf: &str, interrupt: bool, interface: &str) -> PyResult<Handle> {
+        let via: ugds::platform::vfio::VfioInterface = interface.parse().map_err(err)?;
+        self.open_on(py, interrupt, || Ok(Arc::new(ugds::platform::vfio::VfioPlatform::open_with(bdf, via)?)))
     }
 
     /// Registers `nbytes` at address `ptr`: `kind` is "host", "cuda" or

@@ -3,7 +3,8 @@
 //! with `UGDS_TEST_PCI=<bdf>` a controller bound to vfio-pci, with
 //! `UGDS_TEST_DRV=/dev/ugds_drvN` one bound to our kernel module (both
 //! QEMU's, in the conformance harness `scripts/qemu-conformance`); with
-//! `UGDS_TEST_INTERRUPT=1` in interrupt completion mode.
+//! `UGDS_TEST_INTERRUPT=1` in interrupt completion mode; with
+//! `UGDS_TEST_VFIO=group|cdev` through that vfio interface (auto otherwise).
 //!
 //! Run them one at a time (`--test-threads=1`) against a PCI device: each
 //! test opens it, and a device can be opened by one process user at a time.
@@ -53,7 +54,9 @@ fn target_ns(d: &Driver, nsid: Option<u32>) -> (Handle, Option<EmuControl>) {
     }
     match pci() {
         Some(bdf) => {
-            let p = ugds::platform::vfio::VfioPlatform::open(&bdf).expect("open the vfio device");
+            let via = std::env::var("UGDS_TEST_VFIO").unwrap_or_else(|_| "auto".into());
+            let via = via.parse().expect("UGDS_TEST_VFIO is auto, group or cdev");
+            let p = ugds::platform::vfio::VfioPlatform::open_with(&bdf, via).expect("open the vfio device");
             (d.open_handle(Arc::new(p), test_opts(nsid)).expect("open a handle on the vfio device"), None)
         }
         None => {
@@ -65,6 +68,49 @@ fn target_ns(d: &Driver, nsid: Option<u32>) -> (Handle, Option<EmuControl>) {
 
 fn target(d: &Driver) -> (Handle, Option<EmuControl>) {
     target_ns(d, None)
+}
+
+/// The vfio interface asked for is the one used; without a vfio cdev (a
+/// kernel without CONFIG_VFIO_DEVICE_CDEV) asking for it is a clear error
+/// and the group interface still opens.
+#[test]
+fn vfio_interface_is_the_one_asked_for() {
+    use ugds::platform::vfio::{VfioInterface, VfioPlatform};
+    use ugds::platform::Platform;
+    let Some(bdf) = std::env::var("UGDS_TEST_PCI").ok().filter(|s| !s.is_empty()) else {
+        eprintln!("SKIPPED: no UGDS_TEST_PCI");
+        return;
+    };
+    let has_cdev = std::fs::read_dir(format!("/sys/bus/pci/devices/{bdf}/vfio-dev"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| std::path::Path::new("/dev/vfio/devices").join(e.file_name()).exists())
+        && std::path::Path::new("/dev/iommu").exists();
+    eprintln!("vfio cdev and /dev/iommu present: {has_cdev}");
+    let auto = VfioPlatform::open(&bdf).expect("open with the interface chosen");
+    assert_eq!(auto.interface(), if has_cdev { VfioInterface::Cdev } else { VfioInterface::Group });
+    drop(auto);
+    let group = VfioPlatform::open_with(&bdf, VfioInterface::Group).expect("the group interface");
+    assert_eq!(group.interface(), VfioInterface::Group);
+    drop(group);
+    match VfioPlatform::open_with(&bdf, VfioInterface::Cdev) {
+        Ok(p) => {
+            assert!(has_cdev, "a cdev open succeeded without a vfio cdev");
+            assert_eq!(p.interface(), VfioInterface::Cdev);
+            assert!(p.describe().contains("iommufd"), "{}", p.describe());
+        }
+        Err(e) => {
+            assert!(!has_cdev, "the cdev is there but did not open: {e}");
+            assert!(matches!(e, Error::Unsupported(_)), "{e:?}");
+            assert!(e.to_string().contains("CONFIG_VFIO_DEVICE_CDEV"), "{e}");
+        }
+    }
+    if let Ok(via) = std::env::var("UGDS_TEST_VFIO") {
+        let want: VfioInterface = via.parse().expect("UGDS_TEST_VFIO is auto, group or cdev");
+        let p = VfioPlatform::open_with(&bdf, want).expect("open as asked");
+        assert!(want == VfioInterface::Auto || p.interface() == want);
+    }
 }
 
 #[test]

@@ -1,15 +1,15 @@
 //! A controller bound to upstream vfio-pci, behind an IOMMU.
 //!
-//! Open: the function's IOMMU group, a type1v2 container, the device fd,
-//! BAR0 mapped uncached, bus mastering enabled, and (when the function has
-//! MSI-X) one eventfd per vector. DMA memory and registered buffers get
-//! IOVAs from a bump allocator the library owns (never reused, so a stale
-//! address can only fault). The engine disables the controller before any
-//! mapping is removed; dropping the platform then turns interrupts and bus
-//! mastering off.
-//!
-//! iommufd (the vfio cdev interface) is not used yet: the group/container
-//! interface works on every kernel that has vfio-pci.
+//! Open: the device and an IOMMU context, through one of the kernel's two
+//! interfaces: the vfio cdev (`/dev/vfio/devices/vfioN` bound to an
+//! iommufd I/O address space, `/dev/iommu`) where the kernel has it, else
+//! the function's IOMMU group in a type1v2 container. Then BAR0 mapped
+//! uncached, bus mastering enabled, and (when the function has MSI-X) one
+//! eventfd per vector. DMA memory and registered buffers get IOVAs from a
+//! bump allocator the library owns (never reused, so a stale address can
+//! only fault), whichever interface maps them. The engine disables the
+//! controller before any mapping is removed; dropping the platform then
+//! turns interrupts and bus mastering off.
 
 use crate::dma::{DmaBuffer, DmaRegion, DmaRelease};
 use crate::platform::{HostMapping, Platform};
@@ -34,8 +34,44 @@ const PCI_COMMAND: u64 = 0x04;
 const PCI_COMMAND_MEMORY: u16 = 1 << 1;
 const PCI_COMMAND_MASTER: u16 = 1 << 2;
 
+/// Which kernel interface reaches the device and its IOMMU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum VfioInterface {
+    /// The cdev where the kernel offers it (`/dev/iommu` and the
+    /// function's `/dev/vfio/devices/vfioN` exist), the group otherwise.
+    #[default]
+    Auto,
+    /// `/dev/vfio/<group>` in a type1v2 container (`/dev/vfio/vfio`).
+    Group,
+    /// `/dev/vfio/devices/vfioN` attached to an iommufd I/O address space
+    /// (Linux 6.6 and later, `CONFIG_VFIO_DEVICE_CDEV`).
+    Cdev,
+}
+
+impl std::str::FromStr for VfioInterface {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<VfioInterface> {
+        match s {
+            "auto" => Ok(VfioInterface::Auto),
+            "group" => Ok(VfioInterface::Group),
+            "cdev" | "iommufd" => Ok(VfioInterface::Cdev),
+            _ => Err(Error::InvalidArgument(format!("VFIO interface {s:?}: auto, group or cdev"))),
+        }
+    }
+}
+
+/// Where DMA mappings are made.
+enum IommuCtx {
+    /// A type1v2 container; the group stays open (and in it) as long as
+    /// the container lives.
+    Type1 { container: OwnedFd, _group: OwnedFd },
+    /// An iommufd I/O address space the device is attached to.
+    Iommufd { iommufd: OwnedFd, ioas: u32 },
+}
+
 struct Container {
-    fd: OwnedFd,
+    ctx: IommuCtx,
     iova: Mutex<IovaSpace>,
 }
 
@@ -49,14 +85,30 @@ impl Container {
     fn map(&self, vaddr: usize, len: usize, owned: Option<Anonymous>) -> Result<u64> {
         let mut sp = self.iova.lock().unwrap_or_else(|p| p.into_inner());
         let iova = sp.next;
-        let mut m = v::DmaMap {
-            argsz: std::mem::size_of::<v::DmaMap>() as u32,
-            flags: v::VFIO_DMA_MAP_FLAG_READ | v::VFIO_DMA_MAP_FLAG_WRITE,
-            vaddr: vaddr as u64,
-            iova,
-            size: len as u64,
-        };
-        v::ioctl_ptr(&self.fd, "VFIO_IOMMU_MAP_DMA", v::VFIO_IOMMU_MAP_DMA, &mut m)?;
+        match &self.ctx {
+            IommuCtx::Type1 { container, .. } => {
+                let mut m = v::DmaMap {
+                    argsz: std::mem::size_of::<v::DmaMap>() as u32,
+                    flags: v::VFIO_DMA_MAP_FLAG_READ | v::VFIO_DMA_MAP_FLAG_WRITE,
+                    vaddr: vaddr as u64,
+                    iova,
+                    size: len as u64,
+                };
+                v::ioctl_ptr(container, "VFIO_IOMMU_MAP_DMA", v::VFIO_IOMMU_MAP_DMA, &mut m)?;
+            }
+            IommuCtx::Iommufd { iommufd, ioas } => {
+                let mut m = v::IoasMap {
+                    size: std::mem::size_of::<v::IoasMap>() as u32,
+                    flags: v::IOMMU_IOAS_MAP_FIXED_IOVA | v::IOMMU_IOAS_MAP_READABLE | v::IOMMU_IOAS_MAP_WRITEABLE,
+                    ioas_id: *ioas,
+                    reserved: 0,
+                    user_va: vaddr as u64,
+                    length: len as u64,
+                    iova,
+                };
+                v::ioctl_ptr(iommufd, "IOMMU_IOAS_MAP", v::IOMMU_IOAS_MAP, &mut m)?;
+            }
+        }
         // A guard page of unmapped IOVA after each mapping: overruns fault.
         sp.next += (len + PAGE_SIZE) as u64;
         sp.live.insert(iova, (len, owned));
@@ -68,8 +120,22 @@ impl Container {
         let Some(&(len, _)) = sp.live.get(&iova) else {
             return Err(Error::Platform(format!("no VFIO mapping at IOVA {iova:#x}")));
         };
-        let mut u = v::DmaUnmap { argsz: std::mem::size_of::<v::DmaUnmap>() as u32, flags: 0, iova, size: len as u64 };
-        v::ioctl_ptr(&self.fd, "VFIO_IOMMU_UNMAP_DMA", v::VFIO_IOMMU_UNMAP_DMA, &mut u)?;
+        match &self.ctx {
+            IommuCtx::Type1 { container, .. } => {
+                let mut u =
+                    v::DmaUnmap { argsz: std::mem::size_of::<v::DmaUnmap>() as u32, flags: 0, iova, size: len as u64 };
+                v::ioctl_ptr(container, "VFIO_IOMMU_UNMAP_DMA", v::VFIO_IOMMU_UNMAP_DMA, &mut u)?;
+            }
+            IommuCtx::Iommufd { iommufd, ioas } => {
+                let mut u = v::IoasUnmap {
+                    size: std::mem::size_of::<v::IoasUnmap>() as u32,
+                    ioas_id: *ioas,
+                    iova,
+                    length: len as u64,
+                };
+                v::ioctl_ptr(iommufd, "IOMMU_IOAS_UNMAP", v::IOMMU_IOAS_UNMAP, &mut u)?;
+            }
+        }
         // Only now, with the IOMMU entry gone, may the memory be freed.
         sp.live.remove(&iova);
         Ok(())
@@ -94,7 +160,6 @@ impl DmaRelease for Container {
 pub struct VfioPlatform {
     bdf: String,
     container: Arc<Container>,
-    _group: OwnedFd,
     device: OwnedFd,
     config_offset: u64,
     bar0: Mmio,
@@ -107,8 +172,13 @@ fn sysfs(bdf: &str, what: &str) -> String {
 
 impl VfioPlatform {
     /// Opens the PCI function `bdf` (e.g. `0000:00:04.0`), which must be
-    /// bound to vfio-pci.
+    /// bound to vfio-pci, through the cdev where the kernel has it.
     pub fn open(bdf: &str) -> Result<VfioPlatform> {
+        VfioPlatform::open_with(bdf, VfioInterface::Auto)
+    }
+
+    /// As [`open`](Self::open), through the interface given.
+    pub fn open_with(bdf: &str, interface: VfioInterface) -> Result<VfioPlatform> {
         let valid = bdf.len() == 12
             && bdf.chars().enumerate().all(|(i, c)| match i {
                 4 | 7 => c == ':',
@@ -127,30 +197,27 @@ impl VfioPlatform {
                 sysfs(bdf, "driver_override")
             )));
         }
-        let group_link = std::fs::read_link(sysfs(bdf, "iommu_group"))
-            .map_err(|e| Error::Os { op: "read iommu_group", source: e })?;
-        let group_no = group_link.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-
-        let container = v::open_rw("/dev/vfio/vfio")?;
-        let ver = v::ioctl_val(&container, "VFIO_GET_API_VERSION", v::VFIO_GET_API_VERSION, 0)?;
-        if ver != v::VFIO_API_VERSION {
-            return Err(Error::Unsupported(format!("VFIO API version {ver}")));
-        }
-        if v::ioctl_val(&container, "VFIO_CHECK_EXTENSION", v::VFIO_CHECK_EXTENSION, v::VFIO_TYPE1V2_IOMMU)? == 0 {
-            return Err(Error::Unsupported("the kernel's VFIO has no type1v2 IOMMU (no IOMMU enabled?)".into()));
-        }
-        let group = v::open_rw(&format!("/dev/vfio/{group_no}"))?;
-        let mut st = v::GroupStatus { argsz: 8, flags: 0 };
-        v::ioctl_ptr(&group, "VFIO_GROUP_GET_STATUS", v::VFIO_GROUP_GET_STATUS, &mut st)?;
-        if st.flags & v::VFIO_GROUP_FLAGS_VIABLE == 0 {
-            return Err(Error::Platform(format!(
-                "IOMMU group {group_no} is not viable: bind every device in it to vfio-pci"
-            )));
-        }
-        let mut cfd = container.as_raw_fd();
-        v::ioctl_ptr(&group, "VFIO_GROUP_SET_CONTAINER", v::VFIO_GROUP_SET_CONTAINER, &mut cfd)?;
-        v::ioctl_val(&container, "VFIO_SET_IOMMU", v::VFIO_SET_IOMMU, v::VFIO_TYPE1V2_IOMMU)?;
-        let device = v::group_get_device_fd(&group, bdf)?;
+        // The kernel names the function's vfio device in sysfs
+        // (vfio-dev/vfioN) even without the cdev; the node in
+        // /dev/vfio/devices and /dev/iommu exist only with it.
+        let cdev = cdev_name(bdf).filter(|n| std::path::Path::new(&format!("/dev/vfio/devices/{n}")).exists());
+        let iommufd = std::path::Path::new("/dev/iommu").exists();
+        let use_cdev = match interface {
+            VfioInterface::Group => false,
+            VfioInterface::Cdev => true,
+            VfioInterface::Auto => cdev.is_some() && iommufd,
+        };
+        let (device, ctx) = if use_cdev {
+            let (Some(cdev), true) = (cdev, iommufd) else {
+                return Err(Error::Unsupported(format!(
+                    "{bdf} cannot be opened through the vfio cdev: {} (the kernel needs CONFIG_VFIO_DEVICE_CDEV and CONFIG_IOMMUFD)",
+                    if iommufd { "no /dev/vfio/devices/vfioN for it" } else { "no /dev/iommu" }
+                )));
+            };
+            open_cdev(&cdev)?
+        } else {
+            open_group(bdf)?
+        };
 
         let mut bar = v::RegionInfo { argsz: 32, index: v::VFIO_PCI_BAR0_REGION_INDEX, ..Default::default() };
         v::ioctl_ptr(&device, "VFIO_DEVICE_GET_REGION_INFO", v::VFIO_DEVICE_GET_REGION_INFO, &mut bar)?;
@@ -169,10 +236,9 @@ impl VfioPlatform {
         let mut p = VfioPlatform {
             bdf: bdf.to_string(),
             container: Arc::new(Container {
-                fd: container,
+                ctx,
                 iova: Mutex::new(IovaSpace { next: IOVA_BASE, live: BTreeMap::new() }),
             }),
-            _group: group,
             device,
             config_offset: cfg.offset,
             bar0,
@@ -205,6 +271,74 @@ impl VfioPlatform {
     pub fn bdf(&self) -> &str {
         &self.bdf
     }
+
+    /// The interface the device was opened through (never `Auto`).
+    pub fn interface(&self) -> VfioInterface {
+        match self.container.ctx {
+            IommuCtx::Type1 { .. } => VfioInterface::Group,
+            IommuCtx::Iommufd { .. } => VfioInterface::Cdev,
+        }
+    }
+}
+
+/// The function's vfio cdev (`vfioN`), when the kernel made one.
+fn cdev_name(bdf: &str) -> Option<String> {
+    std::fs::read_dir(sysfs(bdf, "vfio-dev"))
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.starts_with("vfio"))
+}
+
+/// The group interface: the function's IOMMU group in a new type1v2
+/// container, and the device fd from the group.
+fn open_group(bdf: &str) -> Result<(OwnedFd, IommuCtx)> {
+    let group_link =
+        std::fs::read_link(sysfs(bdf, "iommu_group")).map_err(|e| Error::Os { op: "read iommu_group", source: e })?;
+    let group_no = group_link.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let container = v::open_rw("/dev/vfio/vfio")?;
+    let ver = v::ioctl_val(&container, "VFIO_GET_API_VERSION", v::VFIO_GET_API_VERSION, 0)?;
+    if ver != v::VFIO_API_VERSION {
+        return Err(Error::Unsupported(format!("VFIO API version {ver}")));
+    }
+    if v::ioctl_val(&container, "VFIO_CHECK_EXTENSION", v::VFIO_CHECK_EXTENSION, v::VFIO_TYPE1V2_IOMMU)? == 0 {
+        return Err(Error::Unsupported("the kernel's VFIO has no type1v2 IOMMU (no IOMMU enabled?)".into()));
+    }
+    let group = v::open_rw(&format!("/dev/vfio/{group_no}"))?;
+    let mut st = v::GroupStatus { argsz: 8, flags: 0 };
+    v::ioctl_ptr(&group, "VFIO_GROUP_GET_STATUS", v::VFIO_GROUP_GET_STATUS, &mut st)?;
+    if st.flags & v::VFIO_GROUP_FLAGS_VIABLE == 0 {
+        return Err(Error::Platform(format!(
+            "IOMMU group {group_no} is not viable: bind every device in it to vfio-pci"
+        )));
+    }
+    let mut cfd = container.as_raw_fd();
+    v::ioctl_ptr(&group, "VFIO_GROUP_SET_CONTAINER", v::VFIO_GROUP_SET_CONTAINER, &mut cfd)?;
+    v::ioctl_val(&container, "VFIO_SET_IOMMU", v::VFIO_SET_IOMMU, v::VFIO_TYPE1V2_IOMMU)?;
+    let device = v::group_get_device_fd(&group, bdf)?;
+    Ok((device, IommuCtx::Type1 { container, _group: group }))
+}
+
+/// The cdev interface: the device node bound to a new iommufd, attached to
+/// a fresh I/O address space. Until the attach, the device can do no DMA.
+fn open_cdev(name: &str) -> Result<(OwnedFd, IommuCtx)> {
+    let device = v::open_rw(&format!("/dev/vfio/devices/{name}"))?;
+    let iommufd = v::open_rw("/dev/iommu")?;
+    let mut bind = v::BindIommufd {
+        argsz: std::mem::size_of::<v::BindIommufd>() as u32,
+        iommufd: iommufd.as_raw_fd(),
+        ..Default::default()
+    };
+    v::ioctl_ptr(&device, "VFIO_DEVICE_BIND_IOMMUFD", v::VFIO_DEVICE_BIND_IOMMUFD, &mut bind)?;
+    let mut alloc = v::IoasAlloc { size: std::mem::size_of::<v::IoasAlloc>() as u32, ..Default::default() };
+    v::ioctl_ptr(&iommufd, "IOMMU_IOAS_ALLOC", v::IOMMU_IOAS_ALLOC, &mut alloc)?;
+    let mut attach = v::AttachIommufdPt {
+        argsz: std::mem::size_of::<v::AttachIommufdPt>() as u32,
+        flags: 0,
+        pt_id: alloc.out_ioas_id,
+    };
+    v::ioctl_ptr(&device, "VFIO_DEVICE_ATTACH_IOMMUFD_PT", v::VFIO_DEVICE_ATTACH_IOMMUFD_PT, &mut attach)?;
+    Ok((device, IommuCtx::Iommufd { iommufd, ioas: alloc.out_ioas_id }))
 }
 
 impl Drop for VfioPlatform {
@@ -224,7 +358,11 @@ impl Drop for VfioPlatform {
 
 impl Platform for VfioPlatform {
     fn describe(&self) -> String {
-        format!("vfio-pci {} ({} MSI-X vectors)", self.bdf, self.vectors.len())
+        let via = match self.interface() {
+            VfioInterface::Cdev => "vfio cdev + iommufd",
+            _ => "vfio group + type1",
+        };
+        format!("vfio-pci {} ({via}, {} MSI-X vectors)", self.bdf, self.vectors.len())
     }
 
     #[inline]

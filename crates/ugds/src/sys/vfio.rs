@@ -1,4 +1,5 @@
-//! The VFIO ioctls (linux/vfio.h), as the kernel defines them.
+//! The VFIO ioctls (linux/vfio.h) and the iommufd ones (linux/iommufd.h)
+//! that the vfio cdev interface needs, as the kernel defines them.
 //!
 //! Every call here is a thin wrapper: the structures are `#[repr(C)]`
 //! copies of the kernel's, sizes asserted.
@@ -25,6 +26,20 @@ pub const VFIO_DEVICE_GET_IRQ_INFO: u64 = io(9);
 pub const VFIO_DEVICE_SET_IRQS: u64 = io(10);
 pub const VFIO_IOMMU_MAP_DMA: u64 = io(13);
 pub const VFIO_IOMMU_UNMAP_DMA: u64 = io(14);
+pub const VFIO_DEVICE_BIND_IOMMUFD: u64 = io(18);
+pub const VFIO_DEVICE_ATTACH_IOMMUFD_PT: u64 = io(19);
+
+/// `_IO(';', n)`: iommufd's commands share VFIO's type, numbered from 0x80.
+const fn iommufd_io(n: u64) -> u64 {
+    VFIO_TYPE << 8 | n
+}
+
+pub const IOMMU_IOAS_ALLOC: u64 = iommufd_io(0x81);
+pub const IOMMU_IOAS_MAP: u64 = iommufd_io(0x85);
+pub const IOMMU_IOAS_UNMAP: u64 = iommufd_io(0x86);
+pub const IOMMU_IOAS_MAP_FIXED_IOVA: u32 = 1 << 0;
+pub const IOMMU_IOAS_MAP_WRITEABLE: u32 = 1 << 1;
+pub const IOMMU_IOAS_MAP_READABLE: u32 = 1 << 2;
 
 pub const VFIO_API_VERSION: i32 = 0;
 pub const VFIO_TYPE1V2_IOMMU: u64 = 3;
@@ -85,6 +100,63 @@ pub struct DmaUnmap {
     pub size: u64,
 }
 
+/// `struct vfio_device_bind_iommufd`.
+#[repr(C)]
+#[derive(Default, Debug)]
+pub struct BindIommufd {
+    pub argsz: u32,
+    pub flags: u32,
+    pub iommufd: i32,
+    pub out_devid: u32,
+}
+
+/// `struct vfio_device_attach_iommufd_pt` (6.6 layout; later kernels accept
+/// it by `argsz`).
+#[repr(C)]
+#[derive(Default, Debug)]
+pub struct AttachIommufdPt {
+    pub argsz: u32,
+    pub flags: u32,
+    pub pt_id: u32,
+}
+
+/// `struct iommu_ioas_alloc`.
+#[repr(C)]
+#[derive(Default, Debug)]
+pub struct IoasAlloc {
+    pub size: u32,
+    pub flags: u32,
+    pub out_ioas_id: u32,
+}
+
+/// `struct iommu_ioas_map`.
+#[repr(C)]
+#[derive(Default, Debug)]
+pub struct IoasMap {
+    pub size: u32,
+    pub flags: u32,
+    pub ioas_id: u32,
+    pub reserved: u32,
+    pub user_va: u64,
+    pub length: u64,
+    pub iova: u64,
+}
+
+/// `struct iommu_ioas_unmap`.
+#[repr(C)]
+#[derive(Default, Debug)]
+pub struct IoasUnmap {
+    pub size: u32,
+    pub ioas_id: u32,
+    pub iova: u64,
+    pub length: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<BindIommufd>() == 16);
+const _: () = assert!(std::mem::size_of::<AttachIommufdPt>() == 12);
+const _: () = assert!(std::mem::size_of::<IoasAlloc>() == 12);
+const _: () = assert!(std::mem::size_of::<IoasMap>() == 40);
+const _: () = assert!(std::mem::size_of::<IoasUnmap>() == 24);
 const _: () = assert!(std::mem::size_of::<GroupStatus>() == 8);
 const _: () = assert!(std::mem::size_of::<RegionInfo>() == 32);
 const _: () = assert!(std::mem::size_of::<IrqInfo>() == 16);
@@ -238,5 +310,11 @@ mod tests {
         assert_eq!(VFIO_DEVICE_SET_IRQS, 0x3b6e);
         assert_eq!(VFIO_IOMMU_MAP_DMA, 0x3b71);
         assert_eq!(VFIO_IOMMU_UNMAP_DMA, 0x3b72);
+        assert_eq!(VFIO_DEVICE_BIND_IOMMUFD, 0x3b76);
+        assert_eq!(VFIO_DEVICE_ATTACH_IOMMUFD_PT, 0x3b77);
+        // From linux/iommufd.h: _IO(IOMMUFD_TYPE, n), IOMMUFD_TYPE ';'.
+        assert_eq!(IOMMU_IOAS_ALLOC, 0x3b81);
+        assert_eq!(IOMMU_IOAS_MAP, 0x3b85);
+        assert_eq!(IOMMU_IOAS_UNMAP, 0x3b86);
     }
 }

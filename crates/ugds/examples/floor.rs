@@ -1,0 +1,181 @@
+//! Where a 4 KiB read's time goes, layer by layer, on one controller in one
+//! process: the bare queue pair (submit, ring, spin on the phase tag), the
+//! same with two clock reads per I/O, ugds's synchronous `Handle::read`, and
+//! at depth 32 the bare queue pair against a lent `IoQueue`.
+//! `scripts/qemu-bench` runs it beside `ugds bench` to show what the layers
+//! above the queue pair cost.
+//!
+//! Usage: floor <pci-bdf> [seconds [modes]]   (emulated null controller when the BDF is "emu")
+//! modes: comma-separated, of raw1 clock1 read read-shadow raw32 queue32 queue32-shadow (all by default)
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use ugds::engine::Controller;
+use ugds::nvme::{Cid, Lba, Nsid, NvmOpcode, PrpPlan, Sqe};
+use ugds::platform::Platform;
+use ugds::{Driver, HandleOptions, HostBuffer};
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+fn report(what: &str, n: u64, el: Duration) {
+    println!(
+        "floor {what:<34} {:>9.0} IOPS  {:>8.2} us per I/O",
+        n as f64 / el.as_secs_f64(),
+        el.as_secs_f64() * 1e6 / n as f64
+    );
+}
+
+fn platform(bdf: &str) -> Result<Arc<dyn Platform>, ugds::Error> {
+    Ok(if bdf == "emu" {
+        Arc::new(ugds::platform::emu::EmuPlatform::new(ugds::platform::emu::EmuConfig::default().null(true))?)
+    } else {
+        Arc::new(ugds::platform::vfio::VfioPlatform::open(bdf)?)
+    })
+}
+
+/// The bare queue pair at depth `qd`: refill what completed, one doorbell
+/// write per sweep. `clock` adds two clock reads per I/O (what a benchmark
+/// that times every I/O pays).
+fn raw(bdf: &str, secs: f64, qd: usize, clock: bool) -> Result<(), ugds::Error> {
+    let platform = platform(bdf)?;
+    let ctrl = Controller::bring_up(platform.clone(), 1)?;
+    let ns = ctrl.info().namespaces[0];
+    let mut qp = ctrl.create_io_qpair(1, 64, None)?;
+    let buf = platform.alloc_dma(4096 * qd)?;
+    let blocks = 4096 / ns.block_size;
+    let span = ns.blocks / blocks as u64;
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let sqe = |rng: &mut Rng| {
+        let lba = rng.next() % span * blocks as u64;
+        Sqe::rw(NvmOpcode::Read, Cid(0), Nsid(ns.nsid), Lba(lba), blocks, 0, 0)
+    };
+    let mut t_sum = 0u128;
+    for slot in 0..qd {
+        qp.submit(sqe(&mut rng), Some(PrpPlan::One { prp1: buf.iova(slot * 4096) }), slot as u64)?;
+    }
+    qp.ring_sq_doorbell();
+    let mut n = 0u64;
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(secs);
+    let mut done = Vec::with_capacity(qd);
+    'run: loop {
+        for _ in 0..64 {
+            let t0 = clock.then(Instant::now);
+            qp.process_completions(usize::MAX, |tag, cqe| {
+                assert!(cqe.status().is_success());
+                done.push(tag)
+            });
+            for &slot in &done {
+                qp.submit(sqe(&mut rng), Some(PrpPlan::One { prp1: buf.iova(slot as usize * 4096) }), slot)?;
+            }
+            n += done.len() as u64;
+            done.clear();
+            qp.ring_sq_doorbell();
+            if let Some(t0) = t0 {
+                t_sum += t0.elapsed().as_nanos();
+            }
+        }
+        if Instant::now() > end {
+            break 'run;
+        }
+    }
+    let el = start.elapsed();
+    while qp.outstanding() > 0 {
+        qp.process_completions(usize::MAX, |_, _| {});
+    }
+    std::hint::black_box(t_sum);
+    report(&format!("queue pair qd {qd}{}", if clock { " + clock per poll" } else { "" }), n, el);
+    ctrl.delete_io_qpair(&qp)?;
+    ctrl.shutdown()?;
+    Ok(())
+}
+
+/// ugds's public API: `Handle::read` at depth 1, an `IoQueue` deeper.
+fn handle(bdf: &str, secs: f64, qd: usize, shadow: bool) -> Result<(), ugds::Error> {
+    let driver = Driver::open();
+    let opts = HandleOptions {
+        sync_queues: 1,
+        async_queues: if qd > 1 { 1 } else { 0 },
+        queue_depth: 64,
+        shadow_doorbells: shadow,
+        ..HandleOptions::default()
+    };
+    let h = driver.open_handle(platform(bdf)?, opts)?;
+    let ns = h.namespace();
+    let span = ns.capacity() / 4096;
+    let mut b = HostBuffer::new(4096 * qd)?;
+    // SAFETY: `b` outlives its registration (deregistered below).
+    let token = unsafe { driver.register(b.as_mut_ptr(), b.len())? };
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut n = 0u64;
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(secs);
+    if qd == 1 {
+        while Instant::now() < end {
+            for _ in 0..64 {
+                h.read(&token, 4096, rng.next() % span * 4096, 0)?;
+            }
+            n += 64;
+        }
+    } else {
+        let mut q = h.io_queue()?;
+        for slot in 0..qd {
+            q.submit_read(&token, 4096, rng.next() % span * 4096, slot * 4096, slot as u64)?;
+        }
+        let mut done = Vec::with_capacity(qd);
+        while Instant::now() < end {
+            for _ in 0..64 {
+                q.poll(usize::MAX, |tag, r| done.push((tag, r)));
+                for (slot, r) in done.drain(..) {
+                    r?;
+                    q.submit_read(&token, 4096, rng.next() % span * 4096, slot as usize * 4096, slot)?;
+                    n += 1;
+                }
+            }
+        }
+        q.drain(|_, _| {})?;
+    }
+    let el = start.elapsed();
+    report(
+        &format!(
+            "{} qd {qd}, shadow {}",
+            if qd == 1 { "Handle::read" } else { "IoQueue" },
+            if shadow { "on" } else { "off" }
+        ),
+        n,
+        el,
+    );
+    driver.deregister(&token)?;
+    drop(b);
+    h.close(ugds::Drain::NoWait)?;
+    Ok(())
+}
+
+fn main() -> Result<(), ugds::Error> {
+    let mut args = std::env::args().skip(1);
+    let bdf = args.next().unwrap_or_else(|| "emu".into());
+    let secs: f64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(2.0);
+    let modes = args.next().unwrap_or_else(|| "raw1,clock1,read,read-shadow,raw32,queue32,queue32-shadow".into());
+    for m in modes.split(',') {
+        match m {
+            "raw1" => raw(&bdf, secs, 1, false)?,
+            "clock1" => raw(&bdf, secs, 1, true)?,
+            "read" => handle(&bdf, secs, 1, false)?,
+            "read-shadow" => handle(&bdf, secs, 1, true)?,
+            "raw32" => raw(&bdf, secs, 32, false)?,
+            "queue32" => handle(&bdf, secs, 32, false)?,
+            "queue32-shadow" => handle(&bdf, secs, 32, true)?,
+            _ => return Err(ugds::Error::InvalidArgument(format!("unknown mode {m}"))),
+        }
+    }
+    Ok(())
+}
