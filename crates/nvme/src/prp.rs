@@ -104,17 +104,20 @@ pub fn plan(pages: &[u64], page_size: usize, offset: usize, len: usize) -> Resul
     let Some(end) = end else {
         return Err(PrpError::OutOfRange { offset, len, pages: pages.len() });
     };
-    let first = offset / page_size;
-    let last = (end - 1) / page_size;
+    // Shifts and masks, not division: this runs for every command, and a
+    // 64-bit divide costs tens of cycles (a helper call under emulation).
+    let (shift, mask) = (page_size.trailing_zeros(), page_size - 1);
+    let first = offset >> shift;
+    let last = (end - 1) >> shift;
     let check = |i: usize| -> Result<u64, PrpError> {
         let a = pages[i];
-        if a % page_size as u64 != 0 {
+        if a & mask as u64 != 0 {
             Err(PrpError::UnalignedPage { index: i, addr: a })
         } else {
             Ok(a)
         }
     };
-    let prp1 = check(first)? + (offset % page_size) as u64;
+    let prp1 = check(first)? + (offset & mask) as u64;
     // Fast paths: one or two pages need no list.
     match last - first {
         0 => Ok(PrpPlan::One { prp1 }),
@@ -137,10 +140,12 @@ pub fn plan(pages: &[u64], page_size: usize, offset: usize, len: usize) -> Resul
 /// page can address (`(page_size/8 + 1)` pages, less the first page's offset),
 /// by `mdts_bytes` when the controller sets one, and rounded down to whole
 /// blocks of `block` bytes.
+#[inline]
 pub fn max_chunk_bytes(page_size: usize, offset_in_page: usize, mdts_bytes: Option<usize>, block: usize) -> usize {
+    debug_assert!(block.is_power_of_two(), "logical blocks are 2^LBADS bytes");
     let by_list = (page_size / 8 + 1) * page_size - offset_in_page;
     let cap = mdts_bytes.map_or(by_list, |m| m.min(by_list));
-    cap / block * block
+    cap & !(block - 1)
 }
 
 /// Why a controller cannot walk a command's PRPs.

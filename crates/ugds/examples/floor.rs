@@ -6,7 +6,8 @@
 //! above the queue pair cost.
 //!
 //! Usage: floor <pci-bdf> [seconds [modes]]   (emulated null controller when the BDF is "emu")
-//! modes: comma-separated, of raw1 clock1 read read-shadow raw32 queue32 queue32-shadow (all by default)
+//! modes: comma-separated, of raw1 clock1 sync read read-shadow raw32 queue32 queue32-shadow clock
+//! (all but clock by default)
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -99,6 +100,41 @@ fn raw(bdf: &str, secs: f64, qd: usize, clock: bool) -> Result<(), ugds::Error> 
     Ok(())
 }
 
+/// The engine's shared synchronous queue (`SyncQueue::execute`: slot,
+/// lock, stage, wait) on a bare queue pair: what `Handle::read` adds on top
+/// of it is the registry, the range checks and the chunker.
+fn sync_queue(bdf: &str, secs: f64) -> Result<(), ugds::Error> {
+    use ugds::engine::sync::{Cmd, Completion, SyncQueue};
+    let platform = platform(bdf)?;
+    let ctrl = Controller::bring_up(platform.clone(), 1)?;
+    let ns = ctrl.info().namespaces[0];
+    let q = SyncQueue::new(ctrl.create_io_qpair(1, 64, None)?, platform.clone());
+    let buf = platform.alloc_dma(4096)?;
+    let blocks = 4096 / ns.block_size;
+    let span = ns.blocks / blocks as u64;
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut n = 0u64;
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(secs);
+    while Instant::now() < end {
+        for _ in 0..64 {
+            let lba = rng.next() % span * blocks as u64;
+            let cmd = Cmd {
+                sqe: Sqe::rw(NvmOpcode::Read, Cid(0), Nsid(ns.nsid), Lba(lba), blocks, 0, 0),
+                prp: Some(PrpPlan::One { prp1: buf.iova(0) }),
+            };
+            if q.execute(std::iter::once(cmd), "Read", Completion::Poll, Duration::from_secs(5)).is_err() {
+                return Err(ugds::Error::Platform("read failed".into()));
+            }
+        }
+        n += 64;
+    }
+    report("SyncQueue::execute qd 1", n, start.elapsed());
+    q.with_qp(|qp| ctrl.delete_io_qpair(qp))?;
+    ctrl.shutdown()?;
+    Ok(())
+}
+
 /// ugds's public API: `Handle::read` at depth 1, an `IoQueue` deeper.
 fn handle(bdf: &str, secs: f64, qd: usize, shadow: bool) -> Result<(), ugds::Error> {
     let driver = Driver::open();
@@ -164,16 +200,27 @@ fn main() -> Result<(), ugds::Error> {
     let mut args = std::env::args().skip(1);
     let bdf = args.next().unwrap_or_else(|| "emu".into());
     let secs: f64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(2.0);
-    let modes = args.next().unwrap_or_else(|| "raw1,clock1,read,read-shadow,raw32,queue32,queue32-shadow".into());
+    let modes = args.next().unwrap_or_else(|| "raw1,clock1,sync,read,read-shadow,raw32,queue32,queue32-shadow".into());
     for m in modes.split(',') {
         match m {
             "raw1" => raw(&bdf, secs, 1, false)?,
             "clock1" => raw(&bdf, secs, 1, true)?,
+            "sync" => sync_queue(&bdf, secs)?,
             "read" => handle(&bdf, secs, 1, false)?,
             "read-shadow" => handle(&bdf, secs, 1, true)?,
             "raw32" => raw(&bdf, secs, 32, false)?,
             "queue32" => handle(&bdf, secs, 32, false)?,
             "queue32-shadow" => handle(&bdf, secs, 32, true)?,
+            "clock" => {
+                let n = 100_000u32;
+                let t0 = Instant::now();
+                let mut last = t0;
+                for _ in 0..n {
+                    last = std::hint::black_box(Instant::now());
+                }
+                let ns = last.duration_since(t0).as_nanos() as f64 / n as f64;
+                println!("floor one clock read (Instant::now)        {ns:>9.1} ns");
+            }
             _ => return Err(ugds::Error::InvalidArgument(format!("unknown mode {m}"))),
         }
     }

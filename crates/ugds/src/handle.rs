@@ -241,10 +241,11 @@ impl HandleInner {
         if size == 0 {
             return Err(Error::ZeroSize);
         }
-        if file_offset % bs != 0 {
+        // Block sizes are powers of two (2^LBADS): masks, not division.
+        if file_offset & (bs - 1) != 0 {
             return Err(Error::Misaligned { what: "file offset", value: file_offset, alignment: bs });
         }
-        if size as u64 % bs != 0 {
+        if size as u64 & (bs - 1) != 0 {
             return Err(Error::Misaligned { what: "size", value: size as u64, alignment: bs });
         }
         let cap = self.ns.capacity();
@@ -275,6 +276,15 @@ impl HandleInner {
             });
         }
         Ok((guard, data_off))
+    }
+
+    /// The synchronous queue for the next request, round robin.
+    #[inline]
+    pub fn next_sync_queue(&self) -> &SyncQueue {
+        match self.sync.len() {
+            1 => &self.sync[0],
+            n => &self.sync[self.rr.fetch_add(1, Ordering::Relaxed) % n],
+        }
     }
 
     pub fn chunker(&self, file_offset: u64, data_off: usize, size: usize) -> Chunker {
@@ -602,7 +612,7 @@ impl Handle {
             // and the chunker keeps each command within one PRP-list page.
             prp: Some(prp::plan(pages, PAGE_SIZE, c.data_off, c.len).expect("validated range plans")),
         });
-        let q = &h.sync[h.rr.fetch_add(1, Ordering::Relaxed) % h.sync.len()];
+        let q = h.next_sync_queue();
         let name = if op == NvmOpcode::Read { "Read" } else { "Write" };
         let r = q.execute(cmds, name, h.opts.completion, h.opts.timeout);
         drop(maps);
@@ -613,7 +623,7 @@ impl Handle {
     pub fn flush(&self) -> Result<()> {
         let h = &*self.inner;
         let _in = h.enter()?;
-        let q = &h.sync[h.rr.fetch_add(1, Ordering::Relaxed) % h.sync.len()];
+        let q = h.next_sync_queue();
         let cmd = Cmd { sqe: Sqe::flush(Cid(0), Nsid(h.ns.nsid)), prp: None };
         let r = q.execute(std::iter::once(cmd), "Flush", h.opts.completion, h.opts.timeout);
         h.finish(q, r, "Flush", None)
@@ -624,7 +634,7 @@ impl Handle {
         let h = &*self.inner;
         let _in = h.enter()?;
         let bs = h.check_range(size, file_offset)?;
-        let q = &h.sync[h.rr.fetch_add(1, Ordering::Relaxed) % h.sync.len()];
+        let q = h.next_sync_queue();
         let first = file_offset / bs as u64;
         let blocks = (size / bs) as u64;
         let cmds = (0..blocks).step_by(65536).map(|b| Cmd {

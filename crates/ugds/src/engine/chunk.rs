@@ -24,6 +24,8 @@ pub struct Chunker {
     data_off: usize,
     remaining: usize,
     block: usize,
+    /// log2 of `block`: sizes and offsets are shifted, not divided.
+    block_shift: u32,
     page_size: usize,
     max_transfer: Option<usize>,
 }
@@ -39,8 +41,17 @@ impl Chunker {
         page_size: usize,
         max_transfer: Option<usize>,
     ) -> Chunker {
+        debug_assert!(block.is_power_of_two() && page_size.is_power_of_two());
         debug_assert!(file_off % block as u64 == 0 && len % block == 0);
-        Chunker { file_off, data_off, remaining: len, block, page_size, max_transfer }
+        Chunker {
+            file_off,
+            data_off,
+            remaining: len,
+            block,
+            block_shift: block.trailing_zeros(),
+            page_size,
+            max_transfer,
+        }
     }
 
     /// Commands still to come.
@@ -56,7 +67,7 @@ impl Chunker {
     }
 
     fn first_cap(&self) -> usize {
-        prp::max_chunk_bytes(self.page_size, self.data_off % self.page_size, self.max_transfer, self.block)
+        prp::max_chunk_bytes(self.page_size, self.data_off & (self.page_size - 1), self.max_transfer, self.block)
             .min(65536 * self.block)
             .max(self.block)
     }
@@ -71,8 +82,8 @@ impl Iterator for Chunker {
         }
         let len = self.remaining.min(self.first_cap());
         let c = Chunk {
-            slba: self.file_off / self.block as u64,
-            nlb: (len / self.block) as u32,
+            slba: self.file_off >> self.block_shift,
+            nlb: (len >> self.block_shift) as u32,
             data_off: self.data_off,
             len,
         };
