@@ -102,7 +102,8 @@ ensure_iommufd_kernel() {
     for c in flex bison bc make gcc; do command -v $c >/dev/null || need+=("$c"); done
     [ -e /usr/include/libelf.h ] || need+=(libelf-dev)
     if [ ${#need[@]} -gt 0 ]; then
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" libc6-dev perl >/dev/null
+        local inst=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" libc6-dev perl)
+        "${inst[@]}" >/dev/null || { apt-get update -qq && "${inst[@]}" >/dev/null; }
     fi
     rm -rf "$B" && mkdir -p "$B/deb"
     (cd "$B" && apt-get download -qq linux-source-6.12 2>&1 | grep -v unsandboxed || true)
