@@ -1,7 +1,10 @@
 #!/bin/sh
 # /init of the benchmark guest: the same random reads through the guest
 # kernel's nvme driver (pread O_DIRECT, io_uring with and without polling),
-# then through ugds on vfio-pci (with and without shadow doorbells).
+# then through ugds on vfio-pci (with and without shadow doorbells), and the
+# floor (examples/floor). ROUNDS times, alternating: the host's speed drifts
+# within a boot as well as between boots, and alternating lets the drift hit
+# both sides alike.
 export PATH=/bin
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
 mkdir -p /tmp
@@ -11,31 +14,45 @@ done
 sleep 2
 BDF=""
 for d in /sys/bus/pci/devices/*; do [ "$(cat $d/class)" = "0x010802" ] && BDF=$(basename $d); done
-DEV=/dev/nvme0n1
-echo "UGDS-GUEST: NVMe $BDF as $DEV, poll queues $(cat /sys/module/nvme/parameters/poll_queues), clocksource $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
+echo "UGDS-GUEST: NVMe $BDF, poll queues $(cat /sys/module/nvme/parameters/poll_queues), clocksource $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
 D=${BENCH_SECS:-2}
 R=$((32 * 1024 * 1024))
-for w in "4096 1" "4096 32" "131072 8"; do
-    set -- $w
-    if [ "$2" = 1 ]; then /bin/ugds-kbench --dev $DEV --engine pread --size $1 --qd $2 --duration $D --range $R; fi
-    /bin/ugds-kbench --dev $DEV --engine uring --size $1 --qd $2 --duration $D --range $R
-    /bin/ugds-kbench --dev $DEV --engine uring-poll --size $1 --qd $2 --duration $D --range $R
-done
-echo $BDF > /sys/bus/pci/devices/$BDF/driver/unbind
-echo vfio-pci > /sys/bus/pci/devices/$BDF/driver_override
-echo $BDF > /sys/bus/pci/drivers_probe
-# The floor: the bare queue pair against ugds's own API, same boot.
-/bin/floor $BDF $D raw1,read,raw32,queue32
-for w in "4096 1" "4096 32" "131072 8"; do
-    set -- $w
-    for sd in "" "--no-shadow-doorbells"; do
-        echo "UGDS-BENCH size=$1 qd=$2 shadow=$([ -z "$sd" ] && echo on || echo off)"
-        /bin/ugds bench --pci $BDF -m randread -s $1 -q $2 -d $D --range $R --no-progress $sd | grep randread
+kernel_round() {
+    # After a rebind the names may change: wait for the namespace's block device.
+    NS=""
+    for t in 1 2 3 4 5 6 7 8 9 10; do
+        NS=$(ls /sys/block | grep -m1 '^nvme[0-9]*n[0-9]*$') && [ -b /dev/$NS ] && break
+        sleep 1
     done
-    if [ -n "$UGDS_BENCH_EXTRA" ]; then
-        echo "UGDS-EXTRA size=$1 qd=$2: $UGDS_BENCH_EXTRA"
-        /bin/ugds bench --pci $BDF -m randread -s $1 -q $2 -d $D --range $R --no-progress $UGDS_BENCH_EXTRA | grep randread
-    fi
+    DEV=/dev/$NS
+    for w in "4096 1" "4096 32" "131072 8"; do
+        set -- $w
+        if [ "$2" = 1 ]; then /bin/ugds-kbench --dev $DEV --engine pread --size $1 --qd $2 --duration $D --range $R; fi
+        /bin/ugds-kbench --dev $DEV --engine uring --size $1 --qd $2 --duration $D --range $R
+        /bin/ugds-kbench --dev $DEV --engine uring-poll --size $1 --qd $2 --duration $D --range $R
+    done
+}
+ugds_round() {
+    /bin/floor $BDF $D raw1,read,raw32,queue32
+    for w in "4096 1" "4096 32" "131072 8"; do
+        set -- $w
+        for sd in "" "--no-shadow-doorbells"; do
+            echo "UGDS-BENCH size=$1 qd=$2 shadow=$([ -z "$sd" ] && echo on || echo off)"
+            /bin/ugds bench --pci $BDF -m randread -s $1 -q $2 -d $D --range $R --no-progress $sd | grep randread
+        done
+        if [ -n "$UGDS_BENCH_EXTRA" ]; then
+            echo "UGDS-EXTRA size=$1 qd=$2: $UGDS_BENCH_EXTRA"
+            /bin/ugds bench --pci $BDF -m randread -s $1 -q $2 -d $D --range $R --no-progress $UGDS_BENCH_EXTRA | grep randread
+        fi
+    done
+}
+for i in $(seq 1 ${ROUNDS:-2}); do
+    echo "UGDS-GUEST: round $i"
+    kernel_round
+    /bin/ugds bind $BDF vfio-pci > /dev/null || echo "UGDS-GUEST: bind vfio-pci failed"
+    ugds_round
+    /bin/ugds bind $BDF nvme > /dev/null || echo "UGDS-GUEST: bind nvme failed"
+    sleep 1
 done
 echo "UGDS-GUEST: done"
 poweroff -f
