@@ -5,15 +5,11 @@
 # floor (examples/floor). ROUNDS times, alternating: the host's speed drifts
 # within a boot as well as between boots, and alternating lets the drift hit
 # both sides alike.
-export PATH=/bin
-mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
-mkdir -p /tmp
+. /bin/guest-lib.sh
 for m in $(cat /mods/order); do
     case $m in nvme.ko) insmod /mods/$m poll_queues=1 ;; *) insmod /mods/$m ;; esac
 done
 sleep 2
-BDF=""
-for d in /sys/bus/pci/devices/*; do [ "$(cat $d/class)" = "0x010802" ] && BDF=$(basename $d); done
 echo "UGDS-GUEST: NVMe $BDF, poll queues $(cat /sys/module/nvme/parameters/poll_queues), clocksource $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
 D=${BENCH_SECS:-2}
 R=$((32 * 1024 * 1024))

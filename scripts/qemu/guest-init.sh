@@ -1,20 +1,10 @@
 #!/bin/sh
 # /init of the conformance guest: bind the NVMe function to vfio-pci and run
 # ugds's conformance tests and `ugds bench --verify` against it.
-export PATH=/bin
-mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
-mkdir -p /tmp
+. /bin/guest-lib.sh
 for m in $(cat /mods/order); do insmod /mods/$m || echo "UGDS-GUEST: insmod $m failed"; done
 sleep 1
-BDF=""
-for d in /sys/bus/pci/devices/*; do [ "$(cat $d/class)" = "0x010802" ] && BDF=$(basename $d); done
 echo "UGDS-GUEST: kernel $(uname -r), NVMe at $BDF"
-run() {
-    name=$1; shift
-    echo "UGDS-BEGIN $name"
-    "$@"
-    echo "UGDS-RESULT $name rc=$?"
-}
 driver() { basename "$(readlink /sys/bus/pci/devices/$BDF/driver)"; }
 # Binding refuses a function whose namespace is mounted, and leaves it be.
 NS=$(ls /sys/block | grep -m1 '^nvme[0-9]*n[0-9]*$')

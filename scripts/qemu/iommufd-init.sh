@@ -3,18 +3,8 @@
 # vfio cdev, everything built in): the conformance tests and benches through
 # /dev/vfio/devices/vfioN + /dev/iommu, polling and interrupts, and once more
 # through the group interface of the same kernel.
-export PATH=/bin
-mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
-mkdir -p /tmp
-BDF=""
-for d in /sys/bus/pci/devices/*; do [ "$(cat $d/class)" = "0x010802" ] && BDF=$(basename $d); done
+. /bin/guest-lib.sh
 echo "UGDS-GUEST: kernel $(uname -r), NVMe at $BDF"
-run() {
-    name=$1; shift
-    echo "UGDS-BEGIN $name"
-    "$@"
-    echo "UGDS-RESULT $name rc=$?"
-}
 run bind-vfio /bin/ugds bind $BDF vfio-pci
 echo "UGDS-GUEST: vfio cdev $(ls /sys/bus/pci/devices/$BDF/vfio-dev), $(ls /dev/iommu)"
 run identify-cdev /bin/ugds identify --pci $BDF --vfio cdev

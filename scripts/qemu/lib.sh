@@ -145,7 +145,7 @@ for l in sys.stdin:
 }
 
 # make_initramfs INIT OUT [FILE...]: busybox, the nvme/vfio/ext4 module closure,
-# INIT as /init and each FILE in /bin.
+# INIT as /init, and guest-lib.sh (what every /init sources) and each FILE in /bin.
 make_initramfs() {
     local init=$1 out=$2; shift 2
     local I=$W/initramfs.$$
@@ -172,7 +172,7 @@ make_initramfs() {
         case $rel in *.xz) xz -dc "$MD/$rel" > "$I/mods/$b";; *.zst) zstd -qdc "$MD/$rel" > "$I/mods/$b";; *) cp "$MD/$rel" "$I/mods/$b";; esac
         echo "$b" >> "$I/mods/order"
     done
-    for f in "$@"; do cp "$f" "$I/bin/"; done
+    for f in "$ROOT/scripts/qemu/guest-lib.sh" "$@"; do cp "$f" "$I/bin/"; done
     cp "$init" "$I/init"; chmod +x "$I/init"
     (cd "$I" && find . | cpio -o -H newc --quiet | gzip -1) > "$out"
     rm -rf "$I"

@@ -139,7 +139,7 @@ pub fn plan(pages: &[u64], page_size: usize, offset: usize, len: usize) -> Resul
 /// `offset_in_page` bytes into a page: bounded by what PRP1 plus one list
 /// page can address (`(page_size/8 + 1)` pages, less the first page's offset),
 /// by `mdts_bytes` when the controller sets one, and rounded down to whole
-/// blocks of `block` bytes.
+/// blocks of `block` bytes (a power of two, as every NVMe LBA size is).
 #[inline]
 pub fn max_chunk_bytes(page_size: usize, offset_in_page: usize, mdts_bytes: Option<usize>, block: usize) -> usize {
     debug_assert!(block.is_power_of_two(), "logical blocks are 2^LBADS bytes");
