@@ -22,10 +22,11 @@ use crate::engine::sync::{Cmd, Failure, SyncQueue};
 use crate::engine::{Completion, Controller, ControllerInfo, NamespaceInfo, QueuePair};
 use crate::io_queue::IoQueue;
 use crate::platform::Platform;
-use crate::registry::{BufGuard, BufferToken};
+use crate::registry::{BufGuard, BufferToken, Recent};
 use crate::stream::StreamEngine;
 use crate::sys::PAGE_SIZE;
 use crate::{Error, Result};
+use std::cell::Cell;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -266,15 +267,24 @@ impl HandleInner {
     ) -> Result<(BufGuard, usize)> {
         self.check_range(size, file_offset)?;
         let guard = self.driver.registry.acquire(buf, buf_offset as u64, size as u64)?;
-        let first = guard.0.base % PAGE_SIZE;
-        let data_off = first + buf_offset;
-        if data_off % 4 != 0 {
-            return Err(Error::Misaligned {
-                what: "buffer address",
-                value: (guard.0.base + buf_offset) as u64,
-                alignment: 4,
-            });
-        }
+        let data_off = data_offset(&guard, buf_offset)?;
+        Ok((guard, data_off))
+    }
+
+    /// [`prepare`](Self::prepare) through the caller's [`Recent`] entry,
+    /// which then holds the buffer's page addresses.
+    #[inline]
+    pub fn prepare_recent(
+        &self,
+        recent: &mut Option<Recent>,
+        buf: &BufferToken,
+        size: usize,
+        file_offset: u64,
+        buf_offset: usize,
+    ) -> Result<(BufGuard, usize)> {
+        self.check_range(size, file_offset)?;
+        let guard = self.driver.registry.acquire_recent(recent, self.id, buf, buf_offset as u64, size as u64)?;
+        let data_off = data_offset(&guard, buf_offset)?;
         Ok((guard, data_off))
     }
 
@@ -521,6 +531,21 @@ impl HandleInner {
     }
 }
 
+/// Where the data starts in the buffer's first mapped page; controllers
+/// need dword-aligned data pointers.
+#[inline]
+fn data_offset(guard: &BufGuard, buf_offset: usize) -> Result<usize> {
+    let data_off = guard.0.base % PAGE_SIZE + buf_offset;
+    if data_off % 4 != 0 {
+        return Err(Error::Misaligned {
+            what: "buffer address",
+            value: (guard.0.base + buf_offset) as u64,
+            alignment: 4,
+        });
+    }
+    Ok(data_off)
+}
+
 /// An in-flight reference on a handle.
 pub(crate) struct InflightRef<'a>(&'a HandleInner);
 
@@ -596,16 +621,22 @@ impl Handle {
     }
 
     fn rw(&self, op: NvmOpcode, buf: &BufferToken, size: usize, file_offset: u64, buf_offset: usize) -> Result<usize> {
+        thread_local! {
+            /// The buffer this thread's last request used.
+            static RECENT: Cell<Option<Recent>> = const { Cell::new(None) };
+        }
         let h = &*self.inner;
         let _in = h.enter()?;
-        let (guard, data_off) = h.prepare(buf, size, file_offset, buf_offset)?;
-        let maps = guard.0.mappings();
-        let map = maps
-            .iter()
-            .find(|m| m.handle_id == h.id)
-            .ok_or_else(|| Error::Platform("buffer is not mapped for this handle".into()))?;
+        let mut recent = RECENT.take();
+        let (guard, data_off) = match h.prepare_recent(&mut recent, buf, size, file_offset, buf_offset) {
+            Ok(p) => p,
+            Err(e) => {
+                RECENT.set(recent);
+                return Err(e);
+            }
+        };
+        let pages = recent.as_ref().expect("filled by prepare_recent").pages();
         let nsid = Nsid(h.ns.nsid);
-        let pages = &map.map.pages;
         let cmds = h.chunker(file_offset, data_off, size).map(|c| Cmd {
             sqe: Sqe::rw(op, Cid(0), nsid, Lba(c.slba), c.nlb, 0, 0),
             // Cannot fail: the range was checked against the registration
@@ -615,7 +646,7 @@ impl Handle {
         let q = h.next_sync_queue();
         let name = if op == NvmOpcode::Read { "Read" } else { "Write" };
         let r = q.execute(cmds, name, h.opts.completion, h.opts.timeout);
-        drop(maps);
+        RECENT.set(recent);
         h.finish(q, r, name, Some(guard)).map(|()| size)
     }
 

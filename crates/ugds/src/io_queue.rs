@@ -6,14 +6,18 @@
 //! its commands fit, so a full queue is reported as [`Error::QueueFull`]
 //! before anything is staged.
 
+use crate::engine::chunk::Chunk;
 use crate::engine::{Completion, QueuePair};
 use crate::handle::Handle;
-use crate::registry::{BufGuard, BufferToken};
+use crate::registry::{BufGuard, BufferToken, Recent};
 use crate::sys::PAGE_SIZE;
 use crate::{Error, Result};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use ugds_nvme::{prp, Cid, Lba, Nsid, NvmOpcode, Sqe, Status};
+
+/// Polls between two looks at the outstanding requests' age.
+const TIMEOUT_CHECK_POLLS: u32 = 1024;
 
 struct Request {
     tag: u64,
@@ -22,7 +26,9 @@ struct Request {
     /// First error, as the CQE status field.
     status: Option<u16>,
     op: NvmOpcode,
-    started: Instant,
+    /// When a timeout check first found it outstanding: stamped by the
+    /// check, not at submission, so that no request pays a clock read.
+    seen: Option<Instant>,
     guard: Option<BufGuard>,
 }
 
@@ -34,8 +40,10 @@ pub struct IoQueue<'h> {
     reqs: Vec<Request>,
     free: Vec<u32>,
     outstanding: usize,
-    empty_polls: u32,
+    polls: u32,
     dead: bool,
+    /// The buffer the last request used.
+    recent: Option<Recent>,
 }
 
 impl<'h> IoQueue<'h> {
@@ -54,8 +62,9 @@ impl<'h> IoQueue<'h> {
             reqs: Vec::with_capacity(n),
             free: Vec::with_capacity(n),
             outstanding: 0,
-            empty_polls: 0,
+            polls: 0,
             dead: false,
+            recent: None,
         })
     }
 
@@ -113,9 +122,11 @@ impl<'h> IoQueue<'h> {
         if self.dead || h.is_wedged() {
             return Err(Error::Wedged);
         }
-        let (guard, data_off) = h.prepare(buf, size, file_offset, buf_offset)?;
+        let (guard, data_off) = h.prepare_recent(&mut self.recent, buf, size, file_offset, buf_offset)?;
         let chunks = h.chunker(file_offset, data_off, size);
-        let n = if size <= 4096 { 1 } else { chunks.commands() };
+        // A page or less is one command: MDTS is at least a page.
+        let single = size <= PAGE_SIZE;
+        let n = if single { 1 } else { chunks.commands() };
         if n > self.depth() {
             return Err(Error::InvalidArgument(format!(
                 "request of {size} bytes needs {n} commands; this queue holds {} at most",
@@ -128,42 +139,25 @@ impl<'h> IoQueue<'h> {
         let idx = match self.free.pop() {
             Some(i) => i,
             None => {
-                self.reqs.push(Request {
-                    tag: 0,
-                    pending: 0,
-                    len: 0,
-                    status: None,
-                    op,
-                    started: Instant::now(),
-                    guard: None,
-                });
+                self.reqs.push(Request { tag: 0, pending: 0, len: 0, status: None, op, seen: None, guard: None });
                 self.reqs.len() as u32 - 1
             }
         };
         let nsid = Nsid(h.ns_nsid());
-        {
-            let maps = guard.0.mappings();
-            let map = maps
-                .iter()
-                .find(|m| m.handle_id == h.id)
-                .ok_or_else(|| Error::Platform("buffer is not mapped for this handle".into()))?;
-            let qp = self.qp.as_mut().expect("queue pair present");
-            for c in chunks {
-                let plan = prp::plan(&map.map.pages, PAGE_SIZE, c.data_off, c.len).expect("validated range plans");
-                qp.submit(Sqe::rw(op, Cid(0), nsid, Lba(c.slba), c.nlb, 0, 0), Some(plan), idx as u64)
-                    .expect("room checked above");
-            }
+        let pages = self.recent.as_ref().expect("filled by prepare_recent").pages();
+        let qp = self.qp.as_mut().expect("queue pair present");
+        let mut put = |c: Chunk| {
+            let plan = prp::plan(pages, PAGE_SIZE, c.data_off, c.len).expect("validated range plans");
+            qp.submit(Sqe::rw(op, Cid(0), nsid, Lba(c.slba), c.nlb, 0, 0), Some(plan), idx as u64)
+                .expect("room checked above");
+        };
+        if single {
+            put(chunks.whole());
+        } else {
+            chunks.for_each(put);
         }
         let r = &mut self.reqs[idx as usize];
-        *r = Request {
-            tag,
-            pending: n as u32,
-            len: size,
-            status: None,
-            op,
-            started: Instant::now(),
-            guard: Some(guard),
-        };
+        *r = Request { tag, pending: n as u32, len: size, status: None, op, seen: None, guard: Some(guard) };
         self.outstanding += 1;
         Ok(())
     }
@@ -206,13 +200,9 @@ impl<'h> IoQueue<'h> {
         });
         self.outstanding -= done;
         let _ = max; // every completion found is reported: a CQE cannot be consumed twice
-        if done == 0 && self.outstanding > 0 {
-            self.empty_polls = self.empty_polls.wrapping_add(1);
-            if self.empty_polls % 1024 == 0 {
-                self.check_timeouts(&mut f);
-            }
-        } else {
-            self.empty_polls = 0;
+        self.polls = self.polls.wrapping_add(1);
+        if self.outstanding > 0 && self.polls % TIMEOUT_CHECK_POLLS == 0 {
+            self.check_timeouts(&mut f);
         }
         done
     }
@@ -235,11 +225,18 @@ impl<'h> IoQueue<'h> {
         }
     }
 
+    /// A request is late once it has been outstanding for the handle's
+    /// timeout since a check first saw it: between the timeout and the
+    /// timeout plus one check interval after its submission.
     fn check_timeouts(&mut self, f: &mut impl FnMut(u64, Result<usize>)) {
         let h = &*self.handle.inner;
         let limit = h.opts.timeout;
         let now = Instant::now();
-        let late = self.reqs.iter().any(|r| r.pending > 0 && now.duration_since(r.started) > limit);
+        let mut late = false;
+        for r in self.reqs.iter_mut().filter(|r| r.pending > 0) {
+            let seen = *r.seen.get_or_insert(now);
+            late |= now.duration_since(seen) > limit;
+        }
         if !late {
             return;
         }

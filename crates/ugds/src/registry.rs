@@ -5,13 +5,20 @@
 //! is told apart and refused. Each entry counts the I/O in flight on it; it
 //! cannot be deregistered while that count is not zero. An entry holds one
 //! controller mapping per open handle.
+//!
+//! Requests look their buffer up through a [`Recent`]: the last entry the
+//! calling thread (or lent queue) used, kept with its pages. A request on
+//! the same buffer takes its in-flight reference without the registry's
+//! lock; deregistration and that lock-free claim meet at two sequentially
+//! consistent flags (the entry's in-flight count and its `registered`
+//! flag), so one of the two always sees the other.
 
 use crate::gpu::DeviceMemory;
 use crate::platform::{HostMapping, Platform};
 use crate::{Error, Result};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, Weak};
 
 /// Names one registration: the base address, its length, and the
 /// generation that tells it from earlier registrations of the same address.
@@ -36,6 +43,9 @@ pub(crate) struct BufEntry {
     pub len: usize,
     pub generation: u64,
     pub inflight: AtomicUsize,
+    /// Cleared when the entry leaves the registry; a [`Recent`] claim
+    /// checks it after raising `inflight`.
+    registered: AtomicBool,
     pub mappings: RwLock<Vec<Mapping>>,
     /// GPU memory, or `None` for host memory.
     pub device: Option<DeviceMemory>,
@@ -130,6 +140,7 @@ impl Registry {
             len,
             generation,
             inflight: AtomicUsize::new(0),
+            registered: AtomicBool::new(true),
             mappings: RwLock::new(Vec::new()),
             device,
         });
@@ -154,6 +165,15 @@ impl Registry {
         }
         let inflight = e.inflight.load(Ordering::Acquire);
         if inflight != 0 {
+            return Err(Error::Busy { what: "buffer", inflight });
+        }
+        // Against `Recent::claim`, which raises `inflight` and then reads
+        // `registered` (both SeqCst): after this store, either our load
+        // below sees its claim, or its load sees `false` and it backs off.
+        e.registered.store(false, Ordering::SeqCst);
+        let inflight = e.inflight.load(Ordering::SeqCst);
+        if inflight != 0 {
+            e.registered.store(true, Ordering::SeqCst);
             return Err(Error::Busy { what: "buffer", inflight });
         }
         let e = map.remove(&token.base).expect("looked up above");
@@ -193,6 +213,48 @@ impl Registry {
         Ok(BufGuard(e.clone()))
     }
 
+    /// Like [`acquire`](Self::acquire), through `recent`: on the buffer
+    /// `recent` holds, without the registry's lock; otherwise through the
+    /// registry, after which `recent` holds this buffer and the controller
+    /// addresses of its pages for `handle_id` ([`Recent::pages`]).
+    #[inline]
+    pub fn acquire_recent(
+        &self,
+        recent: &mut Option<Recent>,
+        handle_id: u64,
+        token: &BufferToken,
+        offset: u64,
+        len: u64,
+    ) -> Result<BufGuard> {
+        if let Some(r) = recent.as_ref().filter(|r| r.token == *token && r.handle_id == handle_id) {
+            if let Some(g) = r.claim(offset, len) {
+                return Ok(g);
+            }
+        }
+        self.acquire_into(recent, handle_id, token, offset, len)
+    }
+
+    #[cold]
+    fn acquire_into(
+        &self,
+        recent: &mut Option<Recent>,
+        handle_id: u64,
+        token: &BufferToken,
+        offset: u64,
+        len: u64,
+    ) -> Result<BufGuard> {
+        let guard = self.acquire(token, offset, len)?;
+        let pages = guard
+            .0
+            .mappings()
+            .iter()
+            .find(|m| m.handle_id == handle_id)
+            .map(|m| m.map.pages.clone())
+            .ok_or_else(|| Error::Platform("buffer is not mapped for this handle".into()))?;
+        *recent = Some(Recent { handle_id, token: *token, entry: Arc::downgrade(&guard.0), pages });
+        Ok(guard)
+    }
+
     /// The device memory registered at `token`, checked.
     pub fn device_memory(&self, token: &BufferToken) -> Result<Option<DeviceMemory>> {
         let map = self.map.read().unwrap_or_else(|p| p.into_inner());
@@ -207,5 +269,108 @@ impl Registry {
     pub fn for_each(&self, mut f: impl FnMut(&Arc<BufEntry>) -> Result<()>) -> Result<()> {
         let map = self.map.read().unwrap_or_else(|p| p.into_inner());
         map.values().try_for_each(&mut f)
+    }
+}
+
+/// The registration a thread or lent queue used last, with the controller
+/// addresses of its pages on one handle. Holding it keeps neither the
+/// registration, nor its entry (a weak reference: what the entry owns, such
+/// as a GPU runtime, goes when the registry and the last I/O let go), nor
+/// its mapping: a claim through it succeeds only while the entry is still
+/// registered, and the pages stay mapped as long as the claim holds the
+/// entry busy and the handle open.
+pub(crate) struct Recent {
+    handle_id: u64,
+    token: BufferToken,
+    entry: Weak<BufEntry>,
+    pages: Arc<[u64]>,
+}
+
+impl Recent {
+    /// Controller addresses of the buffer's pages on the handle.
+    #[inline]
+    pub fn pages(&self) -> &[u64] {
+        &self.pages
+    }
+
+    /// Takes an in-flight reference without the registry's lock; `None`
+    /// when the entry has left the registry or the range does not fit (the
+    /// caller then asks the registry, which says why).
+    #[inline]
+    fn claim(&self, offset: u64, len: u64) -> Option<BufGuard> {
+        let e = self.entry.upgrade()?;
+        if offset.checked_add(len).is_none_or(|end| end > e.len as u64) {
+            return None;
+        }
+        // Raise, then look (both SeqCst; see `Registry::remove`).
+        e.inflight.fetch_add(1, Ordering::SeqCst);
+        if e.registered.load(Ordering::SeqCst) {
+            return Some(BufGuard(e));
+        }
+        e.inflight.fetch_sub(1, Ordering::Release);
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::platform::emu::{EmuConfig, EmuPlatform};
+    use std::sync::atomic::AtomicBool;
+
+    /// One thread claims through its `Recent` while another deregisters
+    /// and registers again: a claim that succeeds must find its entry
+    /// still in the registry for as long as it holds it, and a
+    /// deregistration that succeeds must leave no claim behind.
+    #[test]
+    fn recent_claims_and_deregistration_never_overlap() {
+        let platform: Arc<dyn Platform> = Arc::new(EmuPlatform::new(EmuConfig::default()).unwrap());
+        let mut mem = crate::HostBuffer::new(8192).unwrap();
+        let base = mem.as_mut_ptr() as usize;
+        let reg = Registry::default();
+        let handles = [(1u64, platform)];
+        let first = reg.insert(base, 8192, None, &handles).unwrap();
+        let stop = AtomicBool::new(false);
+        let claims = AtomicU64::new(0);
+        let removals = std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut recent = None;
+                while !stop.load(Ordering::Relaxed) {
+                    let Some(t) = reg.token_at(base) else { continue };
+                    if let Ok(g) = reg.acquire_recent(&mut recent, 1, &t, 0, 4096) {
+                        // Held: the registration cannot be removed under us.
+                        for _ in 0..8 {
+                            assert_eq!(reg.token_at(base), Some(t), "registration removed under a claim");
+                        }
+                        assert_eq!(recent.as_ref().map(|r: &Recent| r.pages().len()), Some(2));
+                        drop(g);
+                        claims.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+            let mut removals = 0u64;
+            let mut t = first;
+            let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            for i in 0.. {
+                if i >= 20_000 && claims.load(Ordering::Relaxed) > 0 || std::time::Instant::now() > give_up {
+                    break;
+                }
+                match reg.remove(&t) {
+                    Ok(()) => {
+                        removals += 1;
+                        t = reg.insert(base, 8192, None, &handles).unwrap();
+                    }
+                    Err(Error::Busy { .. }) => std::thread::yield_now(),
+                    Err(e) => panic!("unexpected {e}"),
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+            removals
+        });
+        let claims = claims.into_inner();
+        assert!(claims > 0 && removals > 0, "claims {claims}, removals {removals}");
+        let t = reg.token_at(base).unwrap();
+        reg.remove(&t).unwrap();
+        drop(mem);
     }
 }

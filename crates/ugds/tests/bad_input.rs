@@ -155,3 +155,56 @@ fn bad_emulator_configs_are_refused() {
         assert!(matches!(d.open_emulated(cfg, opts()), Err(Error::InvalidArgument(_))));
     }
 }
+
+/// The last buffer a thread or lent queue used is remembered so that the
+/// next request on it skips the registry's lock; deregistration must still
+/// win, and a second handle must get its own mapping.
+#[test]
+fn a_buffer_just_used_is_refused_once_deregistered() {
+    let (d, h, emu) = open(small_emu(), opts());
+    let mut mem = HostBuffer::new(65536).unwrap();
+    // SAFETY: `mem` outlives the registrations (deregistered below).
+    let old = unsafe { d.register(mem.as_mut_ptr(), 65536) }.unwrap();
+    h.write(&old, 4096, 0, 0).unwrap();
+    h.read(&old, 4096, 0, 0).unwrap();
+    let mut q = h.io_queue().unwrap();
+    q.submit_read(&old, 4096, 4096, 0, 1).unwrap();
+    q.drain(|_, r| assert!(r.is_ok())).unwrap();
+    d.deregister(&old).unwrap();
+    no_command(&emu, || {
+        assert!(matches!(h.read(&old, 4096, 0, 0), Err(Error::NotRegistered { .. })));
+        assert!(matches!(q.submit_read(&old, 4096, 0, 0, 2), Err(Error::NotRegistered { .. })));
+    });
+    // SAFETY: as above.
+    let new = unsafe { d.register(mem.as_mut_ptr(), 65536) }.unwrap();
+    no_command(&emu, || {
+        assert!(matches!(h.read(&old, 4096, 0, 0), Err(Error::StaleToken { .. })));
+        assert!(matches!(q.submit_read(&old, 4096, 0, 0, 3), Err(Error::StaleToken { .. })));
+        // The range is still checked against the registration.
+        assert!(matches!(h.read(&new, 4096, 0, 65536 - 512), Err(Error::BufferRange { .. })));
+    });
+    h.read(&new, 4096, 0, 0).unwrap();
+    q.submit_read(&new, 4096, 0, 4096, 4).unwrap();
+    q.drain(|_, r| assert!(r.is_ok())).unwrap();
+    // In flight through the remembered entry: deregistration is refused.
+    q.submit_read(&new, 4096, 0, 0, 5).unwrap();
+    q.ring();
+    assert!(matches!(d.deregister(&new), Err(Error::Busy { what: "buffer", .. })));
+    q.drain(|_, r| assert!(r.is_ok())).unwrap();
+    drop(q);
+
+    // A second handle on the same driver, same thread, same buffer: it
+    // must use its own controller's mapping (the other one's addresses
+    // mean nothing there, and the emulator reports a DMA fault).
+    let (h2, emu2) = d.open_emulated(small_emu(), opts()).unwrap();
+    mem[..4096].copy_from_slice(&pattern(7, 0, 4096));
+    h2.write(&new, 4096, 8192, 0).unwrap();
+    mem[..4096].fill(0);
+    h.read(&new, 4096, 0, 0).unwrap();
+    h2.read(&new, 4096, 8192, 0).unwrap();
+    assert_eq!(&mem[..4096], &pattern(7, 0, 4096)[..]);
+    assert_eq!(emu2.stats().dma_faults, 0);
+    assert_eq!(emu.stats().dma_faults, 0);
+    h2.close(ugds::Drain::NoWait).unwrap();
+    d.deregister(&new).unwrap();
+}

@@ -400,7 +400,7 @@ fn drv_ledger_refuses_overlaps_and_stale_handles() {
     assert!(unsafe { p.map_host(base, 4096) }.is_err(), "the same range twice");
     // SAFETY: as above.
     assert!(unsafe { p.map_host(base.add(60 << 10), 8192) }.is_err(), "an overlapping range");
-    let stale = ugds::platform::HostMapping { pages: vec![], first_offset: 0, cookie: 999_999 };
+    let stale = ugds::platform::HostMapping { pages: Vec::new().into(), first_offset: 0, cookie: 999_999 };
     assert!(p.unmap_host(&stale).is_err(), "an unknown handle");
     p.unmap_host(&m).unwrap();
     assert!(p.unmap_host(&m).is_err(), "a handle already released");

@@ -66,6 +66,19 @@ impl Chunker {
         self.clone().fold(0, |n, _| n + 1)
     }
 
+    /// The whole request as one command, for a caller that knows it fits
+    /// one (at most a page: MDTS is never below one page).
+    #[inline]
+    pub fn whole(&self) -> Chunk {
+        debug_assert!(self.remaining <= self.first_cap());
+        Chunk {
+            slba: self.file_off >> self.block_shift,
+            nlb: (self.remaining >> self.block_shift) as u32,
+            data_off: self.data_off,
+            len: self.remaining,
+        }
+    }
+
     fn first_cap(&self) -> usize {
         prp::max_chunk_bytes(self.page_size, self.data_off & (self.page_size - 1), self.max_transfer, self.block)
             .min(65536 * self.block)

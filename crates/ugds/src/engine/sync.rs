@@ -69,6 +69,31 @@ pub struct SyncQueue {
     qid: u16,
 }
 
+/// A request's deadline, read from the clock only when first needed (a
+/// wait that lasts, or an interrupt wait): most requests complete sooner
+/// and never read the clock. The timeout thus counts from a few hundred
+/// polls after submission.
+struct Deadline {
+    timeout: Duration,
+    at: Option<Instant>,
+}
+
+impl Deadline {
+    fn new(timeout: Duration) -> Deadline {
+        Deadline { timeout, at: None }
+    }
+
+    fn at(&mut self) -> Instant {
+        let timeout = self.timeout;
+        *self.at.get_or_insert_with(|| Instant::now() + timeout)
+    }
+
+    fn passed(&mut self) -> bool {
+        let at = self.at();
+        Instant::now() > at
+    }
+}
+
 /// Why a request did not finish normally: the detail the handle needs to
 /// decide whether to wedge.
 pub enum Failure {
@@ -172,12 +197,12 @@ impl SyncQueue {
         any
     }
 
-    fn wait(&self, mode: Completion, spins: &mut u32, until: Instant) {
+    fn wait(&self, mode: Completion, spins: &mut u32, deadline: &mut Deadline) {
         *spins = spins.wrapping_add(1);
         match (mode, self.vector) {
             (Completion::Interrupt, Some(v)) => {
                 if let Ok(Some(efd)) = self.platform.interrupt(v) {
-                    let left = until.saturating_duration_since(Instant::now());
+                    let left = deadline.at().saturating_duration_since(Instant::now());
                     if efd.wait(left.min(Duration::from_millis(100))) {
                         efd.drain();
                     }
@@ -208,8 +233,7 @@ impl SyncQueue {
         timeout: Duration,
     ) -> Result<(), Failure> {
         let mut cmds = cmds.peekable();
-        let start = Instant::now();
-        let deadline = start + timeout;
+        let mut deadline = Deadline::new(timeout);
         let mut spins = 0u32;
         // Take a slot; when every slot is in use, help the others finish.
         let slot = loop {
@@ -222,10 +246,10 @@ impl SyncQueue {
             }
             self.reap(&mut st, u32::MAX);
             drop(st);
-            if Instant::now() > deadline {
+            if deadline.passed() {
                 return Err(Failure::Error(Error::QueueFull));
             }
-            self.wait(mode, &mut spins, deadline);
+            self.wait(mode, &mut spins, &mut deadline);
         };
         let s = &self.slots[slot as usize];
         loop {
@@ -235,10 +259,10 @@ impl SyncQueue {
             // a completion to consume, commands to stage, or our slot to free.
             let work = done || cmds.peek().is_some() || self.completion_waiting();
             if !work {
-                if spins % 256 == 0 && Instant::now() > deadline {
+                if spins % 256 == 255 && deadline.passed() {
                     return Err(self.timed_out(slot, op, timeout));
                 }
-                self.wait(mode, &mut spins, deadline);
+                self.wait(mode, &mut spins, &mut deadline);
                 continue;
             }
             if let Ok(mut st) = self.state.try_lock() {
@@ -255,10 +279,10 @@ impl SyncQueue {
                 }
             }
             if !progressed {
-                if spins % 256 == 0 && Instant::now() > deadline {
+                if spins % 256 == 255 && deadline.passed() {
                     return Err(self.timed_out(slot, op, timeout));
                 }
-                self.wait(mode, &mut spins, deadline);
+                self.wait(mode, &mut spins, &mut deadline);
             }
         }
     }

@@ -20,8 +20,9 @@ use crate::Result;
 /// Controller addresses of a user buffer, one per controller page.
 #[derive(Debug, Clone)]
 pub struct HostMapping {
-    /// Controller address of each page spanned, in order.
-    pub pages: Vec<u64>,
+    /// Controller address of each page spanned, in order (shared, so a
+    /// request path can keep it without holding the registry's locks).
+    pub pages: std::sync::Arc<[u64]>,
     /// Offset of the buffer's first byte within the first page.
     pub first_offset: usize,
     /// The platform's name for this mapping, given back to unmap it.

@@ -130,7 +130,7 @@ impl UgdsDrvPlatform {
             ..Default::default()
         };
         k::ioctl(&self.file.fd, "UGDS_DRV_IOC_MAP (dma-buf)", k::IOC_MAP, &mut m)?;
-        Ok(HostMapping { pages, first_offset: offset as usize % PAGE_SIZE, cookie: m.handle })
+        Ok(HostMapping { pages: pages.into(), first_offset: offset as usize % PAGE_SIZE, cookie: m.handle })
     }
 }
 
@@ -157,7 +157,7 @@ impl UgdsDrvPlatform {
         // Keep the pages from the one holding `ptr` on.
         let skip = ((ptr - start) as usize) / PAGE_SIZE;
         pages.drain(..skip);
-        Ok(HostMapping { pages, first_offset: ptr as usize % PAGE_SIZE, cookie: m.handle })
+        Ok(HostMapping { pages: pages.into(), first_offset: ptr as usize % PAGE_SIZE, cookie: m.handle })
     }
 }
 
@@ -213,7 +213,7 @@ impl Platform for UgdsDrvPlatform {
             ..Default::default()
         };
         k::ioctl(&self.file.fd, "UGDS_DRV_IOC_MAP", k::IOC_MAP, &mut m)?;
-        Ok(HostMapping { pages, first_offset: vaddr as usize - span.0, cookie: m.handle })
+        Ok(HostMapping { pages: pages.into(), first_offset: vaddr as usize - span.0, cookie: m.handle })
     }
 
     unsafe fn map_device(&self, mem: &crate::gpu::DeviceMemory) -> Result<HostMapping> {
