@@ -17,7 +17,7 @@
 
 use crate::driver::DriverInner;
 use crate::engine::batch::BatchQueue;
-use crate::engine::chunk::Chunker;
+use crate::engine::chunk::{Chunk, Chunker};
 use crate::engine::sync::{Cmd, Failure, SyncQueue};
 use crate::engine::{Completion, Controller, ControllerInfo, NamespaceInfo, QueuePair};
 use crate::io_queue::IoQueue;
@@ -637,15 +637,23 @@ impl Handle {
         };
         let pages = recent.as_ref().expect("filled by prepare_recent").pages();
         let nsid = Nsid(h.ns.nsid);
-        let cmds = h.chunker(file_offset, data_off, size).map(|c| Cmd {
+        let cmd = |c: Chunk| Cmd {
             sqe: Sqe::rw(op, Cid(0), nsid, Lba(c.slba), c.nlb, 0, 0),
             // Cannot fail: the range was checked against the registration
             // and the chunker keeps each command within one PRP-list page.
             prp: Some(prp::plan(pages, PAGE_SIZE, c.data_off, c.len).expect("validated range plans")),
-        });
+        };
         let q = h.next_sync_queue();
         let name = if op == NvmOpcode::Read { "Read" } else { "Write" };
-        let r = q.execute(cmds, name, h.opts.completion, h.opts.timeout);
+        let (mode, timeout) = (h.opts.completion, h.opts.timeout);
+        let chunks = h.chunker(file_offset, data_off, size);
+        // A page or less is one command (MDTS is at least a page): no
+        // splitting to iterate.
+        let r = if size <= PAGE_SIZE {
+            q.execute(std::iter::once(cmd(chunks.whole())), name, mode, timeout)
+        } else {
+            q.execute(chunks.map(cmd), name, mode, timeout)
+        };
         RECENT.set(recent);
         h.finish(q, r, name, Some(guard)).map(|()| size)
     }
