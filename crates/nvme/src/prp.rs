@@ -91,7 +91,7 @@ impl PrpPlan<'_> {
 /// Plans the PRPs for `len` bytes starting `offset` bytes into the memory
 /// described by `pages` (the controller address of each page, in order).
 /// `page_size` is the controller memory page size (CC.MPS), a power of two.
-#[inline]
+#[inline(always)]
 pub fn plan(pages: &[u64], page_size: usize, offset: usize, len: usize) -> Result<PrpPlan<'_>, PrpError> {
     debug_assert!(page_size.is_power_of_two() && page_size >= 4096);
     if len == 0 {
@@ -118,21 +118,26 @@ pub fn plan(pages: &[u64], page_size: usize, offset: usize, len: usize) -> Resul
         }
     };
     let prp1 = check(first)? + (offset & mask) as u64;
-    // Fast paths: one or two pages need no list.
+    // Fast paths: one or two pages need no list (and are small enough to
+    // inline into every caller; the list is planned out of line).
     match last - first {
         0 => Ok(PrpPlan::One { prp1 }),
         1 => Ok(PrpPlan::Two { prp1, prp2: check(last)? }),
-        n => {
-            let max = page_size / 8;
-            if n > max {
-                return Err(PrpError::TooLarge { entries: n, max });
-            }
-            for i in first + 1..=last {
-                check(i)?;
-            }
-            Ok(PrpPlan::List { prp1, entries: &pages[first + 1..=last] })
-        }
+        _ => plan_list(pages, page_size, first, last, prp1),
     }
+}
+
+#[inline(never)]
+fn plan_list(pages: &[u64], page_size: usize, first: usize, last: usize, prp1: u64) -> Result<PrpPlan<'_>, PrpError> {
+    let (n, max) = (last - first, page_size / 8);
+    if n > max {
+        return Err(PrpError::TooLarge { entries: n, max });
+    }
+    let mask = page_size as u64 - 1;
+    if let Some(i) = (first + 1..=last).find(|&i| pages[i] & mask != 0) {
+        return Err(PrpError::UnalignedPage { index: i, addr: pages[i] });
+    }
+    Ok(PrpPlan::List { prp1, entries: &pages[first + 1..=last] })
 }
 
 /// The largest transfer one command may carry when its data starts

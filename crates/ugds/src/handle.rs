@@ -273,7 +273,7 @@ impl HandleInner {
 
     /// [`prepare`](Self::prepare) through the caller's [`Recent`] entry,
     /// which then holds the buffer's page addresses.
-    #[inline]
+    #[inline(always)]
     pub fn prepare_recent(
         &self,
         recent: &mut Option<Recent>,
@@ -655,7 +655,10 @@ impl Handle {
             q.execute(chunks.map(cmd), name, mode, timeout)
         };
         RECENT.set(recent);
-        h.finish(q, r, name, Some(guard)).map(|()| size)
+        match r {
+            Ok(()) => Ok(size),
+            failed => h.finish(q, failed, name, Some(guard)).map(|()| size),
+        }
     }
 
     /// Flushes the namespace's volatile write cache (NVMe Flush).

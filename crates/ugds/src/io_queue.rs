@@ -84,6 +84,7 @@ impl<'h> IoQueue<'h> {
 
     /// Stages a read of `size` bytes at `file_offset` into `buf` at
     /// `buf_offset`; `tag` comes back with its completion.
+    #[inline]
     pub fn submit_read(
         &mut self,
         buf: &BufferToken,
@@ -96,6 +97,7 @@ impl<'h> IoQueue<'h> {
     }
 
     /// Stages a write; see [`submit_read`](Self::submit_read).
+    #[inline]
     pub fn submit_write(
         &mut self,
         buf: &BufferToken,
@@ -146,15 +148,18 @@ impl<'h> IoQueue<'h> {
         let nsid = Nsid(h.ns_nsid());
         let pages = self.recent.as_ref().expect("filled by prepare_recent").pages();
         let qp = self.qp.as_mut().expect("queue pair present");
-        let mut put = |c: Chunk| {
-            let plan = prp::plan(pages, PAGE_SIZE, c.data_off, c.len).expect("validated range plans");
-            qp.submit(Sqe::rw(op, Cid(0), nsid, Lba(c.slba), c.nlb, 0, 0), Some(plan), idx as u64)
-                .expect("room checked above");
-        };
+        let sqe = |c: &Chunk| Sqe::rw(op, Cid(0), nsid, Lba(c.slba), c.nlb, 0, 0);
+        // Cannot fail: the range was checked against the registration and
+        // the room in the queue above.
         if single {
-            put(chunks.whole());
+            let c = chunks.whole();
+            let plan = prp::plan(pages, PAGE_SIZE, c.data_off, c.len).expect("validated range plans");
+            qp.submit(sqe(&c), Some(plan), idx as u64).expect("room checked above");
         } else {
-            chunks.for_each(put);
+            for c in chunks {
+                let plan = prp::plan(pages, PAGE_SIZE, c.data_off, c.len).expect("validated range plans");
+                qp.submit(sqe(&c), Some(plan), idx as u64).expect("room checked above");
+            }
         }
         let r = &mut self.reqs[idx as usize];
         *r = Request { tag, pending: n as u32, len: size, status: None, op, seen: None, guard: Some(guard) };
