@@ -22,8 +22,12 @@ pub(crate) struct DriverInner {
     pub registry: Registry,
     /// Open handles. Lock order: this, then the registry.
     pub handles: Mutex<Vec<(u64, Weak<HandleInner>)>>,
-    next_handle: AtomicU64,
 }
+
+/// Handle ids, unique in the process (not per driver): a thread's
+/// remembered registration is keyed by handle id and token, and must never
+/// match another driver's handle.
+static NEXT_HANDLE: AtomicU64 = AtomicU64::new(1);
 
 impl Default for Driver {
     fn default() -> Self {
@@ -34,13 +38,7 @@ impl Default for Driver {
 impl Driver {
     /// New library state.
     pub fn open() -> Driver {
-        Driver {
-            inner: Arc::new(DriverInner {
-                registry: Registry::default(),
-                handles: Mutex::new(Vec::new()),
-                next_handle: AtomicU64::new(1),
-            }),
-        }
+        Driver { inner: Arc::new(DriverInner { registry: Registry::default(), handles: Mutex::new(Vec::new()) }) }
     }
 
     /// Brings up the controller behind `platform` and opens a handle on one
@@ -48,7 +46,7 @@ impl Driver {
     pub fn open_handle(&self, platform: Arc<dyn Platform>, opts: HandleOptions) -> Result<Handle> {
         let want = opts.sync_queues.max(1).saturating_add(opts.async_queues).saturating_add(opts.batch_queue as u16);
         let ctrl = Controller::bring_up_with(platform, want, opts.shadow_doorbells)?;
-        let id = self.inner.next_handle.fetch_add(1, Ordering::Relaxed);
+        let id = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
         let inner = HandleInner::new(id, self.inner.clone(), ctrl, opts)?;
         let inner = Arc::new(inner);
         inner.start_stream_engine()?;

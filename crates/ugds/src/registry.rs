@@ -101,10 +101,13 @@ impl Drop for BufGuard {
     }
 }
 
+/// Registration generations, unique in the process (not per registry), so
+/// that a token names one registration of one driver.
+static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
+
 #[derive(Default)]
 pub(crate) struct Registry {
     map: RwLock<BTreeMap<usize, Arc<BufEntry>>>,
-    next_generation: AtomicU64,
 }
 
 impl Registry {
@@ -134,7 +137,7 @@ impl Registry {
         if let Some((&existing, _)) = before.or(after) {
             return Err(Error::Overlap { base, len, existing });
         }
-        let generation = self.next_generation.fetch_add(1, Ordering::Relaxed) + 1;
+        let generation = NEXT_GENERATION.fetch_add(1, Ordering::Relaxed);
         let entry = Arc::new(BufEntry {
             base,
             len,

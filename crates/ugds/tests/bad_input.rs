@@ -208,3 +208,35 @@ fn a_buffer_just_used_is_refused_once_deregistered() {
     h2.close(ugds::Drain::NoWait).unwrap();
     d.deregister(&new).unwrap();
 }
+
+/// Two drivers in one process, the same memory registered in both, used
+/// from one thread: each request must go through its own driver's
+/// registration and its own controller's mapping (handle ids and
+/// generations are unique in the process, so a remembered registration of
+/// one driver never matches a request of the other).
+#[test]
+fn two_drivers_never_share_a_remembered_registration() {
+    let (d1, h1, emu1) = open(small_emu(), opts());
+    let (d2, h2, emu2) = open(small_emu(), opts());
+    let mut mem = HostBuffer::new(8192).unwrap();
+    // SAFETY: `mem` outlives both registrations (deregistered below).
+    let t1 = unsafe { d1.register(mem.as_mut_ptr(), 8192) }.unwrap();
+    // SAFETY: as above.
+    let t2 = unsafe { d2.register(mem.as_mut_ptr(), 8192) }.unwrap();
+    assert_ne!(t1, t2);
+    mem[..4096].copy_from_slice(&pattern(1, 0, 4096));
+    h1.write(&t1, 4096, 0, 0).unwrap();
+    mem[..4096].copy_from_slice(&pattern(2, 0, 4096));
+    h2.write(&t2, 4096, 0, 0).unwrap();
+    for _ in 0..2 {
+        h1.read(&t1, 4096, 0, 4096).unwrap();
+        assert_eq!(&mem[4096..], &pattern(1, 0, 4096)[..]);
+        h2.read(&t2, 4096, 0, 4096).unwrap();
+        assert_eq!(&mem[4096..], &pattern(2, 0, 4096)[..]);
+    }
+    // A token of one driver means nothing to the other.
+    no_command(&emu2, || assert!(h2.read(&t1, 4096, 0, 0).is_err()));
+    assert_eq!(emu1.stats().dma_faults + emu2.stats().dma_faults, 0);
+    d1.deregister(&t1).unwrap();
+    d2.deregister(&t2).unwrap();
+}
