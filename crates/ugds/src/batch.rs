@@ -104,8 +104,9 @@ impl Batch {
         q.check_room(self.ctx, ios.len())?;
         let mut reqs = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         reqs.clear();
+        let mut recent = None;
         for io in ios {
-            let (guard, data_off) = h.prepare(&io.buf, io.size, io.file_offset, io.buf_offset)?;
+            let (guard, data_off) = h.prepare_recent(&mut recent, &io.buf, io.size, io.file_offset, io.buf_offset)?;
             reqs.push(Prepared {
                 op: if io.op == BatchOp::Read { NvmOpcode::Read } else { NvmOpcode::Write },
                 cookie: io.cookie,

@@ -256,23 +256,9 @@ impl HandleInner {
         Ok(bs as usize)
     }
 
-    /// Validates a data request fully and takes the buffer reference; no
-    /// command is issued when this fails.
-    pub fn prepare(
-        &self,
-        buf: &BufferToken,
-        size: usize,
-        file_offset: u64,
-        buf_offset: usize,
-    ) -> Result<(BufGuard, usize)> {
-        self.check_range(size, file_offset)?;
-        let guard = self.driver.registry.acquire(buf, buf_offset as u64, size as u64)?;
-        let data_off = data_offset(&guard, buf_offset)?;
-        Ok((guard, data_off))
-    }
-
-    /// [`prepare`](Self::prepare) through the caller's [`Recent`] entry,
-    /// which then holds the buffer's page addresses.
+    /// Validates a data request fully and takes the buffer reference
+    /// through the caller's [`Recent`] entry, which then holds the buffer's
+    /// page addresses; no command is issued when this fails.
     #[inline(always)]
     pub fn prepare_recent(
         &self,

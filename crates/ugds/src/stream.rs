@@ -641,6 +641,7 @@ fn run_op(handle: HandleRef, pending: Vec<Pending>, signal: StreamSignal) {
     let h = handle.0.clone();
     let mut reqs = Vec::with_capacity(pending.len());
     let mut sinks = Vec::with_capacity(pending.len());
+    let mut recent = None;
     for p in pending {
         let bound = (|| -> Result<Prepared> {
             let size = usize::try_from(p.io.size.get()?).map_err(|_| Error::InvalidArgument("size".into()))?;
@@ -650,7 +651,7 @@ fn run_op(handle: HandleRef, pending: Vec<Pending>, signal: StreamSignal) {
             if h.is_wedged() {
                 return Err(Error::Wedged);
             }
-            let (guard, data_off) = h.prepare(&p.buf, size, file_offset, buf_offset)?;
+            let (guard, data_off) = h.prepare_recent(&mut recent, &p.buf, size, file_offset, buf_offset)?;
             Ok(Prepared { op: p.op, cookie: 0, len: size, chunks: h.chunker(file_offset, data_off, size), guard })
         })();
         match bound {
