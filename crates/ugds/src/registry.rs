@@ -166,13 +166,10 @@ impl Registry {
         if e.generation != token.generation {
             return Err(Error::StaleToken { base: token.base, got: token.generation, current: e.generation });
         }
-        let inflight = e.inflight.load(Ordering::Acquire);
-        if inflight != 0 {
-            return Err(Error::Busy { what: "buffer", inflight });
-        }
         // Against `Recent::claim`, which raises `inflight` and then reads
         // `registered` (both SeqCst): after this store, either our load
-        // below sees its claim, or its load sees `false` and it backs off.
+        // below sees its claim, or its load sees `false` and it backs off
+        // to `acquire`, which waits for our write lock.
         e.registered.store(false, Ordering::SeqCst);
         let inflight = e.inflight.load(Ordering::SeqCst);
         if inflight != 0 {
@@ -201,7 +198,9 @@ impl Registry {
     }
 
     /// Looks a token up and takes an in-flight reference, after checking
-    /// `offset..offset+len` lies in the buffer.
+    /// `offset..offset+len` lies in the buffer. (Kept out of line: it is
+    /// the slow path of [`acquire_recent`](Self::acquire_recent).)
+    #[inline(never)]
     pub fn acquire(&self, token: &BufferToken, offset: u64, len: u64) -> Result<BufGuard> {
         let map = self.map.read().unwrap_or_else(|p| p.into_inner());
         let e = map.get(&token.base).ok_or(Error::NotRegistered { base: token.base })?;
@@ -220,7 +219,7 @@ impl Registry {
     /// `recent` holds, without the registry's lock; otherwise through the
     /// registry, after which `recent` holds this buffer and the controller
     /// addresses of its pages for `handle_id` ([`Recent::pages`]).
-    #[inline]
+    #[inline(always)]
     pub fn acquire_recent(
         &self,
         recent: &mut Option<Recent>,
@@ -229,32 +228,11 @@ impl Registry {
         offset: u64,
         len: u64,
     ) -> Result<BufGuard> {
-        if let Some(r) = recent.as_ref().filter(|r| r.token == *token && r.handle_id == handle_id) {
-            if let Some(g) = r.claim(offset, len) {
-                return Ok(g);
-            }
+        if let Some(g) = recent.as_ref().and_then(|r| r.claim(handle_id, token, offset, len)) {
+            return Ok(g);
         }
-        self.acquire_into(recent, handle_id, token, offset, len)
-    }
-
-    #[cold]
-    fn acquire_into(
-        &self,
-        recent: &mut Option<Recent>,
-        handle_id: u64,
-        token: &BufferToken,
-        offset: u64,
-        len: u64,
-    ) -> Result<BufGuard> {
         let guard = self.acquire(token, offset, len)?;
-        let pages = guard
-            .0
-            .mappings()
-            .iter()
-            .find(|m| m.handle_id == handle_id)
-            .map(|m| m.map.pages.clone())
-            .ok_or_else(|| Error::Platform("buffer is not mapped for this handle".into()))?;
-        *recent = Some(Recent { handle_id, token: *token, entry: Arc::downgrade(&guard.0), pages });
+        *recent = Some(Recent::of(&guard, handle_id, token)?);
         Ok(guard)
     }
 
@@ -296,11 +274,29 @@ impl Recent {
         &self.pages
     }
 
+    /// What a request on `token` through `handle_id` remembers of the
+    /// registration `guard` holds.
+    #[cold]
+    fn of(guard: &BufGuard, handle_id: u64, token: &BufferToken) -> Result<Recent> {
+        let pages = guard
+            .0
+            .mappings()
+            .iter()
+            .find(|m| m.handle_id == handle_id)
+            .map(|m| m.map.pages.clone())
+            .ok_or_else(|| Error::Platform("buffer is not mapped for this handle".into()))?;
+        Ok(Recent { handle_id, token: *token, entry: Arc::downgrade(&guard.0), pages })
+    }
+
     /// Takes an in-flight reference without the registry's lock; `None`
-    /// when the entry has left the registry or the range does not fit (the
-    /// caller then asks the registry, which says why).
+    /// when this is another buffer or handle, the entry has left the
+    /// registry, or the range does not fit (the caller then asks the
+    /// registry, which says why).
     #[inline]
-    fn claim(&self, offset: u64, len: u64) -> Option<BufGuard> {
+    fn claim(&self, handle_id: u64, token: &BufferToken, offset: u64, len: u64) -> Option<BufGuard> {
+        if self.token != *token || self.handle_id != handle_id {
+            return None;
+        }
         let e = self.entry.upgrade()?;
         if offset.checked_add(len).is_none_or(|end| end > e.len as u64) {
             return None;
