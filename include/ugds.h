@@ -156,6 +156,10 @@ typedef struct uGDSIOEvents {
     ssize_t ret;
 } uGDSIOEvents_t;
 
+/* The largest nr of uGDSBatchIOSetUp (an extension; the existing uGDS has
+ * no stated limit). */
+#define UGDS_MAX_BATCH_IO 65536
+
 /* Flags of uGDSBufRegister. */
 #define NVM_MAP_DMABUF 0x1
 #define UGDS_REGISTER_DMABUF NVM_MAP_DMABUF
@@ -211,6 +215,9 @@ static inline const char *uGDS_status_error(uGDSOpError status) {
 
 /* Library state only; device work happens at handle registration. */
 uGDSError_t uGDSDriverOpen(void);
+/* Closes every handle (waiting for its I/O). A handle that cannot be closed
+ * (wedged: a command timed out) is named in the error (UGDS_IO_DISABLED)
+ * and in ugds_last_error(), with what stays pinned. */
 uGDSError_t uGDSDriverClose(void);
 
 /* descr->type UGDS_HANDLE_TYPE_OPAQUE_FD with the fd of /dev/ugds_drvN (or of
@@ -225,6 +232,8 @@ uGDSError_t uGDSHandleDeregisterEx(uGDSHandle_t fh, int timeout_sec);
 uGDSError_t uGDSBufRegister(const void *base, size_t len, int flags);
 uGDSError_t uGDSBufRegisterEx(const void *base, size_t len, const uGDSBufConfig_t *config);
 uGDSError_t uGDSBufDeregister(const void *base);
+/* Only a buffer registered with uGDSBufRegisterEx(.., enable_export = true);
+ * others get UGDS_IO_NOT_SUPPORTED. The caller closes out->fd. */
 uGDSError_t uGDSExportDmabuf(const void *base, uGDSDmabufExport_t *out);
 uGDSError_t uGDSRDMARegister(const void *base, void *ibv_pd, int access, uGDSRDMARegion_t *region);
 uGDSError_t uGDSRDMAUnregister(const void *base, uGDSRDMARegion_t *region);
@@ -233,8 +242,11 @@ uGDSError_t uGDSRDMAUnregister(const void *base, uGDSRDMARegion_t *region);
 ssize_t uGDSRead(uGDSHandle_t fh, void *base, size_t size, off_t file_offset, off_t buf_offset);
 ssize_t uGDSWrite(uGDSHandle_t fh, const void *base, size_t size, off_t file_offset, off_t buf_offset);
 
+/* nr: 1 to UGDS_MAX_BATCH_IO. A handle's batches are destroyed with it. */
 uGDSError_t uGDSBatchIOSetUp(uGDSBatchHandle_t *batch, uGDSHandle_t fh, unsigned nr);
 uGDSError_t uGDSBatchIOSubmit(uGDSBatchHandle_t batch, unsigned nr, uGDSIOParams_t *params, unsigned flags);
+/* *nr in: the room in events, 0 meaning the batch's capacity (more than the
+ * capacity is read as the capacity); out: the events written. */
 uGDSError_t uGDSBatchIOGetStatus(uGDSBatchHandle_t batch, unsigned min_nr, unsigned *nr, uGDSIOEvents_t *events,
                                  struct timespec *timeout);
 /* Not in the existing uGDS (cuFile has cuFileBatchIOCancel). */
@@ -248,6 +260,9 @@ uGDSError_t uGDSReadAsync(uGDSHandle_t fh, void *base, size_t *size_p, off_t *fi
                           ssize_t *bytes_p, void *stream);
 uGDSError_t uGDSWriteAsync(uGDSHandle_t fh, void *base, size_t *size_p, off_t *file_offset_p, off_t *buf_offset_p,
                            ssize_t *bytes_p, void *stream);
+/* Streams stay the caller's: registering is optional, and a stream may be
+ * destroyed once its operations are enqueued; the library never touches a
+ * stream except to enqueue on it (deregistering does not wait for it). */
 uGDSError_t uGDSStreamRegister(void *stream);
 uGDSError_t uGDSStreamRegisterEx(void *stream, uGDSBackend_t backend);
 uGDSError_t uGDSStreamDeregister(void *stream);

@@ -66,6 +66,7 @@ pub const BATCH_CANCELED: c_int = 0x08;
 pub const BATCH_COMPLETE: c_int = 0x10;
 pub const BATCH_TIMEOUT: c_int = 0x20;
 pub const BATCH_FAILED: c_int = 0x40;
+pub const MAX_BATCH_IO: c_int = 65536;
 pub const NVM_MAP_DMABUF: c_int = 0x1;
 pub const NVM_MAP_RDMA: c_int = 0x2;
 pub const NVM_MAP_FORCE_CUDA: c_int = 0x4;
@@ -225,6 +226,7 @@ fn constant(n: &str) -> Option<c_long> {
         "UGDS_BATCH_COMPLETE" => BATCH_COMPLETE,
         "UGDS_BATCH_TIMEOUT" => BATCH_TIMEOUT,
         "UGDS_BATCH_FAILED" => BATCH_FAILED,
+        "UGDS_MAX_BATCH_IO" => MAX_BATCH_IO,
         "NVM_MAP_DMABUF" | "UGDS_REGISTER_DMABUF" => NVM_MAP_DMABUF,
         "NVM_MAP_RDMA" => NVM_MAP_RDMA,
         "NVM_MAP_FORCE_CUDA" => NVM_MAP_FORCE_CUDA,

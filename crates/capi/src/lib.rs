@@ -21,7 +21,7 @@ pub mod abi;
 use abi::{op, uGDSError_t, HandleObj};
 use libc::{off_t, size_t, ssize_t, timespec};
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -40,12 +40,17 @@ struct State {
     driver: ugds::Driver,
     /// Live handles by the address of their `HandleObj`.
     handles: HashMap<usize, Registered>,
-    /// Batch contexts by id (an opaque `void *` to the caller).
-    batches: HashMap<usize, Arc<ugds::Batch>>,
+    /// Batch contexts by id (an opaque `void *` to the caller), with the
+    /// key of the handle they belong to.
+    batches: HashMap<usize, (usize, Arc<ugds::Batch>)>,
     next_batch: usize,
     /// Streams by their runtime handle.
     streams: HashMap<usize, Arc<GpuStream>>,
+    /// Bases registered with `enable_export`.
+    exportable: HashSet<usize>,
 }
+
+const _: () = assert!(abi::MAX_BATCH_IO as usize == ugds::Batch::MAX_CAPACITY);
 
 /// Read-locked by every I/O call (to find its handle), write-locked only to
 /// add or remove objects; never held across device work.
@@ -155,26 +160,44 @@ pub extern "C" fn uGDSDriverOpen() -> uGDSError_t {
             batches: HashMap::new(),
             next_batch: 0x1000,
             streams: HashMap::new(),
+            exportable: HashSet::new(),
         });
         ok()
     })
 }
 
-/// Closes streams, batches and handles, waiting for their I/O.
+/// Closes batches and handles, waiting for their I/O. A handle that cannot
+/// be closed (wedged) is named in the error, with what stays pinned.
 #[no_mangle]
 pub extern "C" fn uGDSDriverClose() -> uGDSError_t {
     guard(internal(), || {
         let Some(st) = state_mut().take() else {
             return fail(op::DRIVER_NOT_INITIALIZED, "the driver is not open");
         };
-        // Streams first (they wait for their work), then batches, then
-        // handles: each drop waits for or quarantines what the device holds.
+        // Streams are the caller's: forgetting them touches nothing. Then
+        // batches (each cancels and waits for its requests), then handles.
         drop(st.streams);
         drop(st.batches);
+        let mut stuck = Vec::new();
         for (_, r) in st.handles {
             if let Err(e) = r.handle.close(Drain::Forever) {
-                tracing::warn!("closing handle on fd {} at driver close: {e}", r.fd);
+                stuck.push(format!(
+                    "the handle on fd {} ({e}): its queues, DMA memory and the buffers its stuck commands \
+                     target stay pinned, because the device may still write them; only \
+                     uGDSHandleDeregisterEx(fh, -2) before closing releases them (it resets the controller)",
+                    r.fd
+                ));
             }
+        }
+        let (held, busy) = st.driver.private_registrations();
+        if held > 0 {
+            stuck.push(format!(
+                "{held} just-in-time registrations ({busy} with I/O the device may still complete) stay \
+                 pinned: their requests timed out"
+            ));
+        }
+        if !stuck.is_empty() {
+            return fail(op::IO_DISABLED, format!("closed, leaving behind {}", stuck.join("; ")));
         }
         ok()
     })
@@ -223,20 +246,21 @@ fn platform_for(fd: c_int) -> Result<Arc<dyn ugds::platform::Platform>, uGDSErro
                 .map_err(from_error)
         }
         libc::S_IFREG if std::env::var("UGDS_EMULATE").is_ok_and(|v| v == "1") => {
-            let path = fd_path(fd).ok_or_else(|| fail(op::INVALID_VALUE, "cannot find the file's path"))?;
             let block: u32 = std::env::var("UGDS_EMULATE_BLOCK_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(512);
             let size = st.st_size as u64 / block as u64 * block as u64;
             if size == 0 {
                 return Err(fail(op::INVALID_VALUE, "the file is smaller than one block"));
             }
-            // SAFETY: F_GETFL on an open fd.
-            let direct = unsafe { libc::fcntl(fd, libc::F_GETFL) } & libc::O_DIRECT != 0;
-            let ns = if direct {
-                NamespaceConfig::direct_file(path, size, block)
-            } else {
-                NamespaceConfig::file(path, size, block)
-            };
-            EmuPlatform::new(EmuConfig::default().namespaces(vec![ns]))
+            // The caller's file itself, through a duplicate of its
+            // descriptor: never reopened by name (the name may be gone).
+            // SAFETY: `fd` is open (fstat succeeded); the dup is ours.
+            let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+            if dup < 0 {
+                return Err(fail(op::GETNEWFD_FAILED, "dup of the file's fd failed"));
+            }
+            // SAFETY: a new descriptor we own.
+            let owned = unsafe { OwnedFd::from_raw_fd(dup) };
+            EmuPlatform::new(EmuConfig::default().namespaces(vec![NamespaceConfig::descriptor(owned, size, block)]))
                 .map(|p| Arc::new(p) as Arc<dyn ugds::platform::Platform>)
                 .map_err(from_error)
         }
@@ -344,7 +368,9 @@ pub extern "C" fn uGDSHandleDeregister(fh: *mut c_void) {
     })
 }
 
-/// Closes a handle: 0 refuses with `UGDS_BUSY` while I/O is in flight, > 0 waits that many seconds, -1 waits, < -1 tears a wedged handle down after a controller reset.
+/// Closes a handle and destroys its batch contexts: 0 refuses with
+/// `UGDS_BUSY` while I/O is in flight, > 0 waits that many seconds, -1
+/// waits, < -1 tears a wedged handle down after a controller reset.
 #[no_mangle]
 pub extern "C" fn uGDSHandleDeregisterEx(fh: *mut c_void, timeout_sec: c_int) -> uGDSError_t {
     guard(internal(), || {
@@ -358,6 +384,21 @@ pub extern "C" fn uGDSHandleDeregisterEx(fh: *mut c_void, timeout_sec: c_int) ->
             t if t < -1 => Drain::ForceAfterReset,
             t => Drain::Timeout(Duration::from_secs(t as u64)),
         };
+        // The handle's batch contexts go with it (each holds the handle
+        // open): unless asked not to wait while they have requests out.
+        let batches: Vec<(usize, Arc<ugds::Batch>)> = {
+            with_state!(s, fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed"));
+            let mine: Vec<usize> = s.batches.iter().filter(|(_, (o, _))| *o == fh as usize).map(|(k, _)| *k).collect();
+            if drain == Drain::NoWait {
+                let out: usize = mine.iter().map(|k| s.batches[k].1.outstanding()).sum();
+                if out > 0 {
+                    return fail(op::BUSY, format!("{out} batch requests of this handle are outstanding"));
+                }
+            }
+            mine.into_iter().filter_map(|k| s.batches.remove(&k).map(|(_, b)| (k, b))).collect()
+        };
+        // Dropped outside the lock: each cancels and waits for its requests.
+        drop(batches);
         if let Err(e) = h.close(drain) {
             return from_error(e);
         }
@@ -381,7 +422,7 @@ fn registered(base: *const c_void) -> Result<(ugds::Driver, BufferToken), uGDSEr
 
 /// Registers with the runtime that owns the memory: CUDA where it loads,
 /// HIP when asked (NVM_MAP_DMABUF is what ROCm callers pass), else host.
-fn register(base: *const c_void, len: size_t, backend: c_int) -> uGDSError_t {
+fn register(base: *const c_void, len: size_t, backend: c_int, export: bool) -> uGDSError_t {
     if base.is_null() || len == 0 {
         return fail(op::INVALID_VALUE, "null base or zero length");
     }
@@ -402,7 +443,15 @@ fn register(base: *const c_void, len: size_t, backend: c_int) -> uGDSError_t {
         }
     };
     match r {
-        Ok(_) => ok(),
+        Ok(t) => {
+            with_state!(s, fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed"));
+            if export {
+                s.exportable.insert(t.base);
+            } else {
+                s.exportable.remove(&t.base);
+            }
+            ok()
+        }
         Err(e) => from_error(e),
     }
 }
@@ -418,11 +467,11 @@ pub extern "C" fn uGDSBufRegister(base: *const c_void, len: size_t, flags: c_int
         } else {
             abi::BACKEND_DEFAULT
         };
-        register(base, len, backend)
+        register(base, len, backend, false)
     })
 }
 
-/// Registers memory with an explicit backend.
+/// Registers memory with an explicit backend; `enable_export` allows `uGDSExportDmabuf`.
 #[no_mangle]
 pub extern "C" fn uGDSBufRegisterEx(
     base: *const c_void,
@@ -434,11 +483,11 @@ pub extern "C" fn uGDSBufRegisterEx(
             return fail(op::INVALID_VALUE, "null config");
         }
         // SAFETY: non-null; the caller passes a valid config.
-        let backend = unsafe { (*config).backend };
+        let (backend, export) = unsafe { ((*config).backend, (*config).enable_export) };
         if !matches!(backend, abi::BACKEND_DEFAULT | abi::BACKEND_CUDA | abi::BACKEND_HIP) {
             return fail(op::INVALID_VALUE, format!("unknown backend {backend}"));
         }
-        register(base, len, backend)
+        register(base, len, backend, export)
     })
 }
 
@@ -454,13 +503,18 @@ pub extern "C" fn uGDSBufDeregister(base: *const c_void) -> uGDSError_t {
             Err(e) => return e,
         };
         match driver.deregister(&t) {
-            Ok(()) => ok(),
+            Ok(()) => {
+                if let Some(s) = state_mut().as_mut() {
+                    s.exportable.remove(&t.base);
+                }
+                ok()
+            }
             Err(e) => from_error(e),
         }
     })
 }
 
-/// Exports registered GPU memory as a dma-buf; the caller closes the fd.
+/// Exports GPU memory registered for export as a dma-buf; the caller closes the fd.
 #[no_mangle]
 pub extern "C" fn uGDSExportDmabuf(base: *const c_void, out: *mut abi::uGDSDmabufExport_t) -> uGDSError_t {
     guard(internal(), || {
@@ -471,6 +525,12 @@ pub extern "C" fn uGDSExportDmabuf(base: *const c_void, out: *mut abi::uGDSDmabu
             Ok(x) => x,
             Err(e) => return e,
         };
+        if !state().as_ref().is_some_and(|s| s.exportable.contains(&t.base)) {
+            return fail(
+                op::IO_NOT_SUPPORTED,
+                format!("{base:p} was not registered for export (uGDSBufRegisterEx with enable_export = true)"),
+            );
+        }
         match driver.export_dmabuf(&t) {
             Ok(x) => {
                 // SAFETY: non-null, checked above.
@@ -605,7 +665,8 @@ mod rdma {
 }
 
 /// The registration to use for `base + buf_offset .. + size`: the one
-/// holding `base`, or a just-in-time one (deregistered after the I/O).
+/// holding `base`, or a just-in-time one of this call alone (private: no
+/// other call can find, use or deregister it), deregistered after the I/O.
 enum Target {
     Registered(BufferToken, usize),
     JustInTime(BufferToken),
@@ -639,24 +700,29 @@ fn sync_io(
         remember(format!("offset {file_offset} or size {size} is not a multiple of the {bs}-byte block"));
         return neg(libc::EINVAL);
     }
+    let Some(start) = (base as usize).checked_add(buf_offset as usize).filter(|s| s.checked_add(size).is_some())
+    else {
+        remember("buffer offset and size wrap the address space".into());
+        return neg(libc::EINVAL);
+    };
     let target = match driver.token_containing(base.cast()) {
         Some(t) => Target::Registered(t, base as usize - t.base + buf_offset as usize),
         None => {
-            let start = base as usize + buf_offset as usize;
             // SAFETY: the C contract: the caller's buffer is valid for the
-            // call; it is deregistered before this returns.
+            // call; it is deregistered before this returns (or kept pinned
+            // if the device may still write it).
             let r = unsafe {
                 match ugds::gpu::cuda::Cuda::get().and_then(|c| c.classify(start as u64, size)) {
                     Ok(ugds::gpu::cuda::Memory::Device(_)) if start % (64 << 10) != 0 => {
                         remember("an unregistered GPU buffer must start 64 KiB aligned".into());
                         return neg(libc::EINVAL);
                     }
-                    Ok(ugds::gpu::cuda::Memory::Device(_)) => driver.register_cuda(start as u64, size),
+                    Ok(ugds::gpu::cuda::Memory::Device(_)) => driver.register_cuda_private(start as u64, size),
                     Err(Error::GpuPointerRange { .. } | Error::GpuMemoryType { .. }) => {
                         remember("the GPU range cannot be used".into());
                         return neg(libc::EINVAL);
                     }
-                    _ => driver.register(start as *mut u8, size),
+                    _ => driver.register_private(start as *mut u8, size),
                 }
             };
             match r {
@@ -678,9 +744,13 @@ fn sync_io(
     } else {
         h.read(&token, size, file_offset as u64, off)
     };
+    let mut kept = None;
     if let Target::JustInTime(t) = target {
+        // Refused only while a command that timed out still holds the
+        // buffer: the device may write it, so its pages stay pinned.
         if let Err(e) = driver.deregister(&t) {
-            tracing::warn!("just-in-time registration kept: {e}");
+            tracing::warn!("just-in-time registration of {start:#x}+{size:#x} kept: {e}");
+            kept = Some(e);
         }
     }
     match r {
@@ -690,7 +760,14 @@ fn sync_io(
                 Error::Closed => neg(op::HANDLE_NOT_REGISTERED),
                 ref other => neg(other.errno()),
             };
-            remember(e.to_string());
+            match kept {
+                Some(_) => remember(format!(
+                    "{e}; the device may still {} the buffer at {start:#x}+{size:#x}: its pages stay pinned \
+                     until the handle is torn down (uGDSHandleDeregisterEx(fh, -2)); do not free it before",
+                    if write { "read" } else { "write" }
+                )),
+                None => remember(e.to_string()),
+            }
             n
         }
     }
@@ -727,6 +804,9 @@ pub extern "C" fn uGDSBatchIOSetUp(batch: *mut *mut c_void, fh: *mut c_void, nr:
         if batch.is_null() || nr == 0 {
             return fail(op::INVALID_VALUE, "null batch pointer or nr 0");
         }
+        if nr as usize > ugds::Batch::MAX_CAPACITY {
+            return fail(op::INVALID_VALUE, format!("nr {nr} is more than UGDS_MAX_BATCH_IO ({})", abi::MAX_BATCH_IO));
+        }
         let h = match lookup(fh) {
             Ok((h, _)) => h,
             Err(c) => return fail(c, "no such handle"),
@@ -738,7 +818,7 @@ pub extern "C" fn uGDSBatchIOSetUp(batch: *mut *mut c_void, fh: *mut c_void, nr:
         with_state!(s, fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed"));
         let id = s.next_batch;
         s.next_batch += 16;
-        s.batches.insert(id, b);
+        s.batches.insert(id, (fh as usize, b));
         // SAFETY: non-null, checked above.
         unsafe { *batch = id as *mut c_void };
         ok()
@@ -751,7 +831,7 @@ fn batch_of(batch: *mut c_void) -> Result<(Arc<ugds::Batch>, ugds::Driver), uGDS
     if batch.is_null() {
         return Err(fail(op::INVALID_VALUE, "null batch"));
     }
-    let b = s.batches.get(&(batch as usize)).ok_or_else(|| fail(op::INVALID_VALUE, "no such batch"))?;
+    let (_, b) = s.batches.get(&(batch as usize)).ok_or_else(|| fail(op::INVALID_VALUE, "no such batch"))?;
     Ok((b.clone(), s.driver.clone()))
 }
 
@@ -823,7 +903,10 @@ pub extern "C" fn uGDSBatchIOGetStatus(
             Err(e) => return e,
         };
         // SAFETY: non-null, checked above.
-        let room = unsafe { *nr } as usize;
+        let asked = unsafe { *nr } as usize;
+        // 0: up to the capacity (the existing uGDS reads it so); never more
+        // than the capacity, which is all there can be.
+        let room = if asked == 0 { b.capacity() } else { asked.min(b.capacity()) };
         if (min_nr as usize) > room {
             return fail(op::INVALID_VALUE, format!("min_nr {min_nr} is more than the {room} events' room"));
         }
@@ -875,6 +958,7 @@ pub extern "C" fn uGDSBatchIODestroy(batch: *mut c_void) {
             return;
         }
         let b = state_mut().as_mut().and_then(|s| s.batches.remove(&(batch as usize)));
+        let b = b.map(|(_, b)| b);
         // Dropped outside the lock: a context with commands in flight waits
         // for them (or wedges the handle) before it goes.
         drop(b);
@@ -986,7 +1070,7 @@ pub extern "C" fn uGDSStreamRegisterEx(stream: *mut c_void, backend: c_int) -> u
     })
 }
 
-/// Forgets a stream, after its work is done.
+/// Forgets a stream; does not wait for it or touch it (it stays the caller's).
 #[no_mangle]
 pub extern "C" fn uGDSStreamDeregister(stream: *mut c_void) -> uGDSError_t {
     guard(internal(), || {
@@ -998,7 +1082,6 @@ pub extern "C" fn uGDSStreamDeregister(stream: *mut c_void) -> uGDSError_t {
             st.streams.remove(&(stream as usize))
         };
         match s {
-            // Dropped without the lock: it waits for the stream's work.
             Some(s) => {
                 drop(s);
                 ok()

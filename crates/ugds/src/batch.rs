@@ -62,9 +62,16 @@ impl Handle {
 }
 
 impl Batch {
+    /// The largest capacity a batch context may have (its bookkeeping is
+    /// allocated up front: a few MiB at this size).
+    pub const MAX_CAPACITY: usize = 65536;
+
     pub(crate) fn new(handle: Arc<HandleInner>, capacity: usize) -> Result<Batch> {
-        if capacity == 0 {
-            return Err(Error::InvalidArgument("a batch context needs a capacity of at least 1".into()));
+        if capacity == 0 || capacity > Batch::MAX_CAPACITY {
+            return Err(Error::InvalidArgument(format!(
+                "a batch context's capacity is 1 to {}, not {capacity}",
+                Batch::MAX_CAPACITY
+            )));
         }
         let r = handle.enter()?;
         let q = handle.batch_queue()?;

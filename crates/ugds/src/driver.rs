@@ -6,7 +6,7 @@ use crate::gpu::{DeviceMemory, DmabufExport};
 use crate::handle::{Handle, HandleInner, HandleOptions};
 use crate::platform::emu::{EmuConfig, EmuControl, EmuPlatform};
 use crate::platform::Platform;
-use crate::registry::{BufferToken, Registry};
+use crate::registry::{BufferToken, Registry, Visibility};
 use crate::{Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -81,14 +81,53 @@ impl Driver {
     /// the returned token, and must not be read or written by anyone else
     /// while an I/O call on it is in progress.
     pub unsafe fn register(&self, base: *mut u8, len: usize) -> Result<BufferToken> {
-        self.insert(base as usize, len, None)
+        self.insert(base as usize, len, None, Visibility::Public)
     }
 
-    fn insert(&self, base: usize, len: usize, device: Option<DeviceMemory>) -> Result<BufferToken> {
+    /// Registers host memory for one caller alone (a just-in-time
+    /// registration): found only by the returned token, never by address,
+    /// so it neither conflicts with a registration of the same memory nor
+    /// can be used or deregistered by anyone without the token.
+    ///
+    /// # Safety
+    /// As for [`register`](Self::register).
+    pub unsafe fn register_private(&self, base: *mut u8, len: usize) -> Result<BufferToken> {
+        self.insert(base as usize, len, None, Visibility::Private)
+    }
+
+    /// [`register_cuda`](Self::register_cuda) for one caller alone; see
+    /// [`register_private`](Self::register_private).
+    ///
+    /// # Safety
+    /// As for [`register_cuda`](Self::register_cuda).
+    pub unsafe fn register_cuda_private(&self, ptr: u64, len: usize) -> Result<BufferToken> {
+        let cuda = crate::gpu::cuda::Cuda::get()?;
+        match cuda.classify(ptr, len)? {
+            Memory::Host => self.insert(ptr as usize, len, None, Visibility::Private),
+            Memory::Device(d) => self.insert(ptr as usize, len, Some(d), Visibility::Private),
+        }
+    }
+
+    /// Private registrations still held (`(held, with I/O in flight)`):
+    /// those of calls whose I/O timed out keep their pages until the
+    /// handle is torn down.
+    pub fn private_registrations(&self) -> (usize, usize) {
+        self.inner.registry.private_count()
+    }
+
+    fn insert(&self, base: usize, len: usize, device: Option<DeviceMemory>, v: Visibility) -> Result<BufferToken> {
+        if device.is_none() && len as u64 > physical_memory() {
+            // No process can pin more than the machine has; checked before
+            // any page list is allocated.
+            return Err(Error::InvalidArgument(format!(
+                "{len} bytes of host memory is more than this machine's {} bytes",
+                physical_memory()
+            )));
+        }
         let handles = self.inner.handles.lock().unwrap_or_else(|p| p.into_inner());
         let live: Vec<_> =
             handles.iter().filter_map(|(id, w)| w.upgrade().map(|h| (*id, h.platform().clone()))).collect();
-        self.inner.registry.insert(base, len, device, &live)
+        self.inner.registry.insert(base, len, device, &live, v)
     }
 
     /// Registers memory CUDA knows: device memory from `cuMemAlloc` (or
@@ -102,8 +141,8 @@ impl Driver {
     pub unsafe fn register_cuda(&self, ptr: u64, len: usize) -> Result<BufferToken> {
         let cuda = crate::gpu::cuda::Cuda::get()?;
         match cuda.classify(ptr, len)? {
-            Memory::Host => self.insert(ptr as usize, len, None),
-            Memory::Device(d) => self.insert(ptr as usize, len, Some(d)),
+            Memory::Host => self.insert(ptr as usize, len, None, Visibility::Public),
+            Memory::Device(d) => self.insert(ptr as usize, len, Some(d), Visibility::Public),
         }
     }
 
@@ -114,8 +153,8 @@ impl Driver {
     pub unsafe fn register_hip(&self, ptr: u64, len: usize) -> Result<BufferToken> {
         let hip = crate::gpu::hip::Hip::get()?;
         match hip.classify(ptr, len)? {
-            Memory::Host => self.insert(ptr as usize, len, None),
-            Memory::Device(d) => self.insert(ptr as usize, len, Some(d)),
+            Memory::Host => self.insert(ptr as usize, len, None, Visibility::Public),
+            Memory::Device(d) => self.insert(ptr as usize, len, Some(d), Visibility::Public),
         }
     }
 
@@ -126,7 +165,7 @@ impl Driver {
     pub fn register_dmabuf(&self, fd: std::os::fd::BorrowedFd<'_>, offset: u64, len: usize) -> Result<BufferToken> {
         let d = std::sync::Arc::new(crate::gpu::dmabuf::Dmabuf::new(fd, offset, len)?);
         let base = d.base();
-        self.insert(base, len, Some(DeviceMemory { ptr: base as u64, len, runtime: d }))
+        self.insert(base, len, Some(DeviceMemory { ptr: base as u64, len, runtime: d }), Visibility::Public)
     }
 
     /// Exports registered GPU memory as a dma-buf, for other consumers
@@ -161,4 +200,14 @@ impl Driver {
     pub fn token_at(&self, base: *const u8) -> Option<BufferToken> {
         self.inner.registry.token_at(base as usize)
     }
+}
+
+/// Bytes of physical memory (`u64::MAX` where the system does not say).
+fn physical_memory() -> u64 {
+    // SAFETY: sysconf reads a system value.
+    let (pages, size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    if pages <= 0 || size <= 0 {
+        return u64::MAX;
+    }
+    (pages as u64).saturating_mul(size as u64)
 }

@@ -6,6 +6,11 @@
 //! cannot be deregistered while that count is not zero. An entry holds one
 //! controller mapping per open handle.
 //!
+//! A private registration (the just-in-time registration of one
+//! synchronous call) is found only by its token, never by address: it does
+//! not conflict with a registration of the same memory, and no other call
+//! can pick it up or deregister it.
+//!
 //! Requests look their buffer up through a [`Recent`]: the last entry the
 //! calling thread (or lent queue) used, kept with its pages. A request on
 //! the same buffer takes its in-flight reference without the registry's
@@ -16,7 +21,7 @@
 use crate::gpu::DeviceMemory;
 use crate::platform::{HostMapping, Platform};
 use crate::{Error, Result};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, Weak};
 
@@ -108,6 +113,17 @@ static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
 #[derive(Default)]
 pub(crate) struct Registry {
     map: RwLock<BTreeMap<usize, Arc<BufEntry>>>,
+    /// Private registrations, by generation.
+    private: RwLock<HashMap<u64, Arc<BufEntry>>>,
+}
+
+/// Where a registration is kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Visibility {
+    /// Found by address; no overlap with another public registration.
+    Public,
+    /// Found only by its token.
+    Private,
 }
 
 impl Registry {
@@ -119,6 +135,7 @@ impl Registry {
         len: usize,
         device: Option<DeviceMemory>,
         handles: &[(u64, Arc<dyn Platform>)],
+        visibility: Visibility,
     ) -> Result<BufferToken> {
         if base == 0 {
             return Err(Error::InvalidArgument("null buffer".into()));
@@ -129,13 +146,15 @@ impl Registry {
         let end =
             base.checked_add(len).ok_or_else(|| Error::InvalidArgument("buffer wraps the address space".into()))?;
         let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
-        if map.contains_key(&base) {
-            return Err(Error::AlreadyRegistered { base });
-        }
-        let before = map.range(..base).next_back().filter(|(_, e)| e.base + e.len > base);
-        let after = map.range(base..end).next();
-        if let Some((&existing, _)) = before.or(after) {
-            return Err(Error::Overlap { base, len, existing });
+        if visibility == Visibility::Public {
+            if map.contains_key(&base) {
+                return Err(Error::AlreadyRegistered { base });
+            }
+            let before = map.range(..base).next_back().filter(|(_, e)| e.base + e.len > base);
+            let after = map.range(base..end).next();
+            if let Some((&existing, _)) = before.or(after) {
+                return Err(Error::Overlap { base, len, existing });
+            }
         }
         let generation = NEXT_GENERATION.fetch_add(1, Ordering::Relaxed);
         let entry = Arc::new(BufEntry {
@@ -155,33 +174,69 @@ impl Registry {
                 return Err(e);
             }
         }
-        map.insert(base, entry);
+        match visibility {
+            Visibility::Public => {
+                map.insert(base, entry);
+            }
+            Visibility::Private => {
+                self.private.write().unwrap_or_else(|p| p.into_inner()).insert(generation, entry);
+            }
+        }
         Ok(BufferToken { base, len, generation })
     }
 
-    /// Removes a registration; refuses a stale token or one with I/O in flight.
-    pub fn remove(&self, token: &BufferToken) -> Result<()> {
-        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
-        let e = map.get(&token.base).ok_or(Error::NotRegistered { base: token.base })?;
-        if e.generation != token.generation {
-            return Err(Error::StaleToken { base: token.base, got: token.generation, current: e.generation });
-        }
+    /// The private entry `token` names, if any.
+    fn private_entry(&self, token: &BufferToken) -> Option<Arc<BufEntry>> {
+        let p = self.private.read().unwrap_or_else(|p| p.into_inner());
+        p.get(&token.generation).filter(|e| e.base == token.base).cloned()
+    }
+
+    /// Clears `e`'s `registered` flag unless I/O is in flight on it.
+    fn retire(e: &BufEntry) -> Result<()> {
         // Against `Recent::claim`, which raises `inflight` and then reads
         // `registered` (both SeqCst): after this store, either our load
         // below sees its claim, or its load sees `false` and it backs off
-        // to `acquire`, which waits for our write lock.
+        // to `acquire`, which waits for the registry's write lock.
         e.registered.store(false, Ordering::SeqCst);
         let inflight = e.inflight.load(Ordering::SeqCst);
         if inflight != 0 {
             e.registered.store(true, Ordering::SeqCst);
             return Err(Error::Busy { what: "buffer", inflight });
         }
-        let e = map.remove(&token.base).expect("looked up above");
+        Ok(())
+    }
+
+    fn unmap_all(e: &BufEntry) {
         let ids: Vec<u64> = e.mappings().iter().map(|m| m.handle_id).collect();
         for id in ids {
             e.unmap_for(id);
         }
-        Ok(())
+    }
+
+    /// Removes a registration; refuses a stale token or one with I/O in flight.
+    pub fn remove(&self, token: &BufferToken) -> Result<()> {
+        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        match map.get(&token.base) {
+            Some(e) if e.generation == token.generation => {
+                Self::retire(e)?;
+                let e = map.remove(&token.base).expect("looked up above");
+                Self::unmap_all(&e);
+                return Ok(());
+            }
+            public => {
+                let mut p = self.private.write().unwrap_or_else(|p| p.into_inner());
+                if let Some(e) = p.get(&token.generation).filter(|e| e.base == token.base) {
+                    Self::retire(e)?;
+                    let e = p.remove(&token.generation).expect("looked up above");
+                    Self::unmap_all(&e);
+                    return Ok(());
+                }
+                Err(match public {
+                    Some(e) => Error::StaleToken { base: token.base, got: token.generation, current: e.generation },
+                    None => Error::NotRegistered { base: token.base },
+                })
+            }
+        }
     }
 
     /// The current registration at `base`.
@@ -203,16 +258,27 @@ impl Registry {
     #[inline(never)]
     pub fn acquire(&self, token: &BufferToken, offset: u64, len: u64) -> Result<BufGuard> {
         let map = self.map.read().unwrap_or_else(|p| p.into_inner());
-        let e = map.get(&token.base).ok_or(Error::NotRegistered { base: token.base })?;
-        if e.generation != token.generation {
-            return Err(Error::StaleToken { base: token.base, got: token.generation, current: e.generation });
-        }
+        let e = match map.get(&token.base) {
+            Some(e) if e.generation == token.generation => e.clone(),
+            public => match self.private_entry(token) {
+                Some(e) => e,
+                None => {
+                    return Err(match public {
+                        Some(e) => {
+                            Error::StaleToken { base: token.base, got: token.generation, current: e.generation }
+                        }
+                        None => Error::NotRegistered { base: token.base },
+                    })
+                }
+            },
+        };
         if offset.checked_add(len).is_none_or(|end| end > e.len as u64) {
             return Err(Error::BufferRange { base: e.base, offset, len, buffer_len: e.len });
         }
-        // Taken under the read lock: `remove` (write lock) sees it.
+        // Taken under the registry's read lock: `remove` (write lock, which
+        // a private entry's removal also takes first) sees it.
         e.inflight.fetch_add(1, Ordering::Acquire);
-        Ok(BufGuard(e.clone()))
+        Ok(BufGuard(e))
     }
 
     /// Like [`acquire`](Self::acquire), through `recent`: on the buffer
@@ -239,17 +305,31 @@ impl Registry {
     /// The device memory registered at `token`, checked.
     pub fn device_memory(&self, token: &BufferToken) -> Result<Option<DeviceMemory>> {
         let map = self.map.read().unwrap_or_else(|p| p.into_inner());
-        let e = map.get(&token.base).ok_or(Error::NotRegistered { base: token.base })?;
-        if e.generation != token.generation {
-            return Err(Error::StaleToken { base: token.base, got: token.generation, current: e.generation });
+        match map.get(&token.base) {
+            Some(e) if e.generation == token.generation => Ok(e.device.clone()),
+            public => match (self.private_entry(token), public) {
+                (Some(e), _) => Ok(e.device.clone()),
+                (None, Some(e)) => {
+                    Err(Error::StaleToken { base: token.base, got: token.generation, current: e.generation })
+                }
+                (None, None) => Err(Error::NotRegistered { base: token.base }),
+            },
         }
-        Ok(e.device.clone())
     }
 
-    /// Every entry, for mapping them on a new handle or unmapping on close.
+    /// Every entry, public and private, for mapping them on a new handle or
+    /// unmapping on close.
     pub fn for_each(&self, mut f: impl FnMut(&Arc<BufEntry>) -> Result<()>) -> Result<()> {
         let map = self.map.read().unwrap_or_else(|p| p.into_inner());
-        map.values().try_for_each(&mut f)
+        map.values().try_for_each(&mut f)?;
+        let p = self.private.read().unwrap_or_else(|p| p.into_inner());
+        p.values().try_for_each(&mut f)
+    }
+
+    /// Private registrations, and how many of them have I/O in flight.
+    pub fn private_count(&self) -> (usize, usize) {
+        let p = self.private.read().unwrap_or_else(|p| p.into_inner());
+        (p.len(), p.values().filter(|e| e.inflight.load(Ordering::Acquire) != 0).count())
     }
 }
 
@@ -328,7 +408,7 @@ mod tests {
         let base = mem.as_mut_ptr() as usize;
         let reg = Registry::default();
         let handles = [(1u64, platform)];
-        let first = reg.insert(base, 8192, None, &handles).unwrap();
+        let first = reg.insert(base, 8192, None, &handles, Visibility::Public).unwrap();
         let stop = AtomicBool::new(false);
         let claims = AtomicU64::new(0);
         let removals = std::thread::scope(|s| {
@@ -357,7 +437,7 @@ mod tests {
                 match reg.remove(&t) {
                     Ok(()) => {
                         removals += 1;
-                        t = reg.insert(base, 8192, None, &handles).unwrap();
+                        t = reg.insert(base, 8192, None, &handles, Visibility::Public).unwrap();
                     }
                     Err(Error::Busy { .. }) => std::thread::yield_now(),
                     Err(e) => panic!("unexpected {e}"),

@@ -285,42 +285,115 @@ fn a_stalled_io_does_not_hold_other_streams() {
     d.deregister(&t).unwrap();
 }
 
+/// 64 streams at once, each with a kernel before, a read, a kernel, a
+/// write back and a kernel after: every read and write checked. More
+/// streams wait on I/O than the context has hardware queues, so this
+/// deadlocked while the emulator's copies ran in the caller's context.
 #[test]
-fn many_streams_at_once() {
+fn sixty_four_streams_read_and_write_at_once() {
     let Some(cuda) = cuda() else { return };
+    const N: usize = 64;
+    const SZ: usize = 65536;
     let (d, h, _e) = open(small_emu(), opts());
-    let gpu = cuda.alloc(8 << 20).unwrap();
+    let gpu = cuda.alloc(N * SZ).unwrap();
     // SAFETY: deregistered below.
     let t = unsafe { d.register_cuda(gpu.ptr(), gpu.len()) }.unwrap();
-    let mut hb = Buf::new(&d, 8 << 20);
-    hb.mem.copy_from_slice(&pattern(6, 0, 8 << 20));
-    h.write(&hb.token, 8 << 20, 0, 0).unwrap();
-    let raws: Vec<_> = (0..8).map(|_| cuda.create_stream().unwrap()).collect();
-    // SAFETY: `raws` outlive the streams (dropped after them below).
+    let mut hb = Buf::new(&d, N * SZ);
+    hb.mem.copy_from_slice(&pattern(6, 0, N * SZ));
+    h.write(&hb.token, N * SZ, 0, 0).unwrap();
+    let spin = cuda.spin_kernel().unwrap();
+    let raws: Vec<_> = (0..N).map(|_| cuda.create_stream().unwrap()).collect();
+    // SAFETY: each raw stream outlives its GpuStream (dropped first below).
     let streams: Vec<_> =
         raws.iter().map(|r| unsafe { cuda.stream(r.raw(), StreamWait::DeviceSide) }.unwrap()).collect();
     let mut results = Vec::new();
-    for (i, s) in streams.iter().enumerate() {
-        for j in 0..16 {
-            let off = (i * 16 + j) * 65536;
-            let (io, r) = StreamIo::new(65536, off as u64, off);
-            h.read_async(&t, io, s).unwrap();
-            results.push(r);
-        }
+    for (i, (s, raw)) in streams.iter().zip(&raws).enumerate() {
+        let off = i * SZ;
+        spin.launch(raw, 20_000).unwrap();
+        let (io, r) = StreamIo::new(SZ, off as u64, off);
+        h.read_async(&t, io, s).unwrap();
+        results.push(r);
+        spin.launch(raw, 20_000).unwrap();
+        let back = (8 << 20) + off as u64;
+        let (io, w) = StreamIo::new(SZ, back, off);
+        h.write_async(&t, io, s).unwrap();
+        results.push(w);
+        spin.launch(raw, 20_000).unwrap();
     }
-    for s in &streams {
-        s.synchronize().unwrap();
+    for raw in &raws {
+        raw.synchronize().unwrap();
     }
     let bad: Vec<_> = results
         .iter()
         .enumerate()
-        .filter(|(_, r)| r.bytes() != 65536)
+        .filter(|(_, r)| r.bytes() != SZ as i64)
         .map(|(i, r)| (i, r.bytes(), r.take_error()))
         .collect();
     assert!(bad.is_empty(), "{bad:?}");
-    assert!(download(&gpu, 0, 8 << 20) == pattern(6, 0, 8 << 20));
+    assert!(download(&gpu, 0, N * SZ) == pattern(6, 0, N * SZ), "reads on the streams");
+    h.read(&hb.token, N * SZ, 8 << 20, 0).unwrap();
+    assert!(hb.mem[..] == pattern(6, 0, N * SZ)[..], "writes on the streams");
     drop(streams);
     d.deregister(&t).unwrap();
+}
+
+/// Streams belong to the caller: destroyed before ugds's side of them is
+/// dropped (with and without work still queued), and then the buffer, the
+/// handle and everything else torn down. Nothing may touch the streams.
+#[test]
+fn streams_destroyed_before_teardown() {
+    let Some(cuda) = cuda() else { return };
+    let (d, h, _e) = open(small_emu(), opts());
+    let gpu = cuda.alloc(1 << 20).unwrap();
+    // SAFETY: deregistered below.
+    let t = unsafe { d.register_cuda(gpu.ptr(), gpu.len()) }.unwrap();
+    let spin = cuda.spin_kernel().unwrap();
+    let mut results = Vec::new();
+    let mut kept = Vec::new();
+    for round in 0..3 {
+        let raw = cuda.create_stream().unwrap();
+        // SAFETY: the raw stream is destroyed first on purpose: what is
+        // tested is that nothing uses it after its operations ran.
+        let s = unsafe { cuda.stream(raw.raw(), StreamWait::DeviceSide) }.unwrap();
+        spin.launch(&raw, 2_000_000).unwrap();
+        for j in 0..4 {
+            let (io, r) = StreamIo::new(4096, (round * 4 + j) * 4096, j as usize * 4096);
+            h.read_async(&t, io, &s).unwrap();
+            results.push(r);
+        }
+        match round {
+            // Destroyed with the kernel and the reads still queued (CUDA
+            // runs them, then frees the stream).
+            0 => drop(raw),
+            // Destroyed once its work is done.
+            1 => {
+                raw.synchronize().unwrap();
+                drop(raw);
+            }
+            // Destroyed after ugds's side is dropped.
+            _ => {
+                drop(s);
+                raw.synchronize().unwrap();
+                drop(raw);
+                continue;
+            }
+        }
+        kept.push(s);
+    }
+    cuda.synchronize().unwrap();
+    assert!(results.iter().all(|r| r.bytes() == 4096), "every queued read ran");
+    drop(kept);
+    // A new stream gets words no stream still reads, and works.
+    let raw = cuda.create_stream().unwrap();
+    // SAFETY: `raw` outlives `s`.
+    let s = unsafe { cuda.stream(raw.raw(), StreamWait::DeviceSide) }.unwrap();
+    let (io, r) = StreamIo::new(4096, 0, 0);
+    h.read_async(&t, io, &s).unwrap();
+    raw.synchronize().unwrap();
+    assert_eq!(r.bytes(), 4096);
+    drop(s);
+    d.deregister(&t).unwrap();
+    h.close(ugds::Drain::Forever).unwrap();
 }
 
 #[test]

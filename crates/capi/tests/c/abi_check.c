@@ -129,6 +129,7 @@ int main(void) {
     CONST(NVM_MAP_RDMA);
     CONST(NVM_MAP_FORCE_CUDA);
 
+    CONST(UGDS_MAX_BATCH_IO);
     /* A name the library does not know is reported as such. */
     CHECK(ugds_abi_constant("UGDS_NO_SUCH_CONSTANT") == -1);
     CHECK(ugds_abi_offsetof("uGDSIOParams_t", "no_such_field") == -1);

@@ -7,7 +7,7 @@
 //! memory (pinned or not) is registered as host memory.
 
 use super::dl::Library;
-use super::stream::{GpuStream, StreamBackend};
+use super::stream::{GpuStream, StreamBackend, WordPool, WORD_PAGE};
 use super::{page_span, DeviceMemory, DeviceRuntime, DmabufExport};
 use crate::{Error, Result};
 use std::collections::HashMap;
@@ -70,6 +70,8 @@ struct Api {
     stream_synchronize: unsafe extern "C" fn(RawStream) -> Res,
     launch_host_func: unsafe extern "C" fn(RawStream, HostFn, *mut c_void) -> Res,
     stream_wait_value32: unsafe extern "C" fn(RawStream, u64, u32, u32) -> Res,
+    stream_write_value32: unsafe extern "C" fn(RawStream, u64, u32, u32) -> Res,
+    ctx_pop_current: unsafe extern "C" fn(*mut Ctx) -> Res,
     /// Optional (for tests): a context other than the primary one.
     ctx_create: Option<unsafe extern "C" fn(*mut Ctx, u32, i32) -> Res>,
     ctx_destroy: unsafe extern "C" fn(Ctx) -> Res,
@@ -127,6 +129,8 @@ impl Api {
                 stream_synchronize: lib.sym(c"cuStreamSynchronize")?,
                 launch_host_func: lib.sym(c"cuLaunchHostFunc")?,
                 stream_wait_value32: lib.sym_any(&[c"cuStreamWaitValue32_v2", c"cuStreamWaitValue32"])?,
+                stream_write_value32: lib.sym_any(&[c"cuStreamWriteValue32_v2", c"cuStreamWriteValue32"])?,
+                ctx_pop_current: lib.sym(c"cuCtxPopCurrent_v2")?,
                 ctx_create: lib.sym(c"cuCtxCreate_v2").ok(),
                 ctx_destroy: lib.sym(c"cuCtxDestroy_v2")?,
                 module_load_data: lib.sym(c"cuModuleLoadData")?,
@@ -143,6 +147,18 @@ pub struct Cuda {
     _lib: Library,
     /// One runtime object per context, shared by its registrations.
     contexts: Mutex<HashMap<usize, Arc<CudaContext>>>,
+    /// The copy engine's own context and stream, per device.
+    copy_engines: Mutex<HashMap<i32, CopyEngine>>,
+    /// Stream support per context (it owns the context's word pool).
+    stream_backends: Mutex<HashMap<usize, Arc<CudaStreamBackend>>>,
+}
+
+/// A context ugds creates for the emulated controller's copies, and its
+/// stream. See [`CudaContext`] for why it is not the caller's context.
+#[derive(Clone, Copy)]
+struct CopyEngine {
+    ctx: usize,
+    stream: usize,
 }
 
 static CUDA: OnceLock<std::result::Result<Arc<Cuda>, String>> = OnceLock::new();
@@ -156,19 +172,15 @@ impl Cuda {
     }
 
     fn load() -> Result<Cuda> {
-        // A stream waiting for I/O (cuStreamWaitValue32) holds one of the
-        // device's hardware queues, which streams share round-robin (8 by
-        // default). The emulated controller's copy engine runs on a stream
-        // too, and would deadlock behind such a wait; with a real controller
-        // it only costs false sharing. Ask for the most queues (32) unless
-        // the user chose; this only takes effect if CUDA is not yet
-        // initialised in this process.
-        if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
-            std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32");
-        }
         let lib = Library::open(&["libcuda.so.1", "libcuda.so"])?;
         let api = Api::load(&lib)?;
-        let cuda = Cuda { api, _lib: lib, contexts: Mutex::new(HashMap::new()) };
+        let cuda = Cuda {
+            api,
+            _lib: lib,
+            contexts: Mutex::new(HashMap::new()),
+            copy_engines: Mutex::new(HashMap::new()),
+            stream_backends: Mutex::new(HashMap::new()),
+        };
         // SAFETY: cuInit takes flags 0.
         cuda.check("cuInit", unsafe { (cuda.api.init)(0) })?;
         Ok(cuda)
@@ -301,15 +313,43 @@ impl Cuda {
         if let Some(c) = map.get(&ctx) {
             return Ok(c.clone());
         }
-        let mut stream: RawStream = std::ptr::null_mut();
+        let mut device = 0;
         self.with_context(ctx as Ctx, || {
-            // SAFETY: writes one stream handle. Non-blocking: the copy
-            // engine's work never waits on (or for) the legacy default stream.
-            self.check("cuStreamCreate", unsafe { (self.api.stream_create)(&mut stream, STREAM_NON_BLOCKING) })
+            // SAFETY: writes one int.
+            self.check("cuCtxGetDevice", unsafe { (self.api.ctx_get_device)(&mut device) })
         })?;
-        let c = Arc::new(CudaContext { cuda: self.clone(), ctx, copy_stream: stream as usize });
+        let c = Arc::new(CudaContext { cuda: self.clone(), ctx, device, copy: OnceLock::new() });
         map.insert(ctx, c.clone());
         Ok(c)
+    }
+
+    /// The copy engine of `device`, created at its first use: a context of
+    /// ugds's own (`cuCtxCreate`) and a stream in it. Leaves the calling
+    /// thread's current context as it was.
+    fn copy_engine(&self, device: i32) -> Result<CopyEngine> {
+        let mut map = self.copy_engines.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = map.get(&device) {
+            return Ok(*e);
+        }
+        let create = self.api.ctx_create.ok_or_else(|| Error::GpuUnavailable("no cuCtxCreate_v2".into()))?;
+        let mut ctx: Ctx = std::ptr::null_mut();
+        // SAFETY: writes one context handle and pushes it on this thread's
+        // context stack (popped below).
+        self.check("cuCtxCreate", unsafe { create(&mut ctx, 0, device) })?;
+        let mut stream: RawStream = std::ptr::null_mut();
+        // SAFETY: writes one stream handle, in the context just pushed.
+        let made = self.check("cuStreamCreate", unsafe { (self.api.stream_create)(&mut stream, STREAM_NON_BLOCKING) });
+        let mut popped: Ctx = std::ptr::null_mut();
+        // SAFETY: pops the context pushed above.
+        let popped_ok = self.check("cuCtxPopCurrent", unsafe { (self.api.ctx_pop_current)(&mut popped) });
+        if let Err(e) = made.and(popped_ok) {
+            // SAFETY: our context, with nothing in flight.
+            unsafe { (self.api.ctx_destroy)(ctx) };
+            return Err(e);
+        }
+        let e = CopyEngine { ctx: ctx as usize, stream: stream as usize };
+        map.insert(device, e);
+        Ok(e)
     }
 
     /// Whether device `ordinal` can export dma-bufs.
@@ -334,7 +374,15 @@ impl Cuda {
         if ctx.is_null() {
             return Err(Error::InvalidArgument("no CUDA context is current on this thread".into()));
         }
-        let backend = Arc::new(CudaStreamBackend { cuda: self.clone(), ctx: ctx as usize });
+        let backend = self
+            .stream_backends
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(ctx as usize)
+            .or_insert_with(|| {
+                Arc::new(CudaStreamBackend { cuda: self.clone(), ctx: ctx as usize, pool: Mutex::default() })
+            })
+            .clone();
         GpuStream::new(backend, stream as usize, wait)
     }
 
@@ -432,23 +480,40 @@ pub enum Memory {
     Device(DeviceMemory),
 }
 
-/// The runtime object of one CUDA context: its copy engine stream and exports.
+/// The runtime object of one CUDA context: the emulated controller's copy
+/// engine and dma-buf exports for memory of that context.
+///
+/// The copy engine runs in a context of its own, not the caller's. A stream
+/// waiting for I/O (`cuStreamWaitValue32`) blocks the hardware queue it is
+/// mapped to, and a context's streams share a few such queues (8 unless
+/// `CUDA_DEVICE_MAX_CONNECTIONS` says otherwise): a copy on a stream of the
+/// caller's context deadlocks once it lands behind a wait for the I/O it
+/// serves (measured on an H200: the 8th waiting stream stalls a copy on a
+/// stream created before it). Another context has its own queues, and the
+/// driver time-slices contexts, so the copy runs while the caller's streams
+/// wait. With a real controller there is no copy: the SSD writes GPU memory.
 pub struct CudaContext {
     cuda: Arc<Cuda>,
     ctx: usize,
-    copy_stream: usize,
+    device: i32,
+    copy: OnceLock<std::result::Result<CopyEngine, String>>,
 }
 
 impl CudaContext {
     fn copy(&self, f: impl FnOnce(RawStream) -> (Res, &'static str)) -> Result<()> {
-        let stream = self.copy_stream as RawStream;
-        // The emulator's thread makes this context current once and keeps it.
-        if self.cuda.current()? as usize != self.ctx {
-            self.cuda.set_current(self.ctx as Ctx)?;
+        let engine = self
+            .copy
+            .get_or_init(|| self.cuda.copy_engine(self.device).map_err(|e| e.to_string()))
+            .clone()
+            .map_err(Error::GpuUnavailable)?;
+        // The emulator's thread makes the copy context current once and keeps it.
+        if self.cuda.current()? as usize != engine.ctx {
+            self.cuda.set_current(engine.ctx as Ctx)?;
         }
+        let stream = engine.stream as RawStream;
         let (r, call) = f(stream);
         self.cuda.check(call, r)?;
-        // SAFETY: the context's own stream.
+        // SAFETY: the copy engine's own stream.
         self.cuda.check("cuStreamSynchronize", unsafe { (self.cuda.api.stream_synchronize)(stream) })
     }
 }
@@ -523,22 +588,24 @@ impl DeviceRuntime for CudaContext {
 struct CudaStreamBackend {
     cuda: Arc<Cuda>,
     ctx: usize,
+    pool: Mutex<WordPool>,
 }
 
 impl StreamBackend for CudaStreamBackend {
-    fn alloc_flag(&self) -> Result<(usize, u64)> {
+    fn alloc_page(&self) -> Result<(usize, u64)> {
         self.cuda.with_context(self.ctx as Ctx, || {
             let mut host: *mut c_void = std::ptr::null_mut();
             let flags = MEMHOSTALLOC_PORTABLE | MEMHOSTALLOC_DEVICEMAP;
-            // SAFETY: writes one host pointer to zeroed... (not zeroed: set below).
-            self.cuda.check("cuMemHostAlloc", unsafe { (self.cuda.api.mem_host_alloc)(&mut host, 64, flags) })?;
-            // SAFETY: 64 bytes just allocated.
-            unsafe { std::ptr::write_bytes(host as *mut u8, 0, 64) };
+            // SAFETY: writes one host pointer.
+            let r = unsafe { (self.cuda.api.mem_host_alloc)(&mut host, WORD_PAGE, flags) };
+            self.cuda.check("cuMemHostAlloc", r)?;
+            // SAFETY: WORD_PAGE bytes just allocated.
+            unsafe { std::ptr::write_bytes(host as *mut u8, 0, WORD_PAGE) };
             let mut dev = 0u64;
             // SAFETY: `host` is mapped memory of this context.
             let r = unsafe { (self.cuda.api.mem_host_get_device_pointer)(&mut dev, host, 0) };
             if let Err(e) = self.cuda.check("cuMemHostGetDevicePointer", r) {
-                // SAFETY: ours, unused.
+                // SAFETY: ours, never given to a stream.
                 unsafe { (self.cuda.api.mem_free_host)(host) };
                 return Err(e);
             }
@@ -546,9 +613,8 @@ impl StreamBackend for CudaStreamBackend {
         })
     }
 
-    fn free_flag(&self, host: usize) {
-        // SAFETY: allocated by alloc_flag; the caller has synchronized the stream.
-        unsafe { (self.cuda.api.mem_free_host)(host as *mut c_void) };
+    fn pool(&self) -> &Mutex<WordPool> {
+        &self.pool
     }
 
     fn launch_host_fn(&self, stream: usize, f: HostFn, data: *mut c_void) -> Result<()> {
@@ -564,6 +630,16 @@ impl StreamBackend for CudaStreamBackend {
             return Ok(false);
         }
         self.cuda.check("cuStreamWaitValue32", r).map(|()| true)
+    }
+
+    fn write_value32(&self, stream: usize, addr: u64, value: u32) -> Result<bool> {
+        // SAFETY: a stream the caller just enqueued on, and a device-mapped
+        // host word of the pool (never freed).
+        let r = unsafe { (self.cuda.api.stream_write_value32)(stream as RawStream, addr, value, 0) };
+        if r == ERROR_NOT_SUPPORTED {
+            return Ok(false);
+        }
+        self.cuda.check("cuStreamWriteValue32", r).map(|()| true)
     }
 
     fn synchronize(&self, stream: usize) -> Result<()> {

@@ -8,7 +8,7 @@
 //! No AMD GPU has been at hand: this has been built, not run on one.
 
 use super::dl::Library;
-use super::stream::{GpuStream, StreamBackend};
+use super::stream::{GpuStream, StreamBackend, WordPool, WORD_PAGE};
 use super::{DeviceMemory, DeviceRuntime, DmabufExport};
 use crate::{Error, Result};
 use std::collections::HashMap;
@@ -57,6 +57,7 @@ struct Api {
     stream_synchronize: unsafe extern "C" fn(RawStream) -> Res,
     launch_host_func: unsafe extern "C" fn(RawStream, HostFn, *mut c_void) -> Res,
     stream_wait_value32: unsafe extern "C" fn(RawStream, *mut c_void, u32, u32, u32) -> Res,
+    stream_write_value32: unsafe extern "C" fn(RawStream, *mut c_void, u32, u32) -> Res,
     host_malloc: unsafe extern "C" fn(*mut *mut c_void, usize, u32) -> Res,
     host_get_device_pointer: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u32) -> Res,
     host_free: unsafe extern "C" fn(*mut c_void) -> Res,
@@ -70,6 +71,8 @@ pub struct Hip {
     api: Api,
     _libs: (Library, Library),
     devices: Mutex<HashMap<i32, Arc<HipDevice>>>,
+    /// Stream support (it owns the word pool), made at the first stream.
+    streams: OnceLock<Arc<HipStreamBackend>>,
 }
 
 static HIP: OnceLock<std::result::Result<Arc<Hip>, String>> = OnceLock::new();
@@ -99,6 +102,7 @@ impl Hip {
                 stream_synchronize: hip.sym(c"hipStreamSynchronize")?,
                 launch_host_func: hip.sym(c"hipLaunchHostFunc")?,
                 stream_wait_value32: hip.sym(c"hipStreamWaitValue32")?,
+                stream_write_value32: hip.sym(c"hipStreamWriteValue32")?,
                 host_malloc: hip.sym(c"hipHostMalloc")?,
                 host_get_device_pointer: hip.sym(c"hipHostGetDevicePointer")?,
                 host_free: hip.sym(c"hipHostFree")?,
@@ -107,7 +111,7 @@ impl Hip {
                 export_dmabuf: hsa.sym(c"hsa_amd_portable_export_dmabuf")?,
             }
         };
-        let h = Hip { api, _libs: (hip, hsa), devices: Mutex::new(HashMap::new()) };
+        let h = Hip { api, _libs: (hip, hsa), devices: Mutex::new(HashMap::new()), streams: OnceLock::new() };
         // SAFETY: flags 0.
         h.check("hipInit", unsafe { (h.api.init)(0) })?;
         Ok(h)
@@ -190,7 +194,11 @@ impl Hip {
     /// # Safety
     /// `stream` must be a live stream that outlives the returned value.
     pub unsafe fn stream(self: &Arc<Self>, stream: *mut c_void, wait: super::StreamWait) -> Result<GpuStream> {
-        GpuStream::new(Arc::new(HipStreamBackend { hip: self.clone() }), stream as usize, wait)
+        let backend = self
+            .streams
+            .get_or_init(|| Arc::new(HipStreamBackend { hip: self.clone(), pool: Mutex::default() }))
+            .clone();
+        GpuStream::new(backend, stream as usize, wait)
     }
 }
 
@@ -259,30 +267,30 @@ impl DeviceRuntime for HipDevice {
 
 struct HipStreamBackend {
     hip: Arc<Hip>,
+    pool: Mutex<WordPool>,
 }
 
 impl StreamBackend for HipStreamBackend {
-    fn alloc_flag(&self) -> Result<(usize, u64)> {
+    fn alloc_page(&self) -> Result<(usize, u64)> {
         let mut host: *mut c_void = std::ptr::null_mut();
         // SAFETY: writes one pointer.
-        let r = unsafe { (self.hip.api.host_malloc)(&mut host, 64, HOST_MALLOC_PORTABLE | HOST_MALLOC_MAPPED) };
+        let r = unsafe { (self.hip.api.host_malloc)(&mut host, WORD_PAGE, HOST_MALLOC_PORTABLE | HOST_MALLOC_MAPPED) };
         self.hip.check("hipHostMalloc", r)?;
-        // SAFETY: 64 bytes just allocated.
-        unsafe { std::ptr::write_bytes(host as *mut u8, 0, 64) };
+        // SAFETY: WORD_PAGE bytes just allocated.
+        unsafe { std::ptr::write_bytes(host as *mut u8, 0, WORD_PAGE) };
         let mut dev: *mut c_void = std::ptr::null_mut();
         // SAFETY: `host` is mapped host memory.
         let r = unsafe { (self.hip.api.host_get_device_pointer)(&mut dev, host, 0) };
         if let Err(e) = self.hip.check("hipHostGetDevicePointer", r) {
-            // SAFETY: ours, unused.
+            // SAFETY: ours, never given to a stream.
             unsafe { (self.hip.api.host_free)(host) };
             return Err(e);
         }
         Ok((host as usize, dev as u64))
     }
 
-    fn free_flag(&self, host: usize) {
-        // SAFETY: from alloc_flag; the stream was synchronized.
-        unsafe { (self.hip.api.host_free)(host as *mut c_void) };
+    fn pool(&self) -> &Mutex<WordPool> {
+        &self.pool
     }
 
     fn launch_host_fn(&self, stream: usize, f: HostFn, data: *mut c_void) -> Result<()> {
@@ -305,6 +313,16 @@ impl StreamBackend for HipStreamBackend {
             return Ok(false);
         }
         self.hip.check("hipStreamWaitValue32", r).map(|()| true)
+    }
+
+    fn write_value32(&self, stream: usize, addr: u64, value: u32) -> Result<bool> {
+        // SAFETY: a stream the caller just enqueued on, and a mapped word of
+        // the pool (never freed).
+        let r = unsafe { (self.hip.api.stream_write_value32)(stream as RawStream, addr as *mut c_void, value, 0) };
+        if r == ERROR_NOT_SUPPORTED {
+            return Ok(false);
+        }
+        self.hip.check("hipStreamWriteValue32", r).map(|()| true)
     }
 
     fn synchronize(&self, stream: usize) -> Result<()> {

@@ -9,6 +9,14 @@
 //! the runtime's callback thread is never held for an I/O, and many
 //! streams progress at once. Where stream memory operations are not
 //! supported, the host function waits for the signal itself (logged once).
+//!
+//! Streams belong to the caller, who may destroy one as soon as its work is
+//! enqueued. So ugds never touches a stream except to enqueue an operation:
+//! not to synchronize it at drop, not to learn whether it is done. After
+//! each wait the stream itself writes the sequence number into a second
+//! word ("passed"); a [`GpuStream`]'s words go back to their pool only when
+//! that word shows the GPU has passed its last wait, and until then they
+//! stay where they are (see [`WordPool`]).
 
 use crate::stream::{Stream, StreamSignal};
 use crate::{Error, Result};
@@ -16,6 +24,90 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Once, OnceLock};
 use std::time::{Duration, Instant};
+
+/// Bytes of one stream's words: `done` at 0 (host writes, GPU waits on it)
+/// and `passed` at 4 (GPU writes, host reads); a cache line, so that two
+/// streams' words never share one.
+const SLOT: usize = 64;
+/// Bytes the pool asks the runtime for at a time.
+pub(crate) const WORD_PAGE: usize = 4096;
+/// `passed` before the GPU has written it.
+const NOT_PASSED: u32 = u32::MAX;
+
+/// One stream's two words: host address and the device's address of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Slot {
+    host: usize,
+    dev: u64,
+}
+
+impl Slot {
+    fn done(&self) -> &AtomicU32 {
+        // SAFETY: a slot lies in a pool page, which is never freed; aligned
+        // to 64 bytes.
+        unsafe { &*(self.host as *const AtomicU32) }
+    }
+
+    fn passed(&self) -> &AtomicU32 {
+        // SAFETY: as for `done`, 4 bytes further.
+        unsafe { &*((self.host + 4) as *const AtomicU32) }
+    }
+}
+
+/// Device-mapped words for streams, per runtime context. Pages come from
+/// the runtime (`cuMemHostAlloc`) and are never given back while the
+/// process runs: freeing pinned memory synchronizes the device, and a
+/// stream the caller destroyed may still be waiting on a word. A slot is
+/// reused only once the GPU has written its last `passed` value, so no
+/// stream can still read it.
+#[derive(Default)]
+pub(crate) struct WordPool {
+    free: Vec<Slot>,
+    /// Slots of dropped streams, with the `passed` value that frees them.
+    retired: Vec<(Slot, u32)>,
+    /// Pages allocated.
+    pages: usize,
+}
+
+impl WordPool {
+    fn take(&mut self, backend: &dyn StreamBackend) -> Result<Slot> {
+        self.sweep();
+        if self.free.is_empty() {
+            let (host, dev) = backend.alloc_page()?;
+            self.pages += 1;
+            // Last first, so that slots are handed out in address order.
+            for off in (0..WORD_PAGE).step_by(SLOT).rev() {
+                self.free.push(Slot { host: host + off, dev: dev + off as u64 });
+            }
+        }
+        let slot = self.free.pop().expect("a page was just added");
+        // Release: nothing reads the slot now (it was free); the GPU reads
+        // these values only after the wait that is enqueued later.
+        slot.done().store(0, Ordering::Release);
+        slot.passed().store(NOT_PASSED, Ordering::Release);
+        Ok(slot)
+    }
+
+    /// Moves retired slots whose last wait the GPU has passed to `free`.
+    fn sweep(&mut self) {
+        let free = &mut self.free;
+        // Acquire: pairs with the GPU's write of `passed`, its last access.
+        self.retired.retain(|(slot, last)| {
+            let gone = slot.passed().load(Ordering::Acquire) == *last;
+            if gone {
+                free.push(*slot);
+            }
+            !gone
+        });
+    }
+
+    /// `(pages allocated, slots waiting for their stream to pass)`.
+    #[cfg(test)]
+    fn usage(&mut self) -> (usize, usize) {
+        self.sweep();
+        (self.pages, self.retired.len())
+    }
+}
 
 /// How a GPU stream waits for an operation's I/O.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,15 +123,19 @@ pub enum StreamWait {
 
 /// What a GPU runtime provides for [`GpuStream`].
 pub(crate) trait StreamBackend: Send + Sync {
-    /// Allocates a zeroed, device-mapped host word: (host address, device address).
-    fn alloc_flag(&self) -> Result<(usize, u64)>;
-    /// Frees a word from `alloc_flag`, once no stream can wait on it.
-    fn free_flag(&self, host: usize);
+    /// Allocates [`WORD_PAGE`] bytes of device-mapped host memory, never
+    /// freed: (host address, device address).
+    fn alloc_page(&self) -> Result<(usize, u64)>;
+    /// The pool of words for streams of this backend's context.
+    fn pool(&self) -> &Mutex<WordPool>;
     /// Launches `f(data)` on `stream` in stream order.
     fn launch_host_fn(&self, stream: usize, f: unsafe extern "C" fn(*mut c_void), data: *mut c_void) -> Result<()>;
     /// Makes `stream` wait until the word at `addr` is at least `value`
     /// (cyclically). `Ok(false)`: not supported here.
     fn wait_value32(&self, stream: usize, addr: u64, value: u32) -> Result<bool>;
+    /// Makes `stream` write `value` to the word at `addr` when it gets
+    /// there. `Ok(false)`: not supported here.
+    fn write_value32(&self, stream: usize, addr: u64, value: u32) -> Result<bool>;
     /// Waits until all work on `stream` is done.
     fn synchronize(&self, stream: usize) -> Result<()>;
     /// "CUDA" or "HIP".
@@ -47,18 +143,29 @@ pub(crate) trait StreamBackend: Send + Sync {
 }
 
 /// A GPU stream (CUDA or HIP) that ugds places operations in; see
-/// [`Handle::read_async`](crate::Handle::read_async). Dropping it waits for
-/// the stream's work before freeing the completion word.
+/// [`Handle::read_async`](crate::Handle::read_async). The stream stays the
+/// caller's: dropping this neither waits for nor touches it, and the caller
+/// may destroy the stream once its operations are enqueued.
 pub struct GpuStream {
     backend: Arc<dyn StreamBackend>,
     raw: usize,
-    flag_host: usize,
-    flag_dev: u64,
+    slot: Slot,
     wait: StreamWait,
-    /// Sequence number of the last operation; held while launching, so that
-    /// numbers reach the stream in order.
-    seq: Mutex<u32>,
+    /// Held while launching, so that numbers reach the stream in order.
+    seq: Mutex<Seq>,
     timing: Arc<Timing>,
+}
+
+/// A stream's sequence numbers.
+struct Seq {
+    /// Number of the last operation launched.
+    last: u32,
+    /// The last value the GPU was asked to write to `passed`; `None` while
+    /// the GPU has never been given the slot.
+    passed: Option<u32>,
+    /// A wait was enqueued without its `passed` write: the slot can never
+    /// be known free, and is kept for the process's life.
+    lost: bool,
 }
 
 /// When the last signal was set, and the gaps from a signal to the next
@@ -106,24 +213,32 @@ static FALLBACK_LOGGED: Once = Once::new();
 
 impl GpuStream {
     pub(crate) fn new(backend: Arc<dyn StreamBackend>, raw: usize, wait: StreamWait) -> Result<GpuStream> {
-        let (flag_host, flag_dev) = backend.alloc_flag()?;
+        let slot = backend.pool().lock().unwrap_or_else(|p| p.into_inner()).take(&*backend)?;
         let timing = Arc::new(Timing::default());
-        let mut s = GpuStream { backend, raw, flag_host, flag_dev, wait, seq: Mutex::new(0), timing };
+        let seq = Mutex::new(Seq { last: 0, passed: None, lost: false });
+        let mut s = GpuStream { backend, raw, slot, wait, seq, timing };
         if wait == StreamWait::DeviceSide {
-            // The word is 0, so waiting for >= 0 passes at once: a probe.
-            match s.backend.wait_value32(raw, flag_dev, 0) {
-                Ok(true) => {}
-                Ok(false) => {
-                    FALLBACK_LOGGED.call_once(|| {
-                        tracing::warn!(
-                            "{}: stream memory operations are not supported; stream-ordered I/O \
-                             blocks the runtime's callback thread for each I/O",
-                            s.backend.name()
-                        )
-                    });
-                    s.wait = StreamWait::BlockingCallback;
+            // The word is 0, so waiting for >= 0 passes at once: a probe of
+            // both memory operations, which also makes `passed` 0.
+            let seq = s.seq.get_mut().unwrap_or_else(|p| p.into_inner());
+            let supported = match s.backend.wait_value32(raw, slot.dev, 0)? {
+                false => false,
+                true => {
+                    seq.passed = Some(0);
+                    let w = s.backend.write_value32(raw, slot.dev + 4, 0);
+                    seq.lost = !matches!(w, Ok(true));
+                    w?
                 }
-                Err(e) => return Err(e),
+            };
+            if !supported {
+                FALLBACK_LOGGED.call_once(|| {
+                    tracing::warn!(
+                        "{}: stream memory operations are not supported; stream-ordered I/O \
+                         blocks the runtime's callback thread for each I/O",
+                        s.backend.name()
+                    )
+                });
+                s.wait = StreamWait::BlockingCallback;
             }
         }
         Ok(s)
@@ -163,9 +278,13 @@ impl GpuStream {
     /// The completion word's value: the sequence number of the last
     /// operation whose I/O is done (device-side waiting only).
     pub fn completed(&self) -> u32 {
-        // SAFETY: a live, aligned 64-byte mapping we own until drop; the
-        // GPU only reads it.
-        unsafe { &*(self.flag_host as *const AtomicU32) }.load(Ordering::Acquire)
+        self.slot.done().load(Ordering::Acquire)
+    }
+
+    /// The sequence number of the last operation whose wait the GPU has
+    /// passed (`u32::MAX` before the first probe).
+    pub fn passed(&self) -> u32 {
+        self.slot.passed().load(Ordering::Acquire)
     }
 }
 
@@ -198,20 +317,20 @@ unsafe extern "C" fn host_call(data: *mut c_void) {
 impl Stream for GpuStream {
     fn launch(&self, op: Box<dyn FnOnce(StreamSignal) + Send>) -> Result<()> {
         let mut seq = self.seq.lock().unwrap_or_else(|p| p.into_inner());
-        let next = seq.wrapping_add(1);
+        let next = seq.last.wrapping_add(1);
         let timing = self.timing.clone();
         let (signal, gate) = match self.wait {
             StreamWait::DeviceSide => {
-                let flag = self.flag_host;
+                let slot = self.slot;
                 let t = timing.clone();
                 let signal = StreamSignal::new(move || {
                     t.signalled();
-                    // SAFETY: the word outlives every signal: drop
-                    // synchronizes the stream, which waits for this store.
-                    let f = unsafe { &*(flag as *const AtomicU32) };
+                    // The slot is reused only after the GPU passed the wait
+                    // on this value, which needs this store: it is the last
+                    // host access to the slot for this stream.
                     // Release: the bytes moved, written before, are visible
                     // to whatever the stream runs after it sees this value.
-                    f.store(next, Ordering::Release);
+                    slot.done().store(next, Ordering::Release);
                 });
                 (signal, None)
             }
@@ -234,14 +353,22 @@ impl Stream for GpuStream {
             drop(unsafe { Box::from_raw(data as *mut HostCall) });
             return Err(e);
         }
-        *seq = next;
+        seq.last = next;
         if self.wait == StreamWait::DeviceSide {
-            match self.backend.wait_value32(self.raw, self.flag_dev, next) {
+            match self.backend.wait_value32(self.raw, self.slot.dev, next) {
                 Ok(true) => {}
                 // The host function is queued and will run; only the wait
                 // is missing, so later work may overtake this operation.
                 Ok(false) => return Err(Error::Unsupported("stream wait on memory".into())),
                 Err(e) => return Err(e),
+            }
+            match self.backend.write_value32(self.raw, self.slot.dev + 4, next) {
+                Ok(true) => seq.passed = Some(next),
+                r => {
+                    seq.lost = true;
+                    r?;
+                    return Err(Error::Unsupported("stream write to memory".into()));
+                }
             }
         }
         Ok(())
@@ -250,13 +377,117 @@ impl Stream for GpuStream {
 
 impl Drop for GpuStream {
     fn drop(&mut self) {
-        match self.backend.synchronize(self.raw) {
-            Ok(()) => self.backend.free_flag(self.flag_host),
-            // The stream may still wait on the word: leak it rather than
-            // free memory the GPU may read.
-            Err(e) => {
-                tracing::warn!("{}: stream synchronize failed ({e}); completion word leaked", self.backend.name())
+        let seq = self.seq.get_mut().unwrap_or_else(|p| p.into_inner());
+        let mut pool = self.backend.pool().lock().unwrap_or_else(|p| p.into_inner());
+        match (seq.lost, seq.passed) {
+            (true, _) => tracing::warn!(
+                "{}: a stream wait was enqueued without its completion write; its word is kept",
+                self.backend.name()
+            ),
+            // The GPU never read the slot.
+            (false, None) => pool.free.push(self.slot),
+            // Freed by the next sweep that finds the GPU past its last wait.
+            (false, Some(last)) => pool.retired.push((self.slot, last)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A backend whose "GPU" is a list of memory operations run on demand,
+    /// over pages from the heap (leaked, as the real pool's are kept).
+    #[derive(Default)]
+    struct FakeGpu {
+        pool: Mutex<WordPool>,
+        ops: Mutex<Vec<(bool, u64, u32)>>,
+        host_fns: Mutex<Vec<(unsafe extern "C" fn(*mut c_void), usize)>>,
+        pages: AtomicUsize,
+    }
+
+    impl FakeGpu {
+        /// Runs everything enqueued: host functions first (the I/O), then
+        /// each wait (which must hold) and write.
+        fn run(&self) {
+            for (f, d) in self.host_fns.lock().unwrap().drain(..) {
+                // SAFETY: launched by GpuStream with its own data.
+                unsafe { f(d as *mut c_void) };
+            }
+            for (write, addr, v) in self.ops.lock().unwrap().drain(..) {
+                // SAFETY: addresses of pool pages, device == host here.
+                let w = unsafe { &*(addr as *const AtomicU32) };
+                if write {
+                    w.store(v, Ordering::Release);
+                } else {
+                    assert!(w.load(Ordering::Acquire).wrapping_sub(v) as i32 >= 0, "wait for {v} would block");
+                }
             }
         }
+    }
+
+    impl StreamBackend for FakeGpu {
+        fn alloc_page(&self) -> Result<(usize, u64)> {
+            self.pages.fetch_add(1, Ordering::Relaxed);
+            let page = Box::leak(vec![0u64; WORD_PAGE / 8].into_boxed_slice());
+            Ok((page.as_ptr() as usize, page.as_ptr() as u64))
+        }
+        fn pool(&self) -> &Mutex<WordPool> {
+            &self.pool
+        }
+        fn launch_host_fn(&self, _: usize, f: unsafe extern "C" fn(*mut c_void), data: *mut c_void) -> Result<()> {
+            self.host_fns.lock().unwrap().push((f, data as usize));
+            Ok(())
+        }
+        fn wait_value32(&self, _: usize, addr: u64, value: u32) -> Result<bool> {
+            self.ops.lock().unwrap().push((false, addr, value));
+            Ok(true)
+        }
+        fn write_value32(&self, _: usize, addr: u64, value: u32) -> Result<bool> {
+            self.ops.lock().unwrap().push((true, addr, value));
+            Ok(true)
+        }
+        fn synchronize(&self, _: usize) -> Result<()> {
+            panic!("GpuStream must not synchronize the caller's stream")
+        }
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+    }
+
+    #[test]
+    fn words_are_reused_only_after_the_gpu_passed_the_last_wait() {
+        let gpu = Arc::new(FakeGpu::default());
+        let s = GpuStream::new(gpu.clone(), 1, StreamWait::DeviceSide).unwrap();
+        assert_eq!(s.wait_mode(), StreamWait::DeviceSide);
+        let first = s.slot;
+        s.launch(Box::new(|sig| sig.set())).unwrap();
+        s.launch(Box::new(|sig| sig.set())).unwrap();
+        // Dropped with its waits still queued (the caller destroyed the
+        // stream): no synchronize, and the slot is not handed out again.
+        drop(s);
+        let t = GpuStream::new(gpu.clone(), 2, StreamWait::DeviceSide).unwrap();
+        assert_ne!(t.slot, first, "a slot the GPU may still read was reused");
+        gpu.run();
+        assert_eq!(first.passed().load(Ordering::Acquire), 2);
+        drop(t);
+        gpu.run();
+        let u = GpuStream::new(gpu.clone(), 3, StreamWait::DeviceSide).unwrap();
+        assert!(u.slot == first || u.slot.host == first.host + SLOT, "a passed slot is reused");
+        assert_eq!(u.completed(), 0);
+        assert_eq!(u.passed(), NOT_PASSED);
+        drop(u);
+        gpu.run();
+        assert_eq!(gpu.pages.load(Ordering::Relaxed), 1, "one page serves streams one after another");
+        assert_eq!(gpu.pool.lock().unwrap().usage(), (1, 0));
+    }
+
+    #[test]
+    fn a_blocking_stream_gives_its_words_back_at_once() {
+        let gpu = Arc::new(FakeGpu::default());
+        let s = GpuStream::new(gpu.clone(), 1, StreamWait::BlockingCallback).unwrap();
+        drop(s);
+        assert_eq!(gpu.pool.lock().unwrap().usage(), (1, 0));
     }
 }

@@ -68,6 +68,24 @@ impl Namespace {
                             Store::File(f)
                         }
                     }
+                    super::Backing::Descriptor(fd) => {
+                        let f = File::from(
+                            fd.0.try_clone().map_err(|e| Error::Os { op: "duplicate the namespace's descriptor", source: e })?,
+                        );
+                        let len = f.metadata().map_err(|e| Error::Os { op: "stat backing file", source: e })?.len();
+                        if len < bytes {
+                            return Err(Error::InvalidArgument(format!(
+                                "the file holds {len} bytes, fewer than the namespace's {bytes}"
+                            )));
+                        }
+                        // SAFETY: F_GETFL on a descriptor we own.
+                        let flags = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFL) };
+                        if flags >= 0 && flags & libc::O_DIRECT != 0 {
+                            Store::DirectFile(f)
+                        } else {
+                            Store::File(f)
+                        }
+                    }
                 };
                 Ok(Namespace { block_size: n.block_size, blocks: n.blocks, store })
             })

@@ -46,7 +46,24 @@ pub enum Backing {
     /// aligned bounce buffer: for benchmarks against a real disk. The
     /// namespace's block size must be a multiple of the file system's.
     DirectFile(PathBuf),
+    /// A file the caller opened: read and written through a duplicate of
+    /// its descriptor (never reopened by name, so an unlinked or renamed
+    /// file is still the one served), never extended; `O_DIRECT` when the
+    /// caller's descriptor has it.
+    Descriptor(SharedFd),
 }
+
+/// A descriptor shared by configurations (equal when it is the same one).
+#[derive(Clone, Debug)]
+pub struct SharedFd(pub Arc<std::os::fd::OwnedFd>);
+
+impl PartialEq for SharedFd {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for SharedFd {}
 
 /// One namespace.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,6 +85,16 @@ impl NamespaceConfig {
     /// A file-backed namespace of `bytes` bytes.
     pub fn file(path: impl Into<PathBuf>, bytes: u64, block_size: u32) -> Self {
         NamespaceConfig { block_size, blocks: bytes / block_size as u64, backing: Backing::File(path.into()) }
+    }
+
+    /// A namespace of `bytes` bytes (at most the file's size) on a file the
+    /// caller opened; see [`Backing::Descriptor`].
+    pub fn descriptor(fd: std::os::fd::OwnedFd, bytes: u64, block_size: u32) -> Self {
+        NamespaceConfig {
+            block_size,
+            blocks: bytes / block_size as u64,
+            backing: Backing::Descriptor(SharedFd(Arc::new(fd))),
+        }
     }
 
     /// A namespace of `bytes` bytes on a file opened with `O_DIRECT`.
