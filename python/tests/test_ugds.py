@@ -1,11 +1,14 @@
 """Tests of the Python API. Host memory runs anywhere (the emulated
 controller); CUDA tests need torch with a GPU and say why they skip."""
 
+import ctypes
 import errno
+import gc
 import os
 import sys
 import threading
 import unittest
+import weakref
 
 import ugds
 
@@ -44,6 +47,88 @@ class Host(unittest.TestCase):
         mem[:] = bytes(1 << 20)
         self.assertEqual(self.h.read(buf, 8192, 4096 + 8192, 512), 8192)
         self.assertEqual(bytes(mem[512 : 512 + 8192]), pattern(1, 1 << 20)[8192 : 2 * 8192])
+        self.drv.deregister(buf)
+
+    def test_registered_bytearray_cannot_be_resized(self):
+        mem = bytearray(65536)
+        buf = self.drv.register(mem)
+        with self.assertRaises(BufferError):
+            mem.extend(bytes(1 << 20))  # would move the storage under the registration
+        self.assertEqual(len(mem), 65536)
+        self.assertEqual(self.h.read(buf, 65536, 0), 65536)
+        self.drv.deregister(buf)
+        mem.extend(bytes(4096))  # released with the registration
+        self.assertEqual(len(mem), 65536 + 4096)
+
+    def test_collected_buffer_deregisters_itself(self):
+        mem = bytearray(8192)
+        buf = self.drv.register(mem)
+        del buf
+        gc.collect()
+        buf = self.drv.register(mem)  # not AlreadyRegistered: the old one went
+        mem.extend(b"")  # no export is left but the new one's
+        self.drv.deregister(buf)
+        mem.extend(bytes(1))
+
+    def test_collected_buffer_outlives_a_queued_stream_read(self):
+        class Mem(bytearray):  # a bytearray that can be weakly referenced
+            pass
+
+        self.h.write(self.drv.register(bytearray(pattern(9, 4096))), 4096, 0)
+        gc.collect()
+        mem = Mem(4096)
+        alive = weakref.ref(mem)
+        buf = self.drv.register(mem)
+        s = ugds.Stream.host()
+        gate = threading.Event()
+        s.enqueue(gate.wait)
+        r = self.h.read_async(buf, 4096, 0, 0, s)
+        view = (ctypes.c_char * 4096).from_address(buf.ptr)
+        del buf, mem
+        gc.collect()
+        # The read is queued: the memory must still be there for it.
+        self.assertIsNotNone(alive(), "the memory was freed with a read queued into it")
+        self.assertEqual(self.drv.pending_releases, 1)
+        gate.set()
+        s.synchronize()
+        self.assertEqual(r.bytes, 4096, r.error())
+        self.assertEqual(bytes(view), pattern(9, 4096))
+        del view
+        self.assertEqual(self.drv.pending_releases, 0)  # released once the read landed
+        gc.collect()
+        self.assertIsNone(alive(), "the memory is released after the read")
+
+    def test_collected_buffer_outlives_a_batch_in_flight(self):
+        class Mem(bytearray):
+            pass
+
+        mem = Mem(65536)
+        alive = weakref.ref(mem)
+        buf = self.drv.register(mem)
+        b = self.h.batch(16)
+        b.submit([("read", buf, 4096, i * 4096, i * 4096, i) for i in range(16)])
+        del buf, mem
+        gc.collect()
+        if self.drv.pending_releases:  # requests still out: the memory stays
+            self.assertIsNotNone(alive())
+        b.get_status(16, 16, timeout=10)
+        self.assertEqual(self.drv.pending_releases, 0)
+        gc.collect()
+        self.assertIsNone(alive())
+
+    @unittest.skipIf(torch is None, "torch is not installed")
+    def test_torch_tensor_moved_after_registration_is_refused(self):
+        t = torch.zeros(4096, dtype=torch.uint8)
+        buf = self.drv.register(t)
+        self.assertEqual(self.h.read(buf, 4096, 0), 4096)
+        t.resize_(1 << 22)  # a new, larger storage
+        with self.assertRaises(ugds.InvalidArgument):
+            self.h.read(buf, 4096, 0)
+        with self.assertRaises(ugds.InvalidArgument):
+            self.h.read_async(buf, 4096, 0, 0, ugds.Stream.host())
+        self.drv.deregister(buf)
+        buf = self.drv.register(t)
+        self.assertEqual(self.h.read(buf, 4096, 0), 4096)
         self.drv.deregister(buf)
 
     @unittest.skipIf(np is None, "numpy is not installed")
@@ -186,12 +271,14 @@ class Cuda(unittest.TestCase):
         self.assertTrue(torch.equal(t.cpu(), src))
         b = self.h.batch(64)
         t.zero_()
+        torch.cuda.synchronize()  # I/O is not ordered with GPU work (as with cuFile)
         b.submit([("read", buf, 16384, i * 16384, i * 16384, i) for i in range(64)])
         ev = b.get_status(64, 64, timeout=10)
         self.assertTrue(all(s == "complete" for _, s, _ in ev))
         self.assertTrue(torch.equal(t.cpu(), src))
         # GPU -> namespace -> host.
         t.mul_(3)
+        torch.cuda.synchronize()
         self.h.write(buf, 1 << 20, 1 << 20)
         self.h.read(host, 1 << 20, 1 << 20)
         self.assertTrue(torch.equal(src, (torch.arange(1 << 18, dtype=torch.int32) * 3)))
@@ -226,6 +313,62 @@ class Cuda(unittest.TestCase):
         del s
         self.drv.deregister(buf)
         self.drv.deregister(host)
+
+    def test_sixty_four_torch_streams_at_once(self):
+        n, sz = 64, 65536
+        data = torch.randint(0, 255, (n * sz,), dtype=torch.uint8)
+        host = self.drv.register(data)
+        self.h.write(host, n * sz, 0)
+        t = torch.zeros(n * sz, dtype=torch.uint8, device="cuda")
+        buf = self.drv.register(t)
+        streams = [torch.cuda.Stream() for _ in range(n)]
+        ours = [ugds.Stream.cuda(ts.cuda_stream) for ts in streams]
+        results = []
+        for i, (ts, s) in enumerate(zip(streams, ours)):
+            part = t[i * sz : (i + 1) * sz]
+            with torch.cuda.stream(ts):
+                part.fill_(1)  # before: overwritten by the read
+                results.append(self.h.read_async(buf, sz, i * sz, i * sz, s))
+                part.add_(1)  # after the read: sees its data
+                results.append(self.h.write_async(buf, sz, (8 << 20) + i * sz, i * sz, s))
+                part.add_(1)
+        for ts in streams:
+            ts.synchronize()
+        self.assertTrue(all(r.bytes == sz for r in results), [r.error() for r in results if r.bytes != sz][:3])
+        self.assertTrue(torch.equal(t.cpu(), data + 2))
+        written = t.cpu() - 1
+        self.h.read(host, n * sz, 8 << 20)
+        self.assertTrue(torch.equal(data, written))
+        del ours, streams  # the torch streams may go before or after ours
+        self.drv.deregister(buf)
+        self.drv.deregister(host)
+
+    def test_cuda_tensor_moved_or_collected(self):
+        t = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
+        buf = self.drv.register(t)
+        t.set_(torch.zeros(1 << 20, dtype=torch.uint8, device="cuda"))
+        with self.assertRaises(ugds.InvalidArgument):
+            self.h.read(buf, 4096, 0)
+        del buf, t
+        gc.collect()
+        # Collected while a read is queued behind a kernel on its stream.
+        t = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
+        ptr = t.data_ptr()
+        buf = self.drv.register(t)
+        ts = torch.cuda.Stream()
+        s = ugds.Stream.cuda(ts.cuda_stream)
+        with torch.cuda.stream(ts):
+            torch.cuda._sleep(500_000_000)
+            r = self.h.read_async(buf, 1 << 20, 0, 0, s)
+        del buf, t
+        gc.collect()
+        self.assertEqual(self.drv.pending_releases, 1)
+        # The allocator must not hand that memory out again meanwhile.
+        other = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+        self.assertNotEqual(other.data_ptr(), ptr)
+        ts.synchronize()
+        self.assertEqual(r.bytes, 1 << 20, r.error())
+        self.assertEqual(self.drv.pending_releases, 0)
 
     def test_cuda_array_interface(self):
         t = torch.zeros(4096, dtype=torch.uint8, device="cuda")

@@ -19,18 +19,17 @@ writes, batches, and stream-ordered I/O on CUDA streams.
 Registered memory may be a torch tensor (CPU or CUDA), anything with
 ``__cuda_array_interface__`` (CuPy, Numba) or ``__array_interface__``
 (NumPy), a DLPack producer, or a writable buffer (bytearray). It must be
-contiguous and must stay alive until deregistered (the Buffer keeps a
-reference to it).
+contiguous. The Buffer keeps it alive and in place: it holds the object
+and, for objects with the buffer protocol, a buffer export (so a bytearray
+cannot be resized while registered); a torch tensor's storage is checked at
+every I/O and I/O is refused if it moved. A Buffer that is collected
+deregisters itself, or, while I/O still holds it, keeps the memory alive
+until that I/O is done.
 """
 
 import ctypes
-import os
 
-# A CUDA stream waiting for I/O holds one of the GPU's hardware queues;
-# ask for the most (32) before CUDA starts, unless the user chose.
-os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
-
-from ._ugds import (  # noqa: E402
+from ._ugds import (
     AlreadyRegistered,
     Batch,
     Buffer,
@@ -50,7 +49,7 @@ from ._ugds import (  # noqa: E402
     WedgedError,
     __version__,
 )
-from ._ugds import Driver as _Driver  # noqa: E402
+from ._ugds import Driver as _Driver
 
 __all__ = [
     "Driver", "Handle", "Buffer", "Batch", "Stream", "StreamResult", "Cell", "memory_of",
@@ -163,6 +162,20 @@ def memory_of(obj):
     return ctypes.addressof(c), view.nbytes, "host"
 
 
+def _export(obj):
+    """A buffer export of ``obj`` (PEP 3118), held while it is registered
+    so that its memory cannot be resized or moved; None if it has none."""
+    try:
+        return memoryview(obj)
+    except TypeError:
+        return None
+
+
+def _is_torch_tensor(obj):
+    t = type(obj)
+    return t.__module__.startswith("torch") and hasattr(obj, "untyped_storage") and hasattr(obj, "data_ptr")
+
+
 class Driver(_Driver):
     """Library state: open handles, registered buffers."""
 
@@ -174,4 +187,12 @@ class Driver(_Driver):
             if nbytes > size:
                 raise InvalidArgument(f"nbytes {nbytes} is more than the object's {size} bytes")
             size = nbytes
-        return self.register_raw(ptr, size, kind, obj)
+        tensor = None
+        if _is_torch_tensor(obj):
+            tensor = obj
+            # The storage object keeps the allocation alive even if the
+            # tensor is later pointed elsewhere (set_).
+            owner = (obj, obj.untyped_storage())
+        else:
+            owner = (obj, _export(obj))
+        return self.register_raw(ptr, size, kind, owner, tensor)

@@ -700,8 +700,7 @@ fn sync_io(
         remember(format!("offset {file_offset} or size {size} is not a multiple of the {bs}-byte block"));
         return neg(libc::EINVAL);
     }
-    let Some(start) = (base as usize).checked_add(buf_offset as usize).filter(|s| s.checked_add(size).is_some())
-    else {
+    let Some(start) = (base as usize).checked_add(buf_offset as usize).filter(|s| s.checked_add(size).is_some()) else {
         remember("buffer offset and size wrap the address space".into());
         return neg(libc::EINVAL);
     };

@@ -9,7 +9,7 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use ugds::gpu::StreamWait;
 use ugds::platform::emu::{EmuConfig, EmuPlatform, NamespaceConfig};
@@ -63,6 +63,19 @@ fn err(e: ugds::Error) -> PyErr {
 #[pyclass(module = "ugds._ugds", frozen, subclass)]
 struct Driver {
     inner: ugds::Driver,
+    graveyard: Graveyard,
+}
+
+/// Registrations of collected Buffers that I/O still held: each keeps its
+/// owner (the memory) alive until its deregistration succeeds, tried again
+/// at later calls.
+type Graveyard = Arc<Mutex<Vec<(BufferToken, PyObject)>>>;
+
+/// Deregisters what the device no longer holds, releasing its owners.
+/// Called with the GIL held (owners are dropped here).
+fn sweep(driver: &ugds::Driver, graveyard: &Graveyard) {
+    let mut g = graveyard.lock().unwrap_or_else(|p| p.into_inner());
+    g.retain(|(t, _)| matches!(driver.deregister(t), Err(ugds::Error::Busy { .. })));
 }
 
 fn options(interrupt: bool) -> HandleOptions {
@@ -89,7 +102,7 @@ impl Driver {
 impl Driver {
     #[new]
     fn new() -> Self {
-        Driver { inner: ugds::Driver::open() }
+        Driver { inner: ugds::Driver::open(), graveyard: Graveyard::default() }
     }
 
     /// Opens a handle on an emulated NVMe controller (runs anywhere). The
@@ -131,13 +144,25 @@ impl Driver {
     }
 
     /// Registers `nbytes` at address `ptr`: `kind` is "host", "cuda" or
-    /// "hip". `owner` is kept alive as long as the registration. Prefer
-    /// `Driver.register(obj)`, which finds the address of a tensor.
-    #[pyo3(signature = (ptr, nbytes, kind="host", owner=None))]
-    fn register_raw(&self, ptr: u64, nbytes: usize, kind: &str, owner: Option<PyObject>) -> PyResult<Buffer> {
+    /// "hip". `owner` (what keeps the memory allocated, and any buffer
+    /// export that keeps it from moving) is held as long as the
+    /// registration, and past it while I/O may still reach the memory.
+    /// `tensor`, a torch tensor, is checked at every I/O to still have its
+    /// storage at `ptr`. Prefer `Driver.register(obj)`, which finds the
+    /// address of a tensor and holds what it needs.
+    #[pyo3(signature = (ptr, nbytes, kind="host", owner=None, tensor=None))]
+    fn register_raw(
+        &self,
+        ptr: u64,
+        nbytes: usize,
+        kind: &str,
+        owner: Option<PyObject>,
+        tensor: Option<PyObject>,
+    ) -> PyResult<Buffer> {
+        sweep(&self.inner, &self.graveyard);
         // SAFETY: the caller (the Python layer) passes memory that `owner`
         // keeps allocated; Buffer holds `owner` until deregistration, and
-        // deregistration refuses while I/O is in flight.
+        // hands it to the graveyard if it goes while I/O holds the memory.
         let token = unsafe {
             match kind {
                 "host" => self.inner.register(ptr as *mut u8, nbytes),
@@ -150,14 +175,30 @@ impl Driver {
         }
         .map_err(err)?;
         let device = self.inner.device_memory(&token).map_err(err)?.is_some();
-        Ok(Buffer { token, device, owner: std::sync::Mutex::new(owner) })
+        Ok(Buffer {
+            token,
+            device,
+            owner: Mutex::new(owner),
+            tensor,
+            driver: self.inner.clone(),
+            graveyard: self.graveyard.clone(),
+        })
     }
 
     /// Deregisters a buffer; refused (BusyError) while I/O is in flight on it.
     fn deregister(&self, buf: &Buffer) -> PyResult<()> {
+        sweep(&self.inner, &self.graveyard);
         self.inner.deregister(&buf.token).map_err(err)?;
         buf.owner.lock().unwrap_or_else(|p| p.into_inner()).take();
         Ok(())
+    }
+
+    /// Registrations of collected buffers still held by I/O (their memory
+    /// is kept alive until it completes).
+    #[getter]
+    fn pending_releases(&self) -> usize {
+        sweep(&self.inner, &self.graveyard);
+        self.graveyard.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// Exports registered GPU memory as a dma-buf: `(fd, offset, length)`.
@@ -168,13 +209,53 @@ impl Driver {
     }
 }
 
-/// A registered buffer. Keep it to do I/O; deregister it before freeing the
-/// memory.
+/// A registered buffer. Keep it to do I/O. It holds the memory's owner (and
+/// a buffer export, so a bytearray cannot be resized under it) until it is
+/// deregistered; when it is collected it deregisters itself, or, if I/O
+/// still holds it, keeps the owner alive until that I/O is done.
 #[pyclass(module = "ugds._ugds", frozen)]
 struct Buffer {
     token: BufferToken,
     device: bool,
-    owner: std::sync::Mutex<Option<PyObject>>,
+    owner: Mutex<Option<PyObject>>,
+    /// A torch tensor whose storage must still be at `token.base`.
+    tensor: Option<PyObject>,
+    driver: ugds::Driver,
+    graveyard: Graveyard,
+}
+
+impl Buffer {
+    /// Refuses I/O if a registered torch tensor's storage moved or shrank
+    /// (`resize_`, `set_`): the registration would name memory the tensor
+    /// no longer owns.
+    fn check(&self, py: Python<'_>) -> PyResult<()> {
+        let Some(t) = &self.tensor else { return Ok(()) };
+        let t = t.bind(py);
+        let ptr: u64 = t.call_method0("data_ptr")?.extract()?;
+        let storage = t.call_method0("untyped_storage")?;
+        let start: u64 = storage.call_method0("data_ptr")?.extract()?;
+        let len: u64 = storage.call_method0("nbytes")?.extract()?;
+        let (base, need) = (self.token.base as u64, self.token.len as u64);
+        if ptr != base || base < start || base + need > start + len {
+            return Err(InvalidArgument::new_err(format!(
+                "the tensor's storage moved or shrank since it was registered at {base:#x} ({need} bytes; \
+                 now {ptr:#x}, storage {start:#x}+{len}): deregister it and register it again"
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        let owner = self.owner.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        // Ok: deregistered now. NotRegistered or StaleToken: deregistered
+        // before (this token, or this memory since). Busy: I/O holds it.
+        if let (Err(ugds::Error::Busy { .. }), Some(o)) = (self.driver.deregister(&self.token), owner) {
+            self.graveyard.lock().unwrap_or_else(|p| p.into_inner()).push((self.token, o));
+        }
+        sweep(&self.driver, &self.graveyard);
+    }
 }
 
 #[pymethods]
@@ -209,7 +290,15 @@ struct Handle {
 
 impl Handle {
     /// One stream-ordered request (an ordered batch of one).
-    fn one_async(&self, op: BatchOp, buf: &Buffer, args: [Arg<'_>; 3], stream: &Stream) -> PyResult<StreamResult> {
+    fn one_async(
+        &self,
+        py: Python<'_>,
+        op: BatchOp,
+        buf: &Buffer,
+        args: [Arg<'_>; 3],
+        stream: &Stream,
+    ) -> PyResult<StreamResult> {
+        buf.check(py)?;
         let [size, file_offset, buf_offset] = args;
         let (io, r) = StreamIo::late(size.cell(), file_offset.cell(), buf_offset.cell());
         self.inner.batch_async(vec![(op, buf.token, io)], stream.get()).map_err(err)?;
@@ -277,6 +366,7 @@ impl Handle {
     /// buffer at `buf_offset`; returns the bytes read.
     #[pyo3(signature = (buf, size, file_offset, buf_offset=0))]
     fn read(&self, py: Python<'_>, buf: &Buffer, size: usize, file_offset: u64, buf_offset: usize) -> PyResult<usize> {
+        buf.check(py)?;
         let t = buf.token;
         py.allow_threads(|| self.inner.read(&t, size, file_offset, buf_offset)).map_err(err)
     }
@@ -285,6 +375,7 @@ impl Handle {
     /// `file_offset` of the namespace; returns the bytes written.
     #[pyo3(signature = (buf, size, file_offset, buf_offset=0))]
     fn write(&self, py: Python<'_>, buf: &Buffer, size: usize, file_offset: u64, buf_offset: usize) -> PyResult<usize> {
+        buf.check(py)?;
         let t = buf.token;
         py.allow_threads(|| self.inner.write(&t, size, file_offset, buf_offset)).map_err(err)
     }
@@ -318,26 +409,28 @@ impl Handle {
     #[pyo3(signature = (buf, size, file_offset, buf_offset, stream))]
     fn read_async(
         &self,
+        py: Python<'_>,
         buf: &Buffer,
         size: Arg<'_>,
         file_offset: Arg<'_>,
         buf_offset: Arg<'_>,
         stream: &Stream,
     ) -> PyResult<StreamResult> {
-        self.one_async(BatchOp::Read, buf, [size, file_offset, buf_offset], stream)
+        self.one_async(py, BatchOp::Read, buf, [size, file_offset, buf_offset], stream)
     }
 
     /// Writes in stream order; see read_async.
     #[pyo3(signature = (buf, size, file_offset, buf_offset, stream))]
     fn write_async(
         &self,
+        py: Python<'_>,
         buf: &Buffer,
         size: Arg<'_>,
         file_offset: Arg<'_>,
         buf_offset: Arg<'_>,
         stream: &Stream,
     ) -> PyResult<StreamResult> {
-        self.one_async(BatchOp::Write, buf, [size, file_offset, buf_offset], stream)
+        self.one_async(py, BatchOp::Write, buf, [size, file_offset, buf_offset], stream)
     }
 
     /// An ordered batch: `ios` is a list of `(op, buf, size, file_offset,
@@ -345,12 +438,14 @@ impl Handle {
     /// the stream and before later work, in no order among themselves.
     fn batch_async(
         &self,
+        py: Python<'_>,
         ios: Vec<(String, PyRef<'_, Buffer>, Arg<'_>, Arg<'_>, Arg<'_>)>,
         stream: &Stream,
     ) -> PyResult<Vec<StreamResult>> {
         let mut reqs = Vec::with_capacity(ios.len());
         let mut results = Vec::with_capacity(ios.len());
         for (o, b, size, foff, boff) in &ios {
+            b.check(py)?;
             let (io, r) = StreamIo::late(size.cell(), foff.cell(), boff.cell());
             reqs.push((op(o)?, b.token, io));
             results.push(StreamResult { inner: r });
@@ -395,6 +490,9 @@ impl Batch {
     /// cookie)`; all are checked first, and bad input submits none. Returns
     /// the number of doorbell writes it took (1 unless the queue filled).
     fn submit(&self, py: Python<'_>, ios: Vec<(String, PyRef<'_, Buffer>, usize, u64, usize, u64)>) -> PyResult<usize> {
+        for (_, b, ..) in &ios {
+            b.check(py)?;
+        }
         let reqs = ios
             .iter()
             .map(|(o, b, size, file_offset, buf_offset, cookie)| {
@@ -472,17 +570,12 @@ struct Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        // Dropping waits for the stream's work, which may need the GIL (a
-        // Python callable enqueued on a host stream): wait without it.
-        let inner = &self.inner;
-        Python::with_gil(|py| {
-            py.allow_threads(|| match inner {
-                StreamKind::Host(s) => s.synchronize(),
-                StreamKind::Gpu(s) => {
-                    let _ = s.synchronize();
-                }
-            })
-        });
+        // A host stream's thread may be running a Python callable, which
+        // needs the GIL: let it finish without holding it. A GPU stream is
+        // the caller's and is not touched (see ugds::gpu::GpuStream).
+        if let StreamKind::Host(s) = &self.inner {
+            Python::with_gil(|py| py.allow_threads(|| s.synchronize()));
+        }
     }
 }
 

@@ -221,7 +221,7 @@ impl Registry {
                 Self::retire(e)?;
                 let e = map.remove(&token.base).expect("looked up above");
                 Self::unmap_all(&e);
-                return Ok(());
+                Ok(())
             }
             public => {
                 let mut p = self.private.write().unwrap_or_else(|p| p.into_inner());
@@ -264,9 +264,7 @@ impl Registry {
                 Some(e) => e,
                 None => {
                     return Err(match public {
-                        Some(e) => {
-                            Error::StaleToken { base: token.base, got: token.generation, current: e.generation }
-                        }
+                        Some(e) => Error::StaleToken { base: token.base, got: token.generation, current: e.generation },
                         None => Error::NotRegistered { base: token.base },
                     })
                 }

@@ -256,3 +256,35 @@ fn polled_queues_report_the_cq_head_lazily_and_never_fill_the_cq() {
     assert!((400..600).contains(&sync_writes), "{sync_writes} doorbell writes for 400 reads");
     assert!(emu.stats().doorbell_writes - before < 2 * 3000 + 2 * 400);
 }
+
+/// A namespace on a descriptor serves the file the descriptor names, even
+/// once its name is gone, and never creates or extends a file.
+#[test]
+fn a_namespace_on_a_descriptor_serves_that_file() {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    use std::os::fd::OwnedFd;
+    let path = std::env::temp_dir().join(format!("ugds-emu-fd-{}", std::process::id()));
+    let mut f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+    f.write_all(&pattern(4, 0, 1 << 20)).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let fd = OwnedFd::from(f.try_clone().unwrap());
+    let too_big = NamespaceConfig::descriptor(fd.try_clone().unwrap(), 2 << 20, 512);
+    assert!(matches!(
+        EmuPlatform::new(ugds::platform::emu::EmuConfig::default().namespaces(vec![too_big])),
+        Err(Error::InvalidArgument(_))
+    ));
+    let cfg = ugds::platform::emu::EmuConfig::default().namespaces(vec![NamespaceConfig::descriptor(fd, 1 << 20, 512)]);
+    let (d, h, _e) = open(cfg, opts());
+    let mut b = Buf::new(&d, 8192);
+    h.read(&b.token, 8192, 4096, 0).unwrap();
+    assert!(b.mem[..] == pattern(4, 4096, 8192)[..]);
+    b.mem.copy_from_slice(&pattern(5, 0, 8192));
+    h.write(&b.token, 8192, 65536, 0).unwrap();
+    drop(b);
+    drop(h);
+    let mut got = vec![0u8; 8192];
+    f.seek(SeekFrom::Start(65536)).unwrap();
+    f.read_exact(&mut got).unwrap();
+    assert!(got == pattern(5, 0, 8192), "the write reached the caller's file");
+    assert!(!path.exists(), "no file was made by name");
+}

@@ -18,6 +18,13 @@ use ugds::gpu::StreamWait;
 use ugds::platform::emu::{Fault, FaultAction, FaultTarget};
 use ugds::{BatchIo, BatchOp, BatchStatus, Error, StreamIo};
 
+static SPIN: std::sync::OnceLock<ugds::gpu::cuda::SpinKernel> = std::sync::OnceLock::new();
+
+/// The kernel that stands in for compute (loaded by `cuda()`).
+fn spin() -> &'static ugds::gpu::cuda::SpinKernel {
+    SPIN.get().expect("cuda() loads it")
+}
+
 fn cuda() -> Option<Arc<Cuda>> {
     let c = Cuda::get().and_then(|c| {
         if c.device_count()? == 0 {
@@ -27,7 +34,20 @@ fn cuda() -> Option<Arc<Cuda>> {
         Ok(c)
     });
     match c {
-        Ok(c) => Some(c),
+        Ok(c) => {
+            // Loaded once, before any test has a stream waiting: loading a
+            // module waits for every stream of the context while holding the
+            // driver's lock, which would stall other tests' emulated I/O.
+            SPIN.get_or_init(|| {
+                let k = c.spin_kernel().unwrap();
+                let s = c.create_stream().unwrap();
+                k.launch(&s, 0).unwrap();
+                s.synchronize().unwrap();
+                std::mem::forget(s);
+                k
+            });
+            Some(c)
+        }
         Err(e) if std::env::var_os("UGDS_REQUIRE_GPU").is_some() => panic!("UGDS_REQUIRE_GPU is set: {e}"),
         Err(e) => {
             // Not eprintln!: that is captured; this reaches the terminal.
@@ -35,6 +55,17 @@ fn cuda() -> Option<Arc<Cuda>> {
             None
         }
     }
+}
+
+/// Device and pinned memory of these tests is never freed: cuMemFree and
+/// cuMemFreeHost wait for every stream of the context while holding the
+/// CUDA driver's process-wide lock (measured on an H200: a copy in another
+/// context cannot even be enqueued meanwhile), so a test freeing memory
+/// would stall the emulated controller's copies for the tests running
+/// alongside, whose streams wait on that I/O, until they time out. See
+/// docs/architecture.md, "GPU streams and the emulated controller".
+fn kept<T>(x: T) -> std::mem::ManuallyDrop<T> {
+    std::mem::ManuallyDrop::new(x)
 }
 
 fn download(b: &DeviceBuffer, off: usize, len: usize) -> Vec<u8> {
@@ -47,7 +78,7 @@ fn download(b: &DeviceBuffer, off: usize, len: usize) -> Vec<u8> {
 fn device_memory_reads_and_writes_across_prp_boundaries() {
     let Some(cuda) = cuda() else { return };
     let (d, h, _e) = open(small_emu(), opts());
-    let gpu = cuda.alloc(4 << 20).unwrap();
+    let gpu = kept(cuda.alloc(4 << 20).unwrap());
     // SAFETY: `gpu` outlives the registration (deregistered below).
     let t = unsafe { d.register_cuda(gpu.ptr(), gpu.len()) }.unwrap();
     assert!(d.device_memory(&t).unwrap().is_some(), "registered as device memory");
@@ -78,7 +109,7 @@ fn device_memory_reads_and_writes_across_prp_boundaries() {
 fn registration_checks_cuda_pointers() {
     let Some(cuda) = cuda() else { return };
     let d = ugds::Driver::open();
-    let gpu = cuda.alloc(1 << 20).unwrap();
+    let gpu = kept(cuda.alloc(1 << 20).unwrap());
     // A range running past the allocation.
     // SAFETY: refused; nothing is registered.
     let e = unsafe { d.register_cuda(gpu.ptr() + 4096, 1 << 20) }.unwrap_err();
@@ -94,7 +125,7 @@ fn registration_checks_cuda_pointers() {
     assert!(matches!(e, Error::Overlap { .. }), "{e}");
     d.deregister(&t).unwrap();
     // Pinned host memory registers as host memory.
-    let pinned = cuda.alloc_pinned(1 << 20).unwrap();
+    let pinned = kept(cuda.alloc_pinned(1 << 20).unwrap());
     // SAFETY: `pinned` outlives the registration.
     let t = unsafe { d.register_cuda(pinned.as_ptr() as u64, pinned.len()) }.unwrap();
     assert!(d.device_memory(&t).unwrap().is_none());
@@ -105,7 +136,7 @@ fn registration_checks_cuda_pointers() {
 fn pinned_host_memory_does_io() {
     let Some(cuda) = cuda() else { return };
     let (d, h, _e) = open(small_emu(), opts());
-    let mut pinned = cuda.alloc_pinned(1 << 20).unwrap();
+    let mut pinned = kept(cuda.alloc_pinned(1 << 20).unwrap());
     // SAFETY: `pinned` outlives the registration.
     let t = unsafe { d.register_cuda(pinned.as_ptr() as u64, pinned.len()) }.unwrap();
     pinned.copy_from_slice(&pattern(9, 0, 1 << 20));
@@ -120,7 +151,7 @@ fn pinned_host_memory_does_io() {
 fn batch_on_device_memory_mixed_reads_and_writes() {
     let Some(cuda) = cuda() else { return };
     let (d, h, _e) = open(small_emu(), opts());
-    let gpu = cuda.alloc(128 * 8192).unwrap();
+    let gpu = kept(cuda.alloc(128 * 8192).unwrap());
     // SAFETY: deregistered below, before `gpu` is freed.
     let t = unsafe { d.register_cuda(gpu.ptr(), gpu.len()) }.unwrap();
     let src: Vec<u8> = (0..128).flat_map(|i| pattern(i as u8, 0, 8192)).collect();
@@ -172,7 +203,7 @@ fn dmabuf_export_of_registered_memory() {
         return;
     }
     let d = ugds::Driver::open();
-    let gpu = cuda.alloc(4 << 20).unwrap();
+    let gpu = kept(cuda.alloc(4 << 20).unwrap());
     // An unaligned sub-range: the export covers its pages, with an offset.
     // SAFETY: deregistered below.
     let t = unsafe { d.register_cuda(gpu.ptr() + 4096 + 512, 65536) }.unwrap();
@@ -194,7 +225,7 @@ fn dmabuf_export_of_registered_memory() {
 fn stream_checks(wait: StreamWait) {
     let Some(cuda) = cuda() else { return };
     let (d, h, _e) = open(small_emu(), opts());
-    let gpu = cuda.alloc(1 << 20).unwrap();
+    let gpu = kept(cuda.alloc(1 << 20).unwrap());
     // SAFETY: deregistered below.
     let t = unsafe { d.register_cuda(gpu.ptr(), gpu.len()) }.unwrap();
     let host = Buf::new(&d, 1 << 20);
@@ -205,10 +236,12 @@ fn stream_checks(wait: StreamWait) {
     // SAFETY: `raw` outlives `s`.
     let s = unsafe { cuda.stream(raw.raw(), wait) }.unwrap();
     assert_eq!(s.wait_mode(), wait);
-    // Late binding: the stream is held behind a host function; values change
-    // after enqueue and before the stream reaches the read.
-    let (gate_tx, gate_rx) = mpsc::channel::<()>();
-    raw.enqueue_host(move || gate_rx.recv().unwrap()).unwrap();
+    // Late binding: the stream is held behind a kernel (not a blocking host
+    // function: CUDA runs every stream's host functions on one thread, and
+    // holding it would stall tests running alongside); values change after
+    // enqueue and before the stream reaches the read.
+    let spin = spin();
+    spin.launch(&raw, 300_000_000).unwrap();
     let size = Arc::new(AtomicU64::new(0));
     let file_offset = Arc::new(AtomicU64::new(3));
     let buf_offset = Arc::new(AtomicU64::new(1 << 40));
@@ -221,7 +254,7 @@ fn stream_checks(wait: StreamWait) {
     size.store(256 << 10, Ordering::Release);
     file_offset.store((1 << 20) + 8192, Ordering::Release);
     buf_offset.store(4096, Ordering::Release);
-    gate_tx.send(()).unwrap();
+    assert!(!res.is_done(), "the read ran before the kernel ahead of it");
     s.synchronize().unwrap();
     assert_eq!(res.bytes(), 256 << 10, "{:?}", res.take_error());
     assert!(seen.load(Ordering::Acquire), "work after the operation ran before its result was written");
@@ -264,7 +297,7 @@ fn a_stalled_io_does_not_hold_other_streams() {
     // callback thread free: a host function on stream B runs meanwhile.
     let Some(cuda) = cuda() else { return };
     let (d, h, e) = open(small_emu(), opts());
-    let gpu = cuda.alloc(1 << 20).unwrap();
+    let gpu = kept(cuda.alloc(1 << 20).unwrap());
     // SAFETY: deregistered below.
     let t = unsafe { d.register_cuda(gpu.ptr(), gpu.len()) }.unwrap();
     let (ra, rb) = (cuda.create_stream().unwrap(), cuda.create_stream().unwrap());
@@ -278,7 +311,7 @@ fn a_stalled_io_does_not_hold_other_streams() {
     rb.enqueue_host(move || tx.send(()).unwrap()).unwrap();
     let ran = rx.recv_timeout(Duration::from_secs(2));
     assert!(ran.is_ok(), "stream B's host function waited for stream A's I/O");
-    assert!(!res.is_done(), "A's I/O is still stalled");
+    assert!(!res.is_done(), "A's I/O is still stalled: {} {:?}", res.bytes(), res.take_error());
     a.synchronize().unwrap();
     assert_eq!(res.bytes(), 4096);
     drop(a);
@@ -295,13 +328,13 @@ fn sixty_four_streams_read_and_write_at_once() {
     const N: usize = 64;
     const SZ: usize = 65536;
     let (d, h, _e) = open(small_emu(), opts());
-    let gpu = cuda.alloc(N * SZ).unwrap();
+    let gpu = kept(cuda.alloc(N * SZ).unwrap());
     // SAFETY: deregistered below.
     let t = unsafe { d.register_cuda(gpu.ptr(), gpu.len()) }.unwrap();
     let mut hb = Buf::new(&d, N * SZ);
     hb.mem.copy_from_slice(&pattern(6, 0, N * SZ));
     h.write(&hb.token, N * SZ, 0, 0).unwrap();
-    let spin = cuda.spin_kernel().unwrap();
+    let spin = spin();
     let raws: Vec<_> = (0..N).map(|_| cuda.create_stream().unwrap()).collect();
     // SAFETY: each raw stream outlives its GpuStream (dropped first below).
     let streams: Vec<_> =
@@ -344,10 +377,10 @@ fn sixty_four_streams_read_and_write_at_once() {
 fn streams_destroyed_before_teardown() {
     let Some(cuda) = cuda() else { return };
     let (d, h, _e) = open(small_emu(), opts());
-    let gpu = cuda.alloc(1 << 20).unwrap();
+    let gpu = kept(cuda.alloc(1 << 20).unwrap());
     // SAFETY: deregistered below.
     let t = unsafe { d.register_cuda(gpu.ptr(), gpu.len()) }.unwrap();
-    let spin = cuda.spin_kernel().unwrap();
+    let spin = spin();
     let mut results = Vec::new();
     let mut kept = Vec::new();
     for round in 0..3 {
@@ -400,18 +433,17 @@ fn streams_destroyed_before_teardown() {
 fn deregistration_is_refused_while_a_stream_holds_the_buffer() {
     let Some(cuda) = cuda() else { return };
     let (d, h, _e) = open(small_emu(), opts());
-    let gpu = cuda.alloc(1 << 20).unwrap();
+    let gpu = kept(cuda.alloc(1 << 20).unwrap());
     // SAFETY: deregistered below.
     let t = unsafe { d.register_cuda(gpu.ptr(), gpu.len()) }.unwrap();
     let raw = cuda.create_stream().unwrap();
     // SAFETY: `raw` outlives `s`.
     let s = unsafe { cuda.stream(raw.raw(), StreamWait::DeviceSide) }.unwrap();
-    let (gate_tx, gate_rx) = mpsc::channel::<()>();
-    raw.enqueue_host(move || gate_rx.recv().unwrap()).unwrap();
+    // Held behind a kernel, so the read is queued, not yet run.
+    spin().launch(&raw, 300_000_000).unwrap();
     let (io, res) = StreamIo::new(4096, 0, 0);
     h.read_async(&t, io, &s).unwrap();
     assert!(matches!(d.deregister(&t), Err(Error::Busy { .. })));
-    gate_tx.send(()).unwrap();
     s.synchronize().unwrap();
     assert_eq!(res.bytes(), 4096);
     d.deregister(&t).unwrap();
@@ -428,7 +460,7 @@ fn memory_of_another_context_is_refused_until_that_context_is_current() {
         }
     };
     // Allocated in the new context (current after creation).
-    let other = cuda.alloc(1 << 20).unwrap();
+    let other = kept(cuda.alloc(1 << 20).unwrap());
     cuda.use_device(0).unwrap(); // the primary context again
     let (d, h, _e) = open(small_emu(), opts());
     // SAFETY: refused; nothing registered.
@@ -444,9 +476,10 @@ fn memory_of_another_context_is_refused_until_that_context_is_current() {
     h.read(&t, 65536, 0, 4096).unwrap();
     assert!(download(&other, 4096, 65536) == pattern(8, 0, 65536));
     d.deregister(&t).unwrap();
-    drop(other);
     cuda.use_device(0).unwrap();
-    drop(ctx);
+    // Not destroyed: cuCtxDestroy may wait for the device under the
+    // driver's lock, as cuMemFree does (see `kept`).
+    std::mem::forget(ctx);
 }
 
 #[test]
@@ -463,7 +496,7 @@ fn device_memory_through_emulator_io_workers() {
     let mut host = Buf::new(&d, 8 << 20);
     host.mem.copy_from_slice(&pattern(12, 0, 8 << 20));
     h.write(&host.token, 8 << 20, 0, 0).unwrap();
-    let gpu = cuda.alloc(8 << 20).unwrap();
+    let gpu = kept(cuda.alloc(8 << 20).unwrap());
     // SAFETY: deregistered below.
     let t = unsafe { d.register_cuda(gpu.ptr(), gpu.len()) }.unwrap();
     let b = h.batch(128).unwrap();

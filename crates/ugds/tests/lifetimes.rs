@@ -73,3 +73,46 @@ fn a_wedged_handle_dropped_without_reset_keeps_its_buffers_mapped() {
     assert!(matches!(d.deregister(&b.token), Err(Error::Busy { .. })));
     std::mem::forget(b);
 }
+
+/// A just-in-time registration is private to the call that made it: found
+/// only by its token, it neither conflicts with nor can be taken for a
+/// registration of the same memory.
+#[test]
+fn private_registrations_are_found_only_by_their_token() {
+    let (d, h, _e) = open(small_emu(), opts());
+    let mut mem = ugds::HostBuffer::new(1 << 20).unwrap();
+    let p = mem.as_mut_ptr();
+    // SAFETY: `mem` outlives every registration (all removed below).
+    let (a, b) = unsafe { (d.register_private(p, 1 << 20).unwrap(), d.register_private(p, 1 << 20).unwrap()) };
+    assert_eq!(d.token_at(p), None);
+    assert_eq!(d.token_containing(p), None);
+    // SAFETY: as above.
+    let public = unsafe { d.register(p, 1 << 20) }.unwrap();
+    assert_eq!(d.token_at(p), Some(public));
+    h.write(&a, 4096, 0, 0).unwrap();
+    h.read(&b, 4096, 0, 4096).unwrap();
+    d.deregister(&public).unwrap();
+    h.read(&a, 4096, 0, 0).unwrap(); // unaffected by the public one's removal
+    assert_eq!(d.private_registrations(), (2, 0));
+    d.deregister(&a).unwrap();
+    assert!(matches!(d.deregister(&a), Err(Error::NotRegistered { .. })));
+    assert!(matches!(h.read(&a, 4096, 0, 0), Err(Error::NotRegistered { .. })));
+    d.deregister(&b).unwrap();
+    assert_eq!(d.private_registrations(), (0, 0));
+}
+
+/// Lengths no machine could serve are refused before anything is allocated
+/// for them (a page list for 2^45 bytes would abort the process).
+#[test]
+fn impossible_lengths_are_refused_before_allocating() {
+    let (d, h, _e) = open(small_emu(), opts());
+    let mut mem = ugds::HostBuffer::new(4096).unwrap();
+    // SAFETY: refused; nothing is registered.
+    let e = unsafe { d.register(mem.as_mut_ptr(), 1 << 45) }.unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    // SAFETY: as above.
+    let e = unsafe { d.register_private(mem.as_mut_ptr(), 1 << 45) }.unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(matches!(h.batch(ugds::Batch::MAX_CAPACITY + 1), Err(Error::InvalidArgument(_))));
+    assert!(h.batch(ugds::Batch::MAX_CAPACITY).is_ok());
+}

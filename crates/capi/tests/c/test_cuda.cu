@@ -45,6 +45,9 @@ int main(void) {
 
     // Sync, registered.
     CHECK(cudaMemset(gpu, 0, 16 * MIB) == cudaSuccess);
+    // Synchronous I/O is not ordered with GPU work (as with cuFile): the
+    // memset may still be running unless waited for.
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
     CHECK_RET(uGDSRead(fh, gpu, 4 * MIB, 4 * MIB, MIB), 4 * MIB);
     CHECK(cudaMemcpy(back, gpu + MIB, 4 * MIB, cudaMemcpyDeviceToHost) == cudaSuccess &&
           same(back, 4 * MIB, 9, 4 * MIB));
@@ -58,7 +61,7 @@ int main(void) {
     // Allocated before the stream is held: allocation may synchronize.
     unsigned long long *sum, sum_host = 0;
     CHECK(cudaMalloc(&sum, sizeof *sum) == cudaSuccess);
-    CHECK(cudaMemset(sum, 0, sizeof *sum) == cudaSuccess);
+    CHECK(cudaMemset(sum, 0, sizeof *sum) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess);
     // Loads the kernel now (lazy loading may synchronize at first launch).
     sum_bytes<<<1, 1, 0, s>>>(gpu, 0, sum);
     CHECK(cudaStreamSynchronize(s) == cudaSuccess);

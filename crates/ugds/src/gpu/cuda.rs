@@ -319,6 +319,11 @@ impl Cuda {
             self.check("cuCtxGetDevice", unsafe { (self.api.ctx_get_device)(&mut device) })
         })?;
         let c = Arc::new(CudaContext { cuda: self.clone(), ctx, device, copy: OnceLock::new() });
+        // The copy engine is made now, at the first registration, rather
+        // than at the first copy: creating a context may wait for the
+        // device under the driver's lock, which must not happen while a
+        // stream waits on an emulated I/O that needs a copy.
+        let _ = c.copy.set(self.copy_engine(device).map_err(|e| e.to_string()));
         map.insert(ctx, c.clone());
         Ok(c)
     }

@@ -37,7 +37,8 @@ pub trait DeviceRuntime: Send + Sync {
     /// refused (copies from it then still work, staged by the runtime).
     fn host_register(&self, ptr: *mut u8, len: usize) -> bool;
 
-    /// Undoes [`host_register`](Self::host_register).
+    /// Undoes [`host_register`](Self::host_register). (The emulator keeps
+    /// what it pinned instead: in CUDA this waits for the device.)
     fn host_unregister(&self, ptr: *mut u8);
 
     /// Exports the pages spanning `ptr..ptr+len` as a dma-buf.

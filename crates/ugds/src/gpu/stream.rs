@@ -67,6 +67,28 @@ pub(crate) struct WordPool {
     retired: Vec<(Slot, u32)>,
     /// Pages allocated.
     pages: usize,
+    /// Device-side waits enqueued and not yet passed: (slot, value).
+    pending: Vec<(Slot, u32)>,
+}
+
+/// Device-side waits a context may have pending at once. The CUDA driver
+/// blocks the thread that enqueues a wait beyond what its hardware queues
+/// hold (measured on an H200 with the default 8 queues: the 33rd to 40th
+/// stream waiting on memory blocks the enqueue), and it blocks there holding
+/// its process-wide lock, so no other CUDA call in the process, such as the
+/// emulated controller's copy that would release the waits, can proceed.
+/// Beyond this budget ugds waits on the host, without any lock of the
+/// driver, for earlier waits to pass.
+pub(crate) const MAX_PENDING_WAITS: usize = 16;
+
+/// How long an operation waits for the budget before it is enqueued anyway
+/// (when the waits ahead of it depend on work that comes only later).
+const BUDGET_PATIENCE: Duration = Duration::from_secs(5);
+
+fn has_passed(slot: &Slot, value: u32) -> bool {
+    // Acquire: pairs with the GPU's write of `passed` after its wait.
+    let p = slot.passed().load(Ordering::Acquire);
+    p != NOT_PASSED && p.wrapping_sub(value) as i32 >= 0
 }
 
 impl WordPool {
@@ -81,6 +103,8 @@ impl WordPool {
             }
         }
         let slot = self.free.pop().expect("a page was just added");
+        // A free slot's waits have all passed; forget any still listed.
+        self.pending.retain(|(s, _)| *s != slot);
         // Release: nothing reads the slot now (it was free); the GPU reads
         // these values only after the wait that is enqueued later.
         slot.done().store(0, Ordering::Release);
@@ -99,6 +123,12 @@ impl WordPool {
             }
             !gone
         });
+    }
+
+    /// Counts the waits not yet passed, after forgetting those passed.
+    fn pending_waits(&mut self) -> usize {
+        self.pending.retain(|(s, v)| !has_passed(s, *v));
+        self.pending.len()
     }
 
     /// `(pages allocated, slots waiting for their stream to pass)`.
@@ -318,6 +348,9 @@ impl Stream for GpuStream {
     fn launch(&self, op: Box<dyn FnOnce(StreamSignal) + Send>) -> Result<()> {
         let mut seq = self.seq.lock().unwrap_or_else(|p| p.into_inner());
         let next = seq.last.wrapping_add(1);
+        if self.wait == StreamWait::DeviceSide {
+            self.reserve_wait(next);
+        }
         let timing = self.timing.clone();
         let (signal, gate) = match self.wait {
             StreamWait::DeviceSide => {
@@ -351,6 +384,7 @@ impl Stream for GpuStream {
             // SAFETY: not launched: still ours. Dropping it sets the signal,
             // which nothing waits for.
             drop(unsafe { Box::from_raw(data as *mut HostCall) });
+            self.unreserve_wait(next);
             return Err(e);
         }
         seq.last = next;
@@ -359,8 +393,14 @@ impl Stream for GpuStream {
                 Ok(true) => {}
                 // The host function is queued and will run; only the wait
                 // is missing, so later work may overtake this operation.
-                Ok(false) => return Err(Error::Unsupported("stream wait on memory".into())),
-                Err(e) => return Err(e),
+                Ok(false) => {
+                    self.unreserve_wait(next);
+                    return Err(Error::Unsupported("stream wait on memory".into()));
+                }
+                Err(e) => {
+                    self.unreserve_wait(next);
+                    return Err(e);
+                }
             }
             match self.backend.write_value32(self.raw, self.slot.dev + 4, next) {
                 Ok(true) => seq.passed = Some(next),
@@ -372,6 +412,31 @@ impl Stream for GpuStream {
             }
         }
         Ok(())
+    }
+}
+
+impl GpuStream {
+    /// Takes a place among the context's pending device-side waits for
+    /// this stream's wait on `value`, waiting on the host (no driver lock
+    /// held) while [`MAX_PENDING_WAITS`] are pending.
+    fn reserve_wait(&self, value: u32) {
+        let deadline = Instant::now() + BUDGET_PATIENCE;
+        let mut pause = Duration::from_micros(5);
+        loop {
+            let mut pool = self.backend.pool().lock().unwrap_or_else(|p| p.into_inner());
+            if pool.pending_waits() < MAX_PENDING_WAITS || Instant::now() >= deadline {
+                pool.pending.push((self.slot, value));
+                return;
+            }
+            drop(pool);
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_micros(500));
+        }
+    }
+
+    fn unreserve_wait(&self, value: u32) {
+        let mut pool = self.backend.pool().lock().unwrap_or_else(|p| p.into_inner());
+        pool.pending.retain(|(s, v)| !(*s == self.slot && *v == value));
     }
 }
 
@@ -481,6 +546,30 @@ mod tests {
         gpu.run();
         assert_eq!(gpu.pages.load(Ordering::Relaxed), 1, "one page serves streams one after another");
         assert_eq!(gpu.pool.lock().unwrap().usage(), (1, 0));
+    }
+
+    #[test]
+    fn pending_device_side_waits_are_bounded() {
+        let gpu = Arc::new(FakeGpu::default());
+        let streams: Vec<_> =
+            (0..MAX_PENDING_WAITS).map(|i| GpuStream::new(gpu.clone(), i, StreamWait::DeviceSide).unwrap()).collect();
+        for s in &streams {
+            s.launch(Box::new(|sig| sig.set())).unwrap();
+        }
+        let last = GpuStream::new(gpu.clone(), 99, StreamWait::DeviceSide).unwrap();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                last.launch(Box::new(|sig| sig.set())).unwrap();
+                done.store(true, Ordering::Release);
+            });
+            std::thread::sleep(Duration::from_millis(100));
+            assert!(!done.load(Ordering::Acquire), "a wait beyond the budget was enqueued");
+            gpu.run(); // the GPU passes the pending waits
+        });
+        assert!(done.load(Ordering::Acquire));
+        gpu.run();
+        assert_eq!(gpu.pool.lock().unwrap().pending_waits(), 0);
     }
 
     #[test]

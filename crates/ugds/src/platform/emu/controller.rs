@@ -70,7 +70,8 @@ impl Namespace {
                     }
                     super::Backing::Descriptor(fd) => {
                         let f = File::from(
-                            fd.0.try_clone().map_err(|e| Error::Os { op: "duplicate the namespace's descriptor", source: e })?,
+                            fd.0.try_clone()
+                                .map_err(|e| Error::Os { op: "duplicate the namespace's descriptor", source: e })?,
                         );
                         let len = f.metadata().map_err(|e| Error::Os { op: "stat backing file", source: e })?.len();
                         if len < bytes {
@@ -1390,14 +1391,24 @@ fn same_target(a: Option<&Arc<dyn DeviceRuntime>>, b: Option<&Arc<dyn DeviceRunt
 /// Page-aligned bounce memory, page-locked by a GPU runtime when it is used
 /// for GPU transfers (so the copy engine reads and writes it directly).
 struct Bounce {
-    mem: Anonymous,
+    mem: std::mem::ManuallyDrop<Anonymous>,
     pinned_by: Option<Arc<dyn DeviceRuntime>>,
 }
 
+/// Pinned bounce memory no emulator uses now, kept for the next one and
+/// never unpinned: `cuMemHostUnregister` waits for every stream of the
+/// context while holding the CUDA driver's process-wide lock (measured on an
+/// H200), so unpinning while a stream waits on an emulated I/O would block
+/// the copy that I/O needs, in any context, until it timed out.
+static PINNED_BOUNCE: std::sync::Mutex<Vec<(Anonymous, Arc<dyn DeviceRuntime>)>> = std::sync::Mutex::new(Vec::new());
+
 impl Drop for Bounce {
     fn drop(&mut self) {
-        if let Some(rt) = self.pinned_by.take() {
-            rt.host_unregister(self.mem.as_ptr());
+        // SAFETY: taken once, here; `mem` is not used after.
+        let mem = unsafe { std::mem::ManuallyDrop::take(&mut self.mem) };
+        match self.pinned_by.take() {
+            Some(rt) => PINNED_BOUNCE.lock().unwrap_or_else(|p| p.into_inner()).push((mem, rt)),
+            None => drop(mem),
         }
     }
 }
@@ -1420,10 +1431,20 @@ fn bounce<'a>(
     if !fits {
         let size = staging.as_ref().map_or(0, |b| b.mem.len()).max(len.next_power_of_two()).max(4 << 20);
         *staging = None;
-        let mem = Anonymous::populated(size).map_err(std::io::Error::other)?;
-        // Best effort: unpinned memory still works, only slower.
-        let pinned_by = rt.filter(|r| r.host_register(mem.as_ptr(), size)).cloned();
-        *staging = Some(Bounce { mem, pinned_by });
+        let parked = rt.and_then(|r| {
+            let mut pool = PINNED_BOUNCE.lock().unwrap_or_else(|p| p.into_inner());
+            let i = pool.iter().position(|(m, p)| m.len() >= size && Arc::ptr_eq(r, p))?;
+            Some(pool.swap_remove(i))
+        });
+        *staging = Some(match parked {
+            Some((mem, rt)) => Bounce { mem: std::mem::ManuallyDrop::new(mem), pinned_by: Some(rt) },
+            None => {
+                let mem = Anonymous::populated(size).map_err(std::io::Error::other)?;
+                // Best effort: unpinned memory still works, only slower.
+                let pinned_by = rt.filter(|r| r.host_register(mem.as_ptr(), size)).cloned();
+                Bounce { mem: std::mem::ManuallyDrop::new(mem), pinned_by }
+            }
+        });
     }
     let b = staging.as_ref().expect("just set");
     // SAFETY: our own mapping of at least `len` bytes, borrowed mutably
