@@ -1089,3 +1089,43 @@ pub extern "C" fn uGDSStreamDeregister(stream: *mut c_void) -> uGDSError_t {
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CStr;
+    use ugds::platform::emu::{Fault, FaultAction, FaultTarget};
+
+    fn last_error() -> String {
+        // SAFETY: the library's own NUL-terminated message.
+        unsafe { CStr::from_ptr(ugds_last_error()) }.to_string_lossy().into_owned()
+    }
+
+    /// A handle whose command never completes: the just-in-time read that
+    /// issued it says the device may still write the buffer (whose pages
+    /// stay pinned), and `uGDSDriverClose` names the wedged handle and the
+    /// pinned registration instead of reporting success.
+    #[test]
+    fn what_cannot_be_released_is_reported() {
+        assert_eq!(uGDSDriverOpen().err, op::SUCCESS);
+        let driver = state().as_ref().unwrap().driver.clone();
+        let opts = HandleOptions { timeout: Duration::from_millis(300), ..HandleOptions::default() };
+        let (handle, emu) = driver.open_emulated(EmuConfig::default(), opts).unwrap();
+        let fd = 4242;
+        let obj = Box::into_raw(Box::new(HandleObj { fd }));
+        state_mut().as_mut().unwrap().handles.insert(obj as usize, Registered { handle: Arc::new(handle), fd });
+        // The buffer is leaked on purpose: the device may still write it.
+        let buf: &'static mut [u8] = Box::leak(vec![0u8; 8192].into_boxed_slice());
+        emu.inject(Fault::next(FaultTarget::Io(None), FaultAction::LoseCompletion));
+        let n = uGDSRead(obj.cast(), buf.as_mut_ptr().cast(), 4096, 0, 0);
+        assert!(n < 0, "{n}");
+        let msg = last_error();
+        assert!(msg.contains("may still write") && msg.contains("stay pinned"), "{msg}");
+        assert_eq!(driver.private_registrations().0, 1);
+        let e = uGDSDriverClose();
+        assert_eq!(e.err, op::IO_DISABLED);
+        let msg = last_error();
+        assert!(msg.contains("fd 4242") && msg.contains("just-in-time"), "{msg}");
+        assert_eq!(uGDSDriverClose().err, op::DRIVER_NOT_INITIALIZED);
+    }
+}
