@@ -14,6 +14,23 @@
  * When the file is released, or the function unbound, the controller is
  * stopped first (CC.EN = 0, wait for CSTS.RDY = 0, clear bus mastering) and
  * only then is anything unmapped, unpinned or freed.
+ *
+ * Lifetimes. struct ugds_dev embeds the struct device of /dev/ugds_drvN and
+ * its cdev (cdev_device_add): an open file, and each ledger entry, hold a
+ * reference on that device, and its release frees the struct, so nothing is
+ * freed while the VFS or a mapping can still reach it. Each ledger entry is
+ * reference-counted: one reference for the ledger, one per user mapping of
+ * its memory; coherent DMA memory is freed at the last of them, never while
+ * a process maps it. Unbinding while the file is open stops the controller,
+ * zaps every user mapping of the file (later accesses get SIGBUS: BAR0 is
+ * served by a fault handler that refuses once the device is gone), and
+ * drops the ledger's references.
+ *
+ * Locking. d->lock guards the ledger and the device state. It is taken
+ * under mmap_lock (mmap, and the BAR0 fault handler), so nothing that takes
+ * mmap_lock (pinning user pages, copy_to_user, put_user) runs under it: the
+ * ioctls prepare a mapping without the lock and take it only to check the
+ * device and enter the result in the ledger.
  */
 #include <linux/capability.h>
 #include <linux/cdev.h>
@@ -48,11 +65,15 @@
 #define NVME_REG_CAP 0x00
 #define NVME_REG_CC 0x14
 #define NVME_REG_CSTS 0x1c
+/* The registers and at least the admin queue's two doorbells. */
+#define UGDS_MIN_BAR0 0x2000
 
 enum ugds_map_kind { UGDS_COHERENT, UGDS_PINNED, UGDS_DMABUF, UGDS_GPU_P2P };
 
 struct ugds_map {
 	struct list_head node;
+	struct kref ref;	/* the ledger's, and one per user mapping */
+	struct ugds_dev *dev;	/* holds a reference on dev->devobj */
 	u64 handle;
 	enum ugds_map_kind kind;
 	/* coherent */
@@ -71,7 +92,6 @@ struct ugds_map {
 	struct sg_table *dsgt;
 #ifdef UGDS_NVIDIA_P2P
 	/* nvidia_p2p: GPU virtual range, its page table and DMA mapping */
-	struct ugds_dev *owner;
 	u64 gpu_va, gpu_len;
 	struct nvidia_p2p_page_table *pt;
 	struct nvidia_p2p_dma_mapping *dm;
@@ -86,17 +106,17 @@ struct ugds_irq {
 };
 
 struct ugds_dev {
-	struct kref ref;
-	struct pci_dev *pdev;
+	struct device devobj;	/* /dev/ugds_drvN; its release frees this */
+	struct cdev cdev;
+	struct pci_dev *pdev;	/* referenced until release */
 	void __iomem *bar0;
 	resource_size_t bar0_start, bar0_len;
-	struct cdev cdev;
-	struct device *dev;
 	int minor;
 	int nvec;
 	struct mutex lock; /* everything below */
 	bool gone;         /* unbound: every call fails */
 	bool open;
+	struct address_space *mapping; /* the open file's: zapped on unbind */
 	struct list_head maps;
 	u64 next_handle;
 	u64 pinned_pages;
@@ -111,10 +131,12 @@ static atomic64_t ugds_total_maps = ATOMIC64_INIT(0);
 static dev_t ugds_devt;
 static DEFINE_IDA(ugds_ida);
 
-static void ugds_free_dev(struct kref *ref)
+static void ugds_dev_release(struct device *dev)
 {
-	struct ugds_dev *d = container_of(ref, struct ugds_dev, ref);
+	struct ugds_dev *d = container_of(dev, struct ugds_dev, devobj);
 
+	pci_dev_put(d->pdev);
+	ida_free(&ugds_ida, d->minor);
 	kfree(d);
 }
 
@@ -154,8 +176,12 @@ static void ugds_irq_detach(struct ugds_dev *d, unsigned int v)
 	}
 }
 
-static void ugds_map_release(struct ugds_dev *d, struct ugds_map *m)
+/* The last reference: give back what the entry holds. The controller no
+ * longer uses it (unmapped by the user, or the device was stopped). */
+static void ugds_map_free(struct kref *ref)
 {
+	struct ugds_map *m = container_of(ref, struct ugds_map, ref);
+	struct ugds_dev *d = m->dev;
 	struct device *dev = &d->pdev->dev;
 
 	switch (m->kind) {
@@ -166,7 +192,6 @@ static void ugds_map_release(struct ugds_dev *d, struct ugds_map *m)
 		dma_unmap_sgtable(dev, &m->sgt, DMA_BIDIRECTIONAL, 0);
 		sg_free_table(&m->sgt);
 		unpin_user_pages(m->pages, m->npages);
-		d->pinned_pages -= m->npages;
 		atomic64_sub(m->npages, &ugds_total_pinned);
 		kvfree(m->pages);
 		break;
@@ -187,14 +212,65 @@ static void ugds_map_release(struct ugds_dev *d, struct ugds_map *m)
 		dma_buf_put(m->dbuf);
 		break;
 	}
-	list_del(&m->node);
-	d->live--;
 	atomic64_dec(&ugds_total_maps);
 	kfree(m);
+	put_device(&d->devobj);
 }
 
-/* Everything the open file set up, after the device was stopped. */
-static void ugds_teardown(struct ugds_dev *d)
+static void ugds_map_put(struct ugds_map *m)
+{
+	kref_put(&m->ref, ugds_map_free);
+}
+
+/* Takes the entry out of the ledger (d->lock held); the caller then drops
+ * the ledger's reference with ugds_map_put, outside the lock. */
+static void ugds_map_unlink(struct ugds_dev *d, struct ugds_map *m)
+{
+	list_del_init(&m->node);
+	d->live--;
+	if (m->kind == UGDS_PINNED)
+		d->pinned_pages -= m->npages;
+}
+
+/* Enters a prepared entry in the ledger (d->lock held). */
+static void ugds_map_link(struct ugds_dev *d, struct ugds_map *m)
+{
+	m->handle = ++d->next_handle;
+	list_add(&m->node, &d->maps);
+	d->live++;
+	if (m->kind == UGDS_PINNED)
+		d->pinned_pages += m->npages;
+}
+
+/* A new entry of `d`, holding a reference on its device. */
+static struct ugds_map *ugds_map_new(struct ugds_dev *d)
+{
+	struct ugds_map *m = kzalloc(sizeof(*m), GFP_KERNEL);
+
+	if (!m)
+		return NULL;
+	kref_init(&m->ref);
+	INIT_LIST_HEAD(&m->node);
+	get_device(&d->devobj);
+	m->dev = d;
+	return m;
+}
+
+/* Frees an entry that never reached the ledger (nothing was set up in it). */
+static void ugds_map_discard(struct ugds_map *m)
+{
+	struct ugds_dev *d = m->dev;
+
+	kfree(m);
+	put_device(&d->devobj);
+}
+
+/*
+ * Stops the device and takes everything out of the ledger (d->lock held);
+ * the entries go on `out`, whose ledger references the caller drops after
+ * unlocking. Memory a process still maps lives on until its last unmap.
+ */
+static void ugds_teardown(struct ugds_dev *d, struct list_head *out)
 {
 	struct ugds_map *m, *tmp;
 	unsigned int v;
@@ -202,8 +278,20 @@ static void ugds_teardown(struct ugds_dev *d)
 	ugds_stop_device(d);
 	for (v = 0; v < UGDS_MAX_VECTORS; v++)
 		ugds_irq_detach(d, v);
-	list_for_each_entry_safe(m, tmp, &d->maps, node)
-		ugds_map_release(d, m);
+	list_for_each_entry_safe(m, tmp, &d->maps, node) {
+		ugds_map_unlink(d, m);
+		list_add(&m->node, out);
+	}
+}
+
+static void ugds_put_all(struct list_head *list)
+{
+	struct ugds_map *m, *tmp;
+
+	list_for_each_entry_safe(m, tmp, list, node) {
+		list_del_init(&m->node);
+		ugds_map_put(m);
+	}
 }
 
 static struct ugds_map *ugds_find(struct ugds_dev *d, u64 handle)
@@ -218,6 +306,8 @@ static struct ugds_map *ugds_find(struct ugds_dev *d, u64 handle)
 
 static int ugds_open(struct inode *inode, struct file *f)
 {
+	/* The cdev, and so the device holding it, is alive: chrdev_open took a
+	 * reference on it. */
 	struct ugds_dev *d = container_of(inode->i_cdev, struct ugds_dev, cdev);
 	int ret = 0;
 
@@ -230,7 +320,8 @@ static int ugds_open(struct inode *inode, struct file *f)
 		ret = -EBUSY;
 	if (!ret) {
 		d->open = true;
-		kref_get(&d->ref);
+		d->mapping = f->f_mapping;
+		get_device(&d->devobj);
 		pci_set_master(d->pdev);
 		f->private_data = d;
 	}
@@ -241,13 +332,16 @@ static int ugds_open(struct inode *inode, struct file *f)
 static int ugds_release(struct inode *inode, struct file *f)
 {
 	struct ugds_dev *d = f->private_data;
+	LIST_HEAD(dead);
 
 	mutex_lock(&d->lock);
 	if (!d->gone)
-		ugds_teardown(d);
+		ugds_teardown(d, &dead);
 	d->open = false;
+	d->mapping = NULL;
 	mutex_unlock(&d->lock);
-	kref_put(&d->ref, ugds_free_dev);
+	ugds_put_all(&dead);
+	put_device(&d->devobj);
 	return 0;
 }
 
@@ -260,26 +354,38 @@ static long ugds_alloc_dma(struct ugds_dev *d, void __user *arg)
 		return -EFAULT;
 	if (!req.size || req.size > (1ULL << 30))
 		return -EINVAL;
-	m = kzalloc(sizeof(*m), GFP_KERNEL);
+	m = ugds_map_new(d);
 	if (!m)
 		return -ENOMEM;
 	m->kind = UGDS_COHERENT;
 	m->size = PAGE_ALIGN(req.size);
 	m->cpu = dma_alloc_coherent(&d->pdev->dev, m->size, &m->bus, GFP_KERNEL);
 	if (!m->cpu) {
-		kfree(m);
+		ugds_map_discard(m);
 		return -ENOMEM;
 	}
-	atomic_set(&m->vmas, 0);
-	m->handle = ++d->next_handle;
-	list_add(&m->node, &d->maps);
-	d->live++;
 	atomic64_inc(&ugds_total_maps);
+	mutex_lock(&d->lock);
+	if (d->gone) {
+		mutex_unlock(&d->lock);
+		ugds_map_put(m);
+		return -ENODEV;
+	}
+	ugds_map_link(d, m);
 	req.bus_addr = m->bus;
 	req.mmap_offset = UGDS_DRV_MMAP_DMA_BASE + (m->handle << 32);
 	req.handle = m->handle;
+	mutex_unlock(&d->lock);
 	if (copy_to_user(arg, &req, sizeof(req))) {
-		ugds_map_release(d, m);
+		mutex_lock(&d->lock);
+		/* Unless unbinding took it out meanwhile. */
+		if (!list_empty(&m->node))
+			ugds_map_unlink(d, m);
+		else
+			m = NULL;
+		mutex_unlock(&d->lock);
+		if (m)
+			ugds_map_put(m);
 		return -EFAULT;
 	}
 	return 0;
@@ -316,7 +422,6 @@ static long ugds_map_pinned(struct ugds_dev *d, struct ugds_drv_map *req, struct
 {
 	unsigned long start = req->vaddr & PAGE_MASK;
 	unsigned long end;
-	struct ugds_map *o;
 	int pinned, ret;
 
 	if (!req->size || req->vaddr + req->size < req->vaddr)
@@ -324,10 +429,6 @@ static long ugds_map_pinned(struct ugds_dev *d, struct ugds_drv_map *req, struct
 	end = PAGE_ALIGN(req->vaddr + req->size);
 	if (req->npages != (end - start) >> PAGE_SHIFT)
 		return -EINVAL;
-	/* The ledger refuses a range that overlaps one already pinned. */
-	list_for_each_entry(o, &d->maps, node)
-		if (o->kind == UGDS_PINNED && start < o->end && o->start < end)
-			return -EEXIST;
 	m->kind = UGDS_PINNED;
 	m->start = start;
 	m->end = end;
@@ -351,7 +452,6 @@ static long ugds_map_pinned(struct ugds_dev *d, struct ugds_drv_map *req, struct
 	ret = ugds_put_pages(&m->sgt, 0, m->npages, u64_to_user_ptr(req->pages_ptr));
 	if (ret)
 		goto unmap;
-	d->pinned_pages += m->npages;
 	atomic64_add(m->npages, &ugds_total_pinned);
 	return 0;
 unmap:
@@ -454,8 +554,8 @@ static void ugds_p2p_free(void *data)
 
 	if (atomic_xchg(&m->revoked, 1))
 		return;
-	pci_clear_master(m->owner->pdev);
-	dev_warn(&m->owner->pdev->dev, "GPU memory %llx+%llx freed while mapped: bus mastering stopped\n",
+	pci_clear_master(m->dev->pdev);
+	dev_warn(&m->dev->pdev->dev, "GPU memory %llx+%llx freed while mapped: bus mastering stopped\n",
 		 m->gpu_va, m->gpu_len);
 	nvidia_p2p_free_dma_mapping(m->dm);
 	nvidia_p2p_free_page_table(m->pt);
@@ -470,7 +570,6 @@ static long ugds_map_nvidia_p2p(struct ugds_dev *d, struct ugds_drv_map *req, st
 	if (!req->size || (req->vaddr | req->size) & (gran - 1) || req->vaddr + req->size < req->vaddr ||
 	    req->npages != req->size >> PAGE_SHIFT)
 		return -EINVAL;
-	m->owner = d;
 	m->gpu_va = req->vaddr;
 	m->gpu_len = req->size;
 	atomic_set(&m->revoked, 0);
@@ -506,6 +605,17 @@ put:
 }
 #endif
 
+/* Whether a pinned range overlaps one the ledger holds (d->lock held). */
+static bool ugds_overlaps(struct ugds_dev *d, struct ugds_map *n)
+{
+	struct ugds_map *o;
+
+	list_for_each_entry(o, &d->maps, node)
+		if (o->kind == UGDS_PINNED && n->start < o->end && o->start < n->end)
+			return true;
+	return false;
+}
+
 static long ugds_map(struct ugds_dev *d, void __user *arg)
 {
 	struct ugds_drv_map req;
@@ -516,9 +626,10 @@ static long ugds_map(struct ugds_dev *d, void __user *arg)
 		return -EFAULT;
 	if (req.npages == 0 || req.npages > (1UL << 24) || (req.flags & ~UGDS_DRV_MAP_NVIDIA_P2P))
 		return -EINVAL;
-	m = kzalloc(sizeof(*m), GFP_KERNEL);
+	m = ugds_map_new(d);
 	if (!m)
 		return -ENOMEM;
+	/* Pinning and writing the page list take mmap_lock: not under d->lock. */
 	if (req.flags & UGDS_DRV_MAP_NVIDIA_P2P) {
 #ifdef UGDS_NVIDIA_P2P
 		ret = req.dmabuf_fd >= 0 ? -EINVAL : ugds_map_nvidia_p2p(d, &req, m);
@@ -529,16 +640,32 @@ static long ugds_map(struct ugds_dev *d, void __user *arg)
 		ret = req.dmabuf_fd >= 0 ? ugds_map_dmabuf(d, &req, m) : ugds_map_pinned(d, &req, m);
 	}
 	if (ret) {
-		kfree(m);
+		ugds_map_discard(m);
 		return ret;
 	}
-	m->handle = ++d->next_handle;
-	list_add(&m->node, &d->maps);
-	d->live++;
 	atomic64_inc(&ugds_total_maps);
+	mutex_lock(&d->lock);
+	if (d->gone)
+		ret = -ENODEV;
+	else if (m->kind == UGDS_PINNED && ugds_overlaps(d, m))
+		ret = -EEXIST; /* the ledger refuses a range pinned already */
+	if (ret) {
+		mutex_unlock(&d->lock);
+		ugds_map_put(m);
+		return ret;
+	}
+	ugds_map_link(d, m);
 	req.handle = m->handle;
+	mutex_unlock(&d->lock);
 	if (copy_to_user(arg, &req, sizeof(req))) {
-		ugds_map_release(d, m);
+		mutex_lock(&d->lock);
+		if (!list_empty(&m->node))
+			ugds_map_unlink(d, m);
+		else
+			m = NULL;
+		mutex_unlock(&d->lock);
+		if (m)
+			ugds_map_put(m);
 		return -EFAULT;
 	}
 	return 0;
@@ -552,51 +679,75 @@ static irqreturn_t ugds_irq_handler(int irq, void *data)
 	return IRQ_HANDLED;
 }
 
-static long ugds_set_irq(struct ugds_dev *d, void __user *arg)
+static long ugds_set_irq(struct ugds_dev *d, struct ugds_drv_irq *req)
 {
-	struct ugds_drv_irq req;
 	struct eventfd_ctx *ctx;
 	int ret;
 
-	if (copy_from_user(&req, arg, sizeof(req)))
-		return -EFAULT;
-	if (req.vector >= d->nvec)
+	if (req->vector >= d->nvec)
 		return -EINVAL;
-	ugds_irq_detach(d, req.vector);
-	if (req.eventfd < 0)
+	ugds_irq_detach(d, req->vector);
+	if (req->eventfd < 0)
 		return 0;
-	ctx = eventfd_ctx_fdget(req.eventfd);
+	ctx = eventfd_ctx_fdget(req->eventfd);
 	if (IS_ERR(ctx))
 		return PTR_ERR(ctx);
-	d->irq[req.vector].ctx = ctx;
-	snprintf(d->irq[req.vector].name, sizeof(d->irq[req.vector].name), "ugds_drv%d-q%u", d->minor, req.vector);
-	ret = request_irq(pci_irq_vector(d->pdev, req.vector), ugds_irq_handler, 0, d->irq[req.vector].name,
-			  &d->irq[req.vector]);
+	d->irq[req->vector].ctx = ctx;
+	snprintf(d->irq[req->vector].name, sizeof(d->irq[req->vector].name), "ugds_drv%d-q%u", d->minor,
+		 req->vector);
+	ret = request_irq(pci_irq_vector(d->pdev, req->vector), ugds_irq_handler, 0, d->irq[req->vector].name,
+			  &d->irq[req->vector]);
 	if (ret) {
 		eventfd_ctx_put(ctx);
-		d->irq[req.vector].ctx = NULL;
+		d->irq[req->vector].ctx = NULL;
 		return ret;
 	}
-	d->irq[req.vector].requested = true;
+	d->irq[req->vector].requested = true;
 	return 0;
 }
 
-static long ugds_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
+/* Takes the entry `handle` out of the ledger for FREE_DMA (coherent) or
+ * UNMAP (the others). */
+static long ugds_unmap(struct ugds_dev *d, u64 handle, bool coherent)
 {
-	struct ugds_dev *d = f->private_data;
-	void __user *uarg = (void __user *)arg;
 	struct ugds_map *m;
-	u64 handle;
-	long ret;
+	long ret = -EINVAL;
 
 	mutex_lock(&d->lock);
 	if (d->gone) {
 		ret = -ENODEV;
 		goto out;
 	}
+	m = ugds_find(d, handle);
+	if (!m || coherent != (m->kind == UGDS_COHERENT))
+		goto out; /* stale or unknown handle, or the wrong call */
+	if (coherent && kref_read(&m->ref) > 1) {
+		ret = -EBUSY; /* still mapped in the process */
+		goto out;
+	}
+	ugds_map_unlink(d, m);
+	mutex_unlock(&d->lock);
+	ugds_map_put(m);
+	return 0;
+out:
+	mutex_unlock(&d->lock);
+	return ret;
+}
+
+static long ugds_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
+{
+	struct ugds_dev *d = f->private_data;
+	void __user *uarg = (void __user *)arg;
+	struct ugds_drv_info info;
+	struct ugds_drv_irq irq;
+	u64 handle;
+	long ret;
+
+	/* Each call takes d->lock itself, and never around user memory. */
 	switch (cmd) {
-	case UGDS_DRV_IOC_INFO: {
-		struct ugds_drv_info info = {
+	case UGDS_DRV_IOC_INFO:
+		mutex_lock(&d->lock);
+		info = (struct ugds_drv_info){
 			.abi_version = UGDS_DRV_ABI_VERSION,
 			.msix_vectors = d->nvec,
 			.bar0_size = d->bar0_len,
@@ -605,62 +756,75 @@ static long ugds_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 			.total_pinned_pages = atomic64_read(&ugds_total_pinned),
 			.total_mappings = atomic64_read(&ugds_total_maps),
 		};
-		ret = copy_to_user(uarg, &info, sizeof(info)) ? -EFAULT : 0;
-		break;
-	}
+		ret = d->gone ? -ENODEV : 0;
+		mutex_unlock(&d->lock);
+		if (!ret && copy_to_user(uarg, &info, sizeof(info)))
+			ret = -EFAULT;
+		return ret;
 	case UGDS_DRV_IOC_ALLOC_DMA:
-		ret = ugds_alloc_dma(d, uarg);
-		break;
+		return ugds_alloc_dma(d, uarg);
 	case UGDS_DRV_IOC_MAP:
-		ret = ugds_map(d, uarg);
-		break;
+		return ugds_map(d, uarg);
 	case UGDS_DRV_IOC_FREE_DMA:
 	case UGDS_DRV_IOC_UNMAP:
-		ret = -EINVAL;
-		if (get_user(handle, (u64 __user *)uarg)) {
-			ret = -EFAULT;
-			break;
-		}
-		m = ugds_find(d, handle);
-		if (!m)
-			break; /* stale or unknown handle */
-		if ((cmd == UGDS_DRV_IOC_FREE_DMA) != (m->kind == UGDS_COHERENT))
-			break;
-		if (m->kind == UGDS_COHERENT && atomic_read(&m->vmas)) {
-			ret = -EBUSY; /* still mapped in the process */
-			break;
-		}
-		ugds_map_release(d, m);
-		ret = 0;
-		break;
+		if (get_user(handle, (u64 __user *)uarg))
+			return -EFAULT;
+		return ugds_unmap(d, handle, cmd == UGDS_DRV_IOC_FREE_DMA);
 	case UGDS_DRV_IOC_SET_IRQ:
-		ret = ugds_set_irq(d, uarg);
-		break;
+		if (copy_from_user(&irq, uarg, sizeof(irq)))
+			return -EFAULT;
+		mutex_lock(&d->lock);
+		ret = d->gone ? -ENODEV : ugds_set_irq(d, &irq);
+		mutex_unlock(&d->lock);
+		return ret;
 	default:
-		ret = -ENOTTY;
+		return -ENOTTY;
 	}
-out:
-	mutex_unlock(&d->lock);
-	return ret;
 }
 
+/* A user mapping of coherent memory holds a reference on its entry. */
 static void ugds_vma_open(struct vm_area_struct *vma)
 {
 	struct ugds_map *m = vma->vm_private_data;
 
-	atomic_inc(&m->vmas);
+	kref_get(&m->ref);
 }
 
 static void ugds_vma_close(struct vm_area_struct *vma)
 {
-	struct ugds_map *m = vma->vm_private_data;
+	ugds_map_put(vma->vm_private_data);
+}
 
-	atomic_dec(&m->vmas);
+/* The memory was mapped whole at mmap; a fault means unbinding zapped it. */
+static vm_fault_t ugds_sigbus_fault(struct vm_fault *vmf)
+{
+	return VM_FAULT_SIGBUS;
 }
 
 static const struct vm_operations_struct ugds_dma_vm_ops = {
 	.open = ugds_vma_open,
 	.close = ugds_vma_close,
+	.fault = ugds_sigbus_fault,
+};
+
+/* BAR0 is mapped a page at a time on access, and never once the device is
+ * gone: an access after unbinding gets SIGBUS. */
+static vm_fault_t ugds_bar_fault(struct vm_fault *vmf)
+{
+	struct vm_area_struct *vma = vmf->vma;
+	struct ugds_dev *d = vma->vm_private_data;
+	unsigned long pgoff = (vmf->address - vma->vm_start) >> PAGE_SHIFT;
+	vm_fault_t ret = VM_FAULT_SIGBUS;
+
+	mutex_lock(&d->lock);
+	if (!d->gone && (pgoff << PAGE_SHIFT) < d->bar0_len)
+		ret = vmf_insert_pfn(vma, vmf->address, (d->bar0_start >> PAGE_SHIFT) + pgoff);
+	mutex_unlock(&d->lock);
+	return ret;
+}
+
+static const struct vm_operations_struct ugds_bar_vm_ops = {
+	.fault = ugds_bar_fault,
 };
 
 static int ugds_mmap(struct file *f, struct vm_area_struct *vma)
@@ -671,18 +835,23 @@ static int ugds_mmap(struct file *f, struct vm_area_struct *vma)
 	struct ugds_map *m;
 	int ret = -EINVAL;
 
+	/* Shared only: a private copy of registers or queues means nothing. */
+	if (!(vma->vm_flags & VM_SHARED))
+		return -EINVAL;
 	mutex_lock(&d->lock);
 	if (d->gone) {
 		ret = -ENODEV;
 		goto out;
 	}
 	if (off == 0) {
-		/* BAR0, uncached. */
+		/* BAR0, uncached, filled in by ugds_bar_fault. */
 		if (len > PAGE_ALIGN(d->bar0_len))
 			goto out;
 		vma->vm_page_prot = pgprot_noncached(vma->vm_page_prot);
 		vm_flags_set(vma, VM_IO | VM_PFNMAP | VM_DONTEXPAND | VM_DONTDUMP);
-		ret = io_remap_pfn_range(vma, vma->vm_start, d->bar0_start >> PAGE_SHIFT, len, vma->vm_page_prot);
+		vma->vm_private_data = d;
+		vma->vm_ops = &ugds_bar_vm_ops;
+		ret = 0;
 		goto out;
 	}
 	if (off < UGDS_DRV_MMAP_DMA_BASE || (off - UGDS_DRV_MMAP_DMA_BASE) & 0xffffffffULL)
@@ -695,7 +864,7 @@ static int ugds_mmap(struct file *f, struct vm_area_struct *vma)
 	if (!ret) {
 		vma->vm_private_data = m;
 		vma->vm_ops = &ugds_dma_vm_ops;
-		atomic_inc(&m->vmas);
+		kref_get(&m->ref);
 	}
 out:
 	mutex_unlock(&d->lock);
@@ -715,18 +884,37 @@ static int ugds_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	struct ugds_dev *d;
 	int ret;
 
-	if ((pdev->class >> 8) != 0x0108 || (pdev->class & 0xff) != 0x02)
+	if (pdev->class != PCI_CLASS_STORAGE_EXPRESS)
 		return -ENODEV; /* NVMe functions only */
+	if (!(pci_resource_flags(pdev, 0) & IORESOURCE_MEM) || pci_resource_len(pdev, 0) < UGDS_MIN_BAR0) {
+		dev_err(&pdev->dev, "BAR0 is not a memory BAR of at least %#x bytes\n", UGDS_MIN_BAR0);
+		return -ENODEV;
+	}
 	d = kzalloc(sizeof(*d), GFP_KERNEL);
 	if (!d)
 		return -ENOMEM;
-	kref_init(&d->ref);
 	mutex_init(&d->lock);
 	INIT_LIST_HEAD(&d->maps);
-	d->pdev = pdev;
+	d->minor = ida_alloc_max(&ugds_ida, UGDS_MAX_DEVS - 1, GFP_KERNEL);
+	if (d->minor < 0) {
+		ret = d->minor;
+		kfree(d);
+		return ret;
+	}
+	d->pdev = pci_dev_get(pdev);
+	/* From here on the device's release frees `d`. */
+	device_initialize(&d->devobj);
+	d->devobj.class = ugds_class;
+	d->devobj.parent = &pdev->dev;
+	d->devobj.devt = MKDEV(MAJOR(ugds_devt), d->minor);
+	d->devobj.release = ugds_dev_release;
+	dev_set_drvdata(&d->devobj, d);
+	ret = dev_set_name(&d->devobj, "ugds_drv%d", d->minor);
+	if (ret)
+		goto put;
 	ret = pci_enable_device_mem(pdev);
 	if (ret)
-		goto free;
+		goto put;
 	ret = pci_request_mem_regions(pdev, DRV_NAME);
 	if (ret)
 		goto disable;
@@ -743,30 +931,17 @@ static int ugds_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	d->nvec = pci_alloc_irq_vectors(pdev, 1, UGDS_MAX_VECTORS, PCI_IRQ_MSIX);
 	if (d->nvec < 0)
 		d->nvec = 0;
-	d->minor = ida_alloc_max(&ugds_ida, UGDS_MAX_DEVS - 1, GFP_KERNEL);
-	if (d->minor < 0) {
-		ret = d->minor;
-		goto vectors;
-	}
 	cdev_init(&d->cdev, &ugds_fops);
 	d->cdev.owner = THIS_MODULE;
-	ret = cdev_add(&d->cdev, MKDEV(MAJOR(ugds_devt), d->minor), 1);
-	if (ret)
-		goto minor;
-	d->dev = device_create(ugds_class, &pdev->dev, MKDEV(MAJOR(ugds_devt), d->minor), d, "ugds_drv%d", d->minor);
-	if (IS_ERR(d->dev)) {
-		ret = PTR_ERR(d->dev);
-		goto cdev;
-	}
 	pci_set_drvdata(pdev, d);
+	ret = cdev_device_add(&d->cdev, &d->devobj);
+	if (ret)
+		goto vectors;
 	dev_info(&pdev->dev, "ugds_drv%d: BAR0 %pa+%llu, %d MSI-X vectors\n", d->minor, &d->bar0_start,
 		 (unsigned long long)d->bar0_len, d->nvec);
 	return 0;
-cdev:
-	cdev_del(&d->cdev);
-minor:
-	ida_free(&ugds_ida, d->minor);
 vectors:
+	pci_set_drvdata(pdev, NULL);
 	if (d->nvec > 0)
 		pci_free_irq_vectors(pdev);
 	pci_iounmap(pdev, d->bar0);
@@ -774,33 +949,40 @@ release:
 	pci_release_mem_regions(pdev);
 disable:
 	pci_disable_device(pdev);
-free:
-	kfree(d);
+put:
+	put_device(&d->devobj);
 	return ret;
 }
 
 static void ugds_remove(struct pci_dev *pdev)
 {
 	struct ugds_dev *d = pci_get_drvdata(pdev);
+	LIST_HEAD(dead);
 
-	device_destroy(ugds_class, MKDEV(MAJOR(ugds_devt), d->minor));
-	cdev_del(&d->cdev);
+	/* No new opens; an open file keeps `d` (and the cdev) alive. */
+	cdev_device_del(&d->cdev, &d->devobj);
 	mutex_lock(&d->lock);
-	/* Unbound while open: stop the device and release everything now;
-	 * the open file only gets -ENODEV from here on. */
-	if (d->open)
-		ugds_teardown(d);
-	else
-		pci_clear_master(pdev);
 	d->gone = true;
+	if (d->open) {
+		/* Unbound while open: stop the device, zap every user mapping of
+		 * the file (BAR0 and DMA memory: later accesses get SIGBUS), and
+		 * drop the ledger's references. Memory is freed at its last
+		 * unmap, never here while a process maps it. */
+		ugds_teardown(d, &dead);
+		if (d->mapping)
+			unmap_mapping_range(d->mapping, 0, 0, 1);
+	} else {
+		pci_clear_master(pdev);
+	}
 	mutex_unlock(&d->lock);
-	ida_free(&ugds_ida, d->minor);
+	ugds_put_all(&dead);
 	if (d->nvec > 0)
 		pci_free_irq_vectors(pdev);
 	pci_iounmap(pdev, d->bar0);
 	pci_release_mem_regions(pdev);
 	pci_disable_device(pdev);
-	kref_put(&d->ref, ugds_free_dev);
+	pci_set_drvdata(pdev, NULL);
+	put_device(&d->devobj);
 }
 
 /* No id table: only functions bound through driver_override reach probe. */

@@ -53,5 +53,12 @@ kill_check() {
     echo "$line" | grep -q "before this run: 0 pinned pages, 0 ledger entries"
 }
 run drv-kill-leaves-nothing kill_check
+# The module under unbind and racing calls: mmap against MAP, then an unbind
+# while BAR0 and DMA memory are mapped (SIGBUS after it), close after unbind,
+# rebind.
+export UGDS_TEST_DRV_BDF=$BDF
+run drv-lifecycle /bin/conformance --test-threads=1 drv_lifecycle_
+unset UGDS_TEST_DRV_BDF
+echo "UGDS-GUEST: driver after the lifecycle step: $(driver)"
 echo "UGDS-GUEST: done"
 poweroff -f

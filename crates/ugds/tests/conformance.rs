@@ -538,3 +538,128 @@ fn dmabuf_registered_through_the_public_api() {
     // SAFETY: our mapping, no longer used.
     unsafe { libc::munmap(view.cast(), LEN) };
 }
+
+/// `UGDS_TEST_DRV_BDF=<bdf>` (with `UGDS_TEST_DRV`): the module's lifecycle
+/// tests, which unbind and rebind that function; a step of their own in the
+/// conformance guest.
+fn drv_lifecycle() -> Option<(String, String)> {
+    let bdf = std::env::var("UGDS_TEST_DRV_BDF").ok().filter(|s| !s.is_empty());
+    match (drv(), bdf) {
+        (Some(path), Some(bdf)) => Some((path, bdf)),
+        _ => {
+            eprintln!("SKIPPED: UGDS_TEST_DRV and UGDS_TEST_DRV_BDF are not both set (runs in the QEMU guest)");
+            None
+        }
+    }
+}
+
+/// Aborts the process if `f` takes longer than `limit` (a deadlock would
+/// otherwise hang the guest until the harness's timeout).
+fn within<T>(limit: Duration, what: &str, f: impl FnOnce() -> T) -> T {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let what = what.to_string();
+    let dog = std::thread::spawn(move || {
+        if rx.recv_timeout(limit) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+            eprintln!("{what}: still running after {limit:?}: deadlocked");
+            std::process::abort();
+        }
+    });
+    let r = f();
+    drop(tx);
+    let _ = dog.join();
+    r
+}
+
+/// One thread maps DMA memory into the process (mmap, under mmap_lock)
+/// while another pins fresh host memory (MAP, which takes mmap_lock to pin):
+/// the module must not hold its lock around either (it used to, an ABBA
+/// deadlock).
+#[test]
+fn drv_lifecycle_1_mmap_races_map() {
+    use ugds::platform::Platform;
+    let Some((path, _)) = drv_lifecycle() else { return };
+    let p = Arc::new(ugds::platform::ugds_drv::UgdsDrvPlatform::open(&path).unwrap());
+    let before = p.counters().unwrap();
+    within(Duration::from_secs(60), "mmap against MAP", || {
+        std::thread::scope(|s| {
+            let q = p.clone();
+            s.spawn(move || {
+                for _ in 0..2000 {
+                    let b = q.alloc_dma(8192).unwrap();
+                    b.write_u32(0, 1);
+                }
+            });
+            for _ in 0..2000 {
+                // Fresh pages never touched: pinning them faults them in,
+                // which takes mmap_lock (the slow path of GUP).
+                let len = 64 << 10;
+                // SAFETY: a new private anonymous mapping, unmapped below.
+                let mem = unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        len,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                        -1,
+                        0,
+                    )
+                };
+                assert_ne!(mem, libc::MAP_FAILED);
+                // SAFETY: `mem` outlives the mapping, removed just below.
+                let m = unsafe { p.map_host(mem.cast(), len) }.unwrap();
+                p.unmap_host(&m).unwrap();
+                // SAFETY: ours, no longer mapped for the device.
+                unsafe { libc::munmap(mem, len) };
+            }
+        })
+    });
+    let c = p.counters().unwrap();
+    assert_eq!((c.pinned_pages, c.live_mappings), (0, before.live_mappings), "{c:?}");
+}
+
+/// Unbinding while a process has BAR0 and DMA memory mapped stops the
+/// device and takes the mappings away: an access afterwards gets SIGBUS
+/// (not reused pages), the open file gets ENODEV, closing it after the
+/// unbind is harmless, and a rebound device starts with nothing held.
+#[test]
+fn drv_lifecycle_2_unbind_while_mapped() {
+    use ugds::platform::Platform;
+    let Some((path, bdf)) = drv_lifecycle() else { return };
+    let p = ugds::platform::ugds_drv::UgdsDrvPlatform::open(&path).unwrap();
+    let cap = p.read64(0);
+    assert_ne!(cap, u64::MAX, "BAR0 reads");
+    let dma = p.alloc_dma(8192).unwrap();
+    dma.write_u32(0, 0x5a5a_5a5a);
+    std::fs::write("/sys/bus/pci/drivers/ugds_drv/unbind", &bdf).unwrap();
+    // In a child each (the access kills it): BAR0, then the DMA memory.
+    for what in ["BAR0", "DMA memory"] {
+        // SAFETY: the child only reads through mappings and exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let v = if what == "BAR0" { p.read32(0x1c) } else { dma.read_u32(0) };
+            // Reached only if the access did not fault.
+            // SAFETY: ends the child without running the parent's state down.
+            unsafe { libc::_exit(if v == 0x5a5a_5a5a { 3 } else { 2 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGBUS,
+            "{what} after unbind: status {status:#x} (exit 3: the old contents were still readable)"
+        );
+    }
+    assert!(p.counters().is_err(), "the open file answers ENODEV after unbind");
+    drop(dma);
+    drop(p); // close after unbind
+    std::fs::write("/sys/bus/pci/drivers_probe", &bdf).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !std::path::Path::new(&path).exists() {
+        assert!(std::time::Instant::now() < deadline, "{path} did not come back after rebinding");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let p = ugds::platform::ugds_drv::UgdsDrvPlatform::open(&path).unwrap();
+    let c = p.counters().unwrap();
+    assert_eq!((c.total_pinned_pages, c.total_mappings), (0, 0), "{c:?}");
+}
