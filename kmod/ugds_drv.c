@@ -23,14 +23,17 @@
  * its memory; coherent DMA memory is freed at the last of them, never while
  * a process maps it. Unbinding while the file is open stops the controller,
  * zaps every user mapping of the file (later accesses get SIGBUS: BAR0 is
- * served by a fault handler that refuses once the device is gone), and
- * drops the ledger's references.
+ * served by a fault handler that refuses once the device is gone, DMA
+ * memory by one that always does), then gives the memory back (the DMA API
+ * wants it before the driver is unbound) and drops the ledger's references;
+ * the entries live on until their mappings' close hooks have run.
  *
  * Locking. d->lock guards the ledger and the device state. It is taken
  * under mmap_lock (mmap, and the BAR0 fault handler), so nothing that takes
  * mmap_lock (pinning user pages, copy_to_user, put_user) runs under it: the
  * ioctls prepare a mapping without the lock and take it only to check the
- * device and enter the result in the ledger.
+ * device and enter the result in the ledger. d->map_lock serializes MAP
+ * (check, pin, map, enter) and is taken before either of the others.
  */
 #include <linux/capability.h>
 #include <linux/cdev.h>
@@ -74,6 +77,7 @@ struct ugds_map {
 	struct list_head node;
 	struct kref ref;	/* the ledger's, and one per user mapping */
 	struct ugds_dev *dev;	/* holds a reference on dev->devobj */
+	bool released;		/* what it holds was given back */
 	u64 handle;
 	enum ugds_map_kind kind;
 	/* coherent */
@@ -113,6 +117,10 @@ struct ugds_dev {
 	resource_size_t bar0_start, bar0_len;
 	int minor;
 	int nvec;
+	/* Serializes MAP, so that a range is checked against the ledger before
+	 * it is pinned and mapped (the DMA API must not see overlapping
+	 * mappings). Taken before d->lock and mmap_lock, never under them. */
+	struct mutex map_lock;
 	struct mutex lock; /* everything below */
 	bool gone;         /* unbound: every call fails */
 	bool open;
@@ -176,14 +184,20 @@ static void ugds_irq_detach(struct ugds_dev *d, unsigned int v)
 	}
 }
 
-/* The last reference: give back what the entry holds. The controller no
- * longer uses it (unmapped by the user, or the device was stopped). */
-static void ugds_map_free(struct kref *ref)
+/*
+ * Gives back what the entry holds, once: at its last reference, or in
+ * remove (after every user mapping of the file was zapped: the DMA API wants
+ * a driver's coherent memory back before the driver is unbound). The
+ * controller no longer uses it: the user unmapped it, or the device stopped.
+ */
+static void ugds_map_release_memory(struct ugds_map *m)
 {
-	struct ugds_map *m = container_of(ref, struct ugds_map, ref);
 	struct ugds_dev *d = m->dev;
 	struct device *dev = &d->pdev->dev;
 
+	if (m->released)
+		return;
+	m->released = true;
 	switch (m->kind) {
 	case UGDS_COHERENT:
 		dma_free_coherent(dev, m->size, m->cpu, m->bus);
@@ -213,6 +227,15 @@ static void ugds_map_free(struct kref *ref)
 		break;
 	}
 	atomic64_dec(&ugds_total_maps);
+}
+
+/* The last reference (the ledger's and every user mapping's are gone). */
+static void ugds_map_free(struct kref *ref)
+{
+	struct ugds_map *m = container_of(ref, struct ugds_map, ref);
+	struct ugds_dev *d = m->dev;
+
+	ugds_map_release_memory(m);
 	kfree(m);
 	put_device(&d->devobj);
 }
@@ -605,15 +628,18 @@ put:
 }
 #endif
 
-/* Whether a pinned range overlaps one the ledger holds (d->lock held). */
-static bool ugds_overlaps(struct ugds_dev *d, struct ugds_map *n)
+/* Whether host range start..end overlaps one the ledger holds pinned. */
+static bool ugds_overlaps(struct ugds_dev *d, unsigned long start, unsigned long end)
 {
 	struct ugds_map *o;
+	bool hit = false;
 
+	mutex_lock(&d->lock);
 	list_for_each_entry(o, &d->maps, node)
-		if (o->kind == UGDS_PINNED && n->start < o->end && o->start < n->end)
-			return true;
-	return false;
+		if (o->kind == UGDS_PINNED && start < o->end && o->start < end)
+			hit = true;
+	mutex_unlock(&d->lock);
+	return hit;
 }
 
 static long ugds_map(struct ugds_dev *d, void __user *arg)
@@ -629,6 +655,16 @@ static long ugds_map(struct ugds_dev *d, void __user *arg)
 	m = ugds_map_new(d);
 	if (!m)
 		return -ENOMEM;
+	mutex_lock(&d->map_lock);
+	/* The ledger refuses a host range pinned already, before it is mapped
+	 * a second time. */
+	if (req.dmabuf_fd < 0 && !(req.flags & UGDS_DRV_MAP_NVIDIA_P2P) && req.size &&
+	    req.vaddr + req.size > req.vaddr &&
+	    ugds_overlaps(d, req.vaddr & PAGE_MASK, PAGE_ALIGN(req.vaddr + req.size))) {
+		mutex_unlock(&d->map_lock);
+		ugds_map_discard(m);
+		return -EEXIST;
+	}
 	/* Pinning and writing the page list take mmap_lock: not under d->lock. */
 	if (req.flags & UGDS_DRV_MAP_NVIDIA_P2P) {
 #ifdef UGDS_NVIDIA_P2P
@@ -640,23 +676,22 @@ static long ugds_map(struct ugds_dev *d, void __user *arg)
 		ret = req.dmabuf_fd >= 0 ? ugds_map_dmabuf(d, &req, m) : ugds_map_pinned(d, &req, m);
 	}
 	if (ret) {
+		mutex_unlock(&d->map_lock);
 		ugds_map_discard(m);
 		return ret;
 	}
 	atomic64_inc(&ugds_total_maps);
 	mutex_lock(&d->lock);
-	if (d->gone)
-		ret = -ENODEV;
-	else if (m->kind == UGDS_PINNED && ugds_overlaps(d, m))
-		ret = -EEXIST; /* the ledger refuses a range pinned already */
-	if (ret) {
+	if (d->gone) {
 		mutex_unlock(&d->lock);
+		mutex_unlock(&d->map_lock);
 		ugds_map_put(m);
-		return ret;
+		return -ENODEV;
 	}
 	ugds_map_link(d, m);
 	req.handle = m->handle;
 	mutex_unlock(&d->lock);
+	mutex_unlock(&d->map_lock);
 	if (copy_to_user(arg, &req, sizeof(req))) {
 		mutex_lock(&d->lock);
 		if (!list_empty(&m->node))
@@ -893,6 +928,7 @@ static int ugds_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	d = kzalloc(sizeof(*d), GFP_KERNEL);
 	if (!d)
 		return -ENOMEM;
+	mutex_init(&d->map_lock);
 	mutex_init(&d->lock);
 	INIT_LIST_HEAD(&d->maps);
 	d->minor = ida_alloc_max(&ugds_ida, UGDS_MAX_DEVS - 1, GFP_KERNEL);
@@ -957,6 +993,7 @@ put:
 static void ugds_remove(struct pci_dev *pdev)
 {
 	struct ugds_dev *d = pci_get_drvdata(pdev);
+	struct ugds_map *m;
 	LIST_HEAD(dead);
 
 	/* No new opens; an open file keeps `d` (and the cdev) alive. */
@@ -975,6 +1012,11 @@ static void ugds_remove(struct pci_dev *pdev)
 		pci_clear_master(pdev);
 	}
 	mutex_unlock(&d->lock);
+	/* No process maps any of it now (zapped above, and a fault gets
+	 * SIGBUS): give the memory back while the driver is still bound. An
+	 * entry itself lives until its last user mapping goes. */
+	list_for_each_entry(m, &dead, node)
+		ugds_map_release_memory(m);
 	ugds_put_all(&dead);
 	if (d->nvec > 0)
 		pci_free_irq_vectors(pdev);

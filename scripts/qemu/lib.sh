@@ -87,15 +87,15 @@ build_module_p2p() {
     [ -e "$W/kmod-p2p/ugds_drv.ko" ]
 }
 
-# A kernel with iommufd and the vfio cdev, for the iommufd configuration:
-# Debian's linux-source-6.12, tinyconfig plus scripts/qemu/iommufd.config,
-# built once into $W/iommufd-kernel/bzImage (about 7 minutes on 2 cores).
-IOMMUFD_KERNEL=$W/iommufd-kernel/bzImage
-ensure_iommufd_kernel() {
-    local B=$W/iommufd-kernel frag=$ROOT/scripts/qemu/iommufd.config
+# build_kernel NAME FRAGMENT [keep]: Debian's linux-source-6.12, tinyconfig
+# plus FRAGMENT (every option checked taken), built once into $W/NAME-kernel
+# (bzImage, version, and with `keep` the built tree in src/ for modules).
+build_kernel() {
+    local name=$1 frag=$2 keep=${3:-}
+    local B=$W/$name-kernel
     local stamp; stamp=$(sha256sum "$frag" | cut -c1-16)
-    if [ -e "$IOMMUFD_KERNEL" ] && [ "$(cat "$B/stamp" 2>/dev/null)" = "$stamp" ]; then
-        say "iommufd kernel ready ($(cat "$B/version"))"
+    if [ -e "$B/bzImage" ] && [ "$(cat "$B/stamp" 2>/dev/null)" = "$stamp" ]; then
+        say "$name kernel ready ($(cat "$B/version"))"
         return
     fi
     local need=()
@@ -114,14 +114,42 @@ ensure_iommufd_kernel() {
     (cd "$S" && KCONFIG_CONFIG=.config scripts/kconfig/merge_config.sh -m -Q .config "$frag" >/dev/null)
     make -s -C "$S" olddefconfig >/dev/null
     local missing; missing=$(grep '^CONFIG_' "$frag" | while read -r l; do grep -qx "$l" "$S/.config" || echo "${l%%=*}"; done)
-    [ -z "$missing" ] || { echo "iommufd kernel: options not taken: $missing"; return 1; }
-    say "building the iommufd kernel ($(make -s -C "$S" kernelversion))"
-    make -s -C "$S" -j"$(nproc)" bzImage >/dev/null
-    cp "$S/arch/x86/boot/bzImage" "$IOMMUFD_KERNEL"
+    [ -z "$missing" ] || { echo "$name kernel: options not taken: $missing"; return 1; }
+    say "building the $name kernel ($(make -s -C "$S" kernelversion))"
+    if [ -n "$keep" ]; then
+        make -s -C "$S" -j"$(nproc)" bzImage modules >/dev/null
+        mv "$S" "$B/src"
+        S=$B/src
+    else
+        make -s -C "$S" -j"$(nproc)" bzImage >/dev/null
+    fi
+    cp "$S/arch/x86/boot/bzImage" "$B/bzImage"
     make -s -C "$S" kernelversion > "$B/version"
-    rm -rf "$S" "$B/deb" "$B"/linux-source-6.12_*.deb
+    [ -n "$keep" ] || rm -rf "$S"
+    rm -rf "$B/deb" "$B"/linux-source-6.12_*.deb
     echo "$stamp" > "$B/stamp"
-    say "iommufd kernel ready ($(cat "$B/version"))"
+    say "$name kernel ready ($(cat "$B/version"))"
+}
+
+# A kernel with iommufd and the vfio cdev, for the iommufd configuration
+# (about 7 minutes on 2 cores).
+IOMMUFD_KERNEL=$W/iommufd-kernel/bzImage
+ensure_iommufd_kernel() {
+    build_kernel iommufd "$ROOT/scripts/qemu/iommufd.config"
+}
+
+# The debug kernel (KASAN, lockdep, DMA-API debugging, kmemleak) and
+# ugds_drv built against it, for the debug configuration.
+DEBUG_KERNEL=$W/debug-kernel/bzImage
+ensure_debug_kernel() {
+    build_kernel debug "$ROOT/scripts/qemu/debug.config" keep
+}
+
+# build_module_debug: kmod/ugds_drv.ko against the debug kernel's tree.
+build_module_debug() {
+    rm -rf "$W/kmod-debug" && mkdir -p "$W/kmod-debug" && cp "$ROOT"/kmod/{Makefile,*.c,*.h} "$W/kmod-debug/"
+    make -s -C "$W/debug-kernel/src" M="$W/kmod-debug" modules >&2
+    echo "$W/kmod-debug/ugds_drv.ko"
 }
 
 # build_static PACKAGE...: static release builds of binary packages.
@@ -151,7 +179,7 @@ make_initramfs() {
     local I=$W/initramfs.$$
     rm -rf "$I" && mkdir -p "$I"/{bin,dev,proc,sys,mods,tmp}
     cp /bin/busybox "$I/bin/busybox"
-    for a in sh mount umount cat echo sleep insmod basename readlink mkdir poweroff ls grep head kill mke2fs; do
+    for a in sh mount umount cat echo sleep insmod rmmod basename readlink mkdir poweroff ls grep head kill mke2fs; do
         ln -s busybox "$I/bin/$a"
     done
     local MD=$K/lib/modules/$KV
@@ -184,6 +212,7 @@ make_initramfs() {
 #   4k       4096-byte logical blocks
 #   twons    two namespaces
 #   iommufd  as default, booted on the iommufd kernel (vfio cdev)
+#   debug    as default, booted on the debug kernel (KASAN, lockdep, DMA-API debug, kmemleak)
 #   null     a null namespace (no data kept, reads return zeros)
 controller_args() {
     local cfg=$1 img1=$2 img2=$3
@@ -193,6 +222,7 @@ controller_args() {
         4k) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,id=nvme0,serial=ugds-4k -device nvme-ns,drive=nvm1,bus=nvme0,nsid=1,logical_block_size=4096,physical_block_size=4096" ;;
         twons) echo "-drive file=$img1,if=none,id=nvm1,format=raw -drive file=$img2,if=none,id=nvm2,format=raw -device nvme,id=nvme0,serial=ugds-twons -device nvme-ns,drive=nvm1,bus=nvme0,nsid=1 -device nvme-ns,drive=nvm2,bus=nvme0,nsid=2" ;;
         iommufd) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-iommufd,drive=nvm1" ;;
+        debug) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-debug,drive=nvm1" ;;
         null) echo "-drive driver=null-co,read-zeroes=on,if=none,id=nvm1 -device nvme,serial=ugds-null,drive=nvm1" ;;
         *) return 1 ;;
     esac
@@ -208,6 +238,8 @@ run_guest() {
     local dev; dev=$(controller_args "$cfg" "$img1" "$img2") || { echo "unknown configuration $cfg"; return 2; }
     local kernel=$K/boot/vmlinuz-$KV
     [ "$cfg" = iommufd ] && kernel=$IOMMUFD_KERNEL
+    # The checkers report at warning level, which `quiet` would hide.
+    [ "$cfg" = debug ] && kernel=$DEBUG_KERNEL append="$append ignore_loglevel"
     # shellcheck disable=SC2086
     timeout "${QEMU_TIMEOUT:-180}" qemu-system-x86_64 -machine q35 -accel tcg -m 1G -smp "${QEMU_SMP:-2}" -nographic -no-reboot -nic none \
         -device intel-iommu -kernel "$kernel" -initrd "$initrd" \

@@ -1,0 +1,60 @@
+#!/bin/sh
+# /init of the debug configuration's guest: the debug kernel (KASAN, lockdep,
+# sleeping in atomic context, DMA-API debugging, kmemleak; everything built in
+# but ugds_drv). Every ugds_drv step of the default guest, then load/unload
+# cycles and a kmemleak scan. The harness fails the run on any report of
+# those checkers in the console.
+. /bin/guest-lib.sh
+mount -t debugfs none /sys/kernel/debug
+# Whatever boot left for kmemleak is not ours: scan, then forget it.
+echo scan > /sys/kernel/debug/kmemleak; echo clear > /sys/kernel/debug/kmemleak
+echo "UGDS-GUEST: kernel $(uname -r), NVMe at $BDF"
+driver() { basename "$(readlink /sys/bus/pci/devices/$BDF/driver)"; }
+insmod /bin/ugds_drv.ko || echo "UGDS-GUEST: insmod ugds_drv failed"
+run bind-ugds_drv /bin/ugds bind $BDF ugds_drv
+DRV=/dev/ugds_drv0
+export UGDS_TEST_DRV=$DRV RUST_BACKTRACE=1
+run drv-conformance-poll /bin/conformance --test-threads=1
+UGDS_TEST_INTERRUPT=1 run drv-conformance-irq /bin/conformance --test-threads=1
+run drv-c-interface /bin/capi-drv --test-threads=1
+run drv-bench-verify /bin/ugds bench --drv $DRV --verify -d 1 -q 4 --range 16M --no-progress
+# A process killed with I/O in flight leaves nothing pinned or mapped.
+kill_check() {
+    /bin/ugds bench --drv $DRV -d 60 -q 32 --range 16M --no-progress > /tmp/killed.out 2>&1 &
+    pid=$!
+    sleep 5
+    if /bin/ugds identify --drv $DRV > /dev/null 2>&1; then echo "the bench did not hold the device"; return 1; fi
+    kill -9 $pid
+    sleep 2
+    line=$(/bin/ugds identify --drv $DRV | head -1)
+    echo "$line"
+    echo "$line" | grep -q "before this run: 0 pinned pages, 0 ledger entries"
+}
+run drv-kill-leaves-nothing kill_check
+export UGDS_TEST_DRV_BDF=$BDF
+run drv-lifecycle /bin/conformance --test-threads=1 drv_lifecycle_
+unset UGDS_TEST_DRV_BDF
+# Unload and load the module three times, the function bound each time.
+cycles() {
+    for i in 1 2 3; do
+        echo "$BDF" > /sys/bus/pci/drivers/ugds_drv/unbind || return 1
+        rmmod ugds_drv || return 1
+        insmod /bin/ugds_drv.ko || return 1
+        echo "$BDF" > /sys/bus/pci/drivers_probe || return 1
+        [ "$(driver)" = ugds_drv ] || return 1
+        /bin/ugds identify --drv $DRV > /dev/null || return 1
+    done
+}
+run drv-load-unload cycles
+# kmemleak reports an object only when two scans find it unreferenced.
+leaks() {
+    echo scan > /sys/kernel/debug/kmemleak
+    sleep 6
+    echo scan > /sys/kernel/debug/kmemleak
+    cat /sys/kernel/debug/kmemleak > /tmp/leaks
+    cat /tmp/leaks
+    ! grep -q "unreferenced object" /tmp/leaks
+}
+run kmemleak-clean leaks
+echo "UGDS-GUEST: done"
+poweroff -f
