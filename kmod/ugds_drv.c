@@ -47,9 +47,11 @@
 #include <linux/idr.h>
 #include <linux/interrupt.h>
 #include <linux/io-64-nonatomic-lo-hi.h>
+#include <linux/iopoll.h>
 #include <linux/kref.h>
 #include <linux/mm.h>
 #include <linux/module.h>
+#include <linux/nvme.h>
 #include <linux/pci.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
@@ -64,10 +66,8 @@
 #define UGDS_MAX_DEVS 64
 #define UGDS_MAX_VECTORS 64
 
-/* NVMe registers used when stopping the controller. */
-#define NVME_REG_CAP 0x00
-#define NVME_REG_CC 0x14
-#define NVME_REG_CSTS 0x1c
+/* How long a normal shutdown may take before the controller is disabled. */
+#define UGDS_SHUTDOWN_US (2 * USEC_PER_SEC)
 /* The registers and at least the admin queue's two doorbells. */
 #define UGDS_MIN_BAR0 0x2000
 
@@ -119,7 +119,8 @@ struct ugds_dev {
 	int nvec;
 	/* Serializes MAP, so that a range is checked against the ledger before
 	 * it is pinned and mapped (the DMA API must not see overlapping
-	 * mappings). Taken before d->lock and mmap_lock, never under them. */
+	 * mappings). Taken before d->lock and mmap_lock, never under them.
+	 */
 	struct mutex map_lock;
 	struct mutex lock; /* everything below */
 	bool gone;         /* unbound: every call fails */
@@ -149,26 +150,33 @@ static void ugds_dev_release(struct device *dev)
 }
 
 /*
- * Stops the controller's DMA: disable it and wait (bounded by CAP.TO) for
- * CSTS.RDY to clear, then clear bus mastering, which stops DMA at the PCI
- * level whatever the controller does.
+ * Stops the controller's DMA: a normal shutdown (CC.SHN, bounded), so the
+ * controller can flush what it caches, then disable it and wait (bounded by
+ * CAP.TO) for CSTS.RDY to clear, then clear bus mastering, which stops DMA
+ * at the PCI level whatever the controller does.
  */
 static void ugds_stop_device(struct ugds_dev *d)
 {
 	u64 cap = lo_hi_readq(d->bar0 + NVME_REG_CAP);
-	unsigned long timeout_ms = (((cap >> 24) & 0xff) + 1) * 500;
-	unsigned long deadline = jiffies + msecs_to_jiffies(timeout_ms);
+	u64 timeout_us = (NVME_CAP_TIMEOUT(cap) + 1) * 500 * USEC_PER_MSEC;
 	u32 cc = readl(d->bar0 + NVME_REG_CC);
+	u32 csts;
 
-	if (cc != ~0U && (cc & 1))
-		writel(cc & ~1U, d->bar0 + NVME_REG_CC);
-	while (cc != ~0U && (readl(d->bar0 + NVME_REG_CSTS) & 1)) {
-		if (time_after(jiffies, deadline)) {
-			dev_warn(&d->pdev->dev, "controller did not become not-ready; clearing bus mastering\n");
-			break;
-		}
-		usleep_range(1000, 2000);
+	if (cc != ~0U && (cc & NVME_CC_ENABLE)) {
+		writel((cc & ~NVME_CC_SHN_MASK) | NVME_CC_SHN_NORMAL, d->bar0 + NVME_REG_CC);
+		if (readl_poll_timeout(d->bar0 + NVME_REG_CSTS, csts,
+				       csts == ~0U ||
+				       (csts & NVME_CSTS_SHST_MASK) == NVME_CSTS_SHST_CMPLT,
+				       1000, UGDS_SHUTDOWN_US))
+			dev_warn(&d->pdev->dev, "shutdown did not complete; disabling\n");
+		cc = readl(d->bar0 + NVME_REG_CC);
+		writel(cc & ~(NVME_CC_ENABLE | NVME_CC_SHN_MASK), d->bar0 + NVME_REG_CC);
 	}
+	if (cc != ~0U &&
+	    readl_poll_timeout(d->bar0 + NVME_REG_CSTS, csts,
+			       csts == ~0U || !(csts & NVME_CSTS_RDY), 1000, timeout_us))
+		dev_warn(&d->pdev->dev,
+			 "controller did not become not-ready; clearing bus mastering\n");
 	pci_clear_master(d->pdev);
 }
 
@@ -246,7 +254,8 @@ static void ugds_map_put(struct ugds_map *m)
 }
 
 /* Takes the entry out of the ledger (d->lock held); the caller then drops
- * the ledger's reference with ugds_map_put, outside the lock. */
+ * the ledger's reference with ugds_map_put, outside the lock.
+ */
 static void ugds_map_unlink(struct ugds_dev *d, struct ugds_map *m)
 {
 	list_del_init(&m->node);
@@ -330,7 +339,8 @@ static struct ugds_map *ugds_find(struct ugds_dev *d, u64 handle)
 static int ugds_open(struct inode *inode, struct file *f)
 {
 	/* The cdev, and so the device holding it, is alive: chrdev_open took a
-	 * reference on it. */
+	 * reference on it.
+	 */
 	struct ugds_dev *d = container_of(inode->i_cdev, struct ugds_dev, cdev);
 	int ret = 0;
 
@@ -415,8 +425,10 @@ static long ugds_alloc_dma(struct ugds_dev *d, void __user *arg)
 }
 
 /* Writes the controller address of each page of `sgt` from page `first` on
- * to the user array, `n` entries. */
-static int ugds_put_pages(struct sg_table *sgt, unsigned long first, unsigned long n, u64 __user *out)
+ * to the user array, `n` entries.
+ */
+static int ugds_put_pages(struct sg_table *sgt, unsigned long first, unsigned long n,
+			  u64 __user *out)
 {
 	struct scatterlist *sg;
 	unsigned long idx = 0, done = 0;
@@ -439,6 +451,28 @@ static int ugds_put_pages(struct sg_table *sgt, unsigned long first, unsigned lo
 		}
 	}
 	return done == n ? 0 : -EINVAL;
+}
+
+/*
+ * Whether the CPU and the device would need dma_sync_* calls to see each
+ * other's writes to this mapping (swiotlb bouncing, non-coherent DMA). Not
+ * dma_need_sync(): with DMA-API debugging it says yes to everything. The
+ * device's dma_skip_sync is set for coherent devices and cleared once
+ * swiotlb bounces for it; then each address is asked.
+ */
+static bool ugds_needs_sync(struct device *dev, struct sg_table *sgt)
+{
+#ifdef CONFIG_DMA_NEED_SYNC
+	struct scatterlist *sg;
+	unsigned int i;
+
+	if (dev->dma_skip_sync)
+		return false;
+	for_each_sgtable_dma_sg(sgt, sg, i)
+		if (__dma_need_sync(dev, sg_dma_address(sg)))
+			return true;
+#endif
+	return false;
 }
 
 static long ugds_map_pinned(struct ugds_dev *d, struct ugds_drv_map *req, struct ugds_map *m)
@@ -466,12 +500,22 @@ static long ugds_map_pinned(struct ugds_dev *d, struct ugds_drv_map *req, struct
 		kvfree(m->pages);
 		return pinned < 0 ? pinned : -EFAULT;
 	}
-	ret = sg_alloc_table_from_pages(&m->sgt, m->pages, m->npages, 0, m->npages << PAGE_SHIFT, GFP_KERNEL);
+	ret = sg_alloc_table_from_pages(&m->sgt, m->pages, m->npages, 0, m->npages << PAGE_SHIFT,
+					GFP_KERNEL);
 	if (ret)
 		goto unpin;
 	ret = dma_map_sgtable(&d->pdev->dev, &m->sgt, DMA_BIDIRECTIONAL, 0);
 	if (ret)
 		goto free_sgt;
+	/* The controller must reach the pages themselves: a mapping that needs
+	 * syncing (bounce buffering through swiotlb, as in SEV/TDX guests, or
+	 * non-coherent DMA) would hand the process stale data silently.
+	 */
+	if (ugds_needs_sync(&d->pdev->dev, &m->sgt)) {
+		dev_warn_ratelimited(&d->pdev->dev, "refusing a mapping that needs DMA syncing\n");
+		ret = -EOPNOTSUPP;
+		goto unmap;
+	}
 	ret = ugds_put_pages(&m->sgt, 0, m->npages, u64_to_user_ptr(req->pages_ptr));
 	if (ret)
 		goto unmap;
@@ -495,7 +539,10 @@ unpin:
  */
 static void ugds_move_notify(struct dma_buf_attachment *att)
 {
-	pr_warn_ratelimited("ugds_drv: exporter asked to move a pinned dma-buf; kept until unmapped\n");
+	struct ugds_map *m = att->importer_priv;
+
+	dev_warn_ratelimited(&m->dev->pdev->dev,
+			     "exporter asked to move a pinned dma-buf; kept until unmapped\n");
 }
 
 static const struct dma_buf_attach_ops ugds_importer_ops = {
@@ -511,7 +558,8 @@ static long ugds_map_dmabuf(struct ugds_dev *d, struct ugds_drv_map *req, struct
 	m->dbuf = dma_buf_get(req->dmabuf_fd);
 	if (IS_ERR(m->dbuf))
 		return PTR_ERR(m->dbuf);
-	if (!req->size || req->offset + req->size < req->offset || req->offset + req->size > m->dbuf->size) {
+	if (!req->size || req->offset + req->size < req->offset ||
+	    req->offset + req->size > m->dbuf->size) {
 		ret = -EINVAL;
 		goto put;
 	}
@@ -590,7 +638,8 @@ static long ugds_map_nvidia_p2p(struct ugds_dev *d, struct ugds_drv_map *req, st
 	u64 done = 0, i, off;
 	int ret;
 
-	if (!req->size || (req->vaddr | req->size) & (gran - 1) || req->vaddr + req->size < req->vaddr ||
+	if (!req->size || (req->vaddr | req->size) & (gran - 1) ||
+	    req->vaddr + req->size < req->vaddr ||
 	    req->npages != req->size >> PAGE_SHIFT)
 		return -EINVAL;
 	m->gpu_va = req->vaddr;
@@ -609,7 +658,8 @@ static long ugds_map_nvidia_p2p(struct ugds_dev *d, struct ugds_drv_map *req, st
 	/* Each 64 KiB GPU page becomes sixteen controller pages. */
 	for (i = 0; i < m->dm->entries && done < req->npages; i++)
 		for (off = 0; off < gran && done < req->npages; off += PAGE_SIZE, done++)
-			if (put_user(m->dm->dma_addresses[i] + off, (u64 __user *)u64_to_user_ptr(req->pages_ptr) + done)) {
+			if (put_user(m->dm->dma_addresses[i] + off,
+				     (u64 __user *)u64_to_user_ptr(req->pages_ptr) + done)) {
 				ret = -EFAULT;
 				goto unmap;
 			}
@@ -657,7 +707,8 @@ static long ugds_map(struct ugds_dev *d, void __user *arg)
 		return -ENOMEM;
 	mutex_lock(&d->map_lock);
 	/* The ledger refuses a host range pinned already, before it is mapped
-	 * a second time. */
+	 * a second time.
+	 */
 	if (req.dmabuf_fd < 0 && !(req.flags & UGDS_DRV_MAP_NVIDIA_P2P) && req.size &&
 	    req.vaddr + req.size > req.vaddr &&
 	    ugds_overlaps(d, req.vaddr & PAGE_MASK, PAGE_ALIGN(req.vaddr + req.size))) {
@@ -673,7 +724,8 @@ static long ugds_map(struct ugds_dev *d, void __user *arg)
 		ret = -EOPNOTSUPP;
 #endif
 	} else {
-		ret = req.dmabuf_fd >= 0 ? ugds_map_dmabuf(d, &req, m) : ugds_map_pinned(d, &req, m);
+		ret = req.dmabuf_fd >= 0 ? ugds_map_dmabuf(d, &req, m) :
+					   ugds_map_pinned(d, &req, m);
 	}
 	if (ret) {
 		mutex_unlock(&d->map_lock);
@@ -728,10 +780,10 @@ static long ugds_set_irq(struct ugds_dev *d, struct ugds_drv_irq *req)
 	if (IS_ERR(ctx))
 		return PTR_ERR(ctx);
 	d->irq[req->vector].ctx = ctx;
-	snprintf(d->irq[req->vector].name, sizeof(d->irq[req->vector].name), "ugds_drv%d-q%u", d->minor,
-		 req->vector);
-	ret = request_irq(pci_irq_vector(d->pdev, req->vector), ugds_irq_handler, 0, d->irq[req->vector].name,
-			  &d->irq[req->vector]);
+	snprintf(d->irq[req->vector].name, sizeof(d->irq[req->vector].name), "ugds_drv%d-q%u",
+		 d->minor, req->vector);
+	ret = request_irq(pci_irq_vector(d->pdev, req->vector), ugds_irq_handler, 0,
+			  d->irq[req->vector].name, &d->irq[req->vector]);
 	if (ret) {
 		eventfd_ctx_put(ctx);
 		d->irq[req->vector].ctx = NULL;
@@ -742,7 +794,8 @@ static long ugds_set_irq(struct ugds_dev *d, struct ugds_drv_irq *req)
 }
 
 /* Takes the entry `handle` out of the ledger for FREE_DMA (coherent) or
- * UNMAP (the others). */
+ * UNMAP (the others).
+ */
 static long ugds_unmap(struct ugds_dev *d, u64 handle, bool coherent)
 {
 	struct ugds_map *m;
@@ -754,7 +807,7 @@ static long ugds_unmap(struct ugds_dev *d, u64 handle, bool coherent)
 		goto out;
 	}
 	m = ugds_find(d, handle);
-	if (!m || coherent != (m->kind == UGDS_COHERENT))
+	if (!m || coherent != (bool)(m->kind == UGDS_COHERENT))
 		goto out; /* stale or unknown handle, or the wrong call */
 	if (coherent && kref_read(&m->ref) > 1) {
 		ret = -EBUSY; /* still mapped in the process */
@@ -843,7 +896,8 @@ static const struct vm_operations_struct ugds_dma_vm_ops = {
 };
 
 /* BAR0 is mapped a page at a time on access, and never once the device is
- * gone: an access after unbinding gets SIGBUS. */
+ * gone: an access after unbinding gets SIGBUS.
+ */
 static vm_fault_t ugds_bar_fault(struct vm_fault *vmf)
 {
 	struct vm_area_struct *vma = vmf->vma;
@@ -911,6 +965,7 @@ static const struct file_operations ugds_fops = {
 	.open = ugds_open,
 	.release = ugds_release,
 	.unlocked_ioctl = ugds_ioctl,
+	.compat_ioctl = compat_ptr_ioctl,
 	.mmap = ugds_mmap,
 };
 
@@ -921,8 +976,10 @@ static int ugds_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 
 	if (pdev->class != PCI_CLASS_STORAGE_EXPRESS)
 		return -ENODEV; /* NVMe functions only */
-	if (!(pci_resource_flags(pdev, 0) & IORESOURCE_MEM) || pci_resource_len(pdev, 0) < UGDS_MIN_BAR0) {
-		dev_err(&pdev->dev, "BAR0 is not a memory BAR of at least %#x bytes\n", UGDS_MIN_BAR0);
+	if (!(pci_resource_flags(pdev, 0) & IORESOURCE_MEM) ||
+	    pci_resource_len(pdev, 0) < UGDS_MIN_BAR0) {
+		dev_err(&pdev->dev, "BAR0 is not a memory BAR of at least %#x bytes\n",
+			UGDS_MIN_BAR0);
 		return -ENODEV;
 	}
 	d = kzalloc(sizeof(*d), GFP_KERNEL);
@@ -973,8 +1030,8 @@ static int ugds_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	ret = cdev_device_add(&d->cdev, &d->devobj);
 	if (ret)
 		goto vectors;
-	dev_info(&pdev->dev, "ugds_drv%d: BAR0 %pa+%llu, %d MSI-X vectors\n", d->minor, &d->bar0_start,
-		 (unsigned long long)d->bar0_len, d->nvec);
+	dev_info(&pdev->dev, "ugds_drv%d: BAR0 %pa+%llu, %d MSI-X vectors\n", d->minor,
+		 &d->bar0_start, (unsigned long long)d->bar0_len, d->nvec);
 	return 0;
 vectors:
 	pci_set_drvdata(pdev, NULL);
@@ -1004,7 +1061,8 @@ static void ugds_remove(struct pci_dev *pdev)
 		/* Unbound while open: stop the device, zap every user mapping of
 		 * the file (BAR0 and DMA memory: later accesses get SIGBUS), and
 		 * drop the ledger's references. Memory is freed at its last
-		 * unmap, never here while a process maps it. */
+		 * unmap, never here while a process maps it.
+		 */
 		ugds_teardown(d, &dead);
 		if (d->mapping)
 			unmap_mapping_range(d->mapping, 0, 0, 1);
@@ -1014,7 +1072,8 @@ static void ugds_remove(struct pci_dev *pdev)
 	mutex_unlock(&d->lock);
 	/* No process maps any of it now (zapped above, and a fault gets
 	 * SIGBUS): give the memory back while the driver is still bound. An
-	 * entry itself lives until its last user mapping goes. */
+	 * entry itself lives until its last user mapping goes.
+	 */
 	list_for_each_entry(m, &dead, node)
 		ugds_map_release_memory(m);
 	ugds_put_all(&dead);

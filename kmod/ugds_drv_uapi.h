@@ -35,7 +35,8 @@ struct ugds_drv_dma {
 /* Pin `size` bytes at `vaddr` (page-spanned) and map them for the device, or
  * import a dma-buf (`dmabuf_fd` >= 0, `vaddr` ignored, `offset`/`size` within
  * it). The controller address of each page spanned is written to the user
- * array at `pages_ptr`, which holds `npages` entries. */
+ * array at `pages_ptr`, which holds `npages` entries.
+ */
 struct ugds_drv_map {
 	__u64 vaddr;
 	__u64 size;
