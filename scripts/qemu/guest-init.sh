@@ -18,6 +18,29 @@ refuse_check() {
 }
 run bind-refuses-mounted refuse_check
 umount /mnt
+# A file system mounted in another mount namespace (invisible in ours): the
+# kernel refuses an exclusive open, and --force does not override that.
+other_ns_check() {
+    unshare -m sh -c "mount -t ext2 /dev/$NS /mnt && sleep 20" &
+    pid=$!
+    sleep 2
+    out=$(/bin/ugds bind $BDF vfio-pci --force 2>&1); rc=$?
+    kill $pid; sleep 1
+    echo "$out"
+    [ $rc -ne 0 ] && echo "$out" | grep -q "the kernel holds /dev/$NS" && [ "$(driver)" = nvme ]
+}
+run bind-refuses-other-namespace other_ns_check
+# A process with the raw namespace open (a VM, say): refused unless --force.
+opener_check() {
+    sleep 20 < /dev/$NS &
+    pid=$!
+    sleep 1
+    out=$(/bin/ugds bind $BDF vfio-pci 2>&1); rc=$?
+    kill $pid; sleep 1
+    echo "$out"
+    [ $rc -ne 0 ] && echo "$out" | grep -q "is open in process $pid" && [ "$(driver)" = nvme ]
+}
+run bind-refuses-an-opener opener_check
 run bind-vfio /bin/ugds bind $BDF vfio-pci
 echo "UGDS-GUEST: driver $(driver)"
 export UGDS_TEST_PCI=$BDF RUST_BACKTRACE=1

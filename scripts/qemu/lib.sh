@@ -179,7 +179,7 @@ make_initramfs() {
     local I=$W/initramfs.$$
     rm -rf "$I" && mkdir -p "$I"/{bin,dev,proc,sys,mods,tmp}
     cp /bin/busybox "$I/bin/busybox"
-    for a in sh mount umount cat echo sleep insmod rmmod basename readlink mkdir poweroff ls grep head kill mke2fs; do
+    for a in sh mount umount cat echo sleep insmod rmmod basename readlink mkdir poweroff ls grep head kill mke2fs unshare; do
         ln -s busybox "$I/bin/$a"
     done
     local MD=$K/lib/modules/$KV

@@ -1,11 +1,18 @@
 //! `ugds list`, `ugds bind`, `ugds unbind`: NVMe functions and the driver
 //! they are bound to, moved between nvme, vfio-pci and ugds_drv through
-//! sysfs. Binding away from nvme refuses a function whose namespaces are
-//! mounted, used as swap or held by dm/md, unless forced: a slip must not
-//! take a file system from under the kernel.
+//! sysfs. A slip must not take a device from under the kernel or a process:
+//!
+//! - what the kernel itself refuses is refused, `--force` or not: a
+//!   namespace or partition that cannot be opened exclusively (`O_EXCL`
+//!   gives EBUSY while a file system in any mount namespace, swap, md/dm, a
+//!   btrfs or ZFS pool or an external log device holds it);
+//! - what we find otherwise is refused unless `--force`: mounts, swap and
+//!   holders named (for the message), processes that have a namespace open
+//!   (a VM on the raw device), a process that has the function's
+//!   `/dev/ugds_drvN` open.
 
 use std::fs;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 const PCI: &str = "/sys/bus/pci/devices";
@@ -121,6 +128,50 @@ fn uses(name: &str, dev: u64) -> Vec<String> {
     u
 }
 
+/// Whether the kernel holds the device: an exclusive open fails with EBUSY.
+fn claimed(name: &str) -> bool {
+    let r = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(format!("/dev/{name}"));
+    matches!(r, Err(e) if e.raw_os_error() == Some(libc::EBUSY))
+}
+
+/// Processes (of this PID namespace) with block device `dev` open.
+fn openers(name: &str, dev: u64) -> Vec<String> {
+    let me = std::process::id().to_string();
+    let mut out = Vec::new();
+    let Ok(procs) = fs::read_dir("/proc") else { return out };
+    for p in procs.flatten() {
+        let pid = p.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) || pid == me {
+            continue;
+        }
+        let Ok(fds) = fs::read_dir(p.path().join("fd")) else { continue };
+        let open = fds.flatten().any(|fd| {
+            fs::metadata(fd.path()).is_ok_and(|m| m.file_type().is_block_device() && m.rdev() == dev)
+        });
+        if open {
+            out.push(format!("/dev/{name} is open in process {pid} ({})", read(p.path().join("comm"))));
+        }
+    }
+    out
+}
+
+/// Whether another process has a ugds_drv node of the function open (the
+/// module allows one opener: opening it fails with EBUSY).
+fn drv_nodes_busy(bdf: &str) -> Vec<String> {
+    let Ok(d) = fs::read_dir(format!("{PCI}/{bdf}/ugds_drv")) else { return Vec::new() };
+    d.flatten()
+        .filter_map(|e| {
+            let node = format!("/dev/{}", e.file_name().to_string_lossy());
+            let r = fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_CLOEXEC).open(&node);
+            matches!(r, Err(e) if e.raw_os_error() == Some(libc::EBUSY))
+                .then(|| format!("{node} is open in another process"))
+        })
+        .collect()
+}
+
 fn devnum_from(majmin: &str) -> u64 {
     let mut it = majmin.split(':').map(|x| x.parse::<u32>().unwrap_or(0));
     libc::makedev(it.next().unwrap_or(0), it.next().unwrap_or(0))
@@ -170,12 +221,39 @@ pub fn bind(bdf: &str, target: &str, force: bool) -> Result<(), String> {
     if target != "none" && !Path::new(&format!("/sys/bus/pci/drivers/{target}")).exists() {
         return Err(format!("driver {target} is not loaded (modprobe {target}, or insmod kmod/ugds_drv.ko)"));
     }
-    let in_use: Vec<String> = block_devices(bdf).iter().flat_map(|(n, d)| uses(n, *d)).collect();
+    let from = current.as_deref().unwrap_or("its driver");
+    let (mut held, mut in_use) = (Vec::new(), Vec::new());
+    for (name, dev) in block_devices(bdf) {
+        let named = uses(&name, dev);
+        if claimed(&name) {
+            held.push(if named.is_empty() {
+                format!(
+                    "the kernel holds /dev/{name} (an exclusive open fails: a file system in some mount \
+                     namespace, swap, md/dm, a btrfs or ZFS pool, or a log device)"
+                )
+            } else {
+                named.join("; ")
+            });
+        } else {
+            in_use.extend(named);
+        }
+        in_use.extend(openers(&name, dev));
+    }
+    if current.as_deref() == Some("ugds_drv") {
+        in_use.extend(drv_nodes_busy(bdf));
+    }
+    if !held.is_empty() {
+        return Err(format!(
+            "refusing to take {bdf} from {from}: {}; release it first (--force does not override what the \
+             kernel itself refuses)",
+            held.join("; ")
+        ));
+    }
     if !in_use.is_empty() {
         if !force {
             return Err(format!(
-                "refusing to take {bdf} from {}: {}; unmount / swapoff / remove the holders first, or pass --force",
-                current.as_deref().unwrap_or("its driver"),
+                "refusing to take {bdf} from {from}: {}; unmount / swapoff / remove the holders / stop those \
+                 processes first, or pass --force",
                 in_use.join("; ")
             ));
         }
