@@ -148,9 +148,9 @@ fn openers(name: &str, dev: u64) -> Vec<String> {
             continue;
         }
         let Ok(fds) = fs::read_dir(p.path().join("fd")) else { continue };
-        let open = fds.flatten().any(|fd| {
-            fs::metadata(fd.path()).is_ok_and(|m| m.file_type().is_block_device() && m.rdev() == dev)
-        });
+        let open = fds
+            .flatten()
+            .any(|fd| fs::metadata(fd.path()).is_ok_and(|m| m.file_type().is_block_device() && m.rdev() == dev));
         if open {
             out.push(format!("/dev/{name} is open in process {pid} ({})", read(p.path().join("comm"))));
         }
