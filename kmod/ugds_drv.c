@@ -53,6 +53,7 @@
 #include <linux/module.h>
 #include <linux/nvme.h>
 #include <linux/pci.h>
+#include <linux/sched/mm.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
 
@@ -85,7 +86,8 @@ struct ugds_map {
 	dma_addr_t bus;
 	size_t size;
 	atomic_t vmas; /* user mappings of coherent memory alive */
-	/* pinned */
+	/* pinned, charged to mm's locked_vm (RLIMIT_MEMLOCK) as vfio does */
+	struct mm_struct *mm;
 	unsigned long start, end;
 	unsigned long npages;
 	struct page **pages;
@@ -192,6 +194,8 @@ static void ugds_irq_detach(struct ugds_dev *d, unsigned int v)
 	}
 }
 
+static void ugds_uncharge(struct mm_struct *mm, unsigned long npages);
+
 /*
  * Gives back what the entry holds, once: at its last reference, or in
  * remove (after every user mapping of the file was zapped: the DMA API wants
@@ -216,6 +220,7 @@ static void ugds_map_release_memory(struct ugds_map *m)
 		unpin_user_pages(m->pages, m->npages);
 		atomic64_sub(m->npages, &ugds_total_pinned);
 		kvfree(m->pages);
+		ugds_uncharge(m->mm, m->npages);
 		break;
 	case UGDS_GPU_P2P:
 #ifdef UGDS_NVIDIA_P2P
@@ -460,6 +465,18 @@ static int ugds_put_pages(struct sg_table *sgt, unsigned long first, unsigned lo
  * device's dma_skip_sync is set for coherent devices and cleared once
  * swiotlb bounces for it; then each address is asked.
  */
+/* Gives back pages charged to mm's locked_vm; mm may be exiting. */
+static void ugds_uncharge(struct mm_struct *mm, unsigned long npages)
+{
+	if (mmget_not_zero(mm)) {
+		mmap_write_lock(mm);
+		__account_locked_vm(mm, npages, false, current, true);
+		mmap_write_unlock(mm);
+		mmput(mm);
+	}
+	mmdrop(mm);
+}
+
 static bool ugds_needs_sync(struct device *dev, struct sg_table *sgt)
 {
 #ifdef CONFIG_DMA_NEED_SYNC
@@ -490,14 +507,23 @@ static long ugds_map_pinned(struct ugds_dev *d, struct ugds_drv_map *req, struct
 	m->start = start;
 	m->end = end;
 	m->npages = req->npages;
+	/* Charged first, so that RLIMIT_MEMLOCK bounds what a process pins. */
+	ret = account_locked_vm(current->mm, m->npages, true);
+	if (ret)
+		return ret;
+	m->mm = current->mm;
+	mmgrab(m->mm);
 	m->pages = kvmalloc_array(m->npages, sizeof(*m->pages), GFP_KERNEL);
-	if (!m->pages)
+	if (!m->pages) {
+		ugds_uncharge(m->mm, m->npages);
 		return -ENOMEM;
+	}
 	pinned = pin_user_pages_fast(start, m->npages, FOLL_WRITE | FOLL_LONGTERM, m->pages);
 	if (pinned != m->npages) {
 		if (pinned > 0)
 			unpin_user_pages(m->pages, pinned);
 		kvfree(m->pages);
+		ugds_uncharge(m->mm, m->npages);
 		return pinned < 0 ? pinned : -EFAULT;
 	}
 	ret = sg_alloc_table_from_pages(&m->sgt, m->pages, m->npages, 0, m->npages << PAGE_SHIFT,
@@ -528,6 +554,7 @@ free_sgt:
 unpin:
 	unpin_user_pages(m->pages, m->npages);
 	kvfree(m->pages);
+	ugds_uncharge(m->mm, m->npages);
 	return ret;
 }
 

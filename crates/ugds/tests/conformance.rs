@@ -663,3 +663,28 @@ fn drv_lifecycle_2_unbind_while_mapped() {
     let c = p.counters().unwrap();
     assert_eq!((c.total_pinned_pages, c.total_mappings), (0, 0), "{c:?}");
 }
+
+/// Through ugds_drv only: pinned host memory is charged to the process's
+/// locked memory (RLIMIT_MEMLOCK, VmLck), as vfio charges it, and given back
+/// when the mapping goes.
+#[test]
+fn drv_pinned_memory_is_charged_to_the_process() {
+    use ugds::platform::Platform;
+    let Some(path) = drv() else {
+        eprintln!("SKIPPED: UGDS_TEST_DRV is not set (runs in the QEMU guest)");
+        return;
+    };
+    fn vm_lck_kib() -> u64 {
+        let s = std::fs::read_to_string("/proc/self/status").unwrap();
+        let l = s.lines().find(|l| l.starts_with("VmLck:")).expect("VmLck in /proc/self/status");
+        l.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+    let p = ugds::platform::ugds_drv::UgdsDrvPlatform::open(&path).unwrap();
+    let mut host = ugds::HostBuffer::new(1 << 20).unwrap();
+    let before = vm_lck_kib();
+    // SAFETY: `host` outlives the mapping, removed below.
+    let m = unsafe { p.map_host(host.as_mut_ptr(), host.len()) }.unwrap();
+    assert_eq!(vm_lck_kib(), before + 1024, "1 MiB pinned is charged");
+    p.unmap_host(&m).unwrap();
+    assert_eq!(vm_lck_kib(), before, "and given back");
+}
