@@ -18,19 +18,11 @@ run drv-conformance-poll /bin/conformance --test-threads=1
 UGDS_TEST_INTERRUPT=1 run drv-conformance-irq /bin/conformance --test-threads=1
 run drv-c-interface /bin/capi-drv --test-threads=1
 run drv-bench-verify /bin/ugds bench --drv $DRV --verify -d 1 -q 4 --range 16M --no-progress
-# A process killed with I/O in flight leaves nothing pinned or mapped.
-kill_check() {
-    /bin/ugds bench --drv $DRV -d 60 -q 32 --range 16M --no-progress > /tmp/killed.out 2>&1 &
-    pid=$!
-    sleep 5
-    if /bin/ugds identify --drv $DRV > /dev/null 2>&1; then echo "the bench did not hold the device"; return 1; fi
-    kill -9 $pid
-    sleep 2
-    line=$(/bin/ugds identify --drv $DRV | head -1)
-    echo "$line"
-    echo "$line" | grep -q "before this run: 0 pinned pages, 0 ledger entries"
-}
-run drv-kill-leaves-nothing kill_check
+# A process killed with I/O in flight (queue pairs, batches, stream-ordered
+# operations) leaves nothing pinned or mapped.
+run drv-kill-leaves-nothing drv_kill_check $DRV -q 32
+run drv-kill-batch-leaves-nothing drv_kill_check $DRV --batch 16
+run drv-kill-stream-leaves-nothing drv_kill_check $DRV --stream -q 8
 export UGDS_TEST_DRV_BDF=$BDF
 run drv-lifecycle /bin/conformance --test-threads=1 drv_lifecycle_
 unset UGDS_TEST_DRV_BDF

@@ -12,3 +12,28 @@ run() {
     "$@"
     echo "UGDS-RESULT $name rc=$?"
 }
+
+# drv_kill_check DRV [BENCH-ARGS...]: runs `ugds bench` on DRV, proves I/O
+# is in flight (its last progress line, a second's count, shows completions),
+# kills it with -9 there, and checks that the module then holds nothing (its
+# counters, through `ugds identify`).
+drv_kill_check() {
+    drv=$1; shift
+    /bin/ugds bench --drv $drv -d 60 --range 16M --progress-lines "$@" > /tmp/killed.out 2>&1 &
+    pid=$!
+    sleep 4
+    last=""
+    while read -r l; do case $l in *"I/Os done"*) last=$l;; esac; done < /tmp/killed.out
+    echo "in flight at the kill: $last"
+    case $last in
+        *"I/Os done, "[1-9]*) ;;
+        *) echo "no completions in the last second: no I/O in flight"; kill -9 $pid; cat /tmp/killed.out; return 1;;
+    esac
+    # The device is held (one opener at a time).
+    if /bin/ugds identify --drv $drv > /dev/null 2>&1; then echo "the bench did not hold the device"; kill -9 $pid; return 1; fi
+    kill -9 $pid
+    sleep 1
+    line=$(/bin/ugds identify --drv $drv | head -1)
+    echo "$line"
+    echo "$line" | grep -q "before this run: 0 pinned pages, 0 ledger entries"
+}

@@ -39,6 +39,8 @@ Options:
       --verify            write a pattern, check every byte read against it
       --interrupt         interrupt completion instead of polling
       --no-progress       no progress bar, even on a terminal
+      --progress-lines    progress as a line a second (for logs: I/Os done,
+                          IOPS over the last second), on any stderr
       --queue             at queue depth 1 too, use a lent I/O queue rather
                           than synchronous calls
       --no-shadow-doorbells  MMIO doorbells even where the controller offers
@@ -92,6 +94,7 @@ struct Opts {
     verify: bool,
     interrupt: bool,
     progress: bool,
+    progress_lines: bool,
     batches: Vec<usize>,
     stream: bool,
     shadow_doorbells: bool,
@@ -112,6 +115,7 @@ fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, String> {
         verify: false,
         interrupt: false,
         progress: true,
+        progress_lines: false,
         batches: Vec::new(),
         stream: false,
         shadow_doorbells: true,
@@ -151,6 +155,7 @@ fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, String> {
             Long("queue") => o.force_queue = true,
             Long("interrupt") => o.interrupt = true,
             Long("no-progress") => o.progress = false,
+            Long("progress-lines") => o.progress_lines = true,
             Short('h') | Long("help") => {
                 print!("{HELP}{}", target::HELP);
                 return Ok(None);
@@ -721,16 +726,24 @@ fn progress_bar(
     start: Instant,
     total: Option<Duration>,
     label: &str,
+    lines: bool,
 ) {
     let mut err = std::io::stderr();
     let mut last = (Instant::now(), 0u64);
     while !finished.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(if lines { 1000 } else { 200 }));
         let now = Instant::now();
         let d = done.load(Ordering::Relaxed);
         let rate = (d - last.1) as f64 / now.duration_since(last.0).as_secs_f64();
         last = (now, d);
         let el = start.elapsed();
+        if lines {
+            let _ = writeln!(err, "{label} {:.1}s: {d} I/Os done, {} IOPS", el.as_secs_f64(), fmt_count(rate));
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            continue;
+        }
         let frac = total.map_or(0.0, |t| (el.as_secs_f64() / t.as_secs_f64()).min(1.0));
         let w = 30;
         let filled = (frac * w as f64) as usize;
@@ -747,8 +760,10 @@ fn progress_bar(
             break;
         }
     }
-    let _ = write!(err, "\r{}\r", " ".repeat(label.len() + 64));
-    let _ = err.flush();
+    if !lines {
+        let _ = write!(err, "\r{}\r", " ".repeat(label.len() + 64));
+        let _ = err.flush();
+    }
 }
 
 fn fmt_count(v: f64) -> String {
@@ -798,7 +813,8 @@ fn run_one(
         done_ios: &done_ios,
     };
     let label = format!("{} {}", o.mode.name(), fmt_bytes(size as u64));
-    let show = o.progress && std::io::stderr().is_terminal();
+    let lines = o.progress_lines;
+    let show = lines || (o.progress && std::io::stderr().is_terminal());
     let (results, elapsed) = std::thread::scope(|sc| {
         let workers: Vec<_> = (0..o.threads)
             .map(|tid| {
@@ -821,7 +837,7 @@ fn run_one(
         let bar = show.then(|| {
             let (stop, finished, done_ios, label) = (&stop, &finished, &done_ios, &label);
             let total = o.bytes.is_none().then_some(o.duration);
-            sc.spawn(move || progress_bar(stop, finished, done_ios, start, total, label))
+            sc.spawn(move || progress_bar(stop, finished, done_ios, start, total, label, lines))
         });
         if o.bytes.is_none() {
             // Few wake-ups: on a one-CPU guest each one takes the CPU from

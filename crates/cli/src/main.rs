@@ -27,6 +27,11 @@ Run `ugds help bench` for the benchmark's options.
 ";
 
 fn main() -> ExitCode {
+    // Like other Unix tools, end quietly when the reader of our output goes
+    // (`ugds identify | head -1`) instead of panicking on EPIPE.
+    // SAFETY: restores the default disposition of one signal, before any
+    // thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let mut args = std::env::args_os().skip(1);
     let cmd = args.next().map(|a| a.to_string_lossy().into_owned());
     let rest: Vec<_> = args.collect();
