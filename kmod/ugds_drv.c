@@ -132,8 +132,13 @@ struct ugds_dev {
 	u64 next_handle;
 	u64 pinned_pages;
 	u64 live;
+	u64 dma_bytes; /* coherent memory the ledger holds, against dma_limit_kb */
 	struct ugds_irq irq[UGDS_MAX_VECTORS];
 };
+
+static unsigned long dma_limit_kb = 1024 * 1024;
+module_param(dma_limit_kb, ulong, 0644);
+MODULE_PARM_DESC(dma_limit_kb, "Most coherent DMA memory one open file may hold, in KiB (default 1 GiB)");
 
 static struct class *ugds_class;
 /* Module-wide: what every open file holds (tests check these drop to zero). */
@@ -265,6 +270,8 @@ static void ugds_map_unlink(struct ugds_dev *d, struct ugds_map *m)
 {
 	list_del_init(&m->node);
 	d->live--;
+	if (m->kind == UGDS_COHERENT)
+		d->dma_bytes -= m->size;
 	if (m->kind == UGDS_PINNED)
 		d->pinned_pages -= m->npages;
 }
@@ -282,7 +289,7 @@ static void ugds_map_link(struct ugds_dev *d, struct ugds_map *m)
 /* A new entry of `d`, holding a reference on its device. */
 static struct ugds_map *ugds_map_new(struct ugds_dev *d)
 {
-	struct ugds_map *m = kzalloc(sizeof(*m), GFP_KERNEL);
+	struct ugds_map *m = kzalloc(sizeof(*m), GFP_KERNEL_ACCOUNT);
 
 	if (!m)
 		return NULL;
@@ -392,19 +399,36 @@ static long ugds_alloc_dma(struct ugds_dev *d, void __user *arg)
 		return -EFAULT;
 	if (!req.size || req.size > (1ULL << 30))
 		return -EINVAL;
-	m = ugds_map_new(d);
-	if (!m)
+	/* Reserved against the file's limit first (the DMA API cannot charge
+	 * coherent memory to a memory cgroup).
+	 */
+	mutex_lock(&d->lock);
+	if (d->dma_bytes + PAGE_ALIGN(req.size) > (u64)dma_limit_kb << 10) {
+		mutex_unlock(&d->lock);
 		return -ENOMEM;
-	m->kind = UGDS_COHERENT;
-	m->size = PAGE_ALIGN(req.size);
-	m->cpu = dma_alloc_coherent(&d->pdev->dev, m->size, &m->bus, GFP_KERNEL);
-	if (!m->cpu) {
-		ugds_map_discard(m);
+	}
+	d->dma_bytes += PAGE_ALIGN(req.size);
+	mutex_unlock(&d->lock);
+	m = ugds_map_new(d);
+	if (m) {
+		m->kind = UGDS_COHERENT;
+		m->size = PAGE_ALIGN(req.size);
+		m->cpu = dma_alloc_coherent(&d->pdev->dev, m->size, &m->bus, GFP_KERNEL);
+		if (!m->cpu) {
+			ugds_map_discard(m);
+			m = NULL;
+		}
+	}
+	if (!m) {
+		mutex_lock(&d->lock);
+		d->dma_bytes -= PAGE_ALIGN(req.size);
+		mutex_unlock(&d->lock);
 		return -ENOMEM;
 	}
 	atomic64_inc(&ugds_total_maps);
 	mutex_lock(&d->lock);
 	if (d->gone) {
+		d->dma_bytes -= m->size;
 		mutex_unlock(&d->lock);
 		ugds_map_put(m);
 		return -ENODEV;
@@ -513,7 +537,7 @@ static long ugds_map_pinned(struct ugds_dev *d, struct ugds_drv_map *req, struct
 		return ret;
 	m->mm = current->mm;
 	mmgrab(m->mm);
-	m->pages = kvmalloc_array(m->npages, sizeof(*m->pages), GFP_KERNEL);
+	m->pages = kvmalloc_array(m->npages, sizeof(*m->pages), GFP_KERNEL_ACCOUNT);
 	if (!m->pages) {
 		ugds_uncharge(m->mm, m->npages);
 		return -ENOMEM;
@@ -527,7 +551,7 @@ static long ugds_map_pinned(struct ugds_dev *d, struct ugds_drv_map *req, struct
 		return pinned < 0 ? pinned : -EFAULT;
 	}
 	ret = sg_alloc_table_from_pages(&m->sgt, m->pages, m->npages, 0, m->npages << PAGE_SHIFT,
-					GFP_KERNEL);
+					GFP_KERNEL_ACCOUNT);
 	if (ret)
 		goto unpin;
 	ret = dma_map_sgtable(&d->pdev->dev, &m->sgt, DMA_BIDIRECTIONAL, 0);

@@ -38,6 +38,20 @@ cycles() {
     done
 }
 run drv-load-unload cycles
+# The module's limit on one file's DMA memory: loaded with 4 KiB, bring-up
+# (admin queues, an Identify page) cannot get what it needs and says so.
+reload() {
+    echo "$BDF" > /sys/bus/pci/drivers/ugds_drv/unbind && rmmod ugds_drv && insmod /bin/ugds_drv.ko "$@" &&
+        echo "$BDF" > /sys/bus/pci/drivers_probe
+}
+dma_limit() {
+    reload dma_limit_kb=4 || return 1
+    out=$(/bin/ugds identify --drv $DRV 2>&1); rc=$?
+    echo "$out"
+    reload || return 1
+    [ $rc -ne 0 ] && echo "$out" | grep -q "Cannot allocate memory" && /bin/ugds identify --drv $DRV > /dev/null
+}
+run drv-dma-limit dma_limit
 # kmemleak reports an object only when two scans find it unreferenced.
 leaks() {
     echo scan > /sys/kernel/debug/kmemleak
