@@ -56,6 +56,7 @@
 #include <linux/sched/mm.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
+#include <linux/xarray.h>
 
 #include "ugds_drv_uapi.h"
 
@@ -75,7 +76,7 @@
 enum ugds_map_kind { UGDS_COHERENT, UGDS_PINNED, UGDS_DMABUF, UGDS_GPU_P2P };
 
 struct ugds_map {
-	struct list_head node;
+	struct list_head node;	/* on a list of entries being torn down */
 	struct kref ref;	/* the ledger's, and one per user mapping */
 	struct ugds_dev *dev;	/* holds a reference on dev->devobj */
 	bool released;		/* what it holds was given back */
@@ -128,8 +129,8 @@ struct ugds_dev {
 	bool gone;         /* unbound: every call fails */
 	bool open;
 	struct address_space *mapping; /* the open file's: zapped on unbind */
-	struct list_head maps;
-	u64 next_handle;
+	struct xarray maps;	/* the ledger, by handle */
+	u32 next_handle;	/* where the cyclic handle allocation goes on */
 	u64 pinned_pages;
 	u64 live;
 	u64 dma_bytes; /* coherent memory the ledger holds, against dma_limit_kb */
@@ -153,6 +154,7 @@ static void ugds_dev_release(struct device *dev)
 
 	pci_dev_put(d->pdev);
 	ida_free(&ugds_ida, d->minor);
+	xa_destroy(&d->maps);
 	kfree(d);
 }
 
@@ -263,12 +265,17 @@ static void ugds_map_put(struct ugds_map *m)
 	kref_put(&m->ref, ugds_map_free);
 }
 
+/* Handles: cyclic, so a released handle is not reused for a long while;
+ * below 2^24, so that the DMA mmap offset (handle << 32) fits.
+ */
+#define UGDS_HANDLES XA_LIMIT(1, (1U << 24) - 1)
+
 /* Takes the entry out of the ledger (d->lock held); the caller then drops
  * the ledger's reference with ugds_map_put, outside the lock.
  */
 static void ugds_map_unlink(struct ugds_dev *d, struct ugds_map *m)
 {
-	list_del_init(&m->node);
+	xa_erase(&d->maps, m->handle);
 	d->live--;
 	if (m->kind == UGDS_COHERENT)
 		d->dma_bytes -= m->size;
@@ -277,13 +284,25 @@ static void ugds_map_unlink(struct ugds_dev *d, struct ugds_map *m)
 }
 
 /* Enters a prepared entry in the ledger (d->lock held). */
-static void ugds_map_link(struct ugds_dev *d, struct ugds_map *m)
+static int ugds_map_link(struct ugds_dev *d, struct ugds_map *m)
 {
-	m->handle = ++d->next_handle;
-	list_add(&m->node, &d->maps);
+	u32 id;
+	int ret = xa_alloc_cyclic(&d->maps, &id, m, UGDS_HANDLES, &d->next_handle,
+				  GFP_KERNEL_ACCOUNT);
+
+	if (ret < 0)
+		return ret;
+	m->handle = id;
 	d->live++;
 	if (m->kind == UGDS_PINNED)
 		d->pinned_pages += m->npages;
+	return 0;
+}
+
+/* Whether the entry is still in the ledger (d->lock held). */
+static bool ugds_map_linked(struct ugds_dev *d, struct ugds_map *m)
+{
+	return m->handle && xa_load(&d->maps, m->handle) == m;
 }
 
 /* A new entry of `d`, holding a reference on its device. */
@@ -316,13 +335,14 @@ static void ugds_map_discard(struct ugds_map *m)
  */
 static void ugds_teardown(struct ugds_dev *d, struct list_head *out)
 {
-	struct ugds_map *m, *tmp;
+	struct ugds_map *m;
+	unsigned long id;
 	unsigned int v;
 
 	ugds_stop_device(d);
 	for (v = 0; v < UGDS_MAX_VECTORS; v++)
 		ugds_irq_detach(d, v);
-	list_for_each_entry_safe(m, tmp, &d->maps, node) {
+	xa_for_each(&d->maps, id, m) {
 		ugds_map_unlink(d, m);
 		list_add(&m->node, out);
 	}
@@ -340,12 +360,7 @@ static void ugds_put_all(struct list_head *list)
 
 static struct ugds_map *ugds_find(struct ugds_dev *d, u64 handle)
 {
-	struct ugds_map *m;
-
-	list_for_each_entry(m, &d->maps, node)
-		if (m->handle == handle)
-			return m;
-	return NULL;
+	return handle && handle < (1U << 24) ? xa_load(&d->maps, handle) : NULL;
 }
 
 static int ugds_open(struct inode *inode, struct file *f)
@@ -433,7 +448,12 @@ static long ugds_alloc_dma(struct ugds_dev *d, void __user *arg)
 		ugds_map_put(m);
 		return -ENODEV;
 	}
-	ugds_map_link(d, m);
+	if (ugds_map_link(d, m)) {
+		d->dma_bytes -= m->size;
+		mutex_unlock(&d->lock);
+		ugds_map_put(m);
+		return -ENOMEM;
+	}
 	req.bus_addr = m->bus;
 	req.mmap_offset = UGDS_DRV_MMAP_DMA_BASE + (m->handle << 32);
 	req.handle = m->handle;
@@ -441,7 +461,7 @@ static long ugds_alloc_dma(struct ugds_dev *d, void __user *arg)
 	if (copy_to_user(arg, &req, sizeof(req))) {
 		mutex_lock(&d->lock);
 		/* Unless unbinding took it out meanwhile. */
-		if (!list_empty(&m->node))
+		if (ugds_map_linked(d, m))
 			ugds_map_unlink(d, m);
 		else
 			m = NULL;
@@ -733,10 +753,11 @@ put:
 static bool ugds_overlaps(struct ugds_dev *d, unsigned long start, unsigned long end)
 {
 	struct ugds_map *o;
+	unsigned long id;
 	bool hit = false;
 
 	mutex_lock(&d->lock);
-	list_for_each_entry(o, &d->maps, node)
+	xa_for_each(&d->maps, id, o)
 		if (o->kind == UGDS_PINNED && start < o->end && o->start < end)
 			hit = true;
 	mutex_unlock(&d->lock);
@@ -791,13 +812,18 @@ static long ugds_map(struct ugds_dev *d, void __user *arg)
 		ugds_map_put(m);
 		return -ENODEV;
 	}
-	ugds_map_link(d, m);
+	if (ugds_map_link(d, m)) {
+		mutex_unlock(&d->lock);
+		mutex_unlock(&d->map_lock);
+		ugds_map_put(m);
+		return -ENOMEM;
+	}
 	req.handle = m->handle;
 	mutex_unlock(&d->lock);
 	mutex_unlock(&d->map_lock);
 	if (copy_to_user(arg, &req, sizeof(req))) {
 		mutex_lock(&d->lock);
-		if (!list_empty(&m->node))
+		if (ugds_map_linked(d, m))
 			ugds_map_unlink(d, m);
 		else
 			m = NULL;
@@ -1038,7 +1064,7 @@ static int ugds_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 		return -ENOMEM;
 	mutex_init(&d->map_lock);
 	mutex_init(&d->lock);
-	INIT_LIST_HEAD(&d->maps);
+	xa_init_flags(&d->maps, XA_FLAGS_ALLOC1);
 	d->minor = ida_alloc_max(&ugds_ida, UGDS_MAX_DEVS - 1, GFP_KERNEL);
 	if (d->minor < 0) {
 		ret = d->minor;
