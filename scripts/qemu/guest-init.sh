@@ -41,6 +41,25 @@ opener_check() {
     [ $rc -ne 0 ] && echo "$out" | grep -q "is open in process $pid" && [ "$(driver)" = nvme ]
 }
 run bind-refuses-an-opener opener_check
+# Swap on the namespace: the kernel claims it, --force or not.
+swap_check() {
+    mkswap /dev/$NS > /dev/null && swapon /dev/$NS || return 1
+    out=$(/bin/ugds bind $BDF vfio-pci --force 2>&1); rc=$?
+    swapoff /dev/$NS
+    echo "$out"
+    [ $rc -ne 0 ] && echo "$out" | grep -q "used as swap" && [ "$(driver)" = nvme ]
+}
+run bind-refuses-swap swap_check
+# A loop device backed by the namespace (not an exclusive claim): refused
+# unless --force.
+loop_check() {
+    losetup /dev/loop0 /dev/$NS || return 1
+    out=$(/bin/ugds bind $BDF vfio-pci 2>&1); rc=$?
+    losetup -d /dev/loop0
+    echo "$out"
+    [ $rc -ne 0 ] && echo "$out" | grep -q "/dev/$NS backs /dev/loop0" && [ "$(driver)" = nvme ]
+}
+run bind-refuses-a-loop-device loop_check
 run bind-vfio /bin/ugds bind $BDF vfio-pci
 echo "UGDS-GUEST: driver $(driver)"
 export UGDS_TEST_PCI=$BDF RUST_BACKTRACE=1

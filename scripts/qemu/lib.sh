@@ -179,7 +179,8 @@ make_initramfs() {
     local I=$W/initramfs.$$
     rm -rf "$I" && mkdir -p "$I"/{bin,dev,proc,sys,mods,tmp}
     cp /bin/busybox "$I/bin/busybox"
-    for a in sh mount umount cat echo sleep insmod rmmod basename readlink mkdir poweroff ls grep head kill mke2fs unshare; do
+    for a in sh mount umount cat echo sleep insmod rmmod basename readlink mkdir poweroff ls grep head kill mke2fs \
+        unshare mkswap swapon swapoff losetup; do
         ln -s busybox "$I/bin/$a"
     done
     local MD=$K/lib/modules/$KV
@@ -190,7 +191,7 @@ make_initramfs() {
         for d in $deps; do resolve "$d"; done
         order+=("$rel")
     }
-    for m in nvme vfio vfio-pci vfio_iommu_type1 ext4 crc32c_generic crc32c-intel; do
+    for m in nvme vfio vfio-pci vfio_iommu_type1 ext4 crc32c_generic crc32c-intel loop; do
         local rel; rel=$(grep -E "/${m}\.ko(\.xz|\.zst)?:" "$MD/modules.dep" | cut -d: -f1 || true)
         [[ -n $rel ]] && resolve "$rel"
     done

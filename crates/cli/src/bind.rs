@@ -8,8 +8,8 @@
 //!   btrfs or ZFS pool or an external log device holds it);
 //! - what we find otherwise is refused unless `--force`: mounts, swap and
 //!   holders named (for the message), processes that have a namespace open
-//!   (a VM on the raw device), a process that has the function's
-//!   `/dev/ugds_drvN` open.
+//!   (a VM on the raw device), loop devices, nvmet exports and LIO backstores
+//!   on them, a process that has the function's `/dev/ugds_drvN` open.
 
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
@@ -128,6 +128,39 @@ fn uses(name: &str, dev: u64) -> Vec<String> {
     u
 }
 
+/// Kernel users that hold a device without claiming it exclusively: a loop
+/// device backed by it, an NVMe-oF export (nvmet), a LIO backstore.
+fn exports(name: &str) -> Vec<String> {
+    let dev = format!("/dev/{name}");
+    let mut out = Vec::new();
+    let matches = |p: &Path| read(p) == dev;
+    if let Ok(d) = fs::read_dir("/sys/block") {
+        for e in d.flatten() {
+            if matches(&e.path().join("loop/backing_file")) {
+                out.push(format!("{dev} backs /dev/{}", e.file_name().to_string_lossy()));
+            }
+        }
+    }
+    let dirs =
+        |p: &Path| fs::read_dir(p).map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>()).unwrap_or_default();
+    for sub in dirs(Path::new("/sys/kernel/config/nvmet/subsystems")) {
+        for ns in dirs(&sub.join("namespaces")) {
+            if matches(&ns.join("device_path")) {
+                let nqn = sub.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                out.push(format!("{dev} is exported by nvmet (subsystem {nqn})"));
+            }
+        }
+    }
+    for hba in dirs(Path::new("/sys/kernel/config/target/core")) {
+        for store in dirs(&hba) {
+            if matches(&store.join("udev_path")) {
+                out.push(format!("{dev} is a LIO backstore ({})", store.display()));
+            }
+        }
+    }
+    out
+}
+
 /// Whether the kernel holds the device: an exclusive open fails with EBUSY.
 fn claimed(name: &str) -> bool {
     let r = fs::OpenOptions::new()
@@ -238,6 +271,7 @@ pub fn bind(bdf: &str, target: &str, force: bool) -> Result<(), String> {
             in_use.extend(named);
         }
         in_use.extend(openers(&name, dev));
+        in_use.extend(exports(&name));
     }
     if current.as_deref() == Some("ugds_drv") {
         in_use.extend(drv_nodes_busy(bdf));
