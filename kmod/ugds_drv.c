@@ -305,6 +305,22 @@ static bool ugds_map_linked(struct ugds_dev *d, struct ugds_map *m)
 	return m->handle && xa_load(&d->maps, m->handle) == m;
 }
 
+/* Takes back an entry just entered (its handle could not be handed out),
+ * unless unbinding took it out of the ledger meanwhile.
+ */
+static void ugds_map_withdraw(struct ugds_dev *d, struct ugds_map *m)
+{
+	bool linked;
+
+	mutex_lock(&d->lock);
+	linked = ugds_map_linked(d, m);
+	if (linked)
+		ugds_map_unlink(d, m);
+	mutex_unlock(&d->lock);
+	if (linked)
+		ugds_map_put(m);
+}
+
 /* A new entry of `d`, holding a reference on its device. */
 static struct ugds_map *ugds_map_new(struct ugds_dev *d)
 {
@@ -459,15 +475,7 @@ static long ugds_alloc_dma(struct ugds_dev *d, void __user *arg)
 	req.handle = m->handle;
 	mutex_unlock(&d->lock);
 	if (copy_to_user(arg, &req, sizeof(req))) {
-		mutex_lock(&d->lock);
-		/* Unless unbinding took it out meanwhile. */
-		if (ugds_map_linked(d, m))
-			ugds_map_unlink(d, m);
-		else
-			m = NULL;
-		mutex_unlock(&d->lock);
-		if (m)
-			ugds_map_put(m);
+		ugds_map_withdraw(d, m);
 		return -EFAULT;
 	}
 	return 0;
@@ -822,14 +830,7 @@ static long ugds_map(struct ugds_dev *d, void __user *arg)
 	mutex_unlock(&d->lock);
 	mutex_unlock(&d->map_lock);
 	if (copy_to_user(arg, &req, sizeof(req))) {
-		mutex_lock(&d->lock);
-		if (ugds_map_linked(d, m))
-			ugds_map_unlink(d, m);
-		else
-			m = NULL;
-		mutex_unlock(&d->lock);
-		if (m)
-			ugds_map_put(m);
+		ugds_map_withdraw(d, m);
 		return -EFAULT;
 	}
 	return 0;

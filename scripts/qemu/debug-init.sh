@@ -13,19 +13,7 @@ driver() { basename "$(readlink /sys/bus/pci/devices/$BDF/driver)"; }
 insmod /bin/ugds_drv.ko || echo "UGDS-GUEST: insmod ugds_drv failed"
 run bind-ugds_drv /bin/ugds bind $BDF ugds_drv
 DRV=/dev/ugds_drv0
-export UGDS_TEST_DRV=$DRV RUST_BACKTRACE=1
-run drv-conformance-poll /bin/conformance --test-threads=1
-UGDS_TEST_INTERRUPT=1 run drv-conformance-irq /bin/conformance --test-threads=1
-run drv-c-interface /bin/capi-drv --test-threads=1
-run drv-bench-verify /bin/ugds bench --drv $DRV --verify -d 1 -q 4 --range 16M --no-progress
-# A process killed with I/O in flight (queue pairs, batches, stream-ordered
-# operations) leaves nothing pinned or mapped.
-run drv-kill-leaves-nothing drv_kill_check $DRV -q 32
-run drv-kill-batch-leaves-nothing drv_kill_check $DRV --batch 16
-run drv-kill-stream-leaves-nothing drv_kill_check $DRV --stream -q 8
-export UGDS_TEST_DRV_BDF=$BDF
-run drv-lifecycle /bin/conformance --test-threads=1 drv_lifecycle_
-unset UGDS_TEST_DRV_BDF
+drv_steps $DRV
 # Unload and load the module three times, the function bound each time.
 cycles() {
     for i in 1 2 3; do

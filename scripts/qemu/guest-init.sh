@@ -76,22 +76,7 @@ run bind-ugds_drv /bin/ugds bind $BDF ugds_drv
 echo "UGDS-GUEST: driver $(driver), $(ls /dev/ugds_drv*)"
 DRV=/dev/ugds_drv0
 unset UGDS_TEST_PCI
-export UGDS_TEST_DRV=$DRV
-run drv-conformance-poll /bin/conformance --test-threads=1
-UGDS_TEST_INTERRUPT=1 run drv-conformance-irq /bin/conformance --test-threads=1
-run drv-c-interface /bin/capi-drv --test-threads=1
-run drv-bench-verify /bin/ugds bench --drv $DRV --verify -d 1 -q 4 --range 16M --no-progress
-# A process killed with I/O in flight (queue pairs, batches, stream-ordered
-# operations) leaves nothing pinned or mapped.
-run drv-kill-leaves-nothing drv_kill_check $DRV -q 32
-run drv-kill-batch-leaves-nothing drv_kill_check $DRV --batch 16
-run drv-kill-stream-leaves-nothing drv_kill_check $DRV --stream -q 8
-# The module under unbind and racing calls: mmap against MAP, then an unbind
-# while BAR0 and DMA memory are mapped (SIGBUS after it), close after unbind,
-# rebind.
-export UGDS_TEST_DRV_BDF=$BDF
-run drv-lifecycle /bin/conformance --test-threads=1 drv_lifecycle_
-unset UGDS_TEST_DRV_BDF
+drv_steps $DRV
 echo "UGDS-GUEST: driver after the lifecycle step: $(driver)"
 echo "UGDS-GUEST: done"
 poweroff -f

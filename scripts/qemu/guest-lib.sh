@@ -37,3 +37,23 @@ drv_kill_check() {
     echo "$line"
     echo "$line" | grep -q "before this run: 0 pinned pages, 0 ledger entries"
 }
+
+# drv_steps DRV: the ugds_drv steps both guests run once the function is
+# bound to ugds_drv: conformance (polling, interrupts), the C interface, a
+# verified bench, three kill checks (queue pairs, batches, stream-ordered
+# operations in flight: nothing left pinned or mapped), and the module's
+# lifecycle (mmap racing MAP, unbind while BAR0 and DMA memory are mapped
+# with SIGBUS after it, close after unbind, rebind).
+drv_steps() {
+    export UGDS_TEST_DRV=$1 RUST_BACKTRACE=1
+    run drv-conformance-poll /bin/conformance --test-threads=1
+    UGDS_TEST_INTERRUPT=1 run drv-conformance-irq /bin/conformance --test-threads=1
+    run drv-c-interface /bin/capi-drv --test-threads=1
+    run drv-bench-verify /bin/ugds bench --drv $1 --verify -d 1 -q 4 --range 16M --no-progress
+    run drv-kill-leaves-nothing drv_kill_check $1 -q 32
+    run drv-kill-batch-leaves-nothing drv_kill_check $1 --batch 16
+    run drv-kill-stream-leaves-nothing drv_kill_check $1 --stream -q 8
+    export UGDS_TEST_DRV_BDF=$BDF
+    run drv-lifecycle /bin/conformance --test-threads=1 drv_lifecycle_
+    unset UGDS_TEST_DRV_BDF
+}
