@@ -116,12 +116,12 @@ impl Driver {
     }
 
     fn insert(&self, base: usize, len: usize, device: Option<DeviceMemory>, v: Visibility) -> Result<BufferToken> {
-        if device.is_none() && len as u64 > physical_memory() {
+        if device.is_none() && len as u64 > crate::sys::physical_memory() {
             // No process can pin more than the machine has; checked before
             // any page list is allocated.
             return Err(Error::InvalidArgument(format!(
                 "{len} bytes of host memory is more than this machine's {} bytes",
-                physical_memory()
+                crate::sys::physical_memory()
             )));
         }
         let handles = self.inner.handles.lock().unwrap_or_else(|p| p.into_inner());
@@ -200,14 +200,4 @@ impl Driver {
     pub fn token_at(&self, base: *const u8) -> Option<BufferToken> {
         self.inner.registry.token_at(base as usize)
     }
-}
-
-/// Bytes of physical memory (`u64::MAX` where the system does not say).
-fn physical_memory() -> u64 {
-    // SAFETY: sysconf reads a system value.
-    let (pages, size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
-    if pages <= 0 || size <= 0 {
-        return u64::MAX;
-    }
-    (pages as u64).saturating_mul(size as u64)
 }

@@ -199,6 +199,16 @@ pub unsafe fn pwrite_raw(fd: RawFd, src: *const u8, len: usize, offset: u64) -> 
     Ok(())
 }
 
+/// Bytes of physical memory (`u64::MAX` where the system does not say).
+pub fn physical_memory() -> u64 {
+    // SAFETY: sysconf reads a system value.
+    let (pages, size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    if pages <= 0 || size <= 0 {
+        return u64::MAX;
+    }
+    (pages as u64).saturating_mul(size as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,3 +233,4 @@ mod tests {
         assert_eq!(e.drain(), 0);
     }
 }
+
