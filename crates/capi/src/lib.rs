@@ -217,6 +217,14 @@ fn fd_path(fd: c_int) -> Option<std::path::PathBuf> {
     std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()
 }
 
+/// A descriptor of our own for the caller's open `fd` (close-on-exec).
+fn dup(fd: c_int) -> Result<OwnedFd, uGDSError_t> {
+    // SAFETY: the caller checked `fd` is open (fstat); it is only borrowed
+    // for the duplication.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    borrowed.try_clone_to_owned().map_err(|e| fail(op::GETNEWFD_FAILED, format!("dup of fd {fd}: {e}")))
+}
+
 /// Opens the platform for `fd`: a ugds_drv character device, or (with
 /// UGDS_EMULATE=1) an emulated controller over a regular file.
 fn platform_for(fd: c_int) -> Result<Arc<dyn ugds::platform::Platform>, uGDSError_t> {
@@ -233,13 +241,7 @@ fn platform_for(fd: c_int) -> Result<Arc<dyn ugds::platform::Platform>, uGDSErro
             if subsystem.as_ref().and_then(|p| p.file_name()).is_none_or(|n| n != "ugds_drv") {
                 return Err(fail(op::INVALID_FILE_TYPE, format!("fd {fd} is a character device not of ugds_drv")));
             }
-            // SAFETY: `fd` is open (fstat succeeded); the dup is ours.
-            let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
-            if dup < 0 {
-                return Err(fail(op::GETNEWFD_FAILED, "dup of the device fd failed"));
-            }
-            // SAFETY: a new descriptor we own.
-            let owned = unsafe { OwnedFd::from_raw_fd(dup) };
+            let owned = dup(fd)?;
             let name = fd_path(fd).map(|p| p.display().to_string()).unwrap_or_else(|| format!("fd {fd}"));
             ugds::platform::ugds_drv::UgdsDrvPlatform::from_fd(owned, &name)
                 .map(|p| Arc::new(p) as Arc<dyn ugds::platform::Platform>)
@@ -253,13 +255,7 @@ fn platform_for(fd: c_int) -> Result<Arc<dyn ugds::platform::Platform>, uGDSErro
             }
             // The caller's file itself, through a duplicate of its
             // descriptor: never reopened by name (the name may be gone).
-            // SAFETY: `fd` is open (fstat succeeded); the dup is ours.
-            let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
-            if dup < 0 {
-                return Err(fail(op::GETNEWFD_FAILED, "dup of the file's fd failed"));
-            }
-            // SAFETY: a new descriptor we own.
-            let owned = unsafe { OwnedFd::from_raw_fd(dup) };
+            let owned = dup(fd)?;
             EmuPlatform::new(EmuConfig::default().namespaces(vec![NamespaceConfig::descriptor(owned, size, block)]))
                 .map(|p| Arc::new(p) as Arc<dyn ugds::platform::Platform>)
                 .map_err(from_error)
