@@ -98,6 +98,31 @@ class Host(unittest.TestCase):
         gc.collect()
         self.assertIsNone(alive(), "the memory is released after the read")
 
+    def test_a_released_owner_may_drop_other_buffers(self):
+        # The memory's owner goes when its read lands; its __del__ drops
+        # another Buffer, which deregisters (and sweeps) in turn.
+        others = []
+
+        class Mem(bytearray):
+            def __del__(self):
+                others.clear()
+
+        mem = Mem(4096)
+        buf = self.drv.register(mem)
+        others.append(self.drv.register(bytearray(4096)))
+        s = ugds.Stream.host()
+        gate = threading.Event()
+        s.enqueue(gate.wait)
+        r = self.h.read_async(buf, 4096, 0, 0, s)
+        del buf, mem
+        gc.collect()
+        self.assertEqual(self.drv.pending_releases, 1)
+        gate.set()
+        s.synchronize()
+        self.assertEqual(r.bytes, 4096, r.error())
+        self.assertEqual(self.drv.pending_releases, 0)
+        self.assertEqual(others, [])
+
     def test_collected_buffer_outlives_a_batch_in_flight(self):
         class Mem(bytearray):
             pass

@@ -74,8 +74,17 @@ type Graveyard = Arc<Mutex<Vec<(BufferToken, PyObject)>>>;
 /// Deregisters what the device no longer holds, releasing its owners.
 /// Called with the GIL held (owners are dropped here).
 fn sweep(driver: &ugds::Driver, graveyard: &Graveyard) {
-    let mut g = graveyard.lock().unwrap_or_else(|p| p.into_inner());
-    g.retain(|(t, _)| matches!(driver.deregister(t), Err(ugds::Error::Busy { .. })));
+    let released: Vec<(BufferToken, PyObject)> = {
+        let mut g = graveyard.lock().unwrap_or_else(|p| p.into_inner());
+        let (busy, done) = std::mem::take(&mut *g)
+            .into_iter()
+            .partition(|(t, _)| matches!(driver.deregister(t), Err(ugds::Error::Busy { .. })));
+        *g = busy;
+        done
+    };
+    // Dropped after the lock: an owner's __del__ may drop another Buffer,
+    // which sweeps again.
+    drop(released);
 }
 
 fn options(interrupt: bool) -> HandleOptions {
@@ -251,8 +260,12 @@ impl Drop for Buffer {
         let owner = self.owner.get_mut().unwrap_or_else(|p| p.into_inner()).take();
         // Ok: deregistered now. NotRegistered or StaleToken: deregistered
         // before (this token, or this memory since). Busy: I/O holds it.
-        if let (Err(ugds::Error::Busy { .. }), Some(o)) = (self.driver.deregister(&self.token), owner) {
-            self.graveyard.lock().unwrap_or_else(|p| p.into_inner()).push((self.token, o));
+        match (self.driver.deregister(&self.token), owner) {
+            (Err(ugds::Error::Busy { .. }), Some(o)) => {
+                self.graveyard.lock().unwrap_or_else(|p| p.into_inner()).push((self.token, o))
+            }
+            // Dropped here, without any lock held (see `sweep`).
+            (_, o) => drop(o),
         }
         sweep(&self.driver, &self.graveyard);
     }
