@@ -136,6 +136,9 @@ pub(crate) struct HandleInner {
     state: AtomicU8,
     pub inflight: AtomicUsize,
     quarantine: Mutex<Vec<BufGuard>>,
+    /// Registrations of staging blocks, by host address (see
+    /// [`staging_token`](Self::staging_token)).
+    staging: Mutex<std::collections::HashMap<usize, BufferToken>>,
     pub opts: HandleOptions,
     /// Set once the controller can no longer reach the queues' memory.
     released: std::sync::atomic::AtomicBool,
@@ -211,6 +214,7 @@ impl HandleInner {
             state: AtomicU8::new(OPEN),
             inflight: AtomicUsize::new(0),
             quarantine: Mutex::new(Vec::new()),
+            staging: Mutex::default(),
             opts,
             released: std::sync::atomic::AtomicBool::new(false),
         })
@@ -272,6 +276,28 @@ impl HandleInner {
         let guard = self.driver.registry.acquire_recent(recent, self.id, buf, buf_offset as u64, size as u64)?;
         let data_off = data_offset(&guard, buf_offset)?;
         Ok((guard, data_off))
+    }
+
+    /// The registration of a staging block of stream-ordered I/O (see
+    /// `gpu::stream`), made at its first use on this handle and kept until
+    /// the handle closes: for this handle only, found only by its token.
+    /// Never made or removed on the completion path.
+    pub fn staging_token(&self, base: *mut u8, len: usize) -> Result<BufferToken> {
+        let mut map = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = map.get(&(base as usize)) {
+            return Ok(*t);
+        }
+        let me = [(self.id, self.platform().clone())];
+        let t = self.driver.registry.insert(base as usize, len, None, &me, crate::registry::Visibility::Private)?;
+        map.insert(base as usize, t);
+        Ok(t)
+    }
+
+    /// Removes the staging registrations (nothing is in flight); one that
+    /// a timed-out command still holds stays.
+    fn release_staging(&self) {
+        let mut map = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, t| self.driver.registry.remove(t).is_err());
     }
 
     /// The synchronous queue for the next request, round robin.
@@ -418,6 +444,7 @@ impl HandleInner {
             self.state.store(WEDGED, Ordering::SeqCst);
             return Err(e);
         }
+        self.release_staging();
         self.unmap_buffers();
         self.released.store(true, Ordering::SeqCst);
         self.state.store(CLOSED, Ordering::SeqCst);
@@ -436,6 +463,7 @@ impl HandleInner {
             b.forget_outstanding();
         }
         self.quarantine.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.release_staging();
         self.unmap_buffers();
         self.released.store(true, Ordering::SeqCst);
         self.state.store(CLOSED, Ordering::SeqCst);

@@ -20,6 +20,7 @@
 use crate::batch::BatchOp;
 use crate::engine::batch::{BatchQueue, Prepared};
 use crate::engine::BatchEvent;
+use crate::gpu::{GpuStream, StageLease, StageMark};
 use crate::handle::{Handle, HandleInner};
 use crate::registry::{BufGuard, BufferToken};
 use crate::{Error, Result};
@@ -66,6 +67,13 @@ pub trait Stream: Send + Sync {
     /// signal; work enqueued after it waits until the signal is set. `op`
     /// must return promptly: it starts work, it does not wait for it.
     fn launch(&self, op: Box<dyn FnOnce(StreamSignal) + Send>) -> Result<()>;
+
+    /// The GPU stream this is, if it is one: ugds stages device memory
+    /// through it where the controller cannot reach that memory itself.
+    #[doc(hidden)]
+    fn as_gpu(&self) -> Option<&crate::gpu::GpuStream> {
+        None
+    }
 }
 
 enum Item {
@@ -354,14 +362,46 @@ struct Pending {
     io: StreamIo,
     /// Taken at enqueue: the buffer cannot be deregistered meanwhile.
     _hold: BufGuard,
+    /// Where the data passes through when the controller cannot reach the
+    /// buffer (device memory behind the emulated controller): the staging
+    /// block and its registration for this handle.
+    stage: Option<(StageLease, BufferToken)>,
+}
+
+/// A stream operation's requests with their values bound.
+#[derive(Default)]
+struct Bound {
+    reqs: Vec<Prepared>,
+    sinks: Vec<Option<Sink>>,
+    /// The caller's buffers of staged requests, held until the I/O is done.
+    holds: Vec<BufGuard>,
+    stages: Vec<(StageLease, BufferToken)>,
 }
 
 /// A stream operation handed to the engine.
 struct Job {
-    reqs: Vec<Prepared>,
-    sinks: Vec<Option<Sink>>,
+    bound: Bound,
     signal: StreamSignal,
     handle: HandleRef,
+    /// A request timed out: the controller may still reach its memory.
+    timed_out: bool,
+}
+
+impl Job {
+    /// Once the I/O is done: gives the staging blocks back (they stay
+    /// registered with the handle, for its next operations). After a
+    /// timeout they stay out of use: the command may still reach them.
+    fn release_stages(&mut self) {
+        self.bound.holds.clear();
+        for (lease, _) in self.bound.stages.drain(..) {
+            if self.timed_out {
+                tracing::warn!("a staging block is kept out of use: a command on it timed out");
+                std::mem::forget(lease);
+            } else {
+                lease.give_back();
+            }
+        }
+    }
 }
 
 /// An in-flight reference on a handle that keeps it alive.
@@ -517,23 +557,21 @@ impl Engine {
     /// Sends waiting jobs to the device while the context has room.
     fn issue_waiting(&mut self) {
         while let Some((_, job)) = self.waiting.front() {
-            if job.reqs.len() > self.queue.room(self.ctx) {
-                if job.reqs.len() > ENGINE_CAPACITY {
+            if job.bound.reqs.len() > self.queue.room(self.ctx) {
+                if job.bound.reqs.len() > ENGINE_CAPACITY {
                     // Never fits: fail it rather than wait forever.
-                    let (_, job) = self.waiting.pop_front().expect("front exists");
-                    for s in job.sinks.iter().flatten() {
-                        s.write(Err(Error::CapacityExceeded {
-                            capacity: ENGINE_CAPACITY,
-                            requested: job.reqs.len(),
-                            outstanding: 0,
-                        }));
+                    let (_, mut job) = self.waiting.pop_front().expect("front exists");
+                    let requested = std::mem::take(&mut job.bound.reqs).len();
+                    for s in job.bound.sinks.iter().flatten() {
+                        s.write(Err(Error::CapacityExceeded { capacity: ENGINE_CAPACITY, requested, outstanding: 0 }));
                     }
+                    job.release_stages();
                     continue;
                 }
                 break;
             }
             let (id, mut job) = self.waiting.pop_front().expect("front exists");
-            let mut reqs = std::mem::take(&mut job.reqs);
+            let mut reqs = std::mem::take(&mut job.bound.reqs);
             for (i, r) in reqs.iter_mut().enumerate() {
                 r.cookie = id << 20 | i as u64;
             }
@@ -548,12 +586,14 @@ impl Engine {
                     if matches!(e, Error::Timeout { .. }) {
                         job.handle.0.wedge([]);
                     }
-                    for s in job.sinks.iter().flatten() {
+                    for s in job.bound.sinks.iter().flatten() {
                         s.write(Err(Error::Os {
                             op: "stream submit",
                             source: std::io::Error::from_raw_os_error(errno),
                         }));
                     }
+                    drop(reqs);
+                    job.release_stages();
                 }
             }
         }
@@ -563,7 +603,8 @@ impl Engine {
         let id = e.cookie >> 20;
         let idx = (e.cookie & 0xf_ffff) as usize;
         let Some((job, left)) = self.jobs.get_mut(&id) else { return };
-        if let Some(s) = job.sinks.get_mut(idx).and_then(|s| s.take()) {
+        job.timed_out |= matches!(e.result, Err(Error::Timeout { .. }));
+        if let Some(s) = job.bound.sinks.get_mut(idx).and_then(|s| s.take()) {
             let r = match &e.result {
                 Ok(n) => Ok(*n),
                 Err(Error::Nvme { op, status }) => Err(Error::Nvme { op, status: *status }),
@@ -574,7 +615,8 @@ impl Engine {
         }
         *left -= 1;
         if *left == 0 {
-            let (job, _) = self.jobs.remove(&id).expect("present");
+            let (mut job, _) = self.jobs.remove(&id).expect("present");
+            job.release_stages();
             let Job { signal, handle, .. } = job;
             // Results are written and the handle released; now the stream
             // may go on (and whoever waits on it may close the handle).
@@ -623,27 +665,89 @@ impl Handle {
         if h.stream_engine().is_none() {
             return Err(Error::Unsupported("stream-ordered I/O needs the batch queue, which this handle lacks".into()));
         }
+        let gpu = stream.as_gpu().filter(|_| h.platform().copies_device_memory());
+        let mark = StageMark::default();
         let mut pending = Vec::with_capacity(ios.len());
         for (op, buf, io) in ios {
             let hold = h.registry().acquire(&buf, 0, 0)?;
             let op = if op == BatchOp::Read { NvmOpcode::Read } else { NvmOpcode::Write };
-            pending.push(Pending { op, buf, io, _hold: hold });
+            let stage = match gpu {
+                Some(g) => stage_for(h, g, &buf, &io, &mark)?,
+                None => None,
+            };
+            pending.push(Pending { op, buf, io, _hold: hold, stage });
         }
+        let Some(g) = gpu.filter(|_| pending.iter().any(|p| p.stage.is_some())) else {
+            h.inflight.fetch_add(1, Ordering::SeqCst);
+            let href = HandleRef(h.clone());
+            return stream.launch(Box::new(move |signal| {
+                let bound = bind(&href.0, pending);
+                send(href, bound, signal)
+            }));
+        };
+        // Staged: the binding (which sets the copies' parameters) runs
+        // before the copies into staging blocks; the operation after them.
+        let (mut before, mut after) = (Vec::new(), Vec::new());
+        for p in &pending {
+            if let Some((lease, _)) = &p.stage {
+                if p.op == NvmOpcode::Write { &mut before } else { &mut after }.push(lease.header_dev());
+            }
+        }
+        let cell: Arc<Mutex<Option<Bound>>> = Arc::default();
+        let c = cell.clone();
         h.inflight.fetch_add(1, Ordering::SeqCst);
         let href = HandleRef(h.clone());
-        stream.launch(Box::new(move |signal| run_op(href, pending, signal)))
+        let h2 = h.clone();
+        let bind_fn = Box::new(move || *c.lock().unwrap_or_else(|p| p.into_inner()) = Some(bind(&h2, pending)));
+        let op = Box::new(move |signal| {
+            let bound = cell.lock().unwrap_or_else(|p| p.into_inner()).take().unwrap_or_default();
+            send(href, bound, signal)
+        });
+        g.launch_staged(bind_fn, op, before, &after, &mark)
     }
 }
 
-/// Runs on the stream's thread when the stream reaches the operation: binds
-/// the values, validates, and hands the requests to the engine.
-fn run_op(handle: HandleRef, pending: Vec<Pending>, signal: StreamSignal) {
-    let h = handle.0.clone();
-    let mut reqs = Vec::with_capacity(pending.len());
-    let mut sinks = Vec::with_capacity(pending.len());
+/// A staging block for a request on `buf` through GPU stream `g`, when the
+/// buffer is device memory of the stream's context that the controller
+/// reaches only by copies; registered for this handle.
+fn stage_for(
+    h: &Arc<HandleInner>,
+    g: &GpuStream,
+    buf: &BufferToken,
+    io: &StreamIo,
+    mark: &StageMark,
+) -> Result<Option<(StageLease, BufferToken)>> {
+    let Some(dev) = h.registry().device_memory(buf)? else { return Ok(None) };
+    if dev.runtime.context() == 0 || dev.runtime.context() != g.context() {
+        return Ok(None);
+    }
+    // The most this request can move, as far as is known now.
+    let bound = match (&io.size, &io.buf_offset) {
+        (Src::Value(n), _) => *n as usize,
+        (_, Src::Value(off)) => buf.len.saturating_sub(*off as usize),
+        _ => buf.len,
+    };
+    let lease = match g.stage(bound.max(1), mark) {
+        Ok(l) => l,
+        Err(Error::Unsupported(why)) => {
+            tracing::debug!("stream-ordered I/O not staged: {why}");
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    let (ptr, cap) = lease.data();
+    let token = h.staging_token(ptr, cap)?;
+    Ok(Some((lease, token)))
+}
+
+/// Binds each request's late values and validates them; a request that
+/// fails has its result written now and is left out.
+fn bind(h: &Arc<HandleInner>, pending: Vec<Pending>) -> Bound {
+    let mut b = Bound::default();
     let mut recent = None;
     for p in pending {
-        let bound = (|| -> Result<Prepared> {
+        let mut stage = p.stage;
+        let bound = (|| -> Result<(Prepared, Option<BufGuard>)> {
             let size = usize::try_from(p.io.size.get()?).map_err(|_| Error::InvalidArgument("size".into()))?;
             let file_offset = p.io.file_offset.get()?;
             let buf_offset =
@@ -652,21 +756,49 @@ fn run_op(handle: HandleRef, pending: Vec<Pending>, signal: StreamSignal) {
                 return Err(Error::Wedged);
             }
             let (guard, data_off) = h.prepare_recent(&mut recent, &p.buf, size, file_offset, buf_offset)?;
-            Ok(Prepared { op: p.op, cookie: 0, len: size, chunks: h.chunker(file_offset, data_off, size), guard })
+            let Some((lease, token)) = &stage else {
+                let chunks = h.chunker(file_offset, data_off, size);
+                return Ok((Prepared { op: p.op, cookie: 0, len: size, chunks, guard }, None));
+            };
+            // Checked exactly as the caller's buffer would be; then the
+            // I/O goes to the staging block and the stream copies.
+            if size > lease.data().1 {
+                return Err(Error::InvalidArgument(format!(
+                    "{size} bytes is more than this staged stream operation can move ({} bytes: the \
+                     emulated controller reaches device memory through a staging block)",
+                    lease.data().1
+                )));
+            }
+            let (sguard, sdata_off) = h.prepare_recent(&mut recent, token, size, file_offset, 0)?;
+            lease.set_copy(p.op == NvmOpcode::Read, (p.buf.base + buf_offset) as u64, size);
+            let chunks = h.chunker(file_offset, sdata_off, size);
+            Ok((Prepared { op: p.op, cookie: 0, len: size, chunks, guard: sguard }, Some(guard)))
         })();
         match bound {
-            Ok(r) => {
-                reqs.push(r);
-                sinks.push(Some(p.io.result));
+            Ok((r, hold)) => {
+                b.reqs.push(r);
+                b.sinks.push(Some(p.io.result));
+                b.holds.extend(hold);
             }
             Err(e) => p.io.result.write(Err(e)),
         }
+        b.stages.extend(stage.take());
     }
-    if reqs.is_empty() {
+    b
+}
+
+/// Hands bound requests to the handle's engine; with none left, lets the
+/// stream go on at once.
+fn send(handle: HandleRef, bound: Bound, signal: StreamSignal) {
+    let h = handle.0.clone();
+    let mut job = Job { bound, signal, handle, timed_out: false };
+    if job.bound.reqs.is_empty() {
+        job.release_stages();
+        let Job { signal, handle, .. } = job;
+        drop(handle);
         signal.set();
         return;
     }
-    let job = Job { reqs, sinks, signal, handle };
     let sent = match h.stream_engine() {
         Some(g) => g.as_ref().expect("present").send(job),
         None => Err(Error::Closed),

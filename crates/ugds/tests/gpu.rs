@@ -13,16 +13,45 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
-use ugds::gpu::cuda::{Cuda, DeviceBuffer};
+use ugds::gpu::cuda::{Cuda, DeviceBuffer, OwnedStream};
 use ugds::gpu::StreamWait;
 use ugds::platform::emu::{Fault, FaultAction, FaultTarget};
 use ugds::{BatchIo, BatchOp, BatchStatus, Error, StreamIo};
 
-static SPIN: std::sync::OnceLock<ugds::gpu::cuda::SpinKernel> = std::sync::OnceLock::new();
+/// What the tests share, made once before any of them runs I/O.
+///
+/// Some CUDA calls wait for the device while holding the driver's
+/// process-wide lock (measured on an H200: `cuMemFree`, `cuMemFreeHost`,
+/// `cuModuleLoadData`, `cuStreamCreate`, `cuCtxCreate` at times), and every
+/// other CUDA call in the process waits meanwhile. ugds's I/O never needs
+/// CUDA to complete (stream-ordered I/O through the emulated controller is
+/// staged, see `gpu::stream`), so this only delays; but tests that check
+/// that one stream is not held up by another's stalled I/O check timing,
+/// and a test running alongside would hold them up. So the suite makes
+/// such calls only here: streams come from a pool, the kernel and the
+/// second context are made once, device and pinned memory is kept ([`kept`]),
+/// and the test that makes such calls on purpose runs in a process of its
+/// own.
+struct Fixture {
+    spin: ugds::gpu::cuda::SpinKernel,
+    streams: std::sync::Mutex<Vec<OwnedStream>>,
+    other: Option<ugds::gpu::cuda::OwnedContext>,
+}
 
-/// The kernel that stands in for compute (loaded by `cuda()`).
+/// Streams in the pool: enough for every test of the suite at once.
+const POOL_STREAMS: usize = 80;
+
+static FIXTURE: std::sync::OnceLock<Fixture> = std::sync::OnceLock::new();
+
+/// The kernel that stands in for compute.
 fn spin() -> &'static ugds::gpu::cuda::SpinKernel {
-    SPIN.get().expect("cuda() loads it")
+    &FIXTURE.get().expect("cuda() makes it").spin
+}
+
+/// A stream of the pool (destroyed when dropped; never created by a test).
+fn new_stream() -> OwnedStream {
+    let f = FIXTURE.get().expect("cuda() makes it");
+    f.streams.lock().unwrap().pop().expect("the pool has a stream for every test (POOL_STREAMS)")
 }
 
 fn cuda() -> Option<Arc<Cuda>> {
@@ -35,16 +64,25 @@ fn cuda() -> Option<Arc<Cuda>> {
     });
     match c {
         Ok(c) => {
-            // Loaded once, before any test has a stream waiting: loading a
-            // module waits for every stream of the context while holding the
-            // driver's lock, which would stall other tests' emulated I/O.
-            SPIN.get_or_init(|| {
-                let k = c.spin_kernel().unwrap();
-                let s = c.create_stream().unwrap();
-                k.launch(&s, 0).unwrap();
-                s.synchronize().unwrap();
-                std::mem::forget(s);
-                k
+            FIXTURE.get_or_init(|| {
+                let spin = c.spin_kernel().unwrap();
+                let streams: Vec<_> = (0..POOL_STREAMS).map(|_| c.create_stream().unwrap()).collect();
+                spin.launch(&streams[0], 0).unwrap();
+                streams[0].synchronize().unwrap();
+                // The first GPU stream loads ugds's staging kernel; the first
+                // registration makes the emulated controller's copy context.
+                // SAFETY: the stream outlives the GpuStream.
+                drop(unsafe { c.stream(streams[0].raw(), StreamWait::DeviceSide) }.unwrap());
+                let d = ugds::Driver::open();
+                let mem = kept(c.alloc(4096).unwrap());
+                mem.upload(0, &[0; 16]).unwrap(); // makes the upload stream
+                                                  // SAFETY: deregistered at once.
+                d.deregister(&unsafe { d.register_cuda(mem.ptr(), 4096) }.unwrap()).unwrap();
+                // A second context (current after creation), for the test of
+                // context checks.
+                let other = c.create_context(0).ok();
+                c.use_device(0).unwrap();
+                Fixture { spin, streams: std::sync::Mutex::new(streams), other }
             });
             Some(c)
         }
@@ -57,13 +95,7 @@ fn cuda() -> Option<Arc<Cuda>> {
     }
 }
 
-/// Device and pinned memory of these tests is never freed: cuMemFree and
-/// cuMemFreeHost wait for every stream of the context while holding the
-/// CUDA driver's process-wide lock (measured on an H200: a copy in another
-/// context cannot even be enqueued meanwhile), so a test freeing memory
-/// would stall the emulated controller's copies for the tests running
-/// alongside, whose streams wait on that I/O, until they time out. See
-/// docs/architecture.md, "GPU streams and the emulated controller".
+/// Device and pinned memory of these tests is never freed (see [`Fixture`]).
 fn kept<T>(x: T) -> std::mem::ManuallyDrop<T> {
     std::mem::ManuallyDrop::new(x)
 }
@@ -232,29 +264,27 @@ fn stream_checks(wait: StreamWait) {
     let mut hm = host;
     hm.mem.copy_from_slice(&pattern(4, 0, 1 << 20));
     h.write(&hm.token, 1 << 20, 1 << 20, 0).unwrap();
-    let raw = cuda.create_stream().unwrap();
+    let raw = new_stream();
     // SAFETY: `raw` outlives `s`.
     let s = unsafe { cuda.stream(raw.raw(), wait) }.unwrap();
     assert_eq!(s.wait_mode(), wait);
-    // Late binding: the stream is held behind a kernel (not a blocking host
-    // function: CUDA runs every stream's host functions on one thread, and
-    // holding it would stall tests running alongside); values change after
-    // enqueue and before the stream reaches the read.
-    let spin = spin();
-    spin.launch(&raw, 300_000_000).unwrap();
+    // Late binding: the values are invalid when the read is enqueued and
+    // set by a host function the stream runs before it.
     let size = Arc::new(AtomicU64::new(0));
     let file_offset = Arc::new(AtomicU64::new(3));
     let buf_offset = Arc::new(AtomicU64::new(1 << 40));
     let (io, res) = StreamIo::late(size.clone(), file_offset.clone(), buf_offset.clone());
+    raw.enqueue_host(move || {
+        size.store(256 << 10, Ordering::Release);
+        file_offset.store((1 << 20) + 8192, Ordering::Release);
+        buf_offset.store(4096, Ordering::Release);
+    })
+    .unwrap();
     h.read_async(&t, io, &s).unwrap();
     // Ordering: a host function after the read sees its result written.
     let seen = Arc::new(AtomicBool::new(false));
     let (r2, s2) = (res.clone(), seen.clone());
     raw.enqueue_host(move || s2.store(r2.is_done() && r2.bytes() == 256 << 10, Ordering::Release)).unwrap();
-    size.store(256 << 10, Ordering::Release);
-    file_offset.store((1 << 20) + 8192, Ordering::Release);
-    buf_offset.store(4096, Ordering::Release);
-    assert!(!res.is_done(), "the read ran before the kernel ahead of it");
     s.synchronize().unwrap();
     assert_eq!(res.bytes(), 256 << 10, "{:?}", res.take_error());
     assert!(seen.load(Ordering::Acquire), "work after the operation ran before its result was written");
@@ -300,16 +330,19 @@ fn a_stalled_io_does_not_hold_other_streams() {
     let gpu = kept(cuda.alloc(1 << 20).unwrap());
     // SAFETY: deregistered below.
     let t = unsafe { d.register_cuda(gpu.ptr(), gpu.len()) }.unwrap();
-    let (ra, rb) = (cuda.create_stream().unwrap(), cuda.create_stream().unwrap());
+    let (ra, rb) = (new_stream(), new_stream());
     // SAFETY: the raw streams outlive these.
     let a = unsafe { cuda.stream(ra.raw(), StreamWait::DeviceSide) }.unwrap();
-    e.inject(Fault::next(FaultTarget::Io(None), FaultAction::Stall(Duration::from_secs(3))));
+    // Stalled for long enough that B's host function runs first even when
+    // tests alongside hold CUDA's lock for a while (freeing memory waits
+    // for the device), and not so long that the I/O times out (10 s).
+    e.inject(Fault::next(FaultTarget::Io(None), FaultAction::Stall(Duration::from_secs(5))));
     let (io, res) = StreamIo::new(4096, 0, 0);
     h.read_async(&t, io, &a).unwrap();
     std::thread::sleep(Duration::from_millis(200));
     let (tx, rx) = mpsc::channel();
     rb.enqueue_host(move || tx.send(()).unwrap()).unwrap();
-    let ran = rx.recv_timeout(Duration::from_secs(2));
+    let ran = rx.recv_timeout(Duration::from_secs(4));
     assert!(ran.is_ok(), "stream B's host function waited for stream A's I/O");
     assert!(!res.is_done(), "A's I/O is still stalled: {} {:?}", res.bytes(), res.take_error());
     a.synchronize().unwrap();
@@ -335,7 +368,7 @@ fn sixty_four_streams_read_and_write_at_once() {
     hb.mem.copy_from_slice(&pattern(6, 0, N * SZ));
     h.write(&hb.token, N * SZ, 0, 0).unwrap();
     let spin = spin();
-    let raws: Vec<_> = (0..N).map(|_| cuda.create_stream().unwrap()).collect();
+    let raws: Vec<_> = (0..N).map(|_| new_stream()).collect();
     // SAFETY: each raw stream outlives its GpuStream (dropped first below).
     let streams: Vec<_> =
         raws.iter().map(|r| unsafe { cuda.stream(r.raw(), StreamWait::DeviceSide) }.unwrap()).collect();
@@ -384,7 +417,7 @@ fn streams_destroyed_before_teardown() {
     let mut results = Vec::new();
     let mut kept = Vec::new();
     for round in 0..3 {
-        let raw = cuda.create_stream().unwrap();
+        let raw = new_stream();
         // SAFETY: the raw stream is destroyed first on purpose: what is
         // tested is that nothing uses it after its operations ran.
         let s = unsafe { cuda.stream(raw.raw(), StreamWait::DeviceSide) }.unwrap();
@@ -417,7 +450,7 @@ fn streams_destroyed_before_teardown() {
     assert!(results.iter().all(|r| r.bytes() == 4096), "every queued read ran");
     drop(kept);
     // A new stream gets words no stream still reads, and works.
-    let raw = cuda.create_stream().unwrap();
+    let raw = new_stream();
     // SAFETY: `raw` outlives `s`.
     let s = unsafe { cuda.stream(raw.raw(), StreamWait::DeviceSide) }.unwrap();
     let (io, r) = StreamIo::new(4096, 0, 0);
@@ -436,7 +469,7 @@ fn deregistration_is_refused_while_a_stream_holds_the_buffer() {
     let gpu = kept(cuda.alloc(1 << 20).unwrap());
     // SAFETY: deregistered below.
     let t = unsafe { d.register_cuda(gpu.ptr(), gpu.len()) }.unwrap();
-    let raw = cuda.create_stream().unwrap();
+    let raw = new_stream();
     // SAFETY: `raw` outlives `s`.
     let s = unsafe { cuda.stream(raw.raw(), StreamWait::DeviceSide) }.unwrap();
     // Held behind a kernel, so the read is queued, not yet run.
@@ -449,17 +482,87 @@ fn deregistration_is_refused_while_a_stream_holds_the_buffer() {
     d.deregister(&t).unwrap();
 }
 
+/// CUDA calls that wait for the device while holding the driver's
+/// process-wide lock (`cuMemFree`, `cuStreamCreate`), made while a stream
+/// waits on emulated I/O. Before staging, the emulated controller needed
+/// that lock for its copy, so the I/O stalled until it timed out (10 s);
+/// now the stream copies, and the I/O needs nothing of CUDA. Runs in a
+/// process of its own (see [`Fixture`]).
+#[test]
+fn driver_calls_that_wait_for_the_device_do_not_stall_stream_io() {
+    let Some(cuda) = cuda() else { return };
+    const CHILD: &str = "UGDS_GPU_TEST_CHILD";
+    if std::env::var_os(CHILD).is_none() {
+        let name = "driver_calls_that_wait_for_the_device_do_not_stall_stream_io";
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", name, "--nocapture", "--test-threads=1"])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && text.contains("1 passed"), "in its own process:\n{text}");
+        return;
+    }
+    const SZ: usize = 65536;
+    let (d, h, _e) = open(small_emu(), opts());
+    let mut hb = Buf::new(&d, 16 * SZ);
+    hb.mem.copy_from_slice(&pattern(21, 0, 16 * SZ));
+    h.write(&hb.token, 16 * SZ, 0, 0).unwrap();
+    let gpu = kept(cuda.alloc(32 * SZ).unwrap());
+    // SAFETY: deregistered before `gpu` is freed.
+    let t = unsafe { d.register_cuda(gpu.ptr(), gpu.len()) }.unwrap();
+    let raw = new_stream();
+    // SAFETY: `raw` outlives `s`.
+    let s = unsafe { cuda.stream(raw.raw(), StreamWait::DeviceSide) }.unwrap();
+    let gate = cuda.gate().unwrap();
+    gate.hold(&raw).unwrap();
+    let mut results = Vec::new();
+    // 16 operations: as many device-side waits as ugds lets a context have
+    // pending (more would wait for these, which wait for the gate).
+    for i in 0..8 {
+        let (io, r) = StreamIo::new(SZ, (i * SZ) as u64, i * SZ);
+        h.read_async(&t, io, &s).unwrap();
+        results.push(r);
+        // Written back from GPU memory, 8 MiB further on.
+        let (io, w) = StreamIo::new(SZ, (8 << 20) + (i * SZ) as u64, i * SZ);
+        h.write_async(&t, io, &s).unwrap();
+        results.push(w);
+    }
+    // The I/O waits behind the gate while these wait for the device (the
+    // gate opens once they are under way).
+    let spare = cuda.alloc(4096).unwrap();
+    let c = cuda.clone();
+    let waiter = std::thread::spawn(move || {
+        c.use_device(0).unwrap();
+        drop(spare);
+        c.create_stream().unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    gate.open();
+    let more = waiter.join().unwrap();
+    raw.synchronize().unwrap();
+    let bad: Vec<_> = results
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.bytes() != SZ as i64)
+        .map(|(i, r)| (i, r.bytes(), r.take_error()))
+        .collect();
+    assert!(bad.is_empty(), "{bad:?}");
+    assert!(download(&gpu, 0, 8 * SZ) == pattern(21, 0, 8 * SZ), "reads landed");
+    h.read(&hb.token, 8 * SZ, 8 << 20, 0).unwrap();
+    assert!(hb.mem[..8 * SZ] == pattern(21, 0, 8 * SZ)[..], "writes took the GPU's bytes");
+    drop((s, more));
+    d.deregister(&t).unwrap();
+}
+
 #[test]
 fn memory_of_another_context_is_refused_until_that_context_is_current() {
     let Some(cuda) = cuda() else { return };
-    let ctx = match cuda.create_context(0) {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = writeln!(std::io::stderr(), "SKIPPED: cannot create a second context ({e})");
-            return;
-        }
+    let Some(ctx) = FIXTURE.get().and_then(|f| f.other.as_ref()) else {
+        let _ = writeln!(std::io::stderr(), "SKIPPED: no second context could be created");
+        return;
     };
-    // Allocated in the new context (current after creation).
+    ctx.make_current().unwrap();
     let other = kept(cuda.alloc(1 << 20).unwrap());
     cuda.use_device(0).unwrap(); // the primary context again
     let (d, h, _e) = open(small_emu(), opts());
@@ -477,9 +580,6 @@ fn memory_of_another_context_is_refused_until_that_context_is_current() {
     assert!(download(&other, 4096, 65536) == pattern(8, 0, 65536));
     d.deregister(&t).unwrap();
     cuda.use_device(0).unwrap();
-    // Not destroyed: cuCtxDestroy may wait for the device under the
-    // driver's lock, as cuMemFree does (see `kept`).
-    std::mem::forget(ctx);
 }
 
 #[test]

@@ -7,7 +7,7 @@
 //! memory (pinned or not) is registered as host memory.
 
 use super::dl::Library;
-use super::stream::{GpuStream, StreamBackend, WordPool, WORD_PAGE};
+use super::stream::{GpuStream, StagePool, StreamBackend, WordPool, STAGE_HEADER, WORD_PAGE};
 use super::{page_span, DeviceMemory, DeviceRuntime, DmabufExport};
 use crate::{Error, Result};
 use std::collections::HashMap;
@@ -60,7 +60,6 @@ struct Api {
     mem_free_host: unsafe extern "C" fn(*mut c_void) -> Res,
     mem_host_register: unsafe extern "C" fn(*mut c_void, usize, u32) -> Res,
     mem_host_unregister: unsafe extern "C" fn(*mut c_void) -> Res,
-    memcpy_htod: unsafe extern "C" fn(u64, *const c_void, usize) -> Res,
     memcpy_dtoh: unsafe extern "C" fn(*mut c_void, u64, usize) -> Res,
     memcpy_htod_async: unsafe extern "C" fn(u64, *const c_void, usize, RawStream) -> Res,
     memcpy_dtoh_async: unsafe extern "C" fn(*mut c_void, u64, usize, RawStream) -> Res,
@@ -119,7 +118,6 @@ impl Api {
                 mem_free_host: lib.sym(c"cuMemFreeHost")?,
                 mem_host_register: lib.sym(c"cuMemHostRegister_v2")?,
                 mem_host_unregister: lib.sym(c"cuMemHostUnregister")?,
-                memcpy_htod: lib.sym(c"cuMemcpyHtoD_v2")?,
                 memcpy_dtoh: lib.sym(c"cuMemcpyDtoH_v2")?,
                 memcpy_htod_async: lib.sym(c"cuMemcpyHtoDAsync_v2")?,
                 memcpy_dtoh_async: lib.sym(c"cuMemcpyDtoHAsync_v2")?,
@@ -151,6 +149,8 @@ pub struct Cuda {
     copy_engines: Mutex<HashMap<i32, CopyEngine>>,
     /// Stream support per context (it owns the context's word pool).
     stream_backends: Mutex<HashMap<usize, Arc<CudaStreamBackend>>>,
+    /// [`DeviceBuffer::upload`]'s stream, per context.
+    upload_streams: Mutex<HashMap<usize, usize>>,
 }
 
 /// A context ugds creates for the emulated controller's copies, and its
@@ -180,6 +180,7 @@ impl Cuda {
             contexts: Mutex::new(HashMap::new()),
             copy_engines: Mutex::new(HashMap::new()),
             stream_backends: Mutex::new(HashMap::new()),
+            upload_streams: Mutex::new(HashMap::new()),
         };
         // SAFETY: cuInit takes flags 0.
         cuda.check("cuInit", unsafe { (cuda.api.init)(0) })?;
@@ -385,9 +386,20 @@ impl Cuda {
             .unwrap_or_else(|p| p.into_inner())
             .entry(ctx as usize)
             .or_insert_with(|| {
-                Arc::new(CudaStreamBackend { cuda: self.clone(), ctx: ctx as usize, pool: Mutex::default() })
+                Arc::new(CudaStreamBackend {
+                    cuda: self.clone(),
+                    ctx: ctx as usize,
+                    pool: Mutex::default(),
+                    stages: Mutex::default(),
+                    copy_kernel: OnceLock::new(),
+                })
             })
             .clone();
+        // Loaded with the context's first stream, before any operation
+        // waits: loading a module waits for the device.
+        if let Err(e) = backend.copy_kernel() {
+            tracing::warn!("CUDA: staging copy kernel not loaded ({e}); stream-ordered I/O is not staged");
+        }
         GpuStream::new(backend, stream as usize, wait)
     }
 
@@ -420,6 +432,22 @@ impl Cuda {
         // SAFETY: writes one host pointer.
         self.check("cuMemHostAlloc", unsafe { (self.api.mem_host_alloc)(&mut p, len, MEMHOSTALLOC_PORTABLE) })?;
         Ok(PinnedBuffer { cuda: self.clone(), ptr: p as usize, len })
+    }
+
+    /// A closed gate streams can be held at (tests): a device-mapped word
+    /// of the current context, never freed.
+    pub fn gate(self: &Arc<Self>) -> Result<Gate> {
+        let mut host: *mut c_void = std::ptr::null_mut();
+        let flags = MEMHOSTALLOC_PORTABLE | MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: writes one host pointer.
+        self.check("cuMemHostAlloc", unsafe { (self.api.mem_host_alloc)(&mut host, 64, flags) })?;
+        // SAFETY: 64 bytes just allocated, aligned for a u32.
+        unsafe { (host as *mut u32).write_volatile(0) };
+        let mut dev = 0u64;
+        // SAFETY: `host` is mapped memory of this context.
+        let r = unsafe { (self.api.mem_host_get_device_pointer)(&mut dev, host, 0) };
+        self.check("cuMemHostGetDevicePointer", r)?;
+        Ok(Gate { cuda: self.clone(), host: host as usize, dev })
     }
 
     /// A new non-blocking stream in the current context, destroyed on drop.
@@ -459,6 +487,21 @@ LOOP:
         let r = unsafe { (self.api.module_get_function)(&mut f, module, c"ugds_spin".as_ptr()) };
         self.check("cuModuleGetFunction", r)?;
         Ok(SpinKernel { cuda: self.clone(), f: f as usize })
+    }
+
+    /// The stream [`DeviceBuffer::upload`] copies on in the current
+    /// context, created at its first use and kept.
+    fn upload_stream(&self) -> Result<RawStream> {
+        let ctx = self.current()? as usize;
+        let mut map = self.upload_streams.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&s) = map.get(&ctx) {
+            return Ok(s as RawStream);
+        }
+        let mut s: RawStream = std::ptr::null_mut();
+        // SAFETY: writes one stream handle; never destroyed.
+        self.check("cuStreamCreate", unsafe { (self.api.stream_create)(&mut s, STREAM_NON_BLOCKING) })?;
+        map.insert(ctx, s as usize);
+        Ok(s)
     }
 
     /// Waits for all work of the current context.
@@ -528,6 +571,10 @@ impl DeviceRuntime for CudaContext {
         "CUDA"
     }
 
+    fn context(&self) -> usize {
+        self.ctx
+    }
+
     fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()> {
         self.copy(|s| {
             // SAFETY: `src` is a live slice; `dst` lies in a registered
@@ -594,18 +641,105 @@ struct CudaStreamBackend {
     cuda: Arc<Cuda>,
     ctx: usize,
     pool: Mutex<WordPool>,
+    stages: Mutex<StagePool>,
+    /// The staging copy kernel (a `CUfunction`), loaded once per context.
+    copy_kernel: OnceLock<std::result::Result<usize, String>>,
 }
 
-impl StreamBackend for CudaStreamBackend {
-    fn alloc_page(&self) -> Result<(usize, u64)> {
+/// The staging copy: `len` bytes from `src` to `dst`, read from the header
+/// its argument points at when the kernel runs; 16 bytes per thread and
+/// step where all three are multiples of 16, bytes otherwise.
+const STAGE_COPY_PTX: &CStr = c"
+.version 7.0
+.target sm_50
+.address_size 64
+.visible .entry ugds_stage_copy(.param .u64 header)
+{
+    .reg .pred %p<3>;
+    .reg .b32 %r<9>;
+    .reg .b64 %rd<14>;
+    ld.param.u64 %rd1, [header];
+    ld.volatile.global.u64 %rd2, [%rd1];
+    ld.volatile.global.u64 %rd3, [%rd1+8];
+    ld.volatile.global.u64 %rd4, [%rd1+16];
+    mov.u32 %r1, %ctaid.x;
+    mov.u32 %r2, %ntid.x;
+    mov.u32 %r3, %tid.x;
+    mov.u32 %r4, %nctaid.x;
+    mul.wide.u32 %rd5, %r1, %r2;
+    cvt.u64.u32 %rd6, %r3;
+    add.u64 %rd5, %rd5, %rd6;
+    mul.wide.u32 %rd7, %r4, %r2;
+    or.b64 %rd8, %rd2, %rd3;
+    or.b64 %rd8, %rd8, %rd4;
+    and.b64 %rd8, %rd8, 15;
+    setp.ne.u64 %p1, %rd8, 0;
+    @%p1 bra BYTES;
+    shr.u64 %rd9, %rd4, 4;
+WIDE:
+    setp.ge.u64 %p2, %rd5, %rd9;
+    @%p2 bra DONE;
+    shl.b64 %rd10, %rd5, 4;
+    add.u64 %rd11, %rd3, %rd10;
+    add.u64 %rd12, %rd2, %rd10;
+    ld.global.v4.u32 {%r5, %r6, %r7, %r8}, [%rd11];
+    st.global.v4.u32 [%rd12], {%r5, %r6, %r7, %r8};
+    add.u64 %rd5, %rd5, %rd7;
+    bra WIDE;
+BYTES:
+    setp.ge.u64 %p2, %rd5, %rd4;
+    @%p2 bra DONE;
+    add.u64 %rd11, %rd3, %rd5;
+    add.u64 %rd12, %rd2, %rd5;
+    ld.global.u8 %r5, [%rd11];
+    st.global.u8 [%rd12], %r5;
+    add.u64 %rd5, %rd5, %rd7;
+    bra BYTES;
+DONE:
+    membar.sys;
+    ret;
+}
+";
+
+/// Grid of the staging copy: blocks of threads.
+const STAGE_COPY_GRID: (u32, u32) = (64, 256);
+
+impl CudaStreamBackend {
+    /// The staging copy kernel of this context, loaded at the first call.
+    fn copy_kernel(&self) -> std::result::Result<usize, String> {
+        self.copy_kernel
+            .get_or_init(|| {
+                self.cuda
+                    .with_context(self.ctx as Ctx, || {
+                        let mut module: *mut c_void = std::ptr::null_mut();
+                        // SAFETY: a NUL-terminated PTX image; the module is
+                        // kept for the process's life.
+                        let r =
+                            unsafe { (self.cuda.api.module_load_data)(&mut module, STAGE_COPY_PTX.as_ptr().cast()) };
+                        self.cuda.check("cuModuleLoadData", r)?;
+                        let mut f: *mut c_void = std::ptr::null_mut();
+                        // SAFETY: a loaded module and a NUL-terminated name.
+                        let r =
+                            unsafe { (self.cuda.api.module_get_function)(&mut f, module, c"ugds_stage_copy".as_ptr()) };
+                        self.cuda.check("cuModuleGetFunction", r)?;
+                        Ok(f as usize)
+                    })
+                    .map_err(|e| e.to_string())
+            })
+            .clone()
+    }
+
+    /// `len` bytes of device-mapped pinned memory of this context, zeroed:
+    /// (host address, device address).
+    fn alloc_mapped(&self, len: usize) -> Result<(usize, u64)> {
         self.cuda.with_context(self.ctx as Ctx, || {
             let mut host: *mut c_void = std::ptr::null_mut();
             let flags = MEMHOSTALLOC_PORTABLE | MEMHOSTALLOC_DEVICEMAP;
             // SAFETY: writes one host pointer.
-            let r = unsafe { (self.cuda.api.mem_host_alloc)(&mut host, WORD_PAGE, flags) };
+            let r = unsafe { (self.cuda.api.mem_host_alloc)(&mut host, len, flags) };
             self.cuda.check("cuMemHostAlloc", r)?;
-            // SAFETY: WORD_PAGE bytes just allocated.
-            unsafe { std::ptr::write_bytes(host as *mut u8, 0, WORD_PAGE) };
+            // SAFETY: `len` bytes just allocated.
+            unsafe { std::ptr::write_bytes(host as *mut u8, 0, len) };
             let mut dev = 0u64;
             // SAFETY: `host` is mapped memory of this context.
             let r = unsafe { (self.cuda.api.mem_host_get_device_pointer)(&mut dev, host, 0) };
@@ -616,6 +750,12 @@ impl StreamBackend for CudaStreamBackend {
             }
             Ok((host as usize, dev))
         })
+    }
+}
+
+impl StreamBackend for CudaStreamBackend {
+    fn alloc_page(&self) -> Result<(usize, u64)> {
+        self.alloc_mapped(WORD_PAGE)
     }
 
     fn pool(&self) -> &Mutex<WordPool> {
@@ -655,6 +795,46 @@ impl StreamBackend for CudaStreamBackend {
     fn name(&self) -> &'static str {
         "CUDA"
     }
+
+    fn context(&self) -> usize {
+        self.ctx
+    }
+
+    fn alloc_stage(&self, len: usize) -> Result<(usize, u64)> {
+        debug_assert!(len > STAGE_HEADER);
+        self.alloc_mapped(len)
+    }
+
+    fn stage_pool(&self) -> Option<&Mutex<StagePool>> {
+        self.copy_kernel().is_ok().then_some(&self.stages)
+    }
+
+    fn launch_copy(&self, stream: usize, header: u64) -> Result<()> {
+        let f = self.copy_kernel().map_err(Error::GpuUnavailable)?;
+        let mut arg = header;
+        let mut params = [&mut arg as *mut u64 as *mut c_void];
+        let (blocks, threads) = STAGE_COPY_GRID;
+        // SAFETY: one u64 parameter, as the kernel declares (the driver
+        // copies it at launch); a live stream of this context (GpuStream's
+        // contract); the header is in a staging block that is not reused
+        // until the stream has passed this kernel.
+        let r = unsafe {
+            (self.cuda.api.launch_kernel)(
+                f as *mut c_void,
+                blocks,
+                1,
+                1,
+                threads,
+                1,
+                1,
+                0,
+                stream as RawStream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        self.cuda.check("cuLaunchKernel", r)
+    }
 }
 
 /// Device memory from `cuMemAlloc`, freed on drop (tests and benchmarks).
@@ -680,12 +860,21 @@ impl DeviceBuffer {
         self.len == 0
     }
 
-    /// Copies `src` into the buffer at `offset` (synchronous).
+    /// Copies `src` into the buffer at `offset`; the bytes are in device
+    /// memory when it returns. (`cuMemcpyHtoD` from pageable memory may
+    /// return before its DMA has landed; a copy from another context, or a
+    /// controller's DMA, could then read the old bytes.)
     pub fn upload(&self, offset: usize, src: &[u8]) -> Result<()> {
         assert!(offset + src.len() <= self.len);
-        // SAFETY: in bounds of our allocation.
-        let r = unsafe { (self.cuda.api.memcpy_htod)(self.ptr + offset as u64, src.as_ptr().cast(), src.len()) };
-        self.cuda.check("cuMemcpyHtoD", r)
+        let stream = self.cuda.upload_stream()?;
+        // SAFETY: in bounds of our allocation; `src` lives until the
+        // stream is synchronized below.
+        let r = unsafe {
+            (self.cuda.api.memcpy_htod_async)(self.ptr + offset as u64, src.as_ptr().cast(), src.len(), stream)
+        };
+        self.cuda.check("cuMemcpyHtoDAsync", r)?;
+        // SAFETY: our stream.
+        self.cuda.check("cuStreamSynchronize", unsafe { (self.cuda.api.stream_synchronize)(stream) })
     }
 
     /// Copies the buffer's bytes at `offset` into `dst` (synchronous).
@@ -721,6 +910,43 @@ impl Drop for OwnedContext {
     fn drop(&mut self) {
         // SAFETY: our context; its allocations were freed by their owners.
         unsafe { (self.cuda.api.ctx_destroy)(self.ctx as Ctx) };
+    }
+}
+
+/// See [`Cuda::gate`].
+pub struct Gate {
+    cuda: Arc<Cuda>,
+    host: usize,
+    dev: u64,
+}
+
+impl Gate {
+    fn word(&self) -> &std::sync::atomic::AtomicU32 {
+        // SAFETY: the gate's word, never freed, aligned.
+        unsafe { &*(self.host as *const std::sync::atomic::AtomicU32) }
+    }
+
+    /// Holds `stream` here until [`open`](Self::open), on the GPU (no host
+    /// thread is held).
+    pub fn hold(&self, stream: &OwnedStream) -> Result<()> {
+        // SAFETY: a live stream and the gate's device-mapped word.
+        let r = unsafe { (self.cuda.api.stream_wait_value32)(stream.raw(), self.dev, 1, STREAM_WAIT_VALUE_GEQ) };
+        self.cuda.check("cuStreamWaitValue32", r)
+    }
+
+    /// Lets every stream held at the gate go on.
+    pub fn open(&self) {
+        // Release: what the caller wrote before is visible to the work
+        // after the gate.
+        self.word().store(1, std::sync::atomic::Ordering::Release);
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        // Opened, so that no stream stays held; the word is kept (a stream
+        // may still read it, and freeing pinned memory waits for the device).
+        self.open();
     }
 }
 

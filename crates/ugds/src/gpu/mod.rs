@@ -16,6 +16,7 @@ pub mod hip;
 mod stream;
 
 pub use stream::{GpuStream, StreamWait};
+pub(crate) use stream::{StageLease, StageMark};
 
 use crate::Result;
 use std::os::fd::OwnedFd;
@@ -25,6 +26,12 @@ use std::sync::Arc;
 pub trait DeviceRuntime: Send + Sync {
     /// "CUDA" or "HIP", for messages.
     fn name(&self) -> &'static str;
+
+    /// The runtime context the memory belongs to (0: none or unknown), to
+    /// match it with a stream's.
+    fn context(&self) -> usize {
+        0
+    }
 
     /// Copies `src` to device memory at `dst` with the copy engine, and
     /// waits for it. The emulated controller's stand-in for a P2P write.

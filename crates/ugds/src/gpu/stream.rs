@@ -17,6 +17,19 @@
 //! word ("passed"); a [`GpuStream`]'s words go back to their pool only when
 //! that word shows the GPU has passed its last wait, and until then they
 //! stay where they are (see [`WordPool`]).
+//!
+//! Staging: where the controller reaches device memory only through the
+//! runtime's copies (the emulated controller), an I/O that a stream waits on
+//! must not need the runtime to complete: the CUDA driver serializes its
+//! calls under a process-wide lock, and calls such as `cuStreamCreate` or
+//! `cuMemFree` hold it while they wait for the device, which waits for the
+//! I/O. So such operations move their data through a staging block of
+//! device-mapped host memory ([`StageLease`]): the controller reads or
+//! writes the block like any host buffer, and the stream itself copies
+//! between the block and the caller's memory with a small kernel, before
+//! the I/O (writes) or after its wait (reads). The kernel reads its
+//! addresses and length from the block's header when it runs, so sizes and
+//! offsets bound late by the stream work as they do without staging.
 
 use crate::stream::{Stream, StreamSignal};
 use crate::{Error, Result};
@@ -139,6 +152,128 @@ impl WordPool {
     }
 }
 
+/// Bytes at the start of a staging block that hold its copy's parameters
+/// (`dst`, `src`, `len`: device addresses and a byte count, 64-bit each);
+/// the data follows, page-aligned for the controller.
+pub(crate) const STAGE_HEADER: usize = 4096;
+/// The smallest staging block's data capacity.
+const STAGE_MIN: usize = 64 << 10;
+/// The largest: one staged request moves at most this many bytes.
+pub(crate) const STAGE_MAX: usize = 256 << 20;
+
+/// One staging block: device-mapped host memory, header then data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Block {
+    host: usize,
+    dev: u64,
+    /// Data bytes after the header.
+    cap: usize,
+}
+
+/// Staging blocks of one runtime context. Like word pages they are never
+/// given back to the runtime (freeing pinned memory waits for the device);
+/// a block is reused once the stream that used it has passed the copy.
+#[derive(Default)]
+pub(crate) struct StagePool {
+    free: Vec<Block>,
+    /// Blocks given back, with the stream slot and `passed` value after
+    /// their copy.
+    retired: Vec<(Block, Slot, u32)>,
+    /// Bytes allocated.
+    bytes: usize,
+}
+
+impl StagePool {
+    /// A free block of at least `want` bytes, after moving the blocks the
+    /// GPU is done with to `free`.
+    fn take_free(&mut self, want: usize) -> Option<Block> {
+        let free = &mut self.free;
+        self.retired.retain(|(b, slot, v)| {
+            let gone = has_passed(slot, *v);
+            if gone {
+                free.push(*b);
+            }
+            !gone
+        });
+        let best = self.free.iter().enumerate().filter(|(_, b)| b.cap >= want).min_by_key(|(_, b)| b.cap);
+        best.map(|(i, _)| i).map(|i| self.free.swap_remove(i))
+    }
+
+    /// A block of at least `want` bytes: a free one, or a new one. The
+    /// runtime is called without the pool's lock held: the completion path
+    /// takes that lock to give blocks back, and a runtime call may wait
+    /// for the device, which may be waiting for that completion.
+    fn take(pool: &Mutex<StagePool>, backend: &dyn StreamBackend, want: usize) -> Result<Block> {
+        if let Some(b) = pool.lock().unwrap_or_else(|p| p.into_inner()).take_free(want) {
+            return Ok(b);
+        }
+        let cap = want.next_power_of_two().clamp(STAGE_MIN, STAGE_MAX);
+        let (host, dev) = backend.alloc_stage(STAGE_HEADER + cap)?;
+        pool.lock().unwrap_or_else(|p| p.into_inner()).bytes += STAGE_HEADER + cap;
+        Ok(Block { host, dev, cap })
+    }
+}
+
+/// A staging block lent to one stream operation. Given back with
+/// [`give_back`](Self::give_back) once the controller is done with it (the
+/// I/O completed and its registration is gone); dropped otherwise, it is
+/// kept out of use for the process's life, since the controller may still
+/// reach it.
+pub(crate) struct StageLease {
+    backend: Arc<dyn StreamBackend>,
+    block: Block,
+    mark: StageMark,
+}
+
+/// The stream slot and `passed` value after a staged operation's copies,
+/// shared by its leases; set under the stream's lock before anything of
+/// the operation is enqueued.
+#[derive(Clone, Default)]
+pub(crate) struct StageMark(Arc<OnceLock<(Slot, u32)>>);
+
+impl StageLease {
+    /// The block's data: host address and capacity.
+    pub(crate) fn data(&self) -> (*mut u8, usize) {
+        ((self.block.host + STAGE_HEADER) as *mut u8, self.block.cap)
+    }
+
+    /// Device address of the header, the copy kernel's argument.
+    pub(crate) fn header_dev(&self) -> u64 {
+        self.block.dev
+    }
+
+    /// Sets the copy the kernel makes: `len` bytes from the block to device
+    /// address `user` (`to_user`), or from `user` into the block. A length
+    /// of 0 (the state a block is lent in) copies nothing.
+    pub(crate) fn set_copy(&self, to_user: bool, user: u64, len: usize) {
+        let data = self.block.dev + STAGE_HEADER as u64;
+        let (dst, src) = if to_user { (user, data) } else { (data, user) };
+        let h = self.block.host as *mut u64;
+        // SAFETY: the header's first 24 bytes, in a block only this lease
+        // uses. The GPU reads them only after this operation's host
+        // function has returned (writes) or after the wait that this
+        // operation's signal releases (reads); both order these stores
+        // before its reads.
+        unsafe {
+            h.write_volatile(dst);
+            h.add(1).write_volatile(src);
+            h.add(2).write_volatile(len as u64);
+        }
+    }
+
+    /// Returns the block to its pool, to be reused once the GPU has passed
+    /// the operation's copy. A lease of an operation never launched is kept
+    /// out of use instead.
+    pub(crate) fn give_back(self) {
+        let Some(&(slot, v)) = self.mark.0.get() else { return };
+        let mut pool = match self.backend.stage_pool() {
+            Some(p) => p.lock().unwrap_or_else(|p| p.into_inner()),
+            None => return,
+        };
+        pool.retired.push((self.block, slot, v));
+    }
+}
+
 /// How a GPU stream waits for an operation's I/O.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StreamWait {
@@ -170,6 +305,24 @@ pub(crate) trait StreamBackend: Send + Sync {
     fn synchronize(&self, stream: usize) -> Result<()>;
     /// "CUDA" or "HIP".
     fn name(&self) -> &'static str;
+    /// The runtime's context these streams belong to (0: unknown).
+    fn context(&self) -> usize {
+        0
+    }
+    /// Allocates `len` bytes of device-mapped host memory for staging,
+    /// never freed: (host address, device address).
+    fn alloc_stage(&self, _len: usize) -> Result<(usize, u64)> {
+        Err(Error::Unsupported(format!("staging through {} streams", self.name())))
+    }
+    /// The pool of staging blocks, where staging is supported.
+    fn stage_pool(&self) -> Option<&Mutex<StagePool>> {
+        None
+    }
+    /// Launches the staging copy kernel on `stream` for the block whose
+    /// header is at device address `header`.
+    fn launch_copy(&self, _stream: usize, _header: u64) -> Result<()> {
+        Err(Error::Unsupported(format!("staging through {} streams", self.name())))
+    }
 }
 
 /// A GPU stream (CUDA or HIP) that ugds places operations in; see
@@ -344,12 +497,118 @@ unsafe extern "C" fn host_call(data: *mut c_void) {
     }
 }
 
+unsafe extern "C" fn host_bind(data: *mut c_void) {
+    // SAFETY: boxed by `launch_op`, launched once, run once.
+    let f = unsafe { Box::from_raw(data as *mut Box<dyn FnOnce() + Send>) };
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+        tracing::error!("stream operation panicked while binding its values");
+    }
+}
+
+unsafe extern "C" fn host_passed(data: *mut c_void) {
+    // SAFETY: boxed by `launch_op`, launched once, run once.
+    let (slot, value) = *unsafe { Box::from_raw(data as *mut (Slot, u32)) };
+    // Release: pairs with the sweeps' Acquire loads of `passed`.
+    slot.passed().store(value, Ordering::Release);
+}
+
 impl Stream for GpuStream {
     fn launch(&self, op: Box<dyn FnOnce(StreamSignal) + Send>) -> Result<()> {
+        self.launch_op(None, op, &[], None)
+    }
+
+    fn as_gpu(&self) -> Option<&GpuStream> {
+        Some(self)
+    }
+}
+
+impl GpuStream {
+    /// The runtime context of this stream (0: unknown).
+    pub(crate) fn context(&self) -> usize {
+        self.backend.context()
+    }
+
+    /// Lends a staging block of at least `want` data bytes (at most
+    /// [`STAGE_MAX`]) for the operation that `mark` will name, or says why
+    /// staging is not available on this stream.
+    pub(crate) fn stage(&self, want: usize, mark: &StageMark) -> Result<StageLease> {
+        let pool = self
+            .backend
+            .stage_pool()
+            .ok_or_else(|| Error::Unsupported(format!("staging through {} streams", self.backend.name())))?;
+        let block = StagePool::take(pool, &*self.backend, want.min(STAGE_MAX))?;
+        let lease = StageLease { backend: self.backend.clone(), block, mark: mark.clone() };
+        lease.set_copy(true, 0, 0);
+        Ok(lease)
+    }
+
+    /// Enqueues a staged operation: `bind` as a host function, the copies
+    /// into staging blocks (headers `before`), the operation and its wait,
+    /// then the copies out of staging blocks (headers `after`). With no
+    /// copies before, `bind` runs in the operation's host function. `mark`
+    /// is set to what frees the operation's blocks.
+    pub(crate) fn launch_staged(
+        &self,
+        bind: Box<dyn FnOnce() + Send>,
+        op: Box<dyn FnOnce(StreamSignal) + Send>,
+        before: Vec<u64>,
+        after: &[u64],
+        mark: &StageMark,
+    ) -> Result<()> {
+        let (pre, op): (_, Box<dyn FnOnce(StreamSignal) + Send>) = if before.is_empty() {
+            (
+                None,
+                Box::new(move |sig| {
+                    bind();
+                    op(sig)
+                }),
+            )
+        } else {
+            (Some((bind, before)), op)
+        };
+        self.launch_op(pre, op, after, Some(mark))
+    }
+
+    /// Enqueues `pre` (a host function and the copies after it), the
+    /// operation's host function, its wait, the copies in `after`, and the
+    /// `passed` write; sets `mark` to that write first.
+    #[allow(clippy::type_complexity)]
+    fn launch_op(
+        &self,
+        pre: Option<(Box<dyn FnOnce() + Send>, Vec<u64>)>,
+        op: Box<dyn FnOnce(StreamSignal) + Send>,
+        after: &[u64],
+        mark: Option<&StageMark>,
+    ) -> Result<()> {
         let mut seq = self.seq.lock().unwrap_or_else(|p| p.into_inner());
         let next = seq.last.wrapping_add(1);
+        if let Some(m) = mark {
+            // Before anything is enqueued: the operation's I/O may complete
+            // and give its blocks back before this call returns. Should the
+            // `passed` write not be enqueued, the value never comes and
+            // the blocks stay out of use; should nothing be enqueued, the
+            // next operation's write frees them.
+            let _ = m.0.set((self.slot, next));
+        }
         if self.wait == StreamWait::DeviceSide {
             self.reserve_wait(next);
+        }
+        if let Some((bind, copies)) = pre {
+            let data = Box::into_raw(Box::new(bind)) as *mut c_void;
+            if let Err(e) = self.backend.launch_host_fn(self.raw, host_bind, data) {
+                // SAFETY: not launched: still ours.
+                drop(unsafe { Box::from_raw(data as *mut Box<dyn FnOnce() + Send>) });
+                self.unreserve_wait(next);
+                return Err(e);
+            }
+            for h in copies {
+                if let Err(e) = self.backend.launch_copy(self.raw, h) {
+                    // The binding runs and finds no operation after it; the
+                    // blocks stay out of use.
+                    self.unreserve_wait(next);
+                    return Err(e);
+                }
+            }
         }
         let timing = self.timing.clone();
         let (signal, gate) = match self.wait {
@@ -402,6 +661,10 @@ impl Stream for GpuStream {
                     return Err(e);
                 }
             }
+            // A copy that cannot be enqueued fails the call, but the
+            // `passed` write still goes in, so the stream's words stay
+            // reusable.
+            let copied = after.iter().try_for_each(|&h| self.backend.launch_copy(self.raw, h));
             match self.backend.write_value32(self.raw, self.slot.dev + 4, next) {
                 Ok(true) => seq.passed = Some(next),
                 r => {
@@ -410,12 +673,25 @@ impl Stream for GpuStream {
                     return Err(Error::Unsupported("stream write to memory".into()));
                 }
             }
+            copied?;
+        } else if mark.is_some() {
+            // Blocking mode has no memory operations: the copies after the
+            // operation are followed by a host function that writes
+            // `passed`, and the slot is kept until it has.
+            let copied = after.iter().try_for_each(|&h| self.backend.launch_copy(self.raw, h));
+            let data = Box::into_raw(Box::new((self.slot, next))) as *mut c_void;
+            if let Err(e) = self.backend.launch_host_fn(self.raw, host_passed, data) {
+                // SAFETY: not launched: still ours.
+                drop(unsafe { Box::from_raw(data as *mut (Slot, u32)) });
+                seq.lost = true;
+                return Err(e);
+            }
+            seq.passed = Some(next);
+            copied?;
         }
         Ok(())
     }
-}
 
-impl GpuStream {
     /// Takes a place among the context's pending device-side waits for
     /// this stream's wait on `value`, waiting on the host (no driver lock
     /// held) while [`MAX_PENDING_WAITS`] are pending.
@@ -467,6 +743,7 @@ mod tests {
     #[derive(Default)]
     struct FakeGpu {
         pool: Mutex<WordPool>,
+        stages: Mutex<StagePool>,
         ops: Mutex<Vec<(bool, u64, u32)>>,
         host_fns: Mutex<Vec<(unsafe extern "C" fn(*mut c_void), usize)>>,
         pages: AtomicUsize,
@@ -515,6 +792,20 @@ mod tests {
         }
         fn synchronize(&self, _: usize) -> Result<()> {
             panic!("GpuStream must not synchronize the caller's stream")
+        }
+        fn alloc_stage(&self, len: usize) -> Result<(usize, u64)> {
+            // Page-aligned, as the runtime's pinned memory is; never freed.
+            let layout = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+            // SAFETY: a non-zero size.
+            let p = unsafe { std::alloc::alloc_zeroed(layout) };
+            assert!(!p.is_null());
+            Ok((p as usize, p as u64))
+        }
+        fn stage_pool(&self) -> Option<&Mutex<StagePool>> {
+            Some(&self.stages)
+        }
+        fn launch_copy(&self, _: usize, _: u64) -> Result<()> {
+            Ok(())
         }
         fn name(&self) -> &'static str {
             "fake"
@@ -570,6 +861,28 @@ mod tests {
         assert!(done.load(Ordering::Acquire));
         gpu.run();
         assert_eq!(gpu.pool.lock().unwrap().pending_waits(), 0);
+    }
+
+    #[test]
+    fn staging_blocks_are_reused_only_after_the_gpu_passed_the_copy() {
+        let gpu = Arc::new(FakeGpu::default());
+        let s = GpuStream::new(gpu.clone(), 1, StreamWait::DeviceSide).unwrap();
+        let mark = StageMark::default();
+        let lease = s.stage(5000, &mark).unwrap();
+        let (ptr, cap) = lease.data();
+        assert!(cap >= 5000 && ptr as usize % 4096 == 0, "page-aligned data after the header");
+        let header = lease.header_dev();
+        s.launch_staged(Box::new(|| {}), Box::new(|sig| sig.set()), Vec::new(), &[header], &mark).unwrap();
+        // Given back (its I/O is done) before the GPU ran the copy.
+        lease.give_back();
+        let other = s.stage(5000, &StageMark::default()).unwrap();
+        assert_ne!(other.data().0, ptr, "a block whose copy has not run was lent again");
+        gpu.run();
+        let again = s.stage(5000, &StageMark::default()).unwrap();
+        assert_eq!(again.data().0, ptr, "a block the GPU is done with is reused");
+        // Never launched: kept out of use.
+        again.give_back();
+        assert_ne!(s.stage(5000, &StageMark::default()).unwrap().data().0, ptr);
     }
 
     #[test]

@@ -96,6 +96,14 @@ pub trait Platform: Send + Sync {
         Err(crate::Error::Unsupported(format!("{} cannot reach {} memory", self.describe(), mem.runtime.name())))
     }
 
+    /// Whether the controller reaches device memory through the GPU
+    /// runtime's copies rather than by its own DMA (the emulated
+    /// controller). Stream-ordered I/O then stages such memory: an I/O a
+    /// stream waits on must not need the runtime (see `gpu::stream`).
+    fn copies_device_memory(&self) -> bool {
+        false
+    }
+
     /// Removes a mapping made by [`Platform::map_host`] or [`Platform::map_device`]. The caller makes
     /// sure no command that uses it is outstanding.
     fn unmap_host(&self, mapping: &HostMapping) -> Result<()>;

@@ -246,6 +246,12 @@ pub(super) struct Controller {
     ns: Arc<Vec<Namespace>>,
     /// I/O workers, when configured (file-backed namespaces only).
     workers: Option<Workers>,
+    /// The thread that moves data to and from GPU memory, started at the
+    /// first such command. The GPU runtime's copies may wait (CUDA holds a
+    /// process-wide lock while some calls wait for the device), and the
+    /// controller goes on with other commands meanwhile, as a real one's
+    /// DMA engines do; the I/O a GPU stream waits on is among them.
+    gpu_copies: Option<Workers>,
     /// Segment lists the workers gave back, reused for the next jobs.
     spare_segs: Vec<Vec<DataSeg>>,
     /// Whether the submission queue being swept holds more commands after
@@ -294,12 +300,13 @@ impl Controller {
         let granted = (cfg.max_io_queues, cfg.max_io_queues);
         let ns = Arc::new(ns);
         let workers = (cfg.io_workers > 0 && !cfg.null && cfg.latency.is_none())
-            .then(|| Workers::start(cfg.io_workers, &shared, &ns));
+            .then(|| Workers::start(cfg.io_workers, "io", true, &shared, &ns));
         Controller {
             shared,
             cfg,
             ns,
             workers,
+            gpu_copies: None,
             spare_segs: Vec::new(),
             more_in_sweep: false,
             cc: 0,
@@ -361,6 +368,7 @@ impl Controller {
         }
         // The workers finish what they hold before the namespaces are flushed.
         drop(self.workers.take());
+        drop(self.gpu_copies.take());
         for n in self.ns.iter() {
             n.flush();
         }
@@ -477,7 +485,7 @@ impl Controller {
     fn reset(&mut self) {
         // No DMA after the controller is disabled: wait for the workers,
         // and drop what they finished (the queues go with the reset).
-        if let Some(w) = self.workers.as_mut() {
+        for w in [self.workers.as_mut(), self.gpu_copies.as_mut()].into_iter().flatten() {
             w.drain();
         }
         for q in self.sqs.iter_mut() {
@@ -601,10 +609,12 @@ impl Controller {
                 Outcome::Done { status, dw0, .. } => Outcome::Done { status, dw0, due: Some(Instant::now() + d) },
                 Outcome::None => Outcome::None,
             },
-            None if qid != 0 && self.workers.is_some() => match self.dispatch(qid, &sqe, table) {
-                Some(outcome) => outcome,
-                None => self.run_command(qid, &sqe, table),
-            },
+            None if qid != 0 && (self.workers.is_some() || table.devices > 0) => {
+                match self.dispatch(qid, &sqe, table) {
+                    Some(outcome) => outcome,
+                    None => self.run_command(qid, &sqe, table),
+                }
+            }
             None => self.run_command(qid, &sqe, table),
         };
         if let Outcome::Done { status, dw0, due } = outcome {
@@ -619,16 +629,25 @@ impl Controller {
         }
     }
 
-    /// Hands a valid read or write on a file-backed namespace to the I/O
-    /// workers (`Some(Outcome::None)`: it completes when they are done), or
-    /// completes a bad one at once; `None` for any other command.
+    /// Hands a valid read or write to a worker (`Some(Outcome::None)`: it
+    /// completes when the worker is done): one on GPU memory to the GPU
+    /// copy thread, one on a file-backed namespace to the I/O workers; or
+    /// completes a bad one at once. `None`: run it on this thread.
     fn dispatch(&mut self, qid: u16, sqe: &Sqe, table: &IovaTable) -> Option<Outcome> {
-        if self.workers.as_ref().is_some_and(|w| w.inflight == 0) && !self.more_in_sweep {
+        // A lone command with the workers idle runs here: handing it over
+        // only adds a wake-up.
+        let to_workers = self.workers.as_ref().is_some_and(|w| w.inflight > 0 || self.more_in_sweep);
+        let gpu = table.devices > 0 && !self.cfg.null && self.cfg.latency.is_none();
+        if !to_workers && !gpu {
             return None;
         }
         let op = NvmOpcode::from_u8(sqe.opcode()).filter(|o| matches!(o, NvmOpcode::Read | NvmOpcode::Write))?;
         let idx = sqe.nsid.checked_sub(1)? as usize;
-        let ns = self.ns.get(idx).filter(|n| !matches!(n.store, Store::Memory(_)))?;
+        let ns = self.ns.get(idx)?;
+        let file = !matches!(ns.store, Store::Memory(_));
+        if !gpu && !file {
+            return None;
+        }
         let (bs, blocks) = (ns.block_size as u64, ns.blocks);
         let (slba, nlb) = (sqe.slba().0, sqe.nlb() as u64);
         if slba.checked_add(nlb).is_none_or(|e| e > blocks) {
@@ -641,6 +660,18 @@ impl Controller {
         if let Err(s) = self.walk(table, sqe.prp1, sqe.prp2, len).and_then(|()| self.translate_segs(table)) {
             return Some(done(s));
         }
+        // All of it on the GPU (a command mixing host and device memory runs
+        // here, with the table held for its host part).
+        let device = !self.host_segs.is_empty() && self.host_segs.iter().all(|s| s.2.is_some());
+        let w = match (device && gpu, file && to_workers) {
+            (true, _) => {
+                let (shared, ns) = (&self.shared, &self.ns);
+                self.gpu_copies.get_or_insert_with(|| Workers::start(1, "gpu", false, shared, ns))
+            }
+            (false, true) => self.workers.as_mut().expect("to_workers says so"),
+            // Walked twice, only while device memory is mapped.
+            (false, false) => return None,
+        };
         let job = Job {
             c: Completion { sqid: qid, cid: sqe.cid().0, dw0: 0, status: Status::SUCCESS },
             op,
@@ -649,23 +680,24 @@ impl Controller {
             len,
             segs: std::mem::replace(&mut self.host_segs, self.spare_segs.pop().unwrap_or_default()),
         };
-        let w = self.workers.as_mut().expect("checked by the caller");
         w.inflight += 1;
         w.tx.as_ref().expect("workers live").send(job).expect("workers outlive the controller");
         Some(Outcome::None)
     }
 
-    /// Completes what the I/O workers finished.
+    /// Completes what the workers finished.
     fn collect_jobs(&mut self) -> bool {
-        let Some(w) = self.workers.as_mut() else { return false };
-        if w.inflight == 0 {
-            return false;
+        let mut jobs = Vec::new();
+        for w in [self.workers.as_mut(), self.gpu_copies.as_mut()].into_iter().flatten() {
+            if w.inflight > 0 {
+                let done = std::mem::take(&mut *w.done.lock().unwrap_or_else(|p| p.into_inner()));
+                w.inflight -= done.len();
+                jobs.extend(done);
+            }
         }
-        let jobs = std::mem::take(&mut *w.done.lock().unwrap_or_else(|p| p.into_inner()));
         if jobs.is_empty() {
             return false;
         }
-        w.inflight -= jobs.len();
         for mut job in jobs {
             job.segs.clear();
             self.spare_segs.push(job.segs);
@@ -1321,7 +1353,12 @@ struct Workers {
 }
 
 impl Workers {
-    fn start(n: usize, shared: &Arc<Shared>, ns: &Arc<Vec<Namespace>>) -> Workers {
+    /// `n` threads named `ugds-emu-{name}N`. With `hold_table`, a worker
+    /// holds the IOVA table for each copy, so that unmapping waits for it;
+    /// the GPU copy thread does not (it touches no mapped host memory, and
+    /// the runtime's copy may wait long), so registering and unmapping
+    /// never wait for the GPU runtime.
+    fn start(n: usize, name: &str, hold_table: bool, shared: &Arc<Shared>, ns: &Arc<Vec<Namespace>>) -> Workers {
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
         let rx = Arc::new(std::sync::Mutex::new(rx));
         let done = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -1329,7 +1366,7 @@ impl Workers {
             .filter_map(|i| {
                 let (rx, done, shared, ns) = (rx.clone(), done.clone(), shared.clone(), ns.clone());
                 std::thread::Builder::new()
-                    .name(format!("ugds-emu-io{i}"))
+                    .name(format!("ugds-emu-{name}{i}"))
                     .spawn(move || {
                         let mut staging = None;
                         loop {
@@ -1337,11 +1374,13 @@ impl Workers {
                             let Ok(mut job) = job else { break };
                             {
                                 // Held for the copy: unmapping waits for it.
-                                let _table = shared.iova.read().unwrap_or_else(|p| p.into_inner());
+                                let _table = hold_table.then(|| shared.iova.read().unwrap_or_else(|p| p.into_inner()));
                                 // SAFETY: translated by the controller; the
                                 // driver unmaps a buffer only after its
                                 // commands completed, and a reset waits for
-                                // every job first.
+                                // every job first. Without the table held,
+                                // the segments are device memory, reached
+                                // only through the runtime they name.
                                 let r = unsafe { move_data(&ns[job.ns], job.op, job.off, &job.segs, &mut staging) };
                                 if let Err(s) = r {
                                     job.c.status = s;

@@ -351,6 +351,9 @@ struct IovaTable {
     /// Bumped on every removal; the controller re-validates cached queue
     /// addresses when it changes.
     version: u64,
+    /// Entries of device memory (the controller checks commands for them
+    /// only while there are some).
+    devices: usize,
 }
 
 struct IovaEntry {
@@ -375,13 +378,20 @@ impl IovaTable {
         let iova = self.next;
         // Leave an unmapped page after every range so overruns fault.
         self.next += (e.len.next_multiple_of(PAGE_SIZE) + PAGE_SIZE) as u64;
+        self.devices += e.device.is_some() as usize;
         self.map.insert(iova, e);
         iova
     }
 
     fn remove(&mut self, iova: u64) -> bool {
         self.version += 1;
-        self.map.remove(&iova).is_some()
+        match self.map.remove(&iova) {
+            Some(e) => {
+                self.devices -= e.device.is_some() as usize;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Host address of `iova..iova+len`, when the whole range lies in one
@@ -496,7 +506,7 @@ impl EmuPlatform {
             sleeping: AtomicBool::new(false),
             thread: OnceLock::new(),
             stop: AtomicBool::new(false),
-            iova: RwLock::new(IovaTable { map: BTreeMap::new(), next: IOVA_BASE, version: 0 }),
+            iova: RwLock::new(IovaTable { map: BTreeMap::new(), next: IOVA_BASE, version: 0, devices: 0 }),
             stats: Counters::default(),
             driver_stats: DriverCounters::default(),
             faults: Mutex::new(Vec::new()),
@@ -585,6 +595,10 @@ impl Platform for EmuPlatform {
         let entry = IovaEntry { len, host: start as usize, device: Some(mem.runtime.clone()), _owned: None };
         let iova = self.shared.iova.write().unwrap_or_else(|p| p.into_inner()).insert_entry(entry);
         Ok(HostMapping::contiguous(mem.ptr as *const u8, (start as usize, len), iova))
+    }
+
+    fn copies_device_memory(&self) -> bool {
+        true
     }
 
     fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
