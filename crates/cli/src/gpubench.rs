@@ -178,6 +178,7 @@ fn run(t: &TargetOpts, per_size: Duration, compute_us: u64) -> ugds::Result<()> 
     stream_costs(&cuda, &h, &tok)?;
     overlap(&cuda, &h, &tok, compute_us)?;
     many_streams(&cuda, &h, &tok)?;
+    neighbour(&cuda, &h, &tok)?;
     batch(&h, &tok)?;
 
     driver.deregister(&tok)?;
@@ -307,6 +308,93 @@ fn many_streams(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result
         result(&format!("streams_{n}_mibs"), mibs, "MiB/s");
         drop(streams);
     }
+    Ok(())
+}
+
+/// What streams waiting on I/O cost a kernel on a stream of its own: its
+/// time from launch to the end of a synchronize, with no I/O, and while 32
+/// streams each have 4 x 1 MiB reads queued (enqueued from another thread:
+/// ugds holds the enqueueing thread while its context has 16 device-side
+/// waits pending).
+fn neighbour(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result<()> {
+    const N: usize = 32;
+    const PER: usize = 4;
+    let spin = cuda.spin_kernel()?;
+    let k = cuda.create_stream()?;
+    let sample = |v: &mut Vec<f64>| -> ugds::Result<()> {
+        let t = Instant::now();
+        spin.launch(&k, 0)?;
+        k.synchronize()?;
+        v.push(t.elapsed().as_secs_f64() * 1e6);
+        Ok(())
+    };
+    let (mut idle, mut busy) = (Vec::new(), Vec::new());
+    for _ in 0..50 {
+        sample(&mut idle)?;
+    }
+    idle.clear();
+    for _ in 0..500 {
+        sample(&mut idle)?;
+    }
+    let raws: Vec<_> = (0..N).map(|_| cuda.create_stream()).collect::<ugds::Result<_>>()?;
+    // SAFETY: `raws` outlive the streams (dropped first, below).
+    let streams: Vec<GpuStream> =
+        raws.iter().map(|r| unsafe { cuda.stream(r.raw(), StreamWait::DeviceSide) }).collect::<ugds::Result<_>>()?;
+    let device = cuda.current_device()?;
+    // Two passes; the first one fills the staging pool (its blocks are
+    // allocated once and then reused), the second is measured.
+    for pass in 0..2 {
+        busy.clear();
+        let res = std::thread::scope(|sc| -> ugds::Result<Vec<_>> {
+            let enqueue = sc.spawn(|| -> ugds::Result<Vec<_>> {
+                cuda.use_device(device)?;
+                let mut res = Vec::new();
+                for i in 0..PER {
+                    for (j, s) in streams.iter().enumerate() {
+                        let idx = j * PER + i;
+                        let (io, r) = StreamIo::new(MIB, ((idx + 512 + pass * 128) * MIB) as u64, (idx % 64) * MIB);
+                        h.read_async(tok, io, s)?;
+                        res.push(r);
+                    }
+                }
+                Ok(res)
+            });
+            // Sampled until every read has run (or 20000 kernels).
+            while busy.len() < 20000 {
+                sample(&mut busy)?;
+                if enqueue.is_finished() {
+                    break;
+                }
+            }
+            let res = enqueue.join().expect("the enqueueing thread does not panic")?;
+            while busy.len() < 20000 && !res.iter().all(|r| r.is_done()) {
+                sample(&mut busy)?;
+            }
+            Ok(res)
+        })?;
+        for s in &streams {
+            s.synchronize()?;
+        }
+        if res.iter().any(|r| r.bytes() != MIB as i64) {
+            return Err(ugds::Error::Platform("a stream read failed".into()));
+        }
+    }
+    idle.sort_by(f64::total_cmp);
+    busy.sort_by(f64::total_cmp);
+    let pct = |v: &[f64], p: f64| if v.is_empty() { 0.0 } else { v[(p * (v.len() - 1) as f64) as usize] };
+    println!(
+        "kernel launch to end on its own stream: idle p50 {:.1} us p99 {:.1} us; while {N} streams x {PER} x 1 MiB \
+         reads are queued ({} kernels, second pass) p50 {:.1} us p99 {:.1} us",
+        pct(&idle, 0.5),
+        pct(&idle, 0.99),
+        busy.len(),
+        pct(&busy, 0.5),
+        pct(&busy, 0.99)
+    );
+    result("neighbour_idle_p50", pct(&idle, 0.5), "us");
+    result("neighbour_busy_p50", pct(&busy, 0.5), "us");
+    result("neighbour_busy_p99", pct(&busy, 0.99), "us");
+    drop(streams);
     Ok(())
 }
 

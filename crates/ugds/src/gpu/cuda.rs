@@ -647,24 +647,38 @@ struct CudaStreamBackend {
 }
 
 /// The staging copy: `len` bytes from `src` to `dst`, read from the header
-/// its argument points at when the kernel runs; 16 bytes per thread and
-/// step where all three are multiples of 16, bytes otherwise.
+/// its argument points at when the kernel runs (by one thread per block:
+/// the header is in host memory, and a read of it crosses PCIe); 16 bytes
+/// per thread and step where all three are multiples of 16, bytes
+/// otherwise. `membar.sys` makes writes to host memory (a write's staging)
+/// visible to the host function after the kernel.
 const STAGE_COPY_PTX: &CStr = c"
 .version 7.0
 .target sm_50
 .address_size 64
 .visible .entry ugds_stage_copy(.param .u64 header)
 {
-    .reg .pred %p<3>;
+    .reg .pred %p<4>;
     .reg .b32 %r<9>;
     .reg .b64 %rd<14>;
+    .shared .align 8 .b64 hdr[3];
+    mov.u32 %r3, %tid.x;
+    setp.ne.u32 %p3, %r3, 0;
+    @%p3 bra LOADED;
     ld.param.u64 %rd1, [header];
     ld.volatile.global.u64 %rd2, [%rd1];
     ld.volatile.global.u64 %rd3, [%rd1+8];
     ld.volatile.global.u64 %rd4, [%rd1+16];
+    st.shared.u64 [hdr], %rd2;
+    st.shared.u64 [hdr+8], %rd3;
+    st.shared.u64 [hdr+16], %rd4;
+LOADED:
+    bar.sync 0;
+    ld.shared.u64 %rd2, [hdr];
+    ld.shared.u64 %rd3, [hdr+8];
+    ld.shared.u64 %rd4, [hdr+16];
     mov.u32 %r1, %ctaid.x;
     mov.u32 %r2, %ntid.x;
-    mov.u32 %r3, %tid.x;
     mov.u32 %r4, %nctaid.x;
     mul.wide.u32 %rd5, %r1, %r2;
     cvt.u64.u32 %rd6, %r3;

@@ -300,7 +300,7 @@ impl Controller {
         let granted = (cfg.max_io_queues, cfg.max_io_queues);
         let ns = Arc::new(ns);
         let workers = (cfg.io_workers > 0 && !cfg.null && cfg.latency.is_none())
-            .then(|| Workers::start(cfg.io_workers, "io", true, &shared, &ns));
+            .then(|| Workers::start(cfg.io_workers, "io", &shared, &ns));
         Controller {
             shared,
             cfg,
@@ -664,9 +664,13 @@ impl Controller {
         // here, with the table held for its host part).
         let device = !self.host_segs.is_empty() && self.host_segs.iter().all(|s| s.2.is_some());
         let w = match (device && gpu, file && to_workers) {
+            // GPU memory never moves on this thread: to the I/O workers
+            // where there are some (they work in parallel), else to the GPU
+            // copy thread.
+            (true, _) if file && self.workers.is_some() => self.workers.as_mut().expect("checked"),
             (true, _) => {
                 let (shared, ns) = (&self.shared, &self.ns);
-                self.gpu_copies.get_or_insert_with(|| Workers::start(1, "gpu", false, shared, ns))
+                self.gpu_copies.get_or_insert_with(|| Workers::start(1, "gpu", shared, ns))
             }
             (false, true) => self.workers.as_mut().expect("to_workers says so"),
             // Walked twice, only while device memory is mapped.
@@ -1353,12 +1357,12 @@ struct Workers {
 }
 
 impl Workers {
-    /// `n` threads named `ugds-emu-{name}N`. With `hold_table`, a worker
-    /// holds the IOVA table for each copy, so that unmapping waits for it;
-    /// the GPU copy thread does not (it touches no mapped host memory, and
-    /// the runtime's copy may wait long), so registering and unmapping
-    /// never wait for the GPU runtime.
-    fn start(n: usize, name: &str, hold_table: bool, shared: &Arc<Shared>, ns: &Arc<Vec<Namespace>>) -> Workers {
+    /// `n` threads named `ugds-emu-{name}N`. A worker holds the IOVA table
+    /// while it copies to or from host memory, so that unmapping waits for
+    /// it; not for a job all on GPU memory (it touches no mapped host
+    /// memory, and the runtime's copy may wait long), so registering and
+    /// unmapping never wait for the GPU runtime.
+    fn start(n: usize, name: &str, shared: &Arc<Shared>, ns: &Arc<Vec<Namespace>>) -> Workers {
         let (tx, rx) = std::sync::mpsc::channel::<Job>();
         let rx = Arc::new(std::sync::Mutex::new(rx));
         let done = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -1374,13 +1378,14 @@ impl Workers {
                             let Ok(mut job) = job else { break };
                             {
                                 // Held for the copy: unmapping waits for it.
-                                let _table = hold_table.then(|| shared.iova.read().unwrap_or_else(|p| p.into_inner()));
+                                let host = job.segs.iter().any(|s| s.2.is_none());
+                                let _table = host.then(|| shared.iova.read().unwrap_or_else(|p| p.into_inner()));
                                 // SAFETY: translated by the controller; the
                                 // driver unmaps a buffer only after its
                                 // commands completed, and a reset waits for
                                 // every job first. Without the table held,
-                                // the segments are device memory, reached
-                                // only through the runtime they name.
+                                // every segment is device memory, reached
+                                // only through the runtime it names.
                                 let r = unsafe { move_data(&ns[job.ns], job.op, job.off, &job.segs, &mut staging) };
                                 if let Err(s) = r {
                                     job.c.status = s;
