@@ -34,6 +34,15 @@
  * ioctls prepare a mapping without the lock and take it only to check the
  * device and enter the result in the ledger. d->map_lock serializes MAP
  * (check, pin, map, enter) and is taken before either of the others.
+ *
+ * GPU memory by nvidia_p2p: persistent pages where the NVIDIA driver offers
+ * them (no callback: the pages stay until put). Otherwise the driver may
+ * take the pages back at any time through a free callback, which stops the
+ * controller (confirmed) before it returns; its data (struct ugds_p2p, a
+ * lock and a state) lives until module exit, because the driver may call
+ * it even after put_pages has returned. Order: the driver's own locks, then
+ * a ugds_p2p's lock, then d->lock; nothing is held across a call into the
+ * NVIDIA driver but map_lock.
  */
 #include <linux/capability.h>
 #include <linux/cdev.h>
@@ -102,9 +111,40 @@ struct ugds_map {
 	u64 gpu_va, gpu_len;
 	struct nvidia_p2p_page_table *pt;
 	struct nvidia_p2p_dma_mapping *dm;
-	atomic_t revoked; /* set once: by unmap, or by the driver's free callback */
+	bool persistent;       /* pinned by get_pages_persistent: no callback */
+	struct ugds_p2p *p2p;  /* otherwise: the free callback's data */
 #endif
 };
+
+#ifdef UGDS_NVIDIA_P2P
+/*
+ * The data of a non-persistent mapping's free callback. The NVIDIA driver
+ * may call it at any time until put_pages returns, and after put_pages
+ * found the table already unlinked by its own teardown (it then returns 0
+ * as well): so this is never freed while the module is loaded. `lock`
+ * orders the callback against MAP and against giving the pages back; it is
+ * never held across a call into the NVIDIA driver that could wait for the
+ * callback, and the callback takes d->lock under it (no path holds d->lock
+ * while calling into the NVIDIA driver).
+ */
+enum ugds_p2p_state {
+	UGDS_P2P_BUILDING,  /* MAP has not handed out an address yet */
+	UGDS_P2P_LIVE,      /* the controller may DMA to the pages */
+	UGDS_P2P_REVOKED,   /* the callback ran: the pages are the driver's again */
+	UGDS_P2P_PUT,       /* given back with put_pages */
+};
+
+struct ugds_p2p {
+	struct list_head node;  /* ugds_p2p_all */
+	struct mutex lock;
+	enum ugds_p2p_state state;
+	struct ugds_dev *dev;   /* referenced while BUILDING or LIVE */
+	u64 gpu_va, gpu_len;
+};
+
+static LIST_HEAD(ugds_p2p_all);
+static DEFINE_MUTEX(ugds_p2p_all_lock);
+#endif
 
 struct ugds_irq {
 	struct eventfd_ctx *ctx;
@@ -202,6 +242,9 @@ static void ugds_irq_detach(struct ugds_dev *d, unsigned int v)
 }
 
 static void ugds_uncharge(struct mm_struct *mm, unsigned long npages);
+#ifdef UGDS_NVIDIA_P2P
+static void ugds_p2p_put(struct ugds_dev *d, struct ugds_map *m);
+#endif
 
 /*
  * Gives back what the entry holds, once: at its last reference, or in
@@ -231,10 +274,7 @@ static void ugds_map_release_memory(struct ugds_map *m)
 		break;
 	case UGDS_GPU_P2P:
 #ifdef UGDS_NVIDIA_P2P
-		if (atomic_xchg(&m->revoked, 1) == 0) {
-			nvidia_p2p_dma_unmap_pages(d->pdev, m->pt, m->dm);
-			nvidia_p2p_put_pages(0, 0, m->gpu_va, m->pt);
-		}
+		ugds_p2p_put(d, m);
 #endif
 		break;
 	case UGDS_DMABUF:
@@ -692,23 +732,139 @@ put:
 
 #ifdef UGDS_NVIDIA_P2P
 /*
- * The NVIDIA driver frees the pages under a live mapping (the process freed
- * the memory, or exited). The controller might still DMA into them: stop it
- * first (bus mastering off; the user-space engine sees its commands time out
- * and the handle wedge), then release what the driver handed us, as its API
- * requires from this callback.
+ * The NVIDIA driver takes the pages back under a live mapping (the process
+ * freed the memory, or exited). The controller might still DMA into them:
+ * stop it, and only then return (the driver frees the pages after this
+ * returns). The stop is confirmed: CSTS.RDY read back as 0 (or the device
+ * gone), then bus mastering cleared. The process's commands then time out
+ * and its handle wedges.
  */
 static void ugds_p2p_free(void *data)
 {
-	struct ugds_map *m = data;
+	struct ugds_p2p *p = data;
+	struct ugds_dev *d;
 
-	if (atomic_xchg(&m->revoked, 1))
+	mutex_lock(&p->lock);
+	d = p->dev;
+	switch (p->state) {
+	case UGDS_P2P_LIVE:
+		mutex_lock(&d->lock);
+		if (!d->gone && d->open)
+			ugds_stop_device(d);
+		mutex_unlock(&d->lock);
+		dev_warn(&d->pdev->dev, "GPU memory %llx+%llx taken back while mapped: controller stopped\n",
+			 p->gpu_va, p->gpu_len);
+		fallthrough;
+	case UGDS_P2P_BUILDING:
+		/* Building: MAP has handed out no address; it sees the state. */
+		p->state = UGDS_P2P_REVOKED;
+		p->dev = NULL;
+		put_device(&d->devobj);
+		break;
+	case UGDS_P2P_REVOKED:
+	case UGDS_P2P_PUT:
+		break;
+	}
+	mutex_unlock(&p->lock);
+}
+
+static struct ugds_p2p *ugds_p2p_new(struct ugds_dev *d, u64 va, u64 len)
+{
+	struct ugds_p2p *p = kzalloc(sizeof(*p), GFP_KERNEL_ACCOUNT);
+
+	if (!p)
+		return NULL;
+	mutex_init(&p->lock);
+	p->state = UGDS_P2P_BUILDING;
+	get_device(&d->devobj);
+	p->dev = d;
+	p->gpu_va = va;
+	p->gpu_len = len;
+	mutex_lock(&ugds_p2p_all_lock);
+	list_add(&p->node, &ugds_p2p_all);
+	mutex_unlock(&ugds_p2p_all_lock);
+	return p;
+}
+
+/*
+ * Moves a callback's data out of BUILDING or LIVE to `to` (PUT, or REVOKED
+ * for a MAP that failed); false if the callback took the pages back first.
+ */
+static bool ugds_p2p_settle(struct ugds_p2p *p, enum ugds_p2p_state to)
+{
+	struct ugds_dev *d = NULL;
+	bool ours;
+
+	mutex_lock(&p->lock);
+	ours = p->state == UGDS_P2P_BUILDING || p->state == UGDS_P2P_LIVE;
+	if (ours) {
+		p->state = to;
+		d = p->dev;
+		p->dev = NULL;
+	}
+	mutex_unlock(&p->lock);
+	if (d)
+		put_device(&d->devobj);
+	return ours;
+}
+
+/*
+ * Gives the pages back, unless the driver's callback took them back first
+ * (the table is then the driver's to free, and must not be touched).
+ */
+static void ugds_p2p_put(struct ugds_dev *d, struct ugds_map *m)
+{
+	if (m->persistent) {
+		nvidia_p2p_dma_unmap_pages(d->pdev, m->pt, m->dm);
+		nvidia_p2p_put_pages_persistent(m->gpu_va, m->pt, 0);
 		return;
-	pci_clear_master(m->dev->pdev);
-	dev_warn(&m->dev->pdev->dev, "GPU memory %llx+%llx freed while mapped: bus mastering stopped\n",
-		 m->gpu_va, m->gpu_len);
-	nvidia_p2p_free_dma_mapping(m->dm);
-	nvidia_p2p_free_page_table(m->pt);
+	}
+	/* After this, a callback leaves the pages alone; one that runs during
+	 * put_pages (the driver's teardown unlinked the table first) finds the
+	 * state PUT and returns.
+	 */
+	if (!ugds_p2p_settle(m->p2p, UGDS_P2P_PUT))
+		return;
+	nvidia_p2p_dma_unmap_pages(d->pdev, m->pt, m->dm);
+	nvidia_p2p_put_pages(0, 0, m->gpu_va, m->pt);
+}
+
+/* The callbacks' data, at module exit: no mapping is left to call back. */
+static void ugds_p2p_free_all(void)
+{
+	struct ugds_p2p *p, *tmp;
+
+	list_for_each_entry_safe(p, tmp, &ugds_p2p_all, node) {
+		list_del(&p->node);
+		kfree(p);
+	}
+}
+
+/*
+ * Pins GPU memory: persistently where the driver offers it (the pages stay
+ * until put, whatever the process does; no callback), else with a free
+ * callback.
+ */
+static int ugds_p2p_get(struct ugds_dev *d, struct ugds_drv_map *req, struct ugds_map *m)
+{
+	int ret = -EOPNOTSUPP;
+
+	m->gpu_va = req->vaddr;
+	m->gpu_len = req->size;
+#ifdef NVIDIA_P2P_CAP_GET_PAGES_PERSISTENT_API
+	ret = nvidia_p2p_get_pages_persistent(req->vaddr, req->size, &m->pt, 0);
+	if (!ret) {
+		m->persistent = true;
+		return 0;
+	}
+#endif
+	m->p2p = ugds_p2p_new(d, req->vaddr, req->size);
+	if (!m->p2p)
+		return -ENOMEM;
+	ret = nvidia_p2p_get_pages(0, 0, req->vaddr, req->size, &m->pt, ugds_p2p_free, m->p2p);
+	if (ret)
+		ugds_p2p_settle(m->p2p, UGDS_P2P_REVOKED);
+	return ret;
 }
 
 static long ugds_map_nvidia_p2p(struct ugds_dev *d, struct ugds_drv_map *req, struct ugds_map *m)
@@ -721,10 +877,7 @@ static long ugds_map_nvidia_p2p(struct ugds_dev *d, struct ugds_drv_map *req, st
 	    req->vaddr + req->size < req->vaddr ||
 	    req->npages != req->size >> PAGE_SHIFT)
 		return -EINVAL;
-	m->gpu_va = req->vaddr;
-	m->gpu_len = req->size;
-	atomic_set(&m->revoked, 0);
-	ret = nvidia_p2p_get_pages(0, 0, req->vaddr, req->size, &m->pt, ugds_p2p_free, m);
+	ret = ugds_p2p_get(d, req, m);
 	if (ret)
 		return ret;
 	ret = nvidia_p2p_dma_map_pages(d->pdev, m->pt, &m->dm);
@@ -732,7 +885,22 @@ static long ugds_map_nvidia_p2p(struct ugds_dev *d, struct ugds_drv_map *req, st
 		goto put;
 	if (m->dm->page_size_type != NVIDIA_P2P_PAGE_SIZE_64KB) {
 		ret = -EOPNOTSUPP;
-		goto unmap;
+		goto put;
+	}
+	if (!m->persistent) {
+		/* From the first address written to the process (another of its
+		 * threads could hand it to the controller at once), a callback
+		 * must stop the controller. Taken back meanwhile: nothing was
+		 * handed out, and the table is the driver's.
+		 */
+		mutex_lock(&m->p2p->lock);
+		if (m->p2p->state == UGDS_P2P_BUILDING)
+			m->p2p->state = UGDS_P2P_LIVE;
+		else
+			ret = -EFAULT;
+		mutex_unlock(&m->p2p->lock);
+		if (ret)
+			return ret;
 	}
 	/* Each 64 KiB GPU page becomes sixteen controller pages. */
 	for (i = 0; i < m->dm->entries && done < req->npages; i++)
@@ -740,19 +908,26 @@ static long ugds_map_nvidia_p2p(struct ugds_dev *d, struct ugds_drv_map *req, st
 			if (put_user(m->dm->dma_addresses[i] + off,
 				     (u64 __user *)u64_to_user_ptr(req->pages_ptr) + done)) {
 				ret = -EFAULT;
-				goto unmap;
+				goto put;
 			}
 	if (done != req->npages) {
 		ret = -EINVAL;
-		goto unmap;
+		goto put;
 	}
 	m->kind = UGDS_GPU_P2P;
 	return 0;
-unmap:
-	nvidia_p2p_dma_unmap_pages(d->pdev, m->pt, m->dm);
 put:
-	atomic_set(&m->revoked, 1);
-	nvidia_p2p_put_pages(0, 0, req->vaddr, m->pt);
+	/* Unless the callback took the pages back meanwhile (then the table
+	 * and its DMA mapping are the driver's to free).
+	 */
+	if (m->persistent || ugds_p2p_settle(m->p2p, UGDS_P2P_PUT)) {
+		if (m->dm)
+			nvidia_p2p_dma_unmap_pages(d->pdev, m->pt, m->dm);
+		if (m->persistent)
+			nvidia_p2p_put_pages_persistent(req->vaddr, m->pt, 0);
+		else
+			nvidia_p2p_put_pages(0, 0, req->vaddr, m->pt);
+	}
 	return ret;
 }
 #endif
@@ -1197,6 +1372,9 @@ chrdev:
 static void __exit ugds_exit(void)
 {
 	pci_unregister_driver(&ugds_driver);
+#ifdef UGDS_NVIDIA_P2P
+	ugds_p2p_free_all();
+#endif
 	class_destroy(ugds_class);
 	unregister_chrdev_region(ugds_devt, UGDS_MAX_DEVS);
 }

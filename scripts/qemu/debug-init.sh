@@ -14,6 +14,25 @@ insmod /bin/ugds_drv.ko || echo "UGDS-GUEST: insmod ugds_drv failed"
 run bind-ugds_drv /bin/ugds bind $BDF ugds_drv
 DRV=/dev/ugds_drv0
 drv_steps $DRV
+# GPU memory through nvidia_p2p, against nv_p2p_fake (kmod/test), the NVIDIA
+# driver's stand-in, with ugds_drv built against it: the free callback
+# racing UNMAP and MAP and stopping the controller, then persistent pages.
+# Both modules unload afterwards (nothing holds them), and the plain
+# ugds_drv comes back.
+p2p() {
+    echo "$BDF" > /sys/bus/pci/drivers/ugds_drv/unbind && rmmod ugds_drv || return 1
+    insmod /bin/nv_p2p_fake.ko persistent="$1" && insmod /bin/ugds_drv_p2p.ko || return 1
+    echo "$BDF" > /sys/bus/pci/drivers_probe
+    [ "$(driver)" = ugds_drv ] || return 1
+    UGDS_TEST_NV_P2P=/sys/kernel/debug/nv_p2p_fake UGDS_TEST_DRV_BDF=$BDF \
+        /bin/conformance --test-threads=1 drv_nvidia_p2p_
+    rc=$?
+    echo "$BDF" > /sys/bus/pci/drivers/ugds_drv/unbind
+    rmmod ugds_drv && rmmod nv_p2p_fake && insmod /bin/ugds_drv.ko && echo "$BDF" > /sys/bus/pci/drivers_probe
+    [ $rc -eq 0 ] && [ "$(driver)" = ugds_drv ]
+}
+run drv-nvidia-p2p-callback p2p 0
+run drv-nvidia-p2p-persistent p2p 1
 # Unload and load the module three times, the function bound each time.
 cycles() {
     for i in 1 2 3; do

@@ -60,6 +60,50 @@ loop_check() {
     [ $rc -ne 0 ] && echo "$out" | grep -q "/dev/$NS backs /dev/loop0" && [ "$(driver)" = nvme ]
 }
 run bind-refuses-a-loop-device loop_check
+# Kernel users by technology, each set up for real. btrfs (its mount shows
+# an anonymous device number, not the namespace), an XFS external log and a
+# LIO iblock backstore: the kernel holds the namespace, --force or not. An
+# nvmet export (which opens it shared): refused unless --force. (ZFS is not
+# in Debian's kernel.)
+mount -t configfs none /sys/kernel/config
+btrfs_check() {
+    mkfs.btrfs -f -q -M /dev/$NS && mount -t btrfs /dev/$NS /mnt || return 1
+    out=$(/bin/ugds bind $BDF vfio-pci --force 2>&1); rc=$?
+    umount /mnt
+    echo "$out"
+    [ $rc -ne 0 ] && echo "$out" | grep -q "the kernel holds /dev/$NS" && [ "$(driver)" = nvme ]
+}
+run bind-refuses-btrfs btrfs_check
+xfs_log_check() {
+    truncate -s 320M /tmp/xfs.img && losetup /dev/loop1 /tmp/xfs.img || return 1
+    if ! { mkfs.xfs -f -q -l logdev=/dev/$NS,size=64m /dev/loop1 && mount -t xfs -o logdev=/dev/$NS /dev/loop1 /mnt; }; then
+        losetup -d /dev/loop1; rm -f /tmp/xfs.img; return 1
+    fi
+    out=$(/bin/ugds bind $BDF vfio-pci --force 2>&1); rc=$?
+    umount /mnt; losetup -d /dev/loop1; rm -f /tmp/xfs.img
+    echo "$out"
+    [ $rc -ne 0 ] && echo "$out" | grep -q "the kernel holds /dev/$NS" && [ "$(driver)" = nvme ]
+}
+run bind-refuses-an-xfs-log xfs_log_check
+nvmet_check() {
+    S=/sys/kernel/config/nvmet/subsystems/ugds-test
+    mkdir -p $S/namespaces/1 && echo -n /dev/$NS > $S/namespaces/1/device_path && echo 1 > $S/namespaces/1/enable \
+        || return 1
+    out=$(/bin/ugds bind $BDF vfio-pci 2>&1); rc=$?
+    echo 0 > $S/namespaces/1/enable; rmdir $S/namespaces/1; rmdir $S
+    echo "$out"
+    [ $rc -ne 0 ] && echo "$out" | grep -q "is exported by nvmet" && [ "$(driver)" = nvme ]
+}
+run bind-refuses-nvmet nvmet_check
+lio_check() {
+    H=/sys/kernel/config/target/core/iblock_0
+    mkdir -p $H/ugds && echo "udev_path=/dev/$NS" > $H/ugds/control && echo 1 > $H/ugds/enable || return 1
+    out=$(/bin/ugds bind $BDF vfio-pci --force 2>&1); rc=$?
+    rmdir $H/ugds; rmdir $H
+    echo "$out"
+    [ $rc -ne 0 ] && echo "$out" | grep -q "the kernel holds /dev/$NS" && [ "$(driver)" = nvme ]
+}
+run bind-refuses-lio lio_check
 run bind-vfio /bin/ugds bind $BDF vfio-pci
 echo "UGDS-GUEST: driver $(driver)"
 export UGDS_TEST_PCI=$BDF RUST_BACKTRACE=1

@@ -12,9 +12,11 @@ mkdir -p "$W"
 T0=${T0:-$(date +%s)}
 say() { echo "[$(basename "$0") $(( $(date +%s) - T0 ))s] $*"; }
 
-# QEMU 10 from bookworm-backports, busybox, cpio, kmod.
+# QEMU 10 from bookworm-backports, busybox, cpio, kmod, and mkfs.btrfs and
+# mkfs.xfs for the guests' binding steps.
 ensure_packages() {
-    if ! command -v qemu-system-x86_64 >/dev/null || ! command -v busybox >/dev/null || ! command -v cpio >/dev/null; then
+    if ! command -v qemu-system-x86_64 >/dev/null || ! command -v busybox >/dev/null || ! command -v cpio >/dev/null \
+        || ! command -v mkfs.btrfs >/dev/null || ! command -v mkfs.xfs >/dev/null; then
         if [ ! -e /etc/apt/sources.list.d/bookworm-backports.sources ]; then
             awk 'NR==1,/^Suites:/' /etc/apt/sources.list.d/debian.sources | grep -v '^#' \
                 | sed 's/^Suites:.*/Suites: bookworm-backports/' > /etc/apt/sources.list.d/bookworm-backports.sources
@@ -23,7 +25,8 @@ ensure_packages() {
         fi
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends -t bookworm-backports qemu-system-x86 >/dev/null
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends busybox-static cpio kmod xz-utils >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends busybox-static cpio kmod xz-utils \
+            btrfs-progs xfsprogs >/dev/null
     fi
     say "packages ready ($(qemu-system-x86_64 --version | head -1))"
 }
@@ -152,6 +155,22 @@ build_module_debug() {
     echo "$W/kmod-debug/ugds_drv.ko"
 }
 
+# build_p2p_debug: the NVIDIA driver's test stand-in (kmod/test/nv_p2p_fake.c,
+# against nv-p2p.h as build_module_p2p fetched it) and ugds_drv with its
+# nvidia_p2p option linked against the stand-in's symbols, both against the
+# debug kernel's tree; prints both paths (the second named ugds_drv_p2p.ko).
+build_p2p_debug() {
+    local NV=$W/nvapt/src/modules/nvidia-open-kernel F=$W/nvfake-debug S=$W/nvsrc-debug P=$W/kmod-debug-p2p
+    rm -rf "$F" "$S" "$P" && mkdir -p "$F" "$S/nvidia" "$P"
+    cp "$ROOT"/kmod/test/{Makefile,*.c} "$F/"
+    make -s -C "$W/debug-kernel/src" M="$F" NVIDIA_SRC="$NV" modules >&2
+    cp "$NV/nvidia/nv-p2p.h" "$S/nvidia/" && cp "$F/Module.symvers" "$S/"
+    cp "$ROOT"/kmod/{Makefile,*.c,*.h} "$P/"
+    make -s -C "$W/debug-kernel/src" M="$P" NVIDIA_SRC="$S" modules >&2
+    mv "$P/ugds_drv.ko" "$P/ugds_drv_p2p.ko"
+    echo "$F/nv_p2p_fake.ko $P/ugds_drv_p2p.ko"
+}
+
 # build_static PACKAGE...: static release builds of binary packages.
 build_static() {
     local args=()
@@ -179,9 +198,18 @@ make_initramfs() {
     local I=$W/initramfs.$$
     rm -rf "$I" && mkdir -p "$I"/{bin,dev,proc,sys,mods,tmp}
     cp /bin/busybox "$I/bin/busybox"
-    for a in sh mount umount cat echo sleep insmod rmmod basename readlink mkdir poweroff ls grep head kill mke2fs \
-        unshare mkswap swapon swapoff losetup; do
+    for a in sh mount umount cat echo sleep insmod rmmod basename readlink mkdir rmdir rm poweroff ls grep head kill \
+        mke2fs unshare mkswap swapon swapoff losetup truncate; do
         ln -s busybox "$I/bin/$a"
+    done
+    # File-system tools for the binding steps, with the libraries they load.
+    local t l
+    for t in mkfs.btrfs mkfs.xfs; do
+        t=$(command -v "$t") || continue
+        cp "$t" "$I/bin/"
+        for l in $(ldd "$t" | grep -o '/[^ ]*'); do
+            mkdir -p "$I$(dirname "$l")" && cp -L "$l" "$I$l"
+        done
     done
     local MD=$K/lib/modules/$KV
     declare -A seen=(); local order=()
@@ -191,7 +219,8 @@ make_initramfs() {
         for d in $deps; do resolve "$d"; done
         order+=("$rel")
     }
-    for m in nvme vfio vfio-pci vfio_iommu_type1 ext4 crc32c_generic crc32c-intel loop; do
+    for m in nvme vfio vfio-pci vfio_iommu_type1 ext4 crc32c_generic crc32c-intel loop btrfs xfs nvmet \
+        target_core_iblock; do
         local rel; rel=$(grep -E "/${m}\.ko(\.xz|\.zst)?:" "$MD/modules.dep" | cut -d: -f1 || true)
         [[ -n $rel ]] && resolve "$rel"
     done

@@ -688,3 +688,124 @@ fn drv_pinned_memory_is_charged_to_the_process() {
     p.unmap_host(&m).unwrap();
     assert_eq!(vm_lck_kib(), before, "and given back");
 }
+
+/// ugds_drv's GPU-memory path against nv_p2p_fake (kmod/test), the NVIDIA
+/// driver's stand-in: its debugfs directory and the drv node, when the
+/// debug guest loaded it and the module built against it.
+fn nv_p2p_fake() -> Option<(String, std::path::PathBuf, bool)> {
+    match (drv(), std::env::var_os("UGDS_TEST_NV_P2P")) {
+        (Some(path), Some(dir)) => {
+            let p = std::fs::read_to_string("/sys/module/nv_p2p_fake/parameters/persistent").unwrap();
+            Some((path, dir.into(), p.trim() == "Y"))
+        }
+        _ => {
+            eprintln!("SKIPPED: UGDS_TEST_NV_P2P is not set (runs in the QEMU debug guest, with nv_p2p_fake)");
+            None
+        }
+    }
+}
+
+/// The stand-in's live ranges (GPU memory it has handed out).
+fn fake_ranges(dir: &std::path::Path) -> usize {
+    std::fs::read_to_string(dir.join("ranges")).unwrap().trim().parse().unwrap()
+}
+
+/// Takes the range at `va` back, as the NVIDIA driver does when the memory
+/// is freed under a mapping: its free callback runs before this returns.
+fn fake_revoke(dir: &std::path::Path, va: u64) -> std::io::Result<()> {
+    std::fs::write(dir.join("revoke"), format!("{va:#x}"))
+}
+
+const P2P_VA: u64 = 0x7000_0000_0000;
+const P2P_LEN: usize = 1 << 20;
+
+/// The NVIDIA driver's free callback racing UNMAP, racing MAP (the mapping
+/// half built), and after it UNMAP: no use after free, no double put, no
+/// lock inversion (the stand-in calls back holding the lock its put_pages
+/// takes, as the driver does; the debug kernel's lockdep and KASAN watch),
+/// and every range given back. With persistent pages there is no callback:
+/// taking the memory back is refused while it is mapped.
+#[test]
+fn drv_nvidia_p2p_1_free_callback_races_unmap_and_map() {
+    use ugds::platform::Platform;
+    let Some((path, dir, persistent)) = nv_p2p_fake() else { return };
+    let p = ugds::platform::ugds_drv::UgdsDrvPlatform::open(&path).unwrap();
+    let before = p.counters().unwrap();
+    within(Duration::from_secs(300), "nvidia_p2p callback against UNMAP and MAP", || {
+        for round in 0..300u64 {
+            let va = P2P_VA + (round % 8) * P2P_LEN as u64;
+            match round % 3 {
+                0 => {
+                    let m = p.map_nvidia_p2p(va, P2P_LEN).unwrap();
+                    std::thread::scope(|s| {
+                        let d = &dir;
+                        s.spawn(move || {
+                            let r = fake_revoke(d, va);
+                            assert!(!persistent || r.is_err(), "persistent pages were taken back");
+                        });
+                        p.unmap_host(&m).unwrap();
+                    });
+                }
+                1 => std::thread::scope(|s| {
+                    let d = &dir;
+                    s.spawn(move || {
+                        for _ in 0..200 {
+                            if fake_revoke(d, va).is_ok() {
+                                break;
+                            }
+                        }
+                    });
+                    // Taken back while half built, MAP fails; else it is ours.
+                    if let Ok(m) = p.map_nvidia_p2p(va, P2P_LEN) {
+                        p.unmap_host(&m).unwrap();
+                    }
+                }),
+                _ => {
+                    let m = p.map_nvidia_p2p(va, P2P_LEN).unwrap();
+                    assert_eq!(fake_revoke(&dir, va).is_ok(), !persistent);
+                    p.unmap_host(&m).unwrap();
+                }
+            }
+        }
+    });
+    assert_eq!(fake_ranges(&dir), 0, "every range was given back");
+    assert_eq!(p.counters().unwrap().live_mappings, before.live_mappings);
+}
+
+/// When the NVIDIA driver takes memory back under a live mapping, the free
+/// callback stops the controller before it returns: CC.EN and CSTS.RDY read
+/// 0 and bus mastering is off once the driver's call returns. With
+/// persistent pages nothing is taken back and the controller runs on.
+#[test]
+fn drv_nvidia_p2p_2_taken_back_stops_the_controller() {
+    use ugds::platform::Platform;
+    let Some((path, dir, persistent)) = nv_p2p_fake() else { return };
+    let bdf = std::env::var("UGDS_TEST_DRV_BDF").expect("the guest sets UGDS_TEST_DRV_BDF");
+    let bus_master = || std::fs::read(format!("/sys/bus/pci/devices/{bdf}/config")).unwrap()[4] & 4 != 0;
+    let p = ugds::platform::ugds_drv::UgdsDrvPlatform::open(&path).unwrap();
+    // Enabled with an (idle) admin queue pair: no command is needed.
+    let (asq, acq) = (p.alloc_dma(4096).unwrap(), p.alloc_dma(4096).unwrap());
+    p.write32(0x24, 15 << 16 | 15);
+    p.write64(0x28, asq.iova(0));
+    p.write64(0x30, acq.iova(0));
+    p.write32(0x14, 4 << 20 | 6 << 16 | 1);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while p.read32(0x1c) & 1 == 0 {
+        assert!(std::time::Instant::now() < deadline, "the controller did not become ready");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(bus_master(), "bus mastering is on while the file is open");
+    let m = p.map_nvidia_p2p(P2P_VA, P2P_LEN).unwrap();
+    let taken = fake_revoke(&dir, P2P_VA);
+    let (cc, csts) = (p.read32(0x14), p.read32(0x1c));
+    if persistent {
+        assert!(taken.is_err(), "persistent pages were taken back");
+        assert_eq!((cc & 1, csts & 1), (1, 1), "the controller runs on");
+    } else {
+        taken.unwrap();
+        assert_eq!((cc & 1, csts & 1), (0, 0), "stopped before the callback returned (CC {cc:#x}, CSTS {csts:#x})");
+        assert!(!bus_master(), "bus mastering is off");
+    }
+    p.unmap_host(&m).unwrap();
+    assert_eq!(fake_ranges(&dir), 0, "the range was given back once");
+}
