@@ -150,6 +150,9 @@ pub extern "C" fn ugds_last_error() -> *const c_char {
 #[no_mangle]
 pub extern "C" fn uGDSDriverOpen() -> uGDSError_t {
     guard(internal(), || {
+        // The library's messages go to standard error at UGDS_LOG's level
+        // (unless the process installed a tracing subscriber of its own).
+        ugds::log::install_from_env(ugds::log::Level::WARN);
         let mut s = state_mut();
         if s.is_some() {
             return fail(op::DRIVER_ALREADY_OPEN, "the driver is open already");

@@ -23,6 +23,10 @@ Usage:
   ugds list | bind | unbind       NVMe functions and their drivers (ugds help bind)
   ugds help [COMMAND]
 
+  -v, --verbose   more messages on standard error (-vv, -vvv); without it,
+                  UGDS_LOG sets the level (off, error, warn: the default,
+                  info, debug, trace)
+
 Run `ugds help bench` for the benchmark's options.
 ";
 
@@ -32,7 +36,32 @@ fn main() -> ExitCode {
     // SAFETY: restores the default disposition of one signal, before any
     // thread starts.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-    let mut args = std::env::args_os().skip(1);
+    // -v, -vv, -vvv or --verbose, anywhere: the level of the library's
+    // messages (no subcommand has a -v of its own).
+    let mut verbose = 0;
+    let all: Vec<_> = std::env::args_os()
+        .skip(1)
+        .filter(|a| match a.to_str() {
+            Some("--verbose") => {
+                verbose += 1;
+                false
+            }
+            Some(s) if s.len() > 1 && s.starts_with('-') && s[1..].bytes().all(|b| b == b'v') => {
+                verbose += s.len() - 1;
+                false
+            }
+            _ => true,
+        })
+        .collect();
+    use ugds::log::{Level, StderrLog};
+    match verbose {
+        0 => ugds::log::install_from_env(Level::WARN),
+        n => {
+            let level = [Level::INFO, Level::DEBUG, Level::TRACE][n.min(3) - 1];
+            StderrLog::new(level).install();
+        }
+    }
+    let mut args = all.into_iter();
     let cmd = args.next().map(|a| a.to_string_lossy().into_owned());
     let rest: Vec<_> = args.collect();
     let r = match cmd.as_deref() {

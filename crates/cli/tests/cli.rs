@@ -131,3 +131,20 @@ fn bad_arguments_are_refused() {
         assert!(err.starts_with("ugds: "), "{args:?}: {err}");
     }
 }
+
+/// The library's messages reach standard error: `-vv` (debug) shows the
+/// bring-up, the default (warn) does not, and UGDS_LOG sets the level.
+#[test]
+fn library_messages_go_to_stderr_at_the_asked_level() {
+    let (ok, _, err) = ugds(&["-vv", "identify", "--emu-memory"]);
+    assert!(ok, "{err}");
+    assert!(err.contains("ugds DEBUG ugds::engine::controller: controller up"), "{err}");
+    let (ok, _, err) = ugds(&["identify", "--emu-memory"]);
+    assert!(ok && !err.contains("DEBUG"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_ugds"))
+        .args(["identify", "--emu-memory"])
+        .env("UGDS_LOG", "debug")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("controller up"));
+}

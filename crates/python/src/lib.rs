@@ -702,6 +702,8 @@ impl StreamResult {
 
 #[pymodule]
 fn _ugds(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // The library's messages go to standard error at UGDS_LOG's level.
+    ugds::log::install_from_env(ugds::log::Level::WARN);
     let py = m.py();
     m.add_class::<Driver>()?;
     m.add_class::<Handle>()?;

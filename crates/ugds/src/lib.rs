@@ -45,6 +45,7 @@ mod error;
 pub mod gpu;
 mod handle;
 mod io_queue;
+pub mod log;
 pub mod platform;
 mod registry;
 pub mod stream;
