@@ -5,21 +5,35 @@
 //! completes; a CID stays taken until its completion is consumed. Keeping the
 //! two apart lets a queue have more commands in flight than it has free slots
 //! at any moment, and catches a completion that names a CID nobody holds.
+//!
+//! A CID is a slot index (the low bits, enough for the capacity) and a
+//! generation (the high bits, up to four), bumped each time the slot is
+//! handed out, as Linux does since 5.15: a completion repeated by a broken
+//! controller after its slot went to a new command names the old
+//! generation and is refused, instead of completing the new owner while its
+//! transfer may still be in flight.
 
 use crate::Cid;
 
-/// Hands out CIDs `0..capacity` in LIFO order (the most recently freed one
-/// first, which keeps the trackers it indexes warm in cache).
+/// Hands out slots `0..capacity` in LIFO order (the most recently freed one
+/// first, which keeps the trackers it indexes warm in cache), each as a CID
+/// carrying the slot's generation.
 #[derive(Debug)]
 pub struct CidAllocator {
     free: Vec<u16>,
     in_use: Vec<u64>,
+    /// The generation each slot was last handed out with.
+    gens: Vec<u8>,
     capacity: u16,
+    /// Bits of the slot index in a CID.
+    shift: u32,
+    /// Mask of the generation (after shifting); 0 when no bit is left.
+    gen_mask: u16,
 }
 
 /// Freeing a CID that is not allocated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("command id {0} is not allocated")]
+#[error("command id {0:#06x} is not allocated (or names an earlier command of its slot)")]
 pub struct NotAllocated(pub u16);
 
 impl CidAllocator {
@@ -27,11 +41,34 @@ impl CidAllocator {
     /// out because some controllers treat it as "no command").
     pub fn new(capacity: u16) -> CidAllocator {
         assert!((1..u16::MAX).contains(&capacity));
+        let shift = u16::BITS - (capacity - 1).leading_zeros();
+        let gen_bits = (u16::BITS - shift).min(4);
         CidAllocator {
             free: (0..capacity).rev().collect(),
             in_use: vec![0; (capacity as usize).div_ceil(64)],
+            gens: vec![0; capacity as usize],
             capacity,
+            shift,
+            gen_mask: ((1u32 << gen_bits) - 1) as u16,
         }
+    }
+
+    /// The slot a CID names (whatever its generation).
+    #[inline]
+    pub fn index(&self, cid: Cid) -> usize {
+        (cid.0 as u32 & ((1u32 << self.shift) - 1)) as usize
+    }
+
+    /// The CID slot `index` is allocated as now.
+    #[inline]
+    pub fn current(&self, index: usize) -> Option<Cid> {
+        let c = self.compose(index as u16, self.gens.get(index).copied()?);
+        self.is_allocated(c).then_some(c)
+    }
+
+    #[inline]
+    fn compose(&self, index: u16, generation: u8) -> Cid {
+        Cid(((generation as u32) << self.shift) as u16 | index)
     }
 
     /// Number of identifiers.
@@ -49,26 +86,38 @@ impl CidAllocator {
     /// Takes a free identifier, or `None` when all are in use.
     #[inline]
     pub fn alloc(&mut self) -> Option<Cid> {
-        let c = self.free.pop()?;
-        self.in_use[c as usize / 64] |= 1 << (c % 64);
-        Some(Cid(c))
+        let i = self.free.pop()?;
+        self.in_use[i as usize / 64] |= 1 << (i % 64);
+        let mut g = (self.gens[i as usize] as u16 + 1) & self.gen_mask;
+        // 0xffff is kept out (some controllers read it as "no command").
+        if self.compose(i, g as u8).0 == u16::MAX {
+            g = (g + 1) & self.gen_mask;
+        }
+        self.gens[i as usize] = g as u8;
+        Some(self.compose(i, g as u8))
     }
 
-    /// Whether `cid` is currently allocated.
+    /// Whether `cid` is currently allocated, generation included.
     #[inline]
     pub fn is_allocated(&self, cid: Cid) -> bool {
-        cid.0 < self.capacity && self.in_use[cid.0 as usize / 64] & (1 << (cid.0 % 64)) != 0
+        let i = self.index(cid);
+        (cid.0 as u32) >> self.shift <= self.gen_mask as u32
+            && i < self.capacity as usize
+            && self.in_use[i / 64] & (1 << (i % 64)) != 0
+            && self.compose(i as u16, self.gens[i]) == cid
     }
 
-    /// Returns `cid`; refuses one that is not allocated (a double free, or a
-    /// completion for a command that was never submitted).
+    /// Returns `cid`; refuses one that is not allocated (a double free, a
+    /// completion for a command that was never submitted, or one naming an
+    /// earlier command of a slot in use again).
     #[inline]
     pub fn free(&mut self, cid: Cid) -> Result<(), NotAllocated> {
         if !self.is_allocated(cid) {
             return Err(NotAllocated(cid.0));
         }
-        self.in_use[cid.0 as usize / 64] &= !(1 << (cid.0 % 64));
-        self.free.push(cid.0);
+        let i = self.index(cid);
+        self.in_use[i / 64] &= !(1 << (i % 64));
+        self.free.push(i as u16);
         Ok(())
     }
 }
@@ -88,7 +137,59 @@ mod tests {
         a.free(ids[1]).unwrap();
         assert_eq!(a.free(ids[1]), Err(NotAllocated(ids[1].0)));
         assert_eq!(a.free(Cid(200)), Err(NotAllocated(200)));
-        assert_eq!(a.alloc(), Some(ids[1]));
+        let again = a.alloc().unwrap();
+        assert_eq!(a.index(again), a.index(ids[1]), "the slot freed last is reused");
+        assert_ne!(again, ids[1], "with a new generation");
+    }
+
+    #[test]
+    fn a_repeated_completion_of_a_reused_slot_is_refused() {
+        let mut a = CidAllocator::new(64);
+        let old = a.alloc().unwrap();
+        a.free(old).unwrap();
+        let new = a.alloc().unwrap();
+        assert_eq!(a.index(new), a.index(old));
+        assert!(!a.is_allocated(old), "the old generation is not the slot's owner");
+        assert_eq!(a.free(old), Err(NotAllocated(old.0)));
+        assert_eq!(a.current(a.index(new)), Some(new));
+        a.free(new).unwrap();
+        assert_eq!(a.current(a.index(new)), None);
+    }
+
+    #[test]
+    fn generations_wrap_and_never_make_ffff() {
+        // 4096 slots: 12 index bits, 4 generation bits.
+        let mut a = CidAllocator::new(4096);
+        let all: Vec<_> = (0..4096).map(|_| a.alloc().unwrap()).collect();
+        let last = *all.iter().find(|c| a.index(**c) == 4095).unwrap();
+        for c in &all {
+            if *c != last {
+                a.free(*c).unwrap();
+            }
+        }
+        let mut c = last;
+        for _ in 0..40 {
+            a.free(c).unwrap();
+            // Take every other slot first, so that 4095 comes back.
+            let mut taken = Vec::new();
+            loop {
+                let n = a.alloc().unwrap();
+                if a.index(n) == 4095 {
+                    c = n;
+                    break;
+                }
+                taken.push(n);
+            }
+            assert_ne!(c.0, u16::MAX);
+            for t in taken {
+                a.free(t).unwrap();
+            }
+        }
+        // A capacity that leaves no bit for a generation works without.
+        let mut b = CidAllocator::new(65534);
+        let x = b.alloc().unwrap();
+        b.free(x).unwrap();
+        assert_eq!(b.alloc(), Some(x));
     }
 
     proptest! {
@@ -100,8 +201,8 @@ mod tests {
                 if take {
                     match a.alloc() {
                         Some(c) => {
-                            prop_assert!(!held.contains(&c));
-                            prop_assert!(c.0 < cap);
+                            prop_assert!(!held.iter().any(|h| a.index(*h) == a.index(c)));
+                            prop_assert!(a.index(c) < cap as usize);
                             held.push(c);
                         }
                         None => prop_assert_eq!(held.len(), cap as usize),

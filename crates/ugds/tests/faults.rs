@@ -207,3 +207,26 @@ fn fatal_at_bring_up_is_reported() {
     let r = d.open_handle(std::sync::Arc::new(emu), opts());
     assert!(matches!(r, Err(Error::ControllerFatal)), "{r:?}");
 }
+
+/// A controller that repeats a completion after the host gave its CID to
+/// the next command: the repeat names the slot's earlier generation and is
+/// ignored. Without generations it completed the next command, with the
+/// first one's status, before that command's own completion.
+#[test]
+fn a_repeated_completion_does_not_complete_the_next_command_of_its_slot() {
+    let (d, h, emu) = open(small_emu(), HandleOptions { sync_queues: 1, ..opts() });
+    let b = Buf::new(&d, 65536);
+    emu.inject(Fault::next(FaultTarget::Io(Some(READ)), FaultAction::Duplicate));
+    h.read(&b.token, 4096, 0, 0).unwrap();
+    // The next command on the queue takes the same slot; it fails, and its
+    // failure must be what the caller sees.
+    let unrecovered = Status::new(2, media::UNRECOVERED_READ_ERROR);
+    emu.inject(Fault::next(FaultTarget::Io(Some(READ)), FaultAction::Status(unrecovered)));
+    let r = h.read(&b.token, 4096, 4096, 0);
+    assert!(
+        matches!(r, Err(Error::Nvme { op: "Read", status }) if status.sc == media::UNRECOVERED_READ_ERROR),
+        "the repeated completion was taken for the next command: {r:?}"
+    );
+    h.read(&b.token, 4096, 8192, 0).unwrap();
+    assert_eq!(h.state(), HandleState::Open);
+}

@@ -275,14 +275,14 @@ impl QueuePair {
     /// Every outstanding command with this tag.
     pub fn outstanding_cids_of(&self, tag: u64) -> Vec<Cid> {
         (0..self.tags.len() as u16)
-            .map(Cid)
-            .filter(|&c| self.cids.is_allocated(c) && self.tags[c.0 as usize] == tag)
+            .filter_map(|i| self.cids.current(i as usize))
+            .filter(|&c| self.tags[self.cids.index(c)] == tag)
             .collect()
     }
 
     /// The tag of an outstanding command, for error reports.
     pub fn outstanding_cid_of(&self, tag: u64) -> Option<Cid> {
-        (0..self.tags.len() as u16).map(Cid).find(|&c| self.cids.is_allocated(c) && self.tags[c.0 as usize] == tag)
+        (0..self.tags.len()).filter_map(|i| self.cids.current(i)).find(|&c| self.tags[self.cids.index(c)] == tag)
     }
 
     /// Stages `sqe` (its CID and, with `data`, its PRPs filled in here) in the
@@ -316,7 +316,7 @@ impl QueuePair {
                 // completion is consumed: no other command can overwrite it
                 // while the controller may still read it.
                 let idx = self.prp_free.pop().expect("checked above");
-                self.cid_page[cid.0 as usize] = idx;
+                self.cid_page[self.cids.index(cid)] = idx;
                 let page = idx as usize * PAGE_SIZE;
                 for (i, &e) in entries.iter().enumerate() {
                     self.prp_pages.write_u64(page + i * 8, e);
@@ -327,7 +327,8 @@ impl QueuePair {
         }
         sqe.set_cid(cid);
         self.sq.write_sqe(self.sq_tail as usize * Sqe::SIZE, &sqe);
-        self.tags[cid.0 as usize] = tag;
+        let i = self.cids.index(cid);
+        self.tags[i] = tag;
         self.sq_tail = self.sq_ring.next(self.sq_tail);
         Ok(cid)
     }
@@ -402,11 +403,12 @@ impl QueuePair {
             let cid = Cid(cqe.cid);
             match self.cids.free(cid) {
                 Ok(()) => {
-                    let page = std::mem::replace(&mut self.cid_page[cid.0 as usize], NO_PAGE);
+                    let i = self.cids.index(cid);
+                    let page = std::mem::replace(&mut self.cid_page[i], NO_PAGE);
                     if page != NO_PAGE {
                         self.prp_free.push(page);
                     }
-                    f(self.tags[cid.0 as usize], &cqe)
+                    f(self.tags[i], &cqe)
                 }
                 Err(e) => {
                     self.protocol_errors += 1;

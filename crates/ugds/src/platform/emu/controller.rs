@@ -280,6 +280,9 @@ pub(super) struct Controller {
     /// Completions of the current sweep, posted at its end (in reverse
     /// with `reverse_completions`).
     held: Vec<Completion>,
+    /// Completions to post again (fault injection), each before the next
+    /// command of its submission queue completes.
+    duplicates: Vec<Completion>,
     /// Counters of the current sweep, published before its completions.
     local: Local,
 }
@@ -325,6 +328,7 @@ impl Controller {
             host_segs: Vec::with_capacity(520),
             staging: None,
             held: Vec::with_capacity(SQ_BURST as usize),
+            duplicates: Vec::new(),
             local: Local::default(),
         }
     }
@@ -495,6 +499,7 @@ impl Controller {
             *q = None;
         }
         self.delayed.clear();
+        self.duplicates.clear();
         self.enabled = false;
         self.fatal = false;
         self.aers = 0;
@@ -593,6 +598,10 @@ impl Controller {
 
     fn execute(&mut self, qid: u16, sqe: Sqe, table: &IovaTable) {
         self.local.commands += 1;
+        if let Some(i) = self.duplicates.iter().position(|c| c.sqid == qid) {
+            let c = self.duplicates.swap_remove(i);
+            self.held.push(c);
+        }
         let fault =
             if self.shared.faults_armed.load(Ordering::Acquire) { self.take_fault(qid, sqe.opcode()) } else { None };
         let outcome = match fault {
@@ -604,6 +613,13 @@ impl Controller {
             Some(FaultAction::Fatal) => {
                 self.set_fatal();
                 Outcome::None
+            }
+            Some(FaultAction::Duplicate) => {
+                let o = self.run_command(qid, &sqe, table);
+                if let Outcome::Done { status, dw0, .. } = o {
+                    self.duplicates.push(Completion { sqid: qid, cid: sqe.cid().0, dw0, status });
+                }
+                o
             }
             Some(FaultAction::Stall(d)) => match self.run_command(qid, &sqe, table) {
                 Outcome::Done { status, dw0, .. } => Outcome::Done { status, dw0, due: Some(Instant::now() + d) },

@@ -319,6 +319,10 @@ pub enum FaultAction {
     Stall(Duration),
     /// Set Controller Fatal Status and stop processing commands.
     Fatal,
+    /// Complete it normally, and post the same completion again before the
+    /// next command of its submission queue completes (a broken controller
+    /// repeating a completion after the host gave the CID to a new command).
+    Duplicate,
 }
 
 /// A fault: skip `skip` matching commands, then apply `action` to the next
