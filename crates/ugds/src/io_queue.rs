@@ -185,6 +185,12 @@ impl<'h> IoQueue<'h> {
         let qp = self.qp.as_mut().expect("checked");
         qp.process_completions(usize::MAX, |idx, cqe| {
             let r = &mut reqs[idx as usize];
+            if r.pending == 0 {
+                // Reported timed out already (the queue is dead): a late
+                // completion is not reported again.
+                tracing::warn!(cid = cqe.cid, "completion of a request reported timed out; ignored");
+                return;
+            }
             if !cqe.status().is_success() && r.status.is_none() {
                 r.status = Some(cqe.status);
             }

@@ -230,3 +230,28 @@ fn a_repeated_completion_does_not_complete_the_next_command_of_its_slot() {
     h.read(&b.token, 4096, 8192, 0).unwrap();
     assert_eq!(h.state(), HandleState::Open);
 }
+
+/// A lent queue reports a stuck request as timed out; when the controller
+/// completes it after all, the completion is ignored (it used to be counted
+/// down from zero: a panic in debug builds).
+#[test]
+fn a_completion_after_its_timeout_is_ignored() {
+    let o = HandleOptions { timeout: Duration::from_millis(200), ..opts() };
+    let (d, h, emu) = open(small_emu(), o);
+    let b = Buf::new(&d, 65536);
+    emu.inject(Fault::next(FaultTarget::Io(Some(READ)), FaultAction::Stall(Duration::from_millis(800))));
+    let mut q = h.io_queue().unwrap();
+    q.submit_read(&b.token, 4096, 0, 0, 7).unwrap();
+    let mut got = Vec::new();
+    while got.is_empty() {
+        q.poll(16, |t, r| got.push((t, r)));
+    }
+    assert!(matches!(got[0], (7, Err(Error::Timeout { .. }))), "{got:?}");
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(q.poll(16, |t, r| got.push((t, r))), 0, "the late completion is not reported");
+    assert_eq!(got.len(), 1);
+    drop(q);
+    h.close(Drain::ForceAfterReset).unwrap();
+    d.deregister(&b.token).unwrap();
+    std::mem::forget(b);
+}
