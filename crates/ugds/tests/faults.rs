@@ -255,3 +255,23 @@ fn a_completion_after_its_timeout_is_ignored() {
     d.deregister(&b.token).unwrap();
     std::mem::forget(b);
 }
+
+/// A controller removed by surprise (a hot unplug): every register reads
+/// all ones and nothing completes. A request fails with DeviceGone once its
+/// deadline passes (no hang, no panic), later ones fail too, and tearing the
+/// handle down ends.
+#[test]
+fn surprise_removal_is_a_typed_error() {
+    let o = HandleOptions { timeout: Duration::from_millis(300), ..opts() };
+    let (d, h, emu) = open(small_emu(), o);
+    let b = Buf::new(&d, 65536);
+    h.read(&b.token, 4096, 0, 0).unwrap();
+    emu.surprise_remove();
+    let r = h.read(&b.token, 4096, 0, 0);
+    assert!(matches!(r, Err(Error::DeviceGone)), "{r:?}");
+    assert!(h.read(&b.token, 4096, 4096, 0).is_err());
+    // A reset cannot be confirmed on a device that is gone: said so, and
+    // what the stuck command holds stays held.
+    assert!(matches!(h.close(Drain::ForceAfterReset), Err(Error::DeviceGone)));
+    std::mem::forget(b);
+}

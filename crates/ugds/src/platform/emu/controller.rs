@@ -387,6 +387,10 @@ impl Controller {
     }
 
     fn step(&mut self) -> bool {
+        if self.shared.removed.load(Ordering::Acquire) {
+            // Gone: nothing is fetched, completed or moved any more.
+            return false;
+        }
         let mut did = self.check_cc();
         if !self.enabled || self.fatal {
             return did;

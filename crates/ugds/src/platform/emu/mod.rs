@@ -431,6 +431,8 @@ struct Shared {
     faults: Mutex<Vec<Fault>>,
     faults_armed: AtomicBool,
     vectors: Vec<EventFd>,
+    /// Surprise removal: registers read all ones, nothing is processed.
+    removed: AtomicBool,
 }
 
 impl Shared {
@@ -478,6 +480,14 @@ impl EmuControl {
         self.shared.faults_armed.store(true, Ordering::Release);
     }
 
+    /// Removes the device by surprise, as a hot unplug does: from now on
+    /// every register reads all ones, writes go nowhere, and no command is
+    /// fetched or completed.
+    pub fn surprise_remove(&self) {
+        self.shared.removed.store(true, Ordering::Release);
+        self.shared.wake();
+    }
+
     /// Disarms every fault not yet used up.
     pub fn clear_faults(&self) {
         self.shared.faults.lock().unwrap_or_else(|p| p.into_inner()).clear();
@@ -516,6 +526,7 @@ impl EmuPlatform {
             faults: Mutex::new(Vec::new()),
             faults_armed: AtomicBool::new(false),
             vectors,
+            removed: AtomicBool::new(false),
         });
         let max_io_queues = config.max_io_queues;
         let s = shared.clone();
@@ -549,12 +560,18 @@ impl Platform for EmuPlatform {
     }
 
     fn read32(&self, off: usize) -> u32 {
-        // Reads outside the register file return all ones, as a PCI read of
-        // nothing does.
+        // Reads outside the register file, or of a removed device, return
+        // all ones, as a PCI read of nothing does.
+        if self.shared.removed.load(Ordering::Acquire) {
+            return u32::MAX;
+        }
         self.shared.reg(off).map_or(u32::MAX, |r| r.load(Ordering::Acquire))
     }
 
     fn write32(&self, off: usize, val: u32) {
+        if self.shared.removed.load(Ordering::Acquire) {
+            return;
+        }
         let writable = matches!(off, regs::INTMS | regs::INTMC | regs::CC | regs::NSSR | regs::AQA)
             || (regs::ASQ..regs::ACQ + 8).contains(&off)
             || off >= regs::DOORBELL_BASE;
