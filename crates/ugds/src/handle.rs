@@ -620,6 +620,12 @@ impl Handle {
         self.inner.batch.as_ref().map(|b| b.geometry())
     }
 
+    /// Interrupt waits of synchronous requests that slept to their cap
+    /// (100 ms) without a wake-up: a lost wake-up, or a device gone quiet.
+    pub fn interrupt_waits_capped(&self) -> u64 {
+        self.inner.sync.iter().map(|q| q.capped_waits()).sum()
+    }
+
     /// Reads `size` bytes at `file_offset` of the namespace into the
     /// registered buffer, `buf_offset` bytes in. Returns the bytes read
     /// (always `size`) once all of them are in the buffer.

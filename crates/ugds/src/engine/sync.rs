@@ -8,15 +8,21 @@
 //! with the queue, where completions are counted; a thread whose request was
 //! completed by another sees it there.
 //!
-//! In interrupt mode the eventfd of the queue's vector is only a wake-up
-//! hint: the phase tag decides. A thread that consumed completions belonging
-//! to others signals the eventfd again so that they wake and look.
+//! In interrupt mode threads sleep for a completion, a free request slot or
+//! room in the submission queue. One of them at a time (the leader) sleeps
+//! on the eventfd of the queue's vector, and only it drains it; the others
+//! sleep on a condition variable. Each wake-up-worthy event (an interrupt,
+//! completions consumed, a slot freed) bumps an epoch under the sleepers'
+//! mutex and wakes them all (the leader through the eventfd), and a thread
+//! about to sleep that sees the epoch moved since it last looked looks
+//! again: no wake-up is lost. The eventfd is only a hint: the phase tag
+//! decides.
 
 use super::qpair::{CqView, QueuePair};
 use crate::platform::Platform;
 use crate::{Error, Result};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use ugds_nvme::prp::PrpPlan;
 use ugds_nvme::{regs, Sqe, Status};
@@ -67,7 +73,24 @@ pub struct SyncQueue {
     platform: Arc<dyn Platform>,
     vector: Option<u16>,
     qid: u16,
+    /// Interrupt-mode sleepers (see the module's comment).
+    sleep: Mutex<Sleepers>,
+    woken: Condvar,
+    /// Interrupt waits that lasted to their cap without a wake-up (a lost
+    /// wake-up, or a device that went quiet).
+    capped_waits: AtomicU64,
 }
+
+#[derive(Default)]
+struct Sleepers {
+    /// Bumped by each wake-up-worthy event.
+    epoch: u32,
+    /// A thread sleeps on the eventfd.
+    leader: bool,
+}
+
+/// The longest one interrupt wait sleeps before looking again.
+const WAIT_CAP: Duration = Duration::from_millis(100);
 
 /// A request's deadline, read from the clock only when first needed (a
 /// wait that lasts, or an interrupt wait): most requests complete sooner
@@ -127,7 +150,15 @@ impl SyncQueue {
             platform,
             vector,
             qid,
+            sleep: Mutex::default(),
+            woken: Condvar::new(),
+            capped_waits: AtomicU64::new(0),
         }
+    }
+
+    /// Interrupt waits that lasted to their cap (see [`WAIT_CAP`]).
+    pub fn capped_waits(&self) -> u64 {
+        self.capped_waits.load(Ordering::Relaxed)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -197,15 +228,45 @@ impl SyncQueue {
         any
     }
 
-    fn wait(&self, mode: Completion, spins: &mut u32, deadline: &mut Deadline) {
+    /// Waits for something to look at; `seen` is the epoch the caller's
+    /// last look started from.
+    fn wait(&self, mode: Completion, spins: &mut u32, deadline: &mut Deadline, seen: &mut u32) {
         *spins = spins.wrapping_add(1);
         match (mode, self.vector) {
             (Completion::Interrupt, Some(v)) => {
                 if let Ok(Some(efd)) = self.platform.interrupt(v) {
-                    let left = deadline.at().saturating_duration_since(Instant::now());
-                    if efd.wait(left.min(Duration::from_millis(100))) {
-                        efd.drain();
+                    let left = deadline.at().saturating_duration_since(Instant::now()).min(WAIT_CAP);
+                    let mut sl = self.sleep.lock().unwrap_or_else(|p| p.into_inner());
+                    if sl.epoch != *seen || self.completion_waiting() {
+                        *seen = sl.epoch;
+                        return;
                     }
+                    let capped = if sl.leader {
+                        let (g, t) = self.woken.wait_timeout(sl, left).unwrap_or_else(|p| p.into_inner());
+                        sl = g;
+                        t.timed_out() && sl.epoch == *seen
+                    } else {
+                        sl.leader = true;
+                        drop(sl);
+                        let signalled = efd.wait(left);
+                        if signalled {
+                            efd.drain();
+                        }
+                        sl = self.sleep.lock().unwrap_or_else(|p| p.into_inner());
+                        sl.leader = false;
+                        if signalled {
+                            // An interrupt (or a kick): everyone looks.
+                            sl.epoch = sl.epoch.wrapping_add(1);
+                        }
+                        // Woken or not, the followers look (one of them
+                        // takes the eventfd over if it must sleep again).
+                        self.woken.notify_all();
+                        !signalled && sl.epoch == *seen
+                    };
+                    if capped && left >= WAIT_CAP {
+                        self.capped_waits.fetch_add(1, Ordering::Relaxed);
+                    }
+                    *seen = sl.epoch;
                     return;
                 }
                 std::hint::spin_loop();
@@ -235,6 +296,10 @@ impl SyncQueue {
         let mut cmds = cmds.peekable();
         let mut deadline = Deadline::new(timeout);
         let mut spins = 0u32;
+        let mut seen = match mode {
+            Completion::Interrupt => self.sleep.lock().unwrap_or_else(|p| p.into_inner()).epoch,
+            Completion::Poll => 0,
+        };
         // Take a slot; when every slot is in use, help the others finish.
         let slot = loop {
             let mut st = self.lock();
@@ -244,12 +309,15 @@ impl SyncQueue {
                 self.stage(&mut st, s, &mut cmds);
                 break s;
             }
-            self.reap(&mut st, u32::MAX);
+            let (n, _) = self.reap(&mut st, u32::MAX);
             drop(st);
+            if n > 0 {
+                self.wake_sleepers(mode);
+            }
             if deadline.passed() {
                 return Err(Failure::Error(Error::QueueFull));
             }
-            self.wait(mode, &mut spins, &mut deadline);
+            self.wait(mode, &mut spins, &mut deadline, &mut seen);
         };
         let s = &self.slots[slot as usize];
         loop {
@@ -262,28 +330,49 @@ impl SyncQueue {
                 if spins % 256 == 255 && deadline.passed() {
                     return Err(self.timed_out(slot, op, timeout));
                 }
-                self.wait(mode, &mut spins, &mut deadline);
+                self.wait(mode, &mut spins, &mut deadline, &mut seen);
                 continue;
             }
             if let Ok(mut st) = self.state.try_lock() {
-                let (n, others) = self.reap(&mut st, slot);
+                let (n, _) = self.reap(&mut st, slot);
                 progressed = n > 0;
-                if others && mode == Completion::Interrupt {
-                    self.kick();
-                }
                 if cmds.peek().is_some() {
                     progressed |= self.stage(&mut st, slot, &mut cmds);
                 }
                 if cmds.peek().is_none() && s.pending.load(Ordering::Acquire) == 0 {
-                    return self.release_slot(&mut st, slot, op).map_err(Failure::Error);
+                    let r = self.release_slot(&mut st, slot, op).map_err(Failure::Error);
+                    drop(st);
+                    // A slot and perhaps SQ room are free: anyone asleep
+                    // for them (or for completions consumed here) looks.
+                    self.wake_sleepers(mode);
+                    return r;
+                }
+                drop(st);
+                if n > 0 {
+                    self.wake_sleepers(mode);
                 }
             }
             if !progressed {
                 if spins % 256 == 255 && deadline.passed() {
                     return Err(self.timed_out(slot, op, timeout));
                 }
-                self.wait(mode, &mut spins, &mut deadline);
+                self.wait(mode, &mut spins, &mut deadline, &mut seen);
             }
+        }
+    }
+
+    /// Signals the eventfd while anyone sleeps on it (interrupt mode).
+    fn wake_sleepers(&self, mode: Completion) {
+        if mode != Completion::Interrupt {
+            return;
+        }
+        let mut sl = self.sleep.lock().unwrap_or_else(|p| p.into_inner());
+        sl.epoch = sl.epoch.wrapping_add(1);
+        self.woken.notify_all();
+        let leader = sl.leader;
+        drop(sl);
+        if leader {
+            self.kick();
         }
     }
 
