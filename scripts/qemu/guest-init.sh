@@ -76,7 +76,7 @@ btrfs_check() {
 run bind-refuses-btrfs btrfs_check
 xfs_log_check() {
     truncate -s 320M /tmp/xfs.img && losetup /dev/loop1 /tmp/xfs.img || return 1
-    if ! { mkfs.xfs -f -q -l logdev=/dev/$NS,size=64m /dev/loop1 && mount -t xfs -o logdev=/dev/$NS /dev/loop1 /mnt; }; then
+    if ! { mkfs.xfs -f -q -s size=4096 -l logdev=/dev/$NS,size=64m /dev/loop1 && mount -t xfs -o logdev=/dev/$NS /dev/loop1 /mnt; }; then
         losetup -d /dev/loop1; rm -f /tmp/xfs.img; return 1
     fi
     out=$(/bin/ugds bind $BDF vfio-pci --force 2>&1); rc=$?
