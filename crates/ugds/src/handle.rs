@@ -406,6 +406,21 @@ impl HandleInner {
         }
     }
 
+    /// Queue pairs this handle can lend (see [`Handle::io_queue`]).
+    pub fn lendable_queues(&self) -> usize {
+        self.async_queues
+    }
+
+    /// I/O queue pairs the controller granted.
+    pub fn controller_queues(&self) -> u16 {
+        self.ctrl.info().io_queues
+    }
+
+    /// Synchronous queue pairs.
+    pub fn sync_queues(&self) -> usize {
+        self.sync.len()
+    }
+
     pub fn take_async_queue(&self) -> Option<QueuePair> {
         self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop()
     }

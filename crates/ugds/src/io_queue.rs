@@ -51,6 +51,19 @@ impl<'h> IoQueue<'h> {
         let h = &*handle.inner;
         let r = h.enter()?;
         let Some(qp) = h.take_async_queue() else {
+            if h.lendable_queues() == 0 {
+                // Not busy: there never was one to lend.
+                let batch = h.batch_queue().is_ok();
+                return Err(Error::Unsupported(format!(
+                    "no I/O queue pair to lend: the controller granted {} I/O queue pair(s), taken by {} \
+                     synchronous and {} batch queue(s) (ask for async_queues with a controller that grants \
+                     more, or use the synchronous{} calls)",
+                    h.controller_queues(),
+                    h.sync_queues(),
+                    batch as usize,
+                    if batch { ", batch or stream-ordered" } else { "" }
+                )));
+            }
             return Err(Error::Busy { what: "I/O queue pool (every lendable queue is lent)", inflight: 0 });
         };
         // The reference lives as long as the IoQueue: released in Drop.
