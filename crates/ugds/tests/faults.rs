@@ -10,6 +10,15 @@ use ugds::platform::emu::{Fault, FaultAction, FaultTarget};
 use ugds::{Drain, Error, HandleOptions, HandleState};
 
 const READ: u8 = 0x02;
+
+/// Resets a wedged handle (which lets go of what its stuck commands held)
+/// and deregisters the buffer those commands targeted.
+fn force_release(d: &ugds::Driver, h: &ugds::Handle, b: Buf<'_>) {
+    h.close(Drain::ForceAfterReset).unwrap();
+    d.deregister(&b.token).unwrap();
+    // Deregistered just above: its drop must not do it again.
+    std::mem::forget(b);
+}
 const WRITE: u8 = 0x01;
 
 #[test]
@@ -120,9 +129,7 @@ fn lost_completion_on_an_io_queue_wedges() {
     drop(q);
     assert_eq!(h.state(), HandleState::Wedged);
     assert!(matches!(d.deregister(&b.token), Err(Error::Busy { .. })));
-    h.close(Drain::ForceAfterReset).unwrap();
-    d.deregister(&b.token).unwrap();
-    std::mem::forget(b);
+    force_release(&d, &h, b);
 }
 
 #[test]
@@ -168,9 +175,7 @@ fn a_command_the_controller_will_not_abort_wedges_and_reset_clears_it() {
     emu.inject(Fault::next(FaultTarget::Io(Some(WRITE)), FaultAction::LoseCompletion));
     assert!(matches!(h.write(&b.token, 4096, 0, 0), Err(Error::Timeout { .. })));
     assert_eq!(h.state(), HandleState::Wedged);
-    h.close(Drain::ForceAfterReset).unwrap();
-    d.deregister(&b.token).unwrap();
-    std::mem::forget(b);
+    force_release(&d, &h, b);
 }
 
 #[test]
@@ -181,9 +186,7 @@ fn controller_fatal_status() {
     emu.inject(Fault::next(FaultTarget::Io(None), FaultAction::Fatal));
     assert!(matches!(h.read(&b.token, 4096, 0, 0), Err(Error::ControllerFatal)));
     assert_eq!(h.state(), HandleState::Wedged);
-    h.close(Drain::ForceAfterReset).unwrap();
-    d.deregister(&b.token).unwrap();
-    std::mem::forget(b);
+    force_release(&d, &h, b);
 }
 
 #[test]
@@ -251,9 +254,7 @@ fn a_completion_after_its_timeout_is_ignored() {
     assert_eq!(q.poll(16, |t, r| got.push((t, r))), 0, "the late completion is not reported");
     assert_eq!(got.len(), 1);
     drop(q);
-    h.close(Drain::ForceAfterReset).unwrap();
-    d.deregister(&b.token).unwrap();
-    std::mem::forget(b);
+    force_release(&d, &h, b);
 }
 
 /// A controller removed by surprise (a hot unplug): every register reads

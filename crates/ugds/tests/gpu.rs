@@ -75,8 +75,9 @@ fn cuda() -> Option<Arc<Cuda>> {
                 drop(unsafe { c.stream(streams[0].raw(), StreamWait::DeviceSide) }.unwrap());
                 let d = ugds::Driver::open();
                 let mem = kept(c.alloc(4096).unwrap());
-                mem.upload(0, &[0; 16]).unwrap(); // makes the upload stream
-                                                  // SAFETY: deregistered at once.
+                // The first upload makes the upload stream.
+                mem.upload(0, &[0; 16]).unwrap();
+                // SAFETY: deregistered at once.
                 d.deregister(&unsafe { d.register_cuda(mem.ptr(), 4096) }.unwrap()).unwrap();
                 // A second context (current after creation), for the test of
                 // context checks.
@@ -98,6 +99,17 @@ fn cuda() -> Option<Arc<Cuda>> {
 /// Device and pinned memory of these tests is never freed (see [`Fixture`]).
 fn kept<T>(x: T) -> std::mem::ManuallyDrop<T> {
     std::mem::ManuallyDrop::new(x)
+}
+
+/// Every stream operation in `results` moved `size` bytes.
+fn assert_all_moved(results: &[Arc<ugds::StreamResult>], size: usize) {
+    let bad: Vec<_> = results
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.bytes() != size as i64)
+        .map(|(i, r)| (i, r.bytes(), r.take_error()))
+        .collect();
+    assert!(bad.is_empty(), "{bad:?}");
 }
 
 fn download(b: &DeviceBuffer, off: usize, len: usize) -> Vec<u8> {
@@ -389,13 +401,7 @@ fn sixty_four_streams_read_and_write_at_once() {
     for raw in &raws {
         raw.synchronize().unwrap();
     }
-    let bad: Vec<_> = results
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| r.bytes() != SZ as i64)
-        .map(|(i, r)| (i, r.bytes(), r.take_error()))
-        .collect();
-    assert!(bad.is_empty(), "{bad:?}");
+    assert_all_moved(&results, SZ);
     assert!(download(&gpu, 0, N * SZ) == pattern(6, 0, N * SZ), "reads on the streams");
     h.read(&hb.token, N * SZ, 8 << 20, 0).unwrap();
     assert!(hb.mem[..] == pattern(6, 0, N * SZ)[..], "writes on the streams");
@@ -541,13 +547,7 @@ fn driver_calls_that_wait_for_the_device_do_not_stall_stream_io() {
     gate.open();
     let more = waiter.join().unwrap();
     raw.synchronize().unwrap();
-    let bad: Vec<_> = results
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| r.bytes() != SZ as i64)
-        .map(|(i, r)| (i, r.bytes(), r.take_error()))
-        .collect();
-    assert!(bad.is_empty(), "{bad:?}");
+    assert_all_moved(&results, SZ);
     assert!(download(&gpu, 0, 8 * SZ) == pattern(21, 0, 8 * SZ), "reads landed");
     h.read(&hb.token, 8 * SZ, 8 << 20, 0).unwrap();
     assert!(hb.mem[..8 * SZ] == pattern(21, 0, 8 * SZ)[..], "writes took the GPU's bytes");
