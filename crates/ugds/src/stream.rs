@@ -666,13 +666,15 @@ impl Handle {
             return Err(Error::Unsupported("stream-ordered I/O needs the batch queue, which this handle lacks".into()));
         }
         let gpu = stream.as_gpu().filter(|_| h.platform().copies_device_memory());
-        let mark = StageMark::default();
+        // What will free this operation's staging blocks (an allocation:
+        // only where staging may happen).
+        let mark = gpu.map(|_| StageMark::default());
         let mut pending = Vec::with_capacity(ios.len());
         for (op, buf, io) in ios {
             let hold = h.registry().acquire(&buf, 0, 0)?;
             let op = if op == BatchOp::Read { NvmOpcode::Read } else { NvmOpcode::Write };
             let stage = match gpu {
-                Some(g) => stage_for(h, g, &buf, &io, &mark)?,
+                Some(g) => stage_for(h, g, &buf, &io, mark.as_ref().expect("made with gpu"))?,
                 None => None,
             };
             pending.push(Pending { op, buf, io, _hold: hold, stage });
@@ -703,7 +705,7 @@ impl Handle {
             let bound = cell.lock().unwrap_or_else(|p| p.into_inner()).take().unwrap_or_default();
             send(href, bound, signal)
         });
-        g.launch_staged(bind_fn, op, before, &after, &mark)
+        g.launch_staged(bind_fn, op, before, &after, mark.as_ref().expect("made with gpu"))
     }
 }
 
@@ -743,7 +745,8 @@ fn stage_for(
 /// Binds each request's late values and validates them; a request that
 /// fails has its result written now and is left out.
 fn bind(h: &Arc<HandleInner>, pending: Vec<Pending>) -> Bound {
-    let mut b = Bound::default();
+    let mut b =
+        Bound { reqs: Vec::with_capacity(pending.len()), sinks: Vec::with_capacity(pending.len()), ..Bound::default() };
     let mut recent = None;
     for p in pending {
         let mut stage = p.stage;
