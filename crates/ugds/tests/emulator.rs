@@ -288,3 +288,69 @@ fn a_namespace_on_a_descriptor_serves_that_file() {
     assert!(got == pattern(5, 0, 8192), "the write reached the caller's file");
     assert!(!path.exists(), "no file was made by name");
 }
+
+/// "GPU memory" for the emulator: bytes behind a made-up device address,
+/// reached only through the runtime's copies, as CUDA memory is.
+struct FakeGpu {
+    base: u64,
+    mem: std::sync::Mutex<Vec<u8>>,
+}
+
+impl ugds::gpu::DeviceRuntime for FakeGpu {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+    fn copy_to_device(&self, dst: u64, src: &[u8]) -> ugds::Result<()> {
+        let off = (dst - self.base) as usize;
+        self.mem.lock().unwrap()[off..off + src.len()].copy_from_slice(src);
+        Ok(())
+    }
+    fn copy_from_device(&self, dst: &mut [u8], src: u64) -> ugds::Result<()> {
+        let off = (src - self.base) as usize;
+        dst.copy_from_slice(&self.mem.lock().unwrap()[off..off + dst.len()]);
+        Ok(())
+    }
+    fn host_register(&self, _: *mut u8, _: usize) -> bool {
+        false
+    }
+    fn host_unregister(&self, _: *mut u8) {}
+    fn export_dmabuf(&self, _: u64, _: usize) -> ugds::Result<ugds::gpu::DmabufExport> {
+        Err(Error::Unsupported("fake".into()))
+    }
+}
+
+/// With device memory mapped, a command on GPU memory goes to the GPU copy
+/// thread and one on host memory runs on the controller's thread, each
+/// walked once; both move the right bytes.
+#[test]
+fn host_and_device_memory_side_by_side() {
+    use ugds::platform::Platform;
+    let (c, emu) = controller(small_emu(), 1);
+    let p = c.platform().clone();
+    let gpu = Arc::new(FakeGpu { base: 0x10_0000_0000, mem: std::sync::Mutex::new(vec![0; 8192]) });
+    let mem = ugds::gpu::DeviceMemory { ptr: gpu.base, len: 8192, runtime: gpu.clone() };
+    // SAFETY: the fake memory lives as long as `gpu`, past the unmap below.
+    let dev = unsafe { p.map_device(&mem) }.unwrap();
+    let host = p.alloc_dma(4096).unwrap();
+    for i in 0..4096 {
+        // SAFETY: within the 4096 bytes just allocated.
+        unsafe { host.vaddr().add(i).write(i as u8 ^ 0x5a) };
+    }
+    let mut qp = io_qpair(&c);
+    let rw = |op, lba, prp1| Sqe::rw(op, Cid(0), Nsid(1), Lba(lba), 8, prp1, 0);
+    // Host -> namespace (the controller's thread), namespace -> GPU (the copy thread).
+    assert!(run(&mut qp, rw(NvmOpcode::Write, 0, host.iova(0)), None).status().is_success());
+    assert!(run(&mut qp, rw(NvmOpcode::Read, 0, dev.pages[0]), None).status().is_success());
+    let want: Vec<u8> = (0..4096).map(|i| i as u8 ^ 0x5a).collect();
+    assert!(gpu.mem.lock().unwrap()[..4096] == want[..], "the GPU got the bytes");
+    // GPU -> namespace -> host.
+    gpu.mem.lock().unwrap()[4096..].fill(0xc3);
+    assert!(run(&mut qp, rw(NvmOpcode::Write, 8, dev.pages[1]), None).status().is_success());
+    assert!(run(&mut qp, rw(NvmOpcode::Read, 8, host.iova(0)), None).status().is_success());
+    // SAFETY: the 4096 bytes the read just filled.
+    let back = unsafe { std::slice::from_raw_parts(host.vaddr(), 4096) };
+    assert!(back.iter().all(|&b| b == 0xc3), "the host got the GPU's bytes");
+    assert_eq!(emu.stats().dma_faults, 0);
+    c.delete_io_qpair(&qp).unwrap();
+    p.unmap_host(&dev).unwrap();
+}

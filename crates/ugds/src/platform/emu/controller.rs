@@ -693,8 +693,19 @@ impl Controller {
                 self.gpu_copies.get_or_insert_with(|| Workers::start(1, "gpu", shared, ns))
             }
             (false, true) => self.workers.as_mut().expect("to_workers says so"),
-            // Walked twice, only while device memory is mapped.
-            (false, false) => return None,
+            // Host memory, here and now, with the segments just translated
+            // (reached only while device memory is mapped: `gpu`, so no
+            // latency model and no null namespace).
+            (false, false) => {
+                let ns = &self.ns[idx];
+                // SAFETY: translated under `table`'s read lock, which the
+                // caller (`step`) holds for the duration of the copy.
+                if let Err(s) = unsafe { move_data(ns, op, slba * bs, &self.host_segs, &mut self.staging) } {
+                    return Some(done(s));
+                }
+                self.count(op, len);
+                return Some(done(Status::SUCCESS));
+            }
         };
         let job = Job {
             c: Completion { sqid: qid, cid: sqe.cid().0, dw0: 0, status: Status::SUCCESS },
@@ -707,6 +718,17 @@ impl Controller {
         w.inflight += 1;
         w.tx.as_ref().expect("workers live").send(job).expect("workers outlive the controller");
         Some(Outcome::None)
+    }
+
+    /// Counts a read or write that moved `len` bytes.
+    fn count(&mut self, op: NvmOpcode, len: usize) {
+        if op == NvmOpcode::Read {
+            self.local.reads += 1;
+            self.local.bytes_read += len as u64;
+        } else {
+            self.local.writes += 1;
+            self.local.bytes_written += len as u64;
+        }
     }
 
     /// Completes what the workers finished.
@@ -726,13 +748,7 @@ impl Controller {
             job.segs.clear();
             self.spare_segs.push(job.segs);
             if job.c.status.is_success() {
-                if job.op == NvmOpcode::Read {
-                    self.local.reads += 1;
-                    self.local.bytes_read += job.len as u64;
-                } else {
-                    self.local.writes += 1;
-                    self.local.bytes_written += job.len as u64;
-                }
+                self.count(job.op, job.len);
             }
             self.held.push(job.c);
         }
@@ -887,13 +903,7 @@ impl Controller {
                         return done(s);
                     }
                 }
-                if op == NvmOpcode::Read {
-                    self.local.reads += 1;
-                    self.local.bytes_read += len as u64;
-                } else {
-                    self.local.writes += 1;
-                    self.local.bytes_written += len as u64;
-                }
+                self.count(op, len);
                 Outcome::Done { status: Status::SUCCESS, dw0: 0, due: self.model_due(len) }
             }
             NvmOpcode::WriteZeroes => {
