@@ -324,7 +324,6 @@ impl ugds::gpu::DeviceRuntime for FakeGpu {
 /// walked once; both move the right bytes.
 #[test]
 fn host_and_device_memory_side_by_side() {
-    use ugds::platform::Platform;
     let (c, emu) = controller(small_emu(), 1);
     let p = c.platform().clone();
     let gpu = Arc::new(FakeGpu { base: 0x10_0000_0000, mem: std::sync::Mutex::new(vec![0; 8192]) });
