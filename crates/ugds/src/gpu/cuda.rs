@@ -434,20 +434,32 @@ impl Cuda {
         Ok(PinnedBuffer { cuda: self.clone(), ptr: p as usize, len })
     }
 
-    /// A closed gate streams can be held at (tests): a device-mapped word
-    /// of the current context, never freed.
-    pub fn gate(self: &Arc<Self>) -> Result<Gate> {
+    /// `len` bytes of device-mapped pinned memory of the current context,
+    /// zeroed: (host address, device address). Freed by nobody: freeing
+    /// pinned memory waits for the device.
+    fn alloc_mapped(&self, len: usize) -> Result<(usize, u64)> {
         let mut host: *mut c_void = std::ptr::null_mut();
         let flags = MEMHOSTALLOC_PORTABLE | MEMHOSTALLOC_DEVICEMAP;
         // SAFETY: writes one host pointer.
-        self.check("cuMemHostAlloc", unsafe { (self.api.mem_host_alloc)(&mut host, 64, flags) })?;
-        // SAFETY: 64 bytes just allocated, aligned for a u32.
-        unsafe { (host as *mut u32).write_volatile(0) };
+        self.check("cuMemHostAlloc", unsafe { (self.api.mem_host_alloc)(&mut host, len, flags) })?;
+        // SAFETY: `len` bytes just allocated.
+        unsafe { std::ptr::write_bytes(host as *mut u8, 0, len) };
         let mut dev = 0u64;
         // SAFETY: `host` is mapped memory of this context.
         let r = unsafe { (self.api.mem_host_get_device_pointer)(&mut dev, host, 0) };
-        self.check("cuMemHostGetDevicePointer", r)?;
-        Ok(Gate { cuda: self.clone(), host: host as usize, dev })
+        if let Err(e) = self.check("cuMemHostGetDevicePointer", r) {
+            // SAFETY: ours, never given to a stream.
+            unsafe { (self.api.mem_free_host)(host) };
+            return Err(e);
+        }
+        Ok((host as usize, dev))
+    }
+
+    /// A closed gate streams can be held at (tests): a device-mapped word
+    /// of the current context, never freed.
+    pub fn gate(self: &Arc<Self>) -> Result<Gate> {
+        let (host, dev) = self.alloc_mapped(64)?;
+        Ok(Gate { cuda: self.clone(), host, dev })
     }
 
     /// A new non-blocking stream in the current context, destroyed on drop.
@@ -746,24 +758,7 @@ impl CudaStreamBackend {
     /// `len` bytes of device-mapped pinned memory of this context, zeroed:
     /// (host address, device address).
     fn alloc_mapped(&self, len: usize) -> Result<(usize, u64)> {
-        self.cuda.with_context(self.ctx as Ctx, || {
-            let mut host: *mut c_void = std::ptr::null_mut();
-            let flags = MEMHOSTALLOC_PORTABLE | MEMHOSTALLOC_DEVICEMAP;
-            // SAFETY: writes one host pointer.
-            let r = unsafe { (self.cuda.api.mem_host_alloc)(&mut host, len, flags) };
-            self.cuda.check("cuMemHostAlloc", r)?;
-            // SAFETY: `len` bytes just allocated.
-            unsafe { std::ptr::write_bytes(host as *mut u8, 0, len) };
-            let mut dev = 0u64;
-            // SAFETY: `host` is mapped memory of this context.
-            let r = unsafe { (self.cuda.api.mem_host_get_device_pointer)(&mut dev, host, 0) };
-            if let Err(e) = self.cuda.check("cuMemHostGetDevicePointer", r) {
-                // SAFETY: ours, never given to a stream.
-                unsafe { (self.cuda.api.mem_free_host)(host) };
-                return Err(e);
-            }
-            Ok((host as usize, dev))
-        })
+        self.cuda.with_context(self.ctx as Ctx, || self.cuda.alloc_mapped(len))
     }
 }
 
