@@ -497,6 +497,11 @@ unsafe extern "C" fn host_call(data: *mut c_void) {
     }
 }
 
+/// The host function that binds a staged operation's values.
+///
+/// # Safety
+/// `data` is the `Box<Box<dyn FnOnce()>>` that `launch_op` leaked for this
+/// launch; the runtime calls this once.
 unsafe extern "C" fn host_bind(data: *mut c_void) {
     // SAFETY: boxed by `launch_op`, launched once, run once.
     let f = unsafe { Box::from_raw(data as *mut Box<dyn FnOnce() + Send>) };
@@ -505,6 +510,11 @@ unsafe extern "C" fn host_bind(data: *mut c_void) {
     }
 }
 
+/// The host function that writes `passed` in blocking mode.
+///
+/// # Safety
+/// `data` is the `Box<(Slot, u32)>` that `launch_op` leaked for this
+/// launch; the runtime calls this once.
 unsafe extern "C" fn host_passed(data: *mut c_void) {
     // SAFETY: boxed by `launch_op`, launched once, run once.
     let (slot, value) = *unsafe { Box::from_raw(data as *mut (Slot, u32)) };
