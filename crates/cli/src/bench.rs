@@ -959,22 +959,31 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         max_size.div_ceil(4096 << o.target.mdts)
     };
     let depth = (o.qd * per_req + 1).clamp(64, 1024) as u16;
-    let opts = HandleOptions {
+    let lent = (o.qd > 1 || o.force_queue) && o.batches.is_empty() && !o.stream;
+    let mut opts = HandleOptions {
         nsid: o.target.nsid,
         completion: if o.interrupt { Completion::Interrupt } else { Completion::Poll },
-        sync_queues: o.threads as u16,
-        async_queues: if (o.qd > 1 || o.force_queue) && o.batches.is_empty() && !o.stream {
-            o.threads as u16
-        } else {
-            0
-        },
+        sync_queues: if lent { 1 } else { o.threads as u16 },
+        async_queues: if lent { o.threads as u16 } else { 0 },
         queue_depth: depth,
         // Queue mode needs lendable queues more than a batch queue (few queues: QEMU max_ioqpairs=2).
         batch_queue: !o.batches.is_empty() || o.stream,
         shadow_doorbells: o.shadow_doorbells,
         ..HandleOptions::default()
     };
-    let handle = driver.open_handle(platform, opts).map_err(|e| e.to_string())?;
+    let mut handle = driver.open_handle(platform.clone(), opts.clone()).map_err(|e| e.to_string())?;
+    let mut shared_note = "";
+    if lent && handle.queue_counts().1 < o.threads {
+        // Too few queue pairs to lend one per thread: every thread's queue
+        // is a context on the batch queue instead (shared with synchronous
+        // I/O when the controller grants one queue pair).
+        handle.close(ugds::Drain::NoWait).map_err(|e| e.to_string())?;
+        opts.async_queues = 0;
+        opts.batch_queue = true;
+        opts.queue_depth = opts.queue_depth.max(opts.batch_depth);
+        handle = driver.open_handle(platform, opts).map_err(|e| e.to_string())?;
+        shared_note = "; too few to lend one per thread: each thread's queue is a context on the batch queue";
+    }
     let setup = t_setup.elapsed();
     let ns = handle.namespace();
     let range = o.range.unwrap_or(ns.capacity()).min(ns.capacity());
@@ -987,13 +996,21 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     let (nsync, nasync) = handle.queue_counts();
     println!("target   {}", target.description);
     println!(
-        "setup    {:.2} ms (controller enabled, identified, {} sync + {} lent queue pairs of {} entries{})",
+        "setup    {:.2} ms (controller enabled, identified, {} sync + {} lent queue pairs of {} entries{}{})",
         setup.as_secs_f64() * 1e3,
         nsync,
         nasync,
         depth,
-        if handle.shadow_doorbells() { ", shadow doorbells" } else { "" }
+        if handle.shadow_doorbells() { ", shadow doorbells" } else { "" },
+        shared_note
     );
+    match handle.batch_geometry() {
+        Some((entries, _)) if handle.batch_queue_is_shared() => {
+            println!("         batch queue: the one queue pair, shared with synchronous I/O ({entries} entries)")
+        }
+        Some((entries, pages)) => println!("         batch queue: {entries} entries, {pages} PRP-list pages"),
+        None => {}
+    }
     // One registered buffer per thread: qd slots of the largest size.
     let mut bufs = Vec::new();
     let mut slots = Vec::new();

@@ -191,7 +191,7 @@ impl Batch {
         let mut spins = 0u32;
         while q.inflight(self.ctx) > 0 {
             // Reap without taking this context's events away from the caller.
-            crate::engine::batch::BatchQueue::reap(&mut q.lock());
+            q.reap(&mut q.lock());
             spins = spins.wrapping_add(1);
             if spins % 1024 == 0 {
                 let expired = q.expire(self.ctx);

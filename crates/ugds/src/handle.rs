@@ -48,8 +48,9 @@ pub struct HandleOptions {
     pub queue_depth: u16,
     /// How long a command may take before the handle is wedged.
     pub timeout: Duration,
-    /// Set up the deep batch queue pair (when the controller grants at
-    /// least two I/O queues).
+    /// Set up batch contexts (and stream-ordered I/O): on a deep queue pair
+    /// of their own when the controller grants at least two I/O queues, on
+    /// the one synchronous queue pair when it grants one.
     pub batch_queue: bool,
     /// Entries of the batch queue (capped by MQES).
     pub batch_depth: u16,
@@ -127,7 +128,7 @@ pub(crate) struct HandleInner {
     pub id: u64,
     driver: Arc<DriverInner>,
     ns: NamespaceInfo,
-    sync: ManuallyDrop<Box<[SyncQueue]>>,
+    sync: ManuallyDrop<Box<[Arc<SyncQueue>]>>,
     rr: AtomicUsize,
     pool: ManuallyDrop<Mutex<Vec<QueuePair>>>,
     batch: ManuallyDrop<Option<Arc<BatchQueue>>>,
@@ -174,8 +175,10 @@ impl HandleInner {
             }
             Completion::Poll => None,
         };
+        // One queue pair for everything: deep enough for batches too.
+        let shared_batch = opts.batch_queue && nbatch == 0;
         let mut created: Vec<QueuePair> = Vec::new();
-        let depth = opts.queue_depth.max(2);
+        let depth = if shared_batch { opts.queue_depth.max(opts.batch_depth) } else { opts.queue_depth }.max(2);
         // Queue ids: the synchronous pool, then the batch queue, then the
         // lendable ones. The batch queue always polls (as in the paper).
         let batch_qid = nsync + 1;
@@ -198,8 +201,17 @@ impl HandleInner {
         }
         let mut rest: Vec<QueuePair> = created.split_off(nsync as usize);
         let pool = rest.split_off(nbatch as usize);
-        let batch = rest.pop().map(|qp| Arc::new(BatchQueue::new(qp, ns.nsid, opts.timeout, id)));
-        let sync: Box<[SyncQueue]> = created.into_iter().map(|qp| SyncQueue::new(qp, platform.clone())).collect();
+        let sync: Box<[Arc<SyncQueue>]> =
+            created.into_iter().map(|qp| Arc::new(SyncQueue::new(qp, platform.clone()))).collect();
+        let batch = match rest.pop() {
+            Some(qp) => Some((Arc::new(SyncQueue::new(qp, platform.clone())), false)),
+            None if shared_batch => {
+                tracing::info!("one I/O queue pair: batch and stream-ordered I/O share it with synchronous I/O");
+                Some((sync[0].clone(), true))
+            }
+            None => None,
+        };
+        let batch = batch.map(|(q, shared)| Arc::new(BatchQueue::new(q, shared, ns.nsid, opts.timeout, id)));
         Ok(HandleInner {
             id,
             driver,
@@ -354,7 +366,7 @@ impl HandleInner {
     pub fn batch_queue(&self) -> Result<&BatchQueue> {
         self.batch.as_deref().ok_or_else(|| {
             Error::Unsupported(format!(
-                "no batch queue: the controller granted {} I/O queue pair(s), or batch_queue is off",
+                "no batch queue: batch_queue is off in this handle's options (the controller granted {} I/O queue pair(s))",
                 self.ctrl.info().io_queues
             ))
         })
@@ -450,7 +462,7 @@ impl HandleInner {
         for qp in self.pool.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             clean &= self.ctrl.delete_io_qpair(qp).is_ok();
         }
-        if let Some(b) = self.batch.as_ref() {
+        if let Some(b) = self.batch.as_ref().filter(|b| !b.is_shared()) {
             clean &= self.ctrl.delete_io_qpair(&b.lock().qp).is_ok();
         }
         let down = if clean { self.ctrl.shutdown() } else { self.ctrl.disable() };
@@ -635,6 +647,13 @@ impl Handle {
         self.inner.batch.as_ref().map(|b| b.geometry())
     }
 
+    /// Whether batch contexts (and stream-ordered I/O) share the one
+    /// synchronous queue pair (a controller that granted one) rather than
+    /// a deep queue pair of their own.
+    pub fn batch_queue_is_shared(&self) -> bool {
+        self.inner.batch.as_ref().is_some_and(|b| b.is_shared())
+    }
+
     /// Interrupt waits of synchronous requests that slept to their cap
     /// (100 ms) without a wake-up: a lost wake-up, or a device gone quiet.
     pub fn interrupt_waits_capped(&self) -> u64 {
@@ -723,7 +742,10 @@ impl Handle {
     }
 
     /// Lends a queue pair for asynchronous submission from one thread.
-    /// Refused with [`Error::Busy`] when every lendable queue is out.
+    /// Refused with [`Error::Busy`] when every lendable queue is out. On a
+    /// handle that has none to lend (the controller granted too few), a
+    /// context on the batch queue instead ([`IoQueue::is_shared`]), or
+    /// [`Error::Unsupported`] without a batch queue.
     pub fn io_queue(&self) -> Result<IoQueue<'_>> {
         IoQueue::new(self)
     }

@@ -5,9 +5,17 @@
 //! into commands as for synchronous I/O; a request is admitted only when all
 //! its commands fit, so a full queue is reported as [`Error::QueueFull`]
 //! before anything is staged.
+//!
+//! On a handle with no queue pair to lend (the controller granted too few;
+//! with one, every caller shares it), an `IoQueue` is a context on the
+//! handle's batch queue instead ([`IoQueue::is_shared`]): the same calls, with each submission
+//! rung at once, completions found by whoever reaps the shared queue, and
+//! a submission that finds the shared queue full waiting for room (up to
+//! the handle's timeout) rather than failing.
 
+use crate::engine::batch::Prepared;
 use crate::engine::chunk::Chunk;
-use crate::engine::{Completion, QueuePair};
+use crate::engine::{BatchEvent, Completion, QueuePair};
 use crate::handle::Handle;
 use crate::registry::{BufGuard, BufferToken, Recent};
 use crate::sys::PAGE_SIZE;
@@ -44,6 +52,17 @@ pub struct IoQueue<'h> {
     dead: bool,
     /// The buffer the last request used.
     recent: Option<Recent>,
+    /// A context on the shared batch queue, when no queue pair was lent.
+    shared: Option<Shared>,
+}
+
+/// An [`IoQueue`]'s context on the shared batch queue.
+struct Shared {
+    ctx: u32,
+    depth: usize,
+    /// One submission's request (no allocation on submit).
+    scratch: Vec<Prepared>,
+    events: Vec<BatchEvent>,
 }
 
 impl<'h> IoQueue<'h> {
@@ -51,6 +70,28 @@ impl<'h> IoQueue<'h> {
         let h = &*handle.inner;
         let r = h.enter()?;
         let Some(qp) = h.take_async_queue() else {
+            if h.lendable_queues() == 0 && h.batch_queue().is_ok() {
+                let q = h.batch_queue()?;
+                let depth = q.geometry().0 - 1;
+                let ctx = q.open_context(depth);
+                std::mem::forget(r);
+                return Ok(IoQueue {
+                    handle,
+                    qp: None,
+                    reqs: Vec::new(),
+                    free: Vec::new(),
+                    outstanding: 0,
+                    polls: 0,
+                    dead: false,
+                    recent: None,
+                    shared: Some(Shared {
+                        ctx,
+                        depth,
+                        scratch: Vec::with_capacity(1),
+                        events: Vec::with_capacity(depth),
+                    }),
+                });
+            }
             if h.lendable_queues() == 0 {
                 // Not busy: there never was one to lend.
                 let batch = h.batch_queue().is_ok();
@@ -78,7 +119,15 @@ impl<'h> IoQueue<'h> {
             polls: 0,
             dead: false,
             recent: None,
+            shared: None,
         })
+    }
+
+    /// Whether this is a context on the handle's batch queue, shared with
+    /// other callers, rather than a queue pair of its own (see the module
+    /// docs).
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
     }
 
     fn qp(&mut self) -> &mut QueuePair {
@@ -87,7 +136,11 @@ impl<'h> IoQueue<'h> {
 
     /// Commands that may be outstanding at once.
     pub fn depth(&self) -> usize {
-        self.qp.as_ref().map_or(0, |q| q.entries() as usize - 1)
+        match (&self.qp, &self.shared) {
+            (Some(q), _) => q.entries() as usize - 1,
+            (None, Some(s)) => s.depth,
+            (None, None) => 0,
+        }
     }
 
     /// Requests submitted and not yet reported by [`poll`](Self::poll).
@@ -139,6 +192,9 @@ impl<'h> IoQueue<'h> {
         }
         let (guard, data_off) = h.prepare_recent(&mut self.recent, buf, size, file_offset, buf_offset)?;
         let chunks = h.chunker(file_offset, data_off, size);
+        if self.shared.is_some() {
+            return self.submit_shared(Prepared { op, cookie: tag, len: size, chunks, guard });
+        }
         // A page or less is one command: MDTS is at least a page.
         let single = size <= PAGE_SIZE;
         let n = if single { 1 } else { chunks.commands() };
@@ -180,16 +236,73 @@ impl<'h> IoQueue<'h> {
         Ok(())
     }
 
+    #[cold]
+    fn submit_shared(&mut self, p: Prepared) -> Result<()> {
+        let h = &*self.handle.inner;
+        let sh = self.shared.as_mut().expect("shared");
+        let n = p.chunks.commands();
+        if n > sh.depth {
+            return Err(Error::InvalidArgument(format!(
+                "request of {} bytes needs {n} commands; this queue holds {} at most",
+                p.len, sh.depth
+            )));
+        }
+        let q = h.batch_queue()?;
+        if q.room(sh.ctx) == 0 {
+            return Err(Error::QueueFull);
+        }
+        sh.scratch.clear();
+        sh.scratch.push(p);
+        match q.submit(sh.ctx, &mut sh.scratch) {
+            Ok(_) => {
+                self.outstanding += 1;
+                Ok(())
+            }
+            Err(e @ Error::Timeout { .. }) => {
+                self.dead = true;
+                h.wedge([]);
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Tells the controller about everything staged: one doorbell write.
+    /// (A shared queue rang at each submission.)
     pub fn ring(&mut self) {
-        self.qp().ring_sq_doorbell();
+        if let Some(qp) = self.qp.as_mut() {
+            qp.ring_sq_doorbell();
+        }
+    }
+
+    #[cold]
+    fn poll_shared(&mut self, f: &mut impl FnMut(u64, Result<usize>)) -> usize {
+        let h = &*self.handle.inner;
+        let sh = self.shared.as_mut().expect("shared");
+        let Ok(q) = h.batch_queue() else { return 0 };
+        sh.events.clear();
+        let (n, _) = q.collect(sh.ctx, usize::MAX, &mut sh.events);
+        for e in sh.events.drain(..) {
+            f(e.cookie, e.result);
+        }
+        self.outstanding -= n;
+        self.polls = self.polls.wrapping_add(1);
+        if self.outstanding > 0 && self.polls % TIMEOUT_CHECK_POLLS == 0 {
+            let expired = q.expire(sh.ctx);
+            if !expired.is_empty() {
+                // Reported as timed-out events at the next poll.
+                self.dead = true;
+                h.wedge(expired);
+            }
+        }
+        n
     }
 
     /// Rings for anything staged, then reports up to `max` completed
     /// requests as `f(tag, bytes or error)`. Returns how many were reported.
     pub fn poll(&mut self, max: usize, mut f: impl FnMut(u64, Result<usize>)) -> usize {
         if self.qp.is_none() {
-            return 0;
+            return if self.shared.is_some() { self.poll_shared(&mut f) } else { 0 };
         }
         self.ring();
         let mut done = 0;
@@ -287,7 +400,7 @@ impl<'h> IoQueue<'h> {
     /// passes (which wedges it).
     pub fn drain(&mut self, mut f: impl FnMut(u64, Result<usize>)) -> Result<()> {
         while self.outstanding > 0 {
-            if self.dead {
+            if self.dead && self.shared.is_none() {
                 return Err(Error::Wedged);
             }
             if self.poll(usize::MAX, &mut f) == 0 {
@@ -307,6 +420,12 @@ impl Drop for IoQueue<'_> {
     fn drop(&mut self) {
         let _ = self.drain(|_, _| {});
         let h = &*self.handle.inner;
+        if let (Some(sh), Ok(q)) = (self.shared.take(), h.batch_queue()) {
+            let left = q.close_context(sh.ctx);
+            if !left.is_empty() {
+                h.wedge(left);
+            }
+        }
         if let Some(qp) = self.qp.take() {
             if self.dead {
                 // The controller may still use this queue: never reuse or

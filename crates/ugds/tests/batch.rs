@@ -290,18 +290,3 @@ fn a_batch_keeps_its_handle_open() {
     assert!(b.mem.iter().all(|&x| x == 9));
     drop(batch);
 }
-
-#[test]
-fn no_batch_queue_when_the_controller_grants_one_queue() {
-    let (_d, h, _e) = open(small_emu().max_io_queues(1), opts());
-    assert!(h.batch_geometry().is_none());
-    assert!(matches!(h.batch(4), Err(Error::Unsupported(_))));
-    // Nothing to lend either: said so, not "busy".
-    match h.io_queue().err() {
-        Some(Error::Unsupported(why)) => {
-            assert!(why.contains("granted 1 I/O queue pair(s), taken by 1 synchronous and 0 batch"), "{why}")
-        }
-        Some(e) => panic!("expected Unsupported, got {e}"),
-        None => panic!("a queue pair was lent from a handle with none to lend"),
-    }
-}

@@ -353,3 +353,38 @@ fn host_and_device_memory_side_by_side() {
     c.delete_io_qpair(&qp).unwrap();
     p.unmap_host(&dev).unwrap();
 }
+
+#[test]
+fn a_controller_serves_a_second_handle_after_the_first_closed() {
+    let emu = Arc::new(EmuPlatform::new(small_emu().max_io_queues(2)).unwrap());
+    let d = ugds::Driver::open();
+    let mut b = Buf::new(&d, 8192);
+    for round in 0..3u8 {
+        let h = d.open_handle(emu.clone(), opts()).unwrap();
+        b.mem.copy_from_slice(&pattern(round, 4096 * round as u64, 8192));
+        h.write(&b.token, 8192, 4096 * round as u64, 0).unwrap();
+        b.mem.fill(0);
+        h.read(&b.token, 8192, 4096 * round as u64, 0).unwrap();
+        assert!(b.mem[..] == pattern(round, 4096 * round as u64, 8192)[..], "round {round}");
+        h.close(ugds::Drain::NoWait).unwrap();
+    }
+}
+
+#[test]
+fn dropping_a_closed_handle_leaves_the_next_one_running() {
+    // The old handle's controller object goes last, after a new handle
+    // enabled the controller again: it must not disable it.
+    let emu = Arc::new(EmuPlatform::new(small_emu().max_io_queues(2)).unwrap());
+    let d = ugds::Driver::open();
+    let mut b = Buf::new(&d, 8192);
+    let old = d.open_handle(emu.clone(), opts()).unwrap();
+    old.close(ugds::Drain::NoWait).unwrap();
+    let new = d.open_handle(emu.clone(), opts()).unwrap();
+    drop(old);
+    b.mem.copy_from_slice(&pattern(9, 0, 8192));
+    new.write(&b.token, 8192, 0, 0).unwrap();
+    b.mem.fill(0);
+    new.read(&b.token, 8192, 0, 0).unwrap();
+    assert!(b.mem[..] == pattern(9, 0, 8192)[..]);
+    new.close(ugds::Drain::NoWait).unwrap();
+}

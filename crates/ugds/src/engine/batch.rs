@@ -1,5 +1,8 @@
 //! The batch queue: one deep queue pair per handle, shared by batch
-//! contexts (and the stream engine), kept apart from the synchronous queues.
+//! contexts (and the stream engine), kept apart from the synchronous queues
+//! when the controller grants two or more; on a controller that grants one,
+//! the synchronous queue pair itself (its completions are credited by tag to
+//! either side, whoever reaps them).
 //!
 //! A context is a preallocated table of requests and of completion events;
 //! submitting stages every command of every request and rings the doorbell
@@ -13,11 +16,12 @@
 //! commands are back.
 
 use super::chunk::Chunker;
-use super::qpair::{Full, QueuePair};
+use super::qpair::Full;
+use super::sync::{State, SyncQueue};
 use crate::registry::BufGuard;
 use crate::{Error, Result};
 use std::collections::VecDeque;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 use ugds_nvme::prp::PrpPlan;
 use ugds_nvme::{Cid, Lba, Nsid, NvmOpcode, Sqe, Status};
@@ -68,8 +72,10 @@ struct Ctx {
     canceled: bool,
 }
 
-pub(crate) struct State {
-    pub qp: QueuePair,
+/// The batch contexts of a queue pair, kept in the queue pair's state so
+/// that whoever reaps its completions credits them.
+#[derive(Default)]
+pub(crate) struct BatchTable {
     ctxs: Vec<Option<Ctx>>,
 }
 
@@ -82,26 +88,78 @@ pub(crate) struct Prepared {
     pub guard: BufGuard,
 }
 
-/// The deep queue pair of a handle and the contexts using it.
+/// The queue pair batch contexts use, and the contexts.
 pub struct BatchQueue {
-    state: Mutex<State>,
+    q: Arc<SyncQueue>,
+    shared: bool,
     nsid: Nsid,
     timeout: Duration,
     handle_id: u64,
 }
 
+/// Marks a completion tag as a batch request's (synchronous slots are
+/// small integers).
+pub(crate) const BATCH_TAG: u64 = 1 << 63;
+
 fn tag(ctx: u32, req: u32) -> u64 {
-    (ctx as u64) << 32 | req as u64
+    BATCH_TAG | (ctx as u64) << 32 | req as u64
+}
+
+impl BatchTable {
+    /// Credits one completion to its request (`tag` has [`BATCH_TAG`] set).
+    pub(crate) fn credit(&mut self, t: u64, cqe: &ugds_nvme::Cqe) {
+        let (ci, ri) = ((t >> 32) as u32 as usize & 0x7fff_ffff, t as u32 as usize);
+        let Some(Some(c)) = self.ctxs.get_mut(ci) else { return };
+        let r = &mut c.reqs[ri];
+        if r.pending == 0 {
+            return; // timed out and reported already; the late completion is dropped
+        }
+        if !cqe.status().is_success() && r.status.is_none() {
+            r.status = Some(cqe.status);
+        }
+        r.pending -= 1;
+        if r.pending == 0 {
+            r.guard = None;
+            let op = if r.op == NvmOpcode::Read { "Read" } else { "Write" };
+            let event = match r.status {
+                None => BatchEvent { cookie: r.cookie, status: BatchStatus::Complete, result: Ok(r.len) },
+                Some(f) => {
+                    let status = Status::from_field(f);
+                    let aborted = status.sct == 0 && status.sc == ugds_nvme::status::generic::ABORT_REQUESTED;
+                    BatchEvent {
+                        cookie: r.cookie,
+                        status: if aborted { BatchStatus::Canceled } else { BatchStatus::Failed },
+                        result: Err(Error::Nvme { op, status }),
+                    }
+                }
+            };
+            c.done.push_back(event);
+            c.free.push(ri as u32);
+            c.inflight -= 1;
+        }
+    }
 }
 
 impl BatchQueue {
-    /// Wraps a created (deep) queue pair.
-    pub(crate) fn new(qp: QueuePair, nsid: u32, timeout: Duration, handle_id: u64) -> BatchQueue {
-        BatchQueue { state: Mutex::new(State { qp, ctxs: Vec::new() }), nsid: Nsid(nsid), timeout, handle_id }
+    /// Batch contexts on `q`: a deep queue pair of their own, or (`shared`)
+    /// the synchronous queue pair of a controller that grants only one.
+    pub(crate) fn new(q: Arc<SyncQueue>, shared: bool, nsid: u32, timeout: Duration, handle_id: u64) -> BatchQueue {
+        BatchQueue { q, shared, nsid: Nsid(nsid), timeout, handle_id }
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.q.lock()
+    }
+
+    /// Whether the queue pair is shared with synchronous I/O.
+    pub fn is_shared(&self) -> bool {
+        self.shared
+    }
+
+    /// Consumes every completion on the queue pair, crediting batch
+    /// contexts and synchronous requests alike.
+    pub(crate) fn reap(&self, st: &mut State) -> usize {
+        self.q.reap_all(st)
     }
 
     /// Entries of the queue, and pages of its PRP-list pool.
@@ -141,14 +199,14 @@ impl BatchQueue {
         ctx.slots.extend(0..capacity as u32);
         ctx.slots.clear();
         let mut st = self.lock();
-        match st.ctxs.iter().position(|c| c.is_none()) {
+        match st.batch.ctxs.iter().position(|c| c.is_none()) {
             Some(i) => {
-                st.ctxs[i] = Some(ctx);
+                st.batch.ctxs[i] = Some(ctx);
                 i as u32
             }
             None => {
-                st.ctxs.push(Some(ctx));
-                st.ctxs.len() as u32 - 1
+                st.batch.ctxs.push(Some(ctx));
+                st.batch.ctxs.len() as u32 - 1
             }
         }
     }
@@ -157,68 +215,32 @@ impl BatchQueue {
     /// of requests still in flight (to quarantine) when the context is stuck.
     pub(crate) fn close_context(&self, ctx: u32) -> Vec<BufGuard> {
         let mut st = self.lock();
-        let Some(c) = st.ctxs.get_mut(ctx as usize).and_then(|c| c.take()) else { return Vec::new() };
+        let Some(c) = st.batch.ctxs.get_mut(ctx as usize).and_then(|c| c.take()) else { return Vec::new() };
         c.reqs.into_iter().filter_map(|mut r| if r.pending > 0 { r.guard.take() } else { None }).collect()
     }
 
     /// Requests of `ctx` submitted and not yet collected.
     pub fn outstanding(&self, ctx: u32) -> usize {
         let st = self.lock();
-        st.ctxs[ctx as usize].as_ref().map_or(0, |c| c.inflight + c.done.len())
+        st.batch.ctxs[ctx as usize].as_ref().map_or(0, |c| c.inflight + c.done.len())
     }
 
     /// Requests of `ctx` still on the device.
     pub fn inflight(&self, ctx: u32) -> usize {
         let st = self.lock();
-        st.ctxs[ctx as usize].as_ref().map_or(0, |c| c.inflight)
+        st.batch.ctxs[ctx as usize].as_ref().map_or(0, |c| c.inflight)
     }
 
     /// Free request slots in `ctx`.
     pub fn room(&self, ctx: u32) -> usize {
         let st = self.lock();
-        st.ctxs[ctx as usize].as_ref().map_or(0, |c| c.free.len())
-    }
-
-    /// Consumes every completion on the queue, crediting all contexts.
-    pub(crate) fn reap(st: &mut State) -> usize {
-        let State { qp, ctxs } = st;
-        qp.process_completions(usize::MAX, |t, cqe| {
-            let (ci, ri) = ((t >> 32) as usize, t as u32 as usize);
-            let Some(Some(c)) = ctxs.get_mut(ci) else { return };
-            let r = &mut c.reqs[ri];
-            if r.pending == 0 {
-                return; // timed out and reported already; the late completion is dropped
-            }
-            if !cqe.status().is_success() && r.status.is_none() {
-                r.status = Some(cqe.status);
-            }
-            r.pending -= 1;
-            if r.pending == 0 {
-                r.guard = None;
-                let op = if r.op == NvmOpcode::Read { "Read" } else { "Write" };
-                let event = match r.status {
-                    None => BatchEvent { cookie: r.cookie, status: BatchStatus::Complete, result: Ok(r.len) },
-                    Some(f) => {
-                        let status = Status::from_field(f);
-                        let aborted = status.sct == 0 && status.sc == ugds_nvme::status::generic::ABORT_REQUESTED;
-                        BatchEvent {
-                            cookie: r.cookie,
-                            status: if aborted { BatchStatus::Canceled } else { BatchStatus::Failed },
-                            result: Err(Error::Nvme { op, status }),
-                        }
-                    }
-                };
-                c.done.push_back(event);
-                c.free.push(ri as u32);
-                c.inflight -= 1;
-            }
-        })
+        st.batch.ctxs[ctx as usize].as_ref().map_or(0, |c| c.free.len())
     }
 
     /// Reserves request slots in `ctx` for `n` requests, or says why not.
     pub(crate) fn check_room(&self, ctx: u32, n: usize) -> Result<()> {
         let st = self.lock();
-        let c = st.ctxs[ctx as usize].as_ref().ok_or(Error::Closed)?;
+        let c = st.batch.ctxs[ctx as usize].as_ref().ok_or(Error::Closed)?;
         if c.canceled {
             return Err(Error::Canceled);
         }
@@ -240,12 +262,12 @@ impl BatchQueue {
         let mut st = self.lock();
         // Slots first, so that the whole submission is admitted or refused.
         let mut slots = {
-            let c = st.ctxs[ctx as usize].as_mut().ok_or(Error::Closed)?;
+            let c = st.batch.ctxs[ctx as usize].as_mut().ok_or(Error::Closed)?;
             std::mem::take(&mut c.slots)
         };
         slots.clear();
         {
-            let c = st.ctxs[ctx as usize].as_mut().ok_or(Error::Closed)?;
+            let c = st.batch.ctxs[ctx as usize].as_mut().ok_or(Error::Closed)?;
             if reqs.len() > c.free.len() {
                 c.slots = slots;
                 return Err(Error::CapacityExceeded {
@@ -274,7 +296,7 @@ impl BatchQueue {
         let mut waited_since: Option<Instant> = None;
         for (p, &slot) in reqs.drain(..).zip(&slots) {
             let entry = p.guard.0.clone();
-            st.ctxs[ctx as usize].as_mut().expect("open").reqs[slot as usize].guard = Some(p.guard);
+            st.batch.ctxs[ctx as usize].as_mut().expect("open").reqs[slot as usize].guard = Some(p.guard);
             let maps = entry.mappings();
             let Some(map) = maps.iter().find(|m| m.handle_id == self.handle_id) else {
                 return Err(Error::Platform("buffer is not mapped for this handle".into()));
@@ -299,7 +321,7 @@ impl BatchQueue {
                             drop(st);
                             std::hint::spin_loop();
                             st = self.lock();
-                            if BatchQueue::reap(&mut st) == 0 {
+                            if self.reap(&mut st) == 0 {
                                 let since = *waited_since.get_or_insert_with(Instant::now);
                                 if since.elapsed() > self.timeout {
                                     tracing::error!(?full, "batch submission found no room within the timeout");
@@ -319,7 +341,7 @@ impl BatchQueue {
             }
         }
         st.qp.ring_sq_doorbell();
-        if let Some(c) = st.ctxs[ctx as usize].as_mut() {
+        if let Some(c) = st.batch.ctxs[ctx as usize].as_mut() {
             c.slots = slots;
         }
         Ok(doorbells + 1)
@@ -330,8 +352,8 @@ impl BatchQueue {
     /// remain (on the device or not yet collected).
     pub(crate) fn collect(&self, ctx: u32, max: usize, out: &mut Vec<BatchEvent>) -> (usize, usize) {
         let mut st = self.lock();
-        BatchQueue::reap(&mut st);
-        let c = st.ctxs[ctx as usize].as_mut().expect("open context");
+        self.reap(&mut st);
+        let c = st.batch.ctxs[ctx as usize].as_mut().expect("open context");
         let n = max.min(c.done.len());
         out.extend(c.done.drain(..n));
         (n, c.inflight + c.done.len())
@@ -341,12 +363,12 @@ impl BatchQueue {
     /// their buffer references returned (to quarantine). Empty when none.
     pub(crate) fn expire(&self, ctx: u32) -> Vec<BufGuard> {
         let mut st = self.lock();
-        BatchQueue::reap(&mut st);
+        self.reap(&mut st);
         let now = Instant::now();
         let qid = st.qp.qid().0;
         let timeout = self.timeout;
         let late: Vec<u32> = {
-            let c = st.ctxs[ctx as usize].as_ref().expect("open context");
+            let c = st.batch.ctxs[ctx as usize].as_ref().expect("open context");
             (0..c.reqs.len() as u32)
                 .filter(|&i| {
                     let r = &c.reqs[i as usize];
@@ -357,7 +379,7 @@ impl BatchQueue {
         let mut guards = Vec::new();
         for i in late {
             let cid = st.qp.outstanding_cid_of(tag(ctx, i)).map_or(u16::MAX, |c| c.0);
-            let c = st.ctxs[ctx as usize].as_mut().expect("open context");
+            let c = st.batch.ctxs[ctx as usize].as_mut().expect("open context");
             let r = &mut c.reqs[i as usize];
             r.pending = 0;
             guards.extend(r.guard.take());
@@ -378,7 +400,7 @@ impl BatchQueue {
     pub(crate) fn cancel(&self, ctx: u32) -> Vec<(u16, Cid)> {
         let mut st = self.lock();
         let qid = st.qp.qid().0;
-        let c = st.ctxs[ctx as usize].as_mut().expect("open context");
+        let c = st.batch.ctxs[ctx as usize].as_mut().expect("open context");
         c.canceled = true;
         let live: Vec<u32> = (0..c.reqs.len() as u32).filter(|&i| c.reqs[i as usize].pending > 0).collect();
         let mut cids = Vec::new();
@@ -394,7 +416,7 @@ impl BatchQueue {
     pub(crate) fn forget_outstanding(&self) {
         let mut st = self.lock();
         st.qp.forget_outstanding();
-        for c in st.ctxs.iter_mut().flatten() {
+        for c in st.batch.ctxs.iter_mut().flatten() {
             for r in c.reqs.iter_mut() {
                 r.pending = 0;
                 r.guard = None;

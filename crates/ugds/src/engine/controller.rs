@@ -74,6 +74,10 @@ pub struct Controller {
     ready_timeout: Duration,
     /// Shadow doorbell and EventIdx pages, when configured.
     dbbuf: Option<Arc<DmaBuffer>>,
+    /// Set once this controller object disabled the controller: from then
+    /// on the controller may belong to a newer bring-up, which a late drop
+    /// of this one must not disable.
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 struct AdminQueue {
@@ -145,6 +149,7 @@ impl Controller {
             dstrd,
             ready_timeout,
             dbbuf: None,
+            stopped: Default::default(),
         };
 
         let id = IdentifyController::parse(&ctrl.identify(cns::CONTROLLER, 0)?);
@@ -280,7 +285,9 @@ impl Controller {
     pub fn disable(&self) -> Result<()> {
         let cc = Cc(self.platform.read32(regs::CC));
         self.platform.write32(regs::CC, cc.0 & !1 & !(3 << 14));
-        wait_ready(&*self.platform, false, self.ready_timeout)
+        wait_ready(&*self.platform, false, self.ready_timeout)?;
+        self.stopped.store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
     }
 }
 
@@ -288,7 +295,8 @@ impl Drop for Controller {
     /// The admin queue's memory is freed only when the controller is
     /// disabled; if it cannot be disabled, the memory is leaked instead.
     fn drop(&mut self) {
-        let enabled = Cc(self.platform.read32(regs::CC)).en() || self.csts().rdy();
+        let stopped = self.stopped.load(std::sync::atomic::Ordering::SeqCst);
+        let enabled = !stopped && (Cc(self.platform.read32(regs::CC)).en() || self.csts().rdy());
         if enabled && self.disable().is_err() {
             tracing::error!("controller did not disable: its admin queue memory is leaked on purpose");
             return;

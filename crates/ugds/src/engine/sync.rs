@@ -18,6 +18,7 @@
 //! again: no wake-up is lost. The eventfd is only a hint: the phase tag
 //! decides.
 
+use super::batch::{BatchTable, BATCH_TAG};
 use super::qpair::{CqView, QueuePair};
 use crate::platform::Platform;
 use crate::{Error, Result};
@@ -56,9 +57,13 @@ struct Slot {
 
 const STATUS_SET: u32 = 1 << 31;
 
-struct State {
-    qp: QueuePair,
+/// What the queue pair's lock guards.
+pub(crate) struct State {
+    pub qp: QueuePair,
+    /// Free request slots.
     free: Vec<u32>,
+    /// Batch contexts using this queue pair (see [`super::batch`]).
+    pub batch: BatchTable,
 }
 
 /// A queue pair shared by synchronous callers.
@@ -143,7 +148,7 @@ impl SyncQueue {
         let cq = qp.cq_view();
         let (head, phase) = qp.cq_cursor();
         SyncQueue {
-            state: Mutex::new(State { qp, free: (0..n).rev().collect() }),
+            state: Mutex::new(State { qp, free: (0..n).rev().collect(), batch: BatchTable::default() }),
             slots: (0..n).map(|_| Slot::default()).collect(),
             cq,
             cursor: AtomicU32::new(head << 1 | phase as u32),
@@ -161,7 +166,7 @@ impl SyncQueue {
         self.capped_waits.load(Ordering::Relaxed)
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -170,12 +175,19 @@ impl SyncQueue {
         f(&mut self.lock().qp)
     }
 
-    /// Consumes completions, crediting each to its request's slot. Returns
-    /// how many were consumed and whether any belonged to another slot.
+    /// Consumes completions, crediting each to its request's slot (or
+    /// batch request). Returns how many were consumed and whether any
+    /// belonged to another request.
     fn reap(&self, st: &mut State, mine: u32) -> (usize, bool) {
         let mut others = false;
         let slots = &self.slots;
-        let n = st.qp.process_completions(usize::MAX, |tag, cqe| {
+        let State { qp, batch, .. } = st;
+        let n = qp.process_completions(usize::MAX, |tag, cqe| {
+            if tag & BATCH_TAG != 0 {
+                batch.credit(tag, cqe);
+                others = true;
+                return;
+            }
             let s = &slots[tag as usize];
             let status = cqe.status();
             if !status.is_success() {
@@ -190,6 +202,17 @@ impl SyncQueue {
             self.cursor.store(head << 1 | phase as u32, Ordering::Release);
         }
         (n, others)
+    }
+
+    /// Consumes every completion for a caller that is not a synchronous
+    /// request (batch contexts): synchronous waiters asleep on this queue
+    /// are woken when any was consumed.
+    pub(crate) fn reap_all(&self, st: &mut State) -> usize {
+        let (n, _) = self.reap(st, u32::MAX);
+        if n > 0 && self.vector.is_some() {
+            self.wake_sleepers(Completion::Interrupt);
+        }
+        n
     }
 
     /// Whether a completion is waiting to be consumed (no lock taken).
