@@ -239,9 +239,10 @@ make_initramfs() {
 # controller_args CONFIG IMG1 IMG2: QEMU arguments for one configuration.
 #   default  one 512-byte-block namespace, QEMU's defaults (mdts 7, mqes 2047, 64 queues)
 #   small    mdts=2 (16 KiB), mqes=15, max_ioqpairs=2
-#   4k       4096-byte logical blocks
+#   4k       4096-byte logical blocks; msix_qsize=2 (I/O queues share vector 1)
 #   twons    two namespaces
-#   onequeue max_ioqpairs=1: one I/O queue pair for every API
+#   onequeue max_ioqpairs=1, msix_qsize=1: one I/O queue pair for every API, its
+#            interrupts on the admin queue's vector
 #   iommufd  as default, booted on the iommufd kernel (vfio cdev)
 #   debug    as default, booted on the debug kernel (KASAN, lockdep, DMA-API debug, kmemleak)
 #   null     a null namespace (no data kept, reads return zeros)
@@ -250,9 +251,9 @@ controller_args() {
     case $cfg in
         default) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-default,drive=nvm1" ;;
         small) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-small,drive=nvm1,mdts=2,mqes=15,max_ioqpairs=2" ;;
-        4k) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,id=nvme0,serial=ugds-4k -device nvme-ns,drive=nvm1,bus=nvme0,nsid=1,logical_block_size=4096,physical_block_size=4096" ;;
+        4k) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,id=nvme0,serial=ugds-4k,msix_qsize=2 -device nvme-ns,drive=nvm1,bus=nvme0,nsid=1,logical_block_size=4096,physical_block_size=4096" ;;
         twons) echo "-drive file=$img1,if=none,id=nvm1,format=raw -drive file=$img2,if=none,id=nvm2,format=raw -device nvme,id=nvme0,serial=ugds-twons -device nvme-ns,drive=nvm1,bus=nvme0,nsid=1 -device nvme-ns,drive=nvm2,bus=nvme0,nsid=2" ;;
-        onequeue) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-onequeue,drive=nvm1,max_ioqpairs=1" ;;
+        onequeue) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-onequeue,drive=nvm1,max_ioqpairs=1,msix_qsize=1" ;;
         iommufd) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-iommufd,drive=nvm1" ;;
         debug) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-debug,drive=nvm1" ;;
         null) echo "-drive driver=null-co,read-zeroes=on,if=none,id=nvm1 -device nvme,serial=ugds-null,drive=nvm1" ;;

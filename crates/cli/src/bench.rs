@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 use ugds::{
-    BatchIo, BatchOp, BufferToken, Completion, Driver, Handle, HandleOptions, HostBuffer, HostStream, StreamIo,
-    StreamResult,
+    BatchIo, BatchOp, BufferToken, Completion, Driver, Handle, HandleOptions, HostBuffer, HostStream, QueueRole,
+    StreamIo, StreamResult,
 };
 
 pub const HELP: &str = "\
@@ -881,7 +881,15 @@ fn run_one(
         }
     }
     let secs = elapsed.as_secs_f64();
-    let mode = if o.interrupt { "irq" } else { "poll" };
+    // What the queues this engine used really do (the batch queue always
+    // polls; a queue without a vector polls).
+    let used: &[QueueRole] = match engine {
+        Engine::Queue if run.qd == 1 && !o.force_queue => &[QueueRole::Sync],
+        Engine::Queue if handle.queue_counts().1 > 0 => &[QueueRole::Lendable],
+        Engine::Queue | Engine::Batch(_) | Engine::Stream if handle.batch_queue_is_shared() => &[QueueRole::Sync],
+        _ => &[QueueRole::Batch],
+    };
+    let mode = completion_label(handle, used);
     let shape = match engine {
         Engine::Batch(n) => format!("batch {n:<4}"),
         Engine::Stream => format!("stream qd {:<4}", o.qd),
@@ -927,6 +935,46 @@ fn run_one(
         return Err(format!("{errors} I/O errors; first: {}", first_error.unwrap_or_default()));
     }
     Ok((checked, mism))
+}
+
+/// "irq", "poll" or "irq+poll": how the handle's queues of these roles
+/// learn of completions.
+fn completion_label(handle: &Handle, roles: &[QueueRole]) -> &'static str {
+    let mut qs = handle.queues().iter().filter(|q| roles.contains(&q.role)).peekable();
+    if qs.peek().is_none() {
+        return "poll";
+    }
+    let (mut irq, mut poll) = (false, false);
+    for q in qs {
+        irq |= q.vector.is_some();
+        poll |= q.vector.is_none();
+    }
+    match (irq, poll) {
+        (true, true) => "irq+poll",
+        (true, false) => "irq",
+        _ => "poll",
+    }
+}
+
+/// One line per queue: what it is for and how it learns of completions.
+fn describe_queues(handle: &Handle) -> String {
+    let mut out = Vec::new();
+    for q in handle.queues() {
+        let role = match q.role {
+            QueueRole::Sync => "sync",
+            QueueRole::Batch => "batch",
+            _ => "lendable",
+        };
+        let how = match (q.vector, q.vector_shared_with) {
+            (None, _) => "polled".to_string(),
+            (Some(0), 0) => "vector 0 (shared with the admin queue)".to_string(),
+            (Some(0), n) => format!("vector 0 (shared with the admin queue and {n} other queue(s))"),
+            (Some(v), 0) => format!("vector {v}"),
+            (Some(v), n) => format!("vector {v} (shared with {n} other queue(s))"),
+        };
+        out.push(format!("q{} {role} {how}", q.qid));
+    }
+    out.join(", ")
 }
 
 pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
@@ -1004,6 +1052,9 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         if handle.shadow_doorbells() { ", shadow doorbells" } else { "" },
         shared_note
     );
+    if o.interrupt {
+        println!("         completion: {}", describe_queues(&handle));
+    }
     match handle.batch_geometry() {
         Some((entries, _)) if handle.batch_queue_is_shared() => {
             println!("         batch queue: the one queue pair, shared with synchronous I/O ({entries} entries)")

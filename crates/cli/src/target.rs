@@ -25,6 +25,8 @@ pub struct TargetOpts {
     pub mqes: u16,
     /// Maximum I/O queue pairs.
     pub queues: u16,
+    /// Interrupt vectors (MSI-X), vector 0 the admin queue's.
+    pub vectors: u16,
     /// Null mode.
     pub null: bool,
     /// Latency model: fixed time per command.
@@ -57,6 +59,7 @@ impl Default for TargetOpts {
             mdts: 5,
             mqes: 1023,
             queues: 16,
+            vectors: 17,
             null: false,
             latency_us: None,
             bandwidth_mbs: None,
@@ -83,6 +86,7 @@ pub fn parse_long(t: &mut TargetOpts, name: &str, p: &mut lexopt::Parser) -> Res
         "emu-mdts" => t.mdts = p.value()?.parse()?,
         "emu-mqes" => t.mqes = p.value()?.parse()?,
         "emu-queues" => t.queues = p.value()?.parse()?,
+        "emu-vectors" => t.vectors = p.value()?.parse()?,
         "emu-null" => t.null = true,
         "emu-latency-us" => t.latency_us = Some(p.value()?.parse()?),
         "emu-bandwidth-mbs" => t.bandwidth_mbs = Some(p.value()?.parse()?),
@@ -116,6 +120,8 @@ Target (default: an emulated controller whose namespace is a temporary file):
       --emu-mdts N            MDTS, 4 KiB << N per command, 0 = unlimited [5]
       --emu-mqes N            MQES, zero-based [1023]
       --emu-queues N          I/O queue pairs the controller grants [16]
+      --emu-vectors N         interrupt vectors, vector 0 the admin queue's; fewer
+                              than queues + 1 and queues share them [17]
       --emu-latency-us N      latency model: microseconds per command
       --emu-bandwidth-mbs N   latency model: MB/s, transfers serialised
       --emu-io-workers N      N threads move file-backed data, several commands at
@@ -173,6 +179,7 @@ pub fn emu_config(t: &TargetOpts) -> (EmuConfig, Option<TempFile>) {
         .mdts(t.mdts)
         .mqes(t.mqes)
         .max_io_queues(t.queues)
+        .interrupt_vectors(t.vectors)
         .null(t.null)
         .io_workers(t.io_workers)
         .latency(latency);

@@ -108,7 +108,7 @@ fn sync_queue(bdf: &str, secs: f64) -> Result<(), ugds::Error> {
     let platform = platform(bdf)?;
     let ctrl = Controller::bring_up(platform.clone(), 1)?;
     let ns = ctrl.info().namespaces[0];
-    let q = SyncQueue::new(ctrl.create_io_qpair(1, 64, None)?, platform.clone());
+    let q = SyncQueue::new(ctrl.create_io_qpair(1, 64, None)?, platform.clone())?;
     let buf = platform.alloc_dma(4096)?;
     let blocks = 4096 / ns.block_size;
     let span = ns.blocks / blocks as u64;

@@ -33,7 +33,7 @@ impl DmaRegion {
     /// `vaddr..vaddr+len` must be valid for reads and writes, 8-byte aligned,
     /// and stay so for the life of the region.
     pub unsafe fn new(vaddr: NonNull<u8>, len: usize, iova: Iova) -> DmaRegion {
-        debug_assert!(vaddr.as_ptr() as usize % 8 == 0);
+        assert!(vaddr.as_ptr() as usize % 8 == 0, "DMA memory must be 8-byte aligned");
         DmaRegion { vaddr, len, iova }
     }
 
@@ -49,7 +49,7 @@ impl DmaRegion {
 
     /// The controller's address of byte `off`.
     pub fn iova(&self, off: usize) -> u64 {
-        debug_assert!(off <= self.len);
+        assert!(off <= self.len, "IOVA of byte {off:#x} outside {:#x} bytes", self.len);
         self.iova.0 + off as u64
     }
 
@@ -58,10 +58,16 @@ impl DmaRegion {
         self.vaddr.as_ptr()
     }
 
+    /// Whether `len` bytes at `off` lie inside the region (no overflow).
+    #[inline(always)]
+    fn fits(&self, off: usize, len: usize) -> bool {
+        off.checked_add(len).is_some_and(|end| end <= self.len)
+    }
+
     #[inline(always)]
     fn at<T>(&self, off: usize) -> *mut T {
         assert!(
-            off % std::mem::align_of::<T>() == 0 && off + std::mem::size_of::<T>() <= self.len,
+            off % std::mem::align_of::<T>() == 0 && self.fits(off, std::mem::size_of::<T>()),
             "DMA access at {off:#x} outside {:#x} bytes",
             self.len
         );
@@ -137,26 +143,32 @@ impl DmaRegion {
         Cqe::from_dwords([self.read_u32(off), self.read_u32(off + 4), self.read_u32(off + 8), dw3])
     }
 
-    /// Copies `dst.len()` bytes out of the region, starting at `off`.
+    /// Copies `dst.len()` bytes out of the region, starting at `off`
+    /// (volatile, byte by byte: for small control data such as Identify
+    /// pages, never for bulk data).
     pub fn read_bytes(&self, off: usize, dst: &mut [u8]) {
-        assert!(off + dst.len() <= self.len, "DMA read outside the region");
-        // SAFETY: in bounds; the device does not write this range while the
-        // host reads it (callers read only completed transfers).
-        unsafe { std::ptr::copy_nonoverlapping(self.vaddr.as_ptr().add(off), dst.as_mut_ptr(), dst.len()) }
+        assert!(self.fits(off, dst.len()), "DMA read of {} bytes at {off:#x} outside the region", dst.len());
+        for (i, d) in dst.iter_mut().enumerate() {
+            // SAFETY: in bounds (checked above, without overflow).
+            *d = unsafe { self.vaddr.as_ptr().add(off + i).read_volatile() };
+        }
     }
 
-    /// Copies `src` into the region at `off`.
+    /// Copies `src` into the region at `off` (volatile, byte by byte).
     pub fn write_bytes(&self, off: usize, src: &[u8]) {
-        assert!(off + src.len() <= self.len, "DMA write outside the region");
-        // SAFETY: in bounds; callers write only before handing the range to
-        // the device.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.vaddr.as_ptr().add(off), src.len()) }
+        assert!(self.fits(off, src.len()), "DMA write of {} bytes at {off:#x} outside the region", src.len());
+        for (i, s) in src.iter().enumerate() {
+            // SAFETY: in bounds (checked above, without overflow).
+            unsafe { self.vaddr.as_ptr().add(off + i).write_volatile(*s) };
+        }
     }
 
-    /// Zeroes the region.
+    /// Zeroes the region (volatile).
     pub fn zero(&self) {
-        // SAFETY: the whole region is valid for writes.
-        unsafe { std::ptr::write_bytes(self.vaddr.as_ptr(), 0, self.len) }
+        for i in 0..self.len {
+            // SAFETY: the whole region is valid for writes.
+            unsafe { self.vaddr.as_ptr().add(i).write_volatile(0) };
+        }
     }
 }
 
@@ -197,5 +209,57 @@ impl Drop for DmaBuffer {
 impl std::fmt::Debug for DmaBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.region.fmt(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(mem: &mut [u64]) -> DmaRegion {
+        // SAFETY: `mem` is 8-byte aligned and outlives the region in each test.
+        unsafe { DmaRegion::new(NonNull::new(mem.as_mut_ptr().cast()).unwrap(), mem.len() * 8, Iova(0x1000)) }
+    }
+
+    /// The panic message of `f`, which must panic.
+    fn panic_message(f: impl FnOnce() + std::panic::UnwindSafe) -> String {
+        let e = std::panic::catch_unwind(f).expect_err("an access outside the region must panic");
+        e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string())).unwrap()
+    }
+
+    #[test]
+    fn accesses_are_checked_without_overflow() {
+        let mut mem = [0u64; 4];
+        let r = region(&mut mem);
+        r.write_u32(28, 7);
+        assert_eq!(r.read_u32(28), 7);
+        // Offsets near usize::MAX: refused by the bounds check itself (not
+        // by an overflow check that release builds leave out).
+        for off in [usize::MAX - 1, usize::MAX - 3, 32] {
+            let m = panic_message(|| {
+                r.read_u32(off);
+            });
+            assert!(m.contains("outside"), "{m}");
+        }
+        let m = panic_message(|| {
+            let mut b = [0u8; 8];
+            r.read_bytes(usize::MAX - 2, &mut b);
+        });
+        assert!(m.contains("outside"), "{m}");
+        let m = panic_message(|| r.write_bytes(30, &[1, 2, 3]));
+        assert!(m.contains("outside"), "{m}");
+    }
+
+    #[test]
+    fn byte_copies_round_trip() {
+        let mut mem = [0u64; 4];
+        let r = region(&mut mem);
+        r.write_bytes(3, &[1, 2, 3, 4, 5]);
+        let mut b = [0u8; 7];
+        r.read_bytes(2, &mut b);
+        assert_eq!(b, [0, 1, 2, 3, 4, 5, 0]);
+        r.zero();
+        r.read_bytes(2, &mut b);
+        assert_eq!(b, [0; 7]);
     }
 }

@@ -119,6 +119,34 @@ pub enum HandleState {
 /// How long a timed-out request is given to complete after its Abort.
 const ABORT_GRACE: Duration = Duration::from_secs(1);
 
+/// What an I/O queue pair of a handle is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum QueueRole {
+    /// Shared by synchronous callers (and, on a controller that granted
+    /// one queue pair, by batch contexts and stream-ordered I/O too).
+    Sync,
+    /// The deep queue pair of batch contexts and stream-ordered I/O.
+    Batch,
+    /// Lent whole to an [`IoQueue`].
+    Lendable,
+}
+
+/// One I/O queue pair of a handle and how it learns of completions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueInfo {
+    /// Queue id.
+    pub qid: u16,
+    /// What it is for.
+    pub role: QueueRole,
+    /// Its interrupt vector; `None`: its completion queue is polled.
+    pub vector: Option<u16>,
+    /// Other I/O queues on the same vector (vector 0 is also the admin
+    /// queue's).
+    pub vector_shared_with: u16,
+}
+
 const OPEN: u8 = 0;
 const WEDGED: u8 = 1;
 const CLOSING: u8 = 2;
@@ -144,6 +172,7 @@ pub(crate) struct HandleInner {
     /// Set once the controller can no longer reach the queues' memory.
     released: std::sync::atomic::AtomicBool,
     async_queues: usize,
+    queues: Vec<QueueInfo>,
 }
 
 impl HandleInner {
@@ -167,12 +196,22 @@ impl HandleInner {
         let nasync = opts.async_queues.min(avail - nsync);
         let platform = ctrl.platform().clone();
         let vectors = platform.interrupt_vectors();
-        let vector_for = |qid: u16| match opts.completion {
+        // Vector 0 is the admin queue's; queue `qid` gets vector `qid`
+        // while there are enough. Beyond that synchronous queues share
+        // vectors 1.. round robin (vector 0 when it is the only one), as
+        // Linux shares them; a lendable queue without a vector of its own
+        // polls (its owner waits alone, it cannot share).
+        let vector_for = |qid: u16, lent: bool| match opts.completion {
             Completion::Interrupt if qid < vectors => Some(qid),
-            Completion::Interrupt => {
-                tracing::warn!(qid, "no interrupt vector for this queue; it polls");
+            Completion::Interrupt if vectors == 0 => {
+                tracing::warn!(qid, "the platform has no interrupt vectors; the queue polls");
                 None
             }
+            Completion::Interrupt if lent => {
+                tracing::info!(qid, "no interrupt vector left for this lendable queue; it polls");
+                None
+            }
+            Completion::Interrupt => Some(if vectors > 1 { 1 + (qid - 1) % (vectors - 1) } else { 0 }),
             Completion::Poll => None,
         };
         // One queue pair for everything: deep enough for batches too.
@@ -186,7 +225,7 @@ impl HandleInner {
             let made = if nbatch == 1 && qid == batch_qid {
                 ctrl.create_io_qpair_with(qid, opts.batch_depth.max(2), None, opts.batch_prp_pages)
             } else {
-                ctrl.create_io_qpair(qid, depth, vector_for(qid))
+                ctrl.create_io_qpair(qid, depth, vector_for(qid, qid > nsync))
             };
             match made {
                 Ok(qp) => created.push(qp),
@@ -199,12 +238,60 @@ impl HandleInner {
                 }
             }
         }
+        let mut queues: Vec<QueueInfo> = created
+            .iter()
+            .map(|qp| {
+                let qid = qp.qid().0;
+                let role = match qid {
+                    q if q <= nsync => QueueRole::Sync,
+                    q if nbatch == 1 && q == batch_qid => QueueRole::Batch,
+                    _ => QueueRole::Lendable,
+                };
+                QueueInfo { qid, role, vector: qp.vector(), vector_shared_with: 0 }
+            })
+            .collect();
+        for i in 0..queues.len() {
+            let v = queues[i].vector;
+            if v.is_some() {
+                queues[i].vector_shared_with = queues.iter().filter(|o| o.vector == v).count() as u16 - 1;
+            }
+        }
         let mut rest: Vec<QueuePair> = created.split_off(nsync as usize);
         let pool = rest.split_off(nbatch as usize);
-        let sync: Box<[Arc<SyncQueue>]> =
-            created.into_iter().map(|qp| Arc::new(SyncQueue::new(qp, platform.clone()))).collect();
+        let mut sync: Vec<Arc<SyncQueue>> = Vec::with_capacity(created.len());
+        let mut unwrapped = created.into_iter();
+        for qp in unwrapped.by_ref() {
+            match SyncQueue::new(qp, platform.clone()) {
+                Ok(q) => sync.push(Arc::new(q)),
+                Err(e) => {
+                    // No I/O was issued: delete what was created and stop.
+                    for q in &sync {
+                        q.with_qp(|qp| ctrl.delete_io_qpair(qp)).ok();
+                    }
+                    for qp in unwrapped.chain(rest).chain(pool) {
+                        ctrl.delete_io_qpair(&qp).ok();
+                    }
+                    let _ = ctrl.shutdown();
+                    return Err(e);
+                }
+            }
+        }
+        for q in &sync {
+            let siblings: Box<[_]> = sync
+                .iter()
+                .filter(|o| !Arc::ptr_eq(o, q) && o.vector().is_some() && o.vector() == q.vector())
+                .map(Arc::downgrade)
+                .collect();
+            if !siblings.is_empty() {
+                q.set_siblings(siblings);
+            }
+        }
+        let sync: Box<[Arc<SyncQueue>]> = sync.into();
         let batch = match rest.pop() {
-            Some(qp) => Some((Arc::new(SyncQueue::new(qp, platform.clone())), false)),
+            Some(qp) => {
+                let q = SyncQueue::new(qp, platform.clone()).expect("a queue without a vector needs no eventfd");
+                Some((Arc::new(q), false))
+            }
             None if shared_batch => {
                 tracing::info!("one I/O queue pair: batch and stream-ordered I/O share it with synchronous I/O");
                 Some((sync[0].clone(), true))
@@ -219,6 +306,7 @@ impl HandleInner {
             sync: ManuallyDrop::new(sync),
             rr: AtomicUsize::new(0),
             async_queues: pool.len(),
+            queues,
             pool: ManuallyDrop::new(Mutex::new(pool)),
             batch: ManuallyDrop::new(batch),
             stream: Mutex::new(None),
@@ -645,6 +733,13 @@ impl Handle {
     /// Entries and PRP-list pages of the batch queue, if there is one.
     pub fn batch_geometry(&self) -> Option<(usize, usize)> {
         self.inner.batch.as_ref().map(|b| b.geometry())
+    }
+
+    /// Every I/O queue pair of the handle, what it is for and how it
+    /// learns of completions (a vector of its own, a shared one, or
+    /// polling).
+    pub fn queues(&self) -> &[QueueInfo] {
+        &self.inner.queues
     }
 
     /// Whether batch contexts (and stream-ordered I/O) share the one

@@ -56,7 +56,7 @@ pub use buffer::HostBuffer;
 pub use driver::Driver;
 pub use engine::{BatchEvent, BatchStatus, Completion, ControllerInfo, NamespaceInfo};
 pub use error::{Error, Result};
-pub use handle::{Drain, Handle, HandleOptions, HandleState};
+pub use handle::{Drain, Handle, HandleOptions, HandleState, QueueInfo, QueueRole};
 pub use io_queue::IoQueue;
 pub use registry::BufferToken;
 pub use stream::{HostStream, Stream, StreamIo, StreamResult, StreamSignal};

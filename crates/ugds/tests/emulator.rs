@@ -388,3 +388,17 @@ fn dropping_a_closed_handle_leaves_the_next_one_running() {
     assert!(b.mem[..] == pattern(9, 0, 8192)[..]);
     new.close(ugds::Drain::NoWait).unwrap();
 }
+
+#[test]
+fn a_completion_ring_view_outlives_its_queue_pair() {
+    // The view shares the ring's memory: reading it after the queue pair
+    // is gone reads memory still allocated, not freed (or unmapped) memory.
+    let emu = EmuPlatform::new(small_emu()).unwrap();
+    let p: Arc<dyn ugds::platform::Platform> = Arc::new(emu);
+    let qp = QueuePair::new(p.clone(), Qid(1), 16, 0, None).unwrap();
+    let view = qp.cq_view();
+    drop(qp);
+    assert!(!view.is_new(0, true), "a fresh ring has no new entry");
+    // Outside the ring: a panic, in every build.
+    assert!(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| view.is_new(16, true))).is_err());
+}

@@ -24,30 +24,20 @@ const NO_PAGE: u16 = u16::MAX;
 
 /// A read-only view of a completion ring's phase tags, so that threads
 /// waiting on a shared queue pair can see that something completed without
-/// taking its lock. Valid while the queue pair it came from lives; its
-/// owner keeps both together.
+/// taking its lock. It shares the ring's memory (an `Arc`), so it stays
+/// valid however long it outlives the queue pair.
 pub struct CqView {
-    base: std::ptr::NonNull<u8>,
+    ring: Arc<DmaBuffer>,
     entries: u32,
 }
 
-// SAFETY: only atomic loads are made through the pointer.
-unsafe impl Send for CqView {}
-// SAFETY: as above.
-unsafe impl Sync for CqView {}
-
 impl CqView {
-    /// Whether the entry at `head` carries phase `phase` (is new).
+    /// Whether the entry at `head` carries phase `phase` (is new). Panics
+    /// if `head` is outside the ring.
     #[inline]
     pub fn is_new(&self, head: u32, phase: bool) -> bool {
-        debug_assert!(head < self.entries);
-        // SAFETY: `head` indexes the ring (checked by the cursor that
-        // produced it); the ring outlives the view (see the type's docs);
-        // an atomic load is the access allowed into device memory.
-        let dw3 = unsafe {
-            (*(self.base.as_ptr().add(head as usize * Cqe::SIZE + 12) as *const std::sync::atomic::AtomicU32))
-                .load(std::sync::atomic::Ordering::Acquire)
-        };
+        assert!(head < self.entries, "completion entry {head} outside a ring of {}", self.entries);
+        let dw3 = self.ring.load_u32_acquire(head as usize * Cqe::SIZE + 12);
         (dw3 >> 16) & 1 == phase as u32
     }
 }
@@ -117,7 +107,7 @@ pub struct QueuePair {
     cid_page: Box<[u16]>,
 
     // ---- completion: touched on every completion ----
-    cq: DmaBuffer,
+    cq: Arc<DmaBuffer>,
     cq_ring: Ring,
     cursor: CqCursor,
     /// Completions consumed but not yet reported through the CQ head
@@ -167,7 +157,7 @@ impl QueuePair {
             return Err(Error::InvalidArgument(format!("queue of {entries} entries")));
         }
         let sq = platform.alloc_dma(entries as usize * Sqe::SIZE)?;
-        let cq = platform.alloc_dma(entries as usize * Cqe::SIZE)?;
+        let cq = Arc::new(platform.alloc_dma(entries as usize * Cqe::SIZE)?);
         // At most entries - 1 commands can be outstanding on the SQ at once,
         // so that many CIDs are all a queue can use.
         let ncids = entries - 1;
@@ -354,10 +344,7 @@ impl QueuePair {
 
     /// A lock-free view of the completion ring (see [`CqView`]).
     pub fn cq_view(&self) -> CqView {
-        CqView {
-            base: std::ptr::NonNull::new(self.cq.vaddr()).expect("DMA memory is not null"),
-            entries: self.cq_ring.size(),
-        }
+        CqView { ring: self.cq.clone(), entries: self.cq_ring.size() }
     }
 
     /// Where the next completion will appear: (head, expected phase).

@@ -10,20 +10,24 @@
 //!
 //! In interrupt mode threads sleep for a completion, a free request slot or
 //! room in the submission queue. One of them at a time (the leader) sleeps
-//! on the eventfd of the queue's vector, and only it drains it; the others
-//! sleep on a condition variable. Each wake-up-worthy event (an interrupt,
-//! completions consumed, a slot freed) bumps an epoch under the sleepers'
-//! mutex and wakes them all (the leader through the eventfd), and a thread
-//! about to sleep that sees the epoch moved since it last looked looks
-//! again: no wake-up is lost. The eventfd is only a hint: the phase tag
-//! decides.
+//! on the eventfd of the queue's vector (and on the queue's own kick
+//! eventfd), and only it drains them; the others sleep on a condition
+//! variable. Each wake-up-worthy event (an interrupt, completions consumed,
+//! a slot freed) bumps an epoch under the sleepers' mutex and wakes them all
+//! (the leader through the kick eventfd), and a thread about to sleep that
+//! sees the epoch moved since it last looked looks again: no wake-up is
+//! lost. A vector may be shared by several queues (fewer vectors than
+//! queues, as Linux shares them): whoever drains it wakes the other queues
+//! on it, which then look at their own completion queues. The eventfds are
+//! only hints: the phase tag decides.
 
 use super::batch::{BatchTable, BATCH_TAG};
 use super::qpair::{CqView, QueuePair};
 use crate::platform::Platform;
+use crate::sys::EventFd;
 use crate::{Error, Result};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use ugds_nvme::prp::PrpPlan;
 use ugds_nvme::{regs, Sqe, Status};
@@ -72,7 +76,7 @@ pub struct SyncQueue {
     slots: Box<[Slot]>,
     /// The completion ring, for waiting without the lock; and where the
     /// next completion appears (head << 1 | phase), published after each
-    /// reap. Declared after `state`: the view must not outlive the ring.
+    /// reap.
     cq: CqView,
     cursor: AtomicU32,
     platform: Arc<dyn Platform>,
@@ -81,6 +85,10 @@ pub struct SyncQueue {
     /// Interrupt-mode sleepers (see the module's comment).
     sleep: Mutex<Sleepers>,
     woken: Condvar,
+    /// Wakes this queue's leader (interrupt mode with a vector).
+    kick: Option<EventFd>,
+    /// The other queues on this queue's vector, when it is shared.
+    siblings: OnceLock<Box<[Weak<SyncQueue>]>>,
     /// Interrupt waits that lasted to their cap without a wake-up (a lost
     /// wake-up, or a device that went quiet).
     capped_waits: AtomicU64,
@@ -142,12 +150,16 @@ pub enum Failure {
 
 impl SyncQueue {
     /// Wraps a created queue pair.
-    pub fn new(qp: QueuePair, platform: Arc<dyn Platform>) -> SyncQueue {
+    pub fn new(qp: QueuePair, platform: Arc<dyn Platform>) -> Result<SyncQueue> {
         let n = qp.free_slots() as u32;
         let (vector, qid) = (qp.vector(), qp.qid().0);
         let cq = qp.cq_view();
         let (head, phase) = qp.cq_cursor();
-        SyncQueue {
+        let kick = match vector {
+            Some(_) => Some(EventFd::new()?),
+            None => None,
+        };
+        Ok(SyncQueue {
             state: Mutex::new(State { qp, free: (0..n).rev().collect(), batch: BatchTable::default() }),
             slots: (0..n).map(|_| Slot::default()).collect(),
             cq,
@@ -157,8 +169,21 @@ impl SyncQueue {
             qid,
             sleep: Mutex::default(),
             woken: Condvar::new(),
+            kick,
+            siblings: OnceLock::new(),
             capped_waits: AtomicU64::new(0),
-        }
+        })
+    }
+
+    /// Tells the queue which other queues share its interrupt vector (set
+    /// once, at open).
+    pub(crate) fn set_siblings(&self, siblings: Box<[Weak<SyncQueue>]>) {
+        let _ = self.siblings.set(siblings);
+    }
+
+    /// The interrupt vector, if the queue has one.
+    pub fn vector(&self) -> Option<u16> {
+        self.vector
     }
 
     /// Interrupt waits that lasted to their cap (see [`WAIT_CAP`]).
@@ -271,10 +296,17 @@ impl SyncQueue {
                     } else {
                         sl.leader = true;
                         drop(sl);
-                        let signalled = efd.wait(left);
-                        if signalled {
+                        let (irq, kicked) = match &self.kick {
+                            Some(k) => efd.wait_either(k, left),
+                            None => (efd.wait(left), false),
+                        };
+                        if irq {
                             efd.drain();
                         }
+                        if kicked {
+                            self.kick.as_ref().map(EventFd::drain);
+                        }
+                        let signalled = irq || kicked;
                         sl = self.sleep.lock().unwrap_or_else(|p| p.into_inner());
                         sl.leader = false;
                         if signalled {
@@ -284,7 +316,15 @@ impl SyncQueue {
                         // Woken or not, the followers look (one of them
                         // takes the eventfd over if it must sleep again).
                         self.woken.notify_all();
-                        !signalled && sl.epoch == *seen
+                        let capped = !signalled && sl.epoch == *seen;
+                        if irq {
+                            // The interrupt may have been for a queue that
+                            // shares the vector: it looks too.
+                            drop(sl);
+                            self.wake_siblings();
+                            sl = self.sleep.lock().unwrap_or_else(|p| p.into_inner());
+                        }
+                        capped
                     };
                     if capped && left >= WAIT_CAP {
                         self.capped_waits.fetch_add(1, Ordering::Relaxed);
@@ -400,10 +440,15 @@ impl SyncQueue {
     }
 
     fn kick(&self) {
-        if let Some(v) = self.vector {
-            if let Ok(Some(efd)) = self.platform.interrupt(v) {
-                efd.signal();
-            }
+        if let Some(k) = &self.kick {
+            k.signal();
+        }
+    }
+
+    /// After draining a shared vector: every other queue on it looks.
+    fn wake_siblings(&self) {
+        for q in self.siblings.get().into_iter().flatten().filter_map(Weak::upgrade) {
+            q.wake_sleepers(Completion::Interrupt);
         }
     }
 

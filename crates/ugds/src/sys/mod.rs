@@ -143,6 +143,20 @@ impl EventFd {
         n > 0 && p.revents & libc::POLLIN != 0
     }
 
+    /// Waits until this counter or `other`'s is non-zero, or `timeout`
+    /// passes; which of the two were signalled. Interrupted waits report
+    /// neither (callers re-check anyway).
+    pub fn wait_either(&self, other: &EventFd, timeout: Duration) -> (bool, bool) {
+        let mut p = [
+            libc::pollfd { fd: self.0.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: other.0.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        ];
+        let ts = libc::timespec { tv_sec: timeout.as_secs() as _, tv_nsec: timeout.subsec_nanos() as _ };
+        // SAFETY: two valid pollfds and a valid timespec, all live for the call.
+        let n = unsafe { libc::ppoll(p.as_mut_ptr(), 2, &ts, std::ptr::null()) };
+        (n > 0 && p[0].revents & libc::POLLIN != 0, n > 0 && p[1].revents & libc::POLLIN != 0)
+    }
+
     /// The raw descriptor.
     pub fn as_raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()

@@ -181,6 +181,11 @@ impl EmuConfig {
         self.max_io_queues = n;
         self
     }
+    /// Sets the number of interrupt vectors (vector 0 is the admin queue's).
+    pub fn interrupt_vectors(mut self, n: u16) -> Self {
+        self.interrupt_vectors = n;
+        self
+    }
     /// Null mode: commands complete without moving data.
     pub fn null(mut self, null: bool) -> Self {
         self.null = null;
