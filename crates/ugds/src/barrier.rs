@@ -37,9 +37,16 @@ pub fn dma_rmb() {
 
 /// Orders the reads of consumed completion entries before the completion
 /// doorbell write that hands their slots back to the controller, which may
-/// then overwrite them. x86-64 never moves a store ahead of an earlier load;
-/// on aarch64 this is a `dmb ish` store-after-load ordering.
+/// then overwrite them. x86-64 never moves a store ahead of an earlier load
+/// (only the compiler must be stopped); on aarch64 the observer is the
+/// device, so the barrier is the outer-shareable `dmb osh` (loads and
+/// stores), not the inner-shareable one a Rust fence emits.
 #[inline(always)]
 pub fn consumed_before_doorbell() {
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: a barrier instruction; no memory or register operands.
+    unsafe {
+        std::arch::asm!("dmb osh", options(nostack, preserves_flags));
+    }
     std::sync::atomic::fence(Ordering::Release);
 }

@@ -36,8 +36,7 @@ impl DmaRelease for File {
         };
         // SAFETY: our own mapping of the coherent memory, no longer used.
         unsafe { libc::munmap(host as *mut libc::c_void, len) };
-        let mut h = handle;
-        if let Err(e) = k::ioctl(&self.fd, "UGDS_DRV_IOC_FREE_DMA", k::IOC_FREE_DMA, &mut h) {
+        if let Err(e) = k::free_dma(&self.fd, handle) {
             // Kept by the module until the file closes (after the device stopped).
             tracing::warn!("ugds_drv: freeing DMA memory failed (released at close): {e}");
         }
@@ -76,8 +75,7 @@ impl UgdsDrvPlatform {
     /// `name` is for messages.
     pub fn from_fd(fd: OwnedFd, name: &str) -> Result<UgdsDrvPlatform> {
         let path = name;
-        let mut info = k::Info::default();
-        k::ioctl(&fd, "UGDS_DRV_IOC_INFO", k::IOC_INFO, &mut info)?;
+        let info = k::info(&fd)?;
         if info.abi_version != k::ABI_VERSION {
             return Err(Error::Unsupported(format!(
                 "{path}: ugds_drv ABI version {} (this library speaks {})",
@@ -90,8 +88,7 @@ impl UgdsDrvPlatform {
         let mut p = UgdsDrvPlatform { path: path.to_string(), file, bar0, vectors: Vec::new() };
         for v in 0..info.msix_vectors.min(MAX_VECTORS) {
             let efd = EventFd::new()?;
-            let mut irq = k::Irq { vector: v, eventfd: efd.as_raw_fd() };
-            if let Err(e) = k::ioctl(&p.file.fd, "UGDS_DRV_IOC_SET_IRQ", k::IOC_SET_IRQ, &mut irq) {
+            if let Err(e) = k::set_irq(&p.file.fd, v, efd.as_fd()) {
                 tracing::warn!("{path}: vector {v}: {e}; later queues poll");
                 break;
             }
@@ -102,8 +99,7 @@ impl UgdsDrvPlatform {
 
     /// The module's counters for this open file.
     pub fn counters(&self) -> Result<DrvCounters> {
-        let mut info = k::Info::default();
-        k::ioctl(&self.file.fd, "UGDS_DRV_IOC_INFO", k::IOC_INFO, &mut info)?;
+        let info = k::info(&self.file.fd)?;
         Ok(DrvCounters {
             pinned_pages: info.pinned_pages,
             live_mappings: info.live_mappings,
@@ -121,16 +117,9 @@ impl UgdsDrvPlatform {
         let first = offset as usize / PAGE_SIZE;
         let npages = (offset as usize + len).div_ceil(PAGE_SIZE) - first;
         let mut pages = vec![0u64; npages];
-        let mut m = k::Map {
-            dmabuf_fd: dmabuf,
-            offset,
-            size: len as u64,
-            pages_ptr: pages.as_mut_ptr() as u64,
-            npages: npages as u64,
-            ..Default::default()
-        };
-        k::ioctl(&self.file.fd, "UGDS_DRV_IOC_MAP (dma-buf)", k::IOC_MAP, &mut m)?;
-        Ok(HostMapping { pages: pages.into(), first_offset: offset as usize % PAGE_SIZE, cookie: m.handle })
+        let m = k::Map { dmabuf_fd: dmabuf, offset, size: len as u64, ..Default::default() };
+        let handle = k::map(&self.file.fd, "UGDS_DRV_IOC_MAP (dma-buf)", m, &mut pages)?;
+        Ok(HostMapping { pages: pages.into(), first_offset: offset as usize % PAGE_SIZE, cookie: handle })
     }
 }
 
@@ -144,20 +133,13 @@ impl UgdsDrvPlatform {
         let end = (ptr + len as u64).next_multiple_of(GRAN);
         let npages = ((end - start) as usize) / PAGE_SIZE;
         let mut pages = vec![0u64; npages];
-        let mut m = k::Map {
-            vaddr: start,
-            size: end - start,
-            dmabuf_fd: -1,
-            flags: k::MAP_NVIDIA_P2P,
-            pages_ptr: pages.as_mut_ptr() as u64,
-            npages: npages as u64,
-            ..Default::default()
-        };
-        k::ioctl(&self.file.fd, "UGDS_DRV_IOC_MAP (nvidia_p2p)", k::IOC_MAP, &mut m)?;
+        let m =
+            k::Map { vaddr: start, size: end - start, dmabuf_fd: -1, flags: k::MAP_NVIDIA_P2P, ..Default::default() };
+        let handle = k::map(&self.file.fd, "UGDS_DRV_IOC_MAP (nvidia_p2p)", m, &mut pages)?;
         // Keep the pages from the one holding `ptr` on.
         let skip = ((ptr - start) as usize) / PAGE_SIZE;
         pages.drain(..skip);
-        Ok(HostMapping { pages: pages.into(), first_offset: ptr as usize % PAGE_SIZE, cookie: m.handle })
+        Ok(HostMapping { pages: pages.into(), first_offset: ptr as usize % PAGE_SIZE, cookie: handle })
     }
 }
 
@@ -178,13 +160,11 @@ impl Platform for UgdsDrvPlatform {
 
     fn alloc_dma(&self, len: usize) -> Result<DmaBuffer> {
         let len = len.max(1).next_multiple_of(PAGE_SIZE);
-        let mut d = k::Dma { size: len as u64, ..Default::default() };
-        k::ioctl(&self.file.fd, "UGDS_DRV_IOC_ALLOC_DMA", k::IOC_ALLOC_DMA, &mut d)?;
+        let d = k::alloc_dma(&self.file.fd, len as u64)?;
         let p = match crate::sys::mmap_shared(&self.file.fd, len, d.mmap_offset, "mmap ugds_drv DMA memory") {
             Ok(p) => p,
             Err(e) => {
-                let mut h = d.handle;
-                let _ = k::ioctl(&self.file.fd, "UGDS_DRV_IOC_FREE_DMA", k::IOC_FREE_DMA, &mut h);
+                let _ = k::free_dma(&self.file.fd, d.handle);
                 return Err(e);
             }
         };
@@ -204,16 +184,9 @@ impl Platform for UgdsDrvPlatform {
         let span = HostMapping::span(vaddr, len)?;
         let npages = span.1 / PAGE_SIZE;
         let mut pages = vec![0u64; npages];
-        let mut m = k::Map {
-            vaddr: vaddr as u64,
-            size: len as u64,
-            dmabuf_fd: -1,
-            pages_ptr: pages.as_mut_ptr() as u64,
-            npages: npages as u64,
-            ..Default::default()
-        };
-        k::ioctl(&self.file.fd, "UGDS_DRV_IOC_MAP", k::IOC_MAP, &mut m)?;
-        Ok(HostMapping { pages: pages.into(), first_offset: vaddr as usize - span.0, cookie: m.handle })
+        let m = k::Map { vaddr: vaddr as u64, size: len as u64, dmabuf_fd: -1, ..Default::default() };
+        let handle = k::map(&self.file.fd, "UGDS_DRV_IOC_MAP", m, &mut pages)?;
+        Ok(HostMapping { pages: pages.into(), first_offset: vaddr as usize - span.0, cookie: handle })
     }
 
     unsafe fn map_device(&self, mem: &crate::gpu::DeviceMemory) -> Result<HostMapping> {
@@ -235,8 +208,7 @@ impl Platform for UgdsDrvPlatform {
     }
 
     fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
-        let mut h = mapping.cookie;
-        k::ioctl(&self.file.fd, "UGDS_DRV_IOC_UNMAP", k::IOC_UNMAP, &mut h)
+        k::unmap(&self.file.fd, mapping.cookie)
     }
 
     fn interrupt(&self, vector: u16) -> Result<Option<&EventFd>> {

@@ -17,7 +17,7 @@ use crate::sys::vfio::{self as v, Mmio};
 use crate::sys::{Anonymous, EventFd, PAGE_SIZE};
 use crate::{Error, Result};
 use std::collections::BTreeMap;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 use ugds_nvme::Iova;
@@ -82,31 +82,22 @@ struct IovaSpace {
 }
 
 impl Container {
-    fn map(&self, vaddr: usize, len: usize, owned: Option<Anonymous>) -> Result<u64> {
+    /// Maps `vaddr..vaddr+len` for the device at a fresh IOVA.
+    ///
+    /// # Safety
+    /// The memory must stay allocated until [`unmap`](Self::unmap) of the
+    /// returned IOVA (memory in `owned` is kept here until then).
+    unsafe fn map(&self, vaddr: usize, len: usize, owned: Option<Anonymous>) -> Result<u64> {
         let mut sp = self.iova.lock().unwrap_or_else(|p| p.into_inner());
         let iova = sp.next;
         match &self.ctx {
             IommuCtx::Type1 { container, .. } => {
-                let mut m = v::DmaMap {
-                    argsz: std::mem::size_of::<v::DmaMap>() as u32,
-                    flags: v::VFIO_DMA_MAP_FLAG_READ | v::VFIO_DMA_MAP_FLAG_WRITE,
-                    vaddr: vaddr as u64,
-                    iova,
-                    size: len as u64,
-                };
-                v::ioctl_ptr(container, "VFIO_IOMMU_MAP_DMA", v::VFIO_IOMMU_MAP_DMA, &mut m)?;
+                // SAFETY: the caller keeps the memory until `unmap`.
+                unsafe { v::map_dma(container, vaddr as u64, iova, len as u64) }?;
             }
             IommuCtx::Iommufd { iommufd, ioas } => {
-                let mut m = v::IoasMap {
-                    size: std::mem::size_of::<v::IoasMap>() as u32,
-                    flags: v::IOMMU_IOAS_MAP_FIXED_IOVA | v::IOMMU_IOAS_MAP_READABLE | v::IOMMU_IOAS_MAP_WRITEABLE,
-                    ioas_id: *ioas,
-                    reserved: 0,
-                    user_va: vaddr as u64,
-                    length: len as u64,
-                    iova,
-                };
-                v::ioctl_ptr(iommufd, "IOMMU_IOAS_MAP", v::IOMMU_IOAS_MAP, &mut m)?;
+                // SAFETY: as above.
+                unsafe { v::ioas_map(iommufd, *ioas, vaddr as u64, iova, len as u64) }?;
             }
         }
         // A guard page of unmapped IOVA after each mapping: overruns fault.
@@ -122,18 +113,10 @@ impl Container {
         };
         match &self.ctx {
             IommuCtx::Type1 { container, .. } => {
-                let mut u =
-                    v::DmaUnmap { argsz: std::mem::size_of::<v::DmaUnmap>() as u32, flags: 0, iova, size: len as u64 };
-                v::ioctl_ptr(container, "VFIO_IOMMU_UNMAP_DMA", v::VFIO_IOMMU_UNMAP_DMA, &mut u)?;
+                v::unmap_dma(container, iova, len as u64)?;
             }
             IommuCtx::Iommufd { iommufd, ioas } => {
-                let mut u = v::IoasUnmap {
-                    size: std::mem::size_of::<v::IoasUnmap>() as u32,
-                    ioas_id: *ioas,
-                    iova,
-                    length: len as u64,
-                };
-                v::ioctl_ptr(iommufd, "IOMMU_IOAS_UNMAP", v::IOMMU_IOAS_UNMAP, &mut u)?;
+                v::ioas_unmap(iommufd, *ioas, iova, len as u64)?;
             }
         }
         // Only now, with the IOMMU entry gone, may the memory be freed.
@@ -219,15 +202,13 @@ impl VfioPlatform {
             open_group(bdf)?
         };
 
-        let mut bar = v::RegionInfo { argsz: 32, index: v::VFIO_PCI_BAR0_REGION_INDEX, ..Default::default() };
-        v::ioctl_ptr(&device, "VFIO_DEVICE_GET_REGION_INFO", v::VFIO_DEVICE_GET_REGION_INFO, &mut bar)?;
+        let bar = v::region_info(&device, v::VFIO_PCI_BAR0_REGION_INDEX)?;
         if bar.flags & v::VFIO_REGION_INFO_FLAG_MMAP == 0 {
             return Err(Error::Unsupported("BAR0 cannot be mmapped".into()));
         }
         let bar0 = Mmio::map(&device, bar.size as usize, bar.offset)?;
 
-        let mut cfg = v::RegionInfo { argsz: 32, index: v::VFIO_PCI_CONFIG_REGION_INDEX, ..Default::default() };
-        v::ioctl_ptr(&device, "VFIO_DEVICE_GET_REGION_INFO", v::VFIO_DEVICE_GET_REGION_INFO, &mut cfg)?;
+        let cfg = v::region_info(&device, v::VFIO_PCI_CONFIG_REGION_INDEX)?;
         let mut cmd = [0u8; 2];
         v::pread_exact(&device, &mut cmd, cfg.offset + PCI_COMMAND)?;
         let c = u16::from_le_bytes(cmd) | PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER;
@@ -250,13 +231,11 @@ impl VfioPlatform {
 
     /// One eventfd per MSI-X vector; without MSI-X every queue polls.
     fn setup_msix(&mut self) {
-        let mut irq = v::IrqInfo { argsz: 16, index: v::VFIO_PCI_MSIX_IRQ_INDEX, ..Default::default() };
-        if v::ioctl_ptr(&self.device, "VFIO_DEVICE_GET_IRQ_INFO", v::VFIO_DEVICE_GET_IRQ_INFO, &mut irq).is_err()
-            || irq.count == 0
-        {
+        let irq = v::irq_info(&self.device, v::VFIO_PCI_MSIX_IRQ_INDEX);
+        let Some(irq) = irq.ok().filter(|i| i.count > 0) else {
             tracing::info!(bdf = self.bdf, "no MSI-X: queues poll");
             return;
-        }
+        };
         let n = irq.count.min(MAX_VECTORS);
         let fds: Result<Vec<EventFd>> = (0..n).map(|_| EventFd::new()).collect();
         let Ok(fds) = fds else { return };
@@ -297,24 +276,22 @@ fn open_group(bdf: &str) -> Result<(OwnedFd, IommuCtx)> {
         std::fs::read_link(sysfs(bdf, "iommu_group")).map_err(|e| Error::Os { op: "read iommu_group", source: e })?;
     let group_no = group_link.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let container = v::open_rw("/dev/vfio/vfio")?;
-    let ver = v::ioctl_val(&container, "VFIO_GET_API_VERSION", v::VFIO_GET_API_VERSION, 0)?;
+    let ver = v::api_version(&container)?;
     if ver != v::VFIO_API_VERSION {
         return Err(Error::Unsupported(format!("VFIO API version {ver}")));
     }
-    if v::ioctl_val(&container, "VFIO_CHECK_EXTENSION", v::VFIO_CHECK_EXTENSION, v::VFIO_TYPE1V2_IOMMU)? == 0 {
+    if !v::check_extension(&container, v::VFIO_TYPE1V2_IOMMU)? {
         return Err(Error::Unsupported("the kernel's VFIO has no type1v2 IOMMU (no IOMMU enabled?)".into()));
     }
     let group = v::open_rw(&format!("/dev/vfio/{group_no}"))?;
-    let mut st = v::GroupStatus { argsz: 8, flags: 0 };
-    v::ioctl_ptr(&group, "VFIO_GROUP_GET_STATUS", v::VFIO_GROUP_GET_STATUS, &mut st)?;
+    let st = v::group_status(&group)?;
     if st.flags & v::VFIO_GROUP_FLAGS_VIABLE == 0 {
         return Err(Error::Platform(format!(
             "IOMMU group {group_no} is not viable: bind every device in it to vfio-pci"
         )));
     }
-    let mut cfd = container.as_raw_fd();
-    v::ioctl_ptr(&group, "VFIO_GROUP_SET_CONTAINER", v::VFIO_GROUP_SET_CONTAINER, &mut cfd)?;
-    v::ioctl_val(&container, "VFIO_SET_IOMMU", v::VFIO_SET_IOMMU, v::VFIO_TYPE1V2_IOMMU)?;
+    v::group_set_container(&group, &container)?;
+    v::set_iommu(&container, v::VFIO_TYPE1V2_IOMMU)?;
     let device = v::group_get_device_fd(&group, bdf)?;
     Ok((device, IommuCtx::Type1 { container, _group: group }))
 }
@@ -324,21 +301,10 @@ fn open_group(bdf: &str) -> Result<(OwnedFd, IommuCtx)> {
 fn open_cdev(name: &str) -> Result<(OwnedFd, IommuCtx)> {
     let device = v::open_rw(&format!("/dev/vfio/devices/{name}"))?;
     let iommufd = v::open_rw("/dev/iommu")?;
-    let mut bind = v::BindIommufd {
-        argsz: std::mem::size_of::<v::BindIommufd>() as u32,
-        iommufd: iommufd.as_raw_fd(),
-        ..Default::default()
-    };
-    v::ioctl_ptr(&device, "VFIO_DEVICE_BIND_IOMMUFD", v::VFIO_DEVICE_BIND_IOMMUFD, &mut bind)?;
-    let mut alloc = v::IoasAlloc { size: std::mem::size_of::<v::IoasAlloc>() as u32, ..Default::default() };
-    v::ioctl_ptr(&iommufd, "IOMMU_IOAS_ALLOC", v::IOMMU_IOAS_ALLOC, &mut alloc)?;
-    let mut attach = v::AttachIommufdPt {
-        argsz: std::mem::size_of::<v::AttachIommufdPt>() as u32,
-        flags: 0,
-        pt_id: alloc.out_ioas_id,
-    };
-    v::ioctl_ptr(&device, "VFIO_DEVICE_ATTACH_IOMMUFD_PT", v::VFIO_DEVICE_ATTACH_IOMMUFD_PT, &mut attach)?;
-    Ok((device, IommuCtx::Iommufd { iommufd, ioas: alloc.out_ioas_id }))
+    v::bind_iommufd(&device, &iommufd)?;
+    let ioas = v::ioas_alloc(&iommufd)?;
+    v::attach_iommufd_pt(&device, ioas)?;
+    Ok((device, IommuCtx::Iommufd { iommufd, ioas }))
 }
 
 impl Drop for VfioPlatform {
@@ -378,7 +344,8 @@ impl Platform for VfioPlatform {
     fn alloc_dma(&self, len: usize) -> Result<DmaBuffer> {
         let mem = Anonymous::populated(len)?;
         let (host, len) = (mem.as_ptr(), mem.len());
-        let iova = self.container.map(host as usize, len, Some(mem))?;
+        // SAFETY: the memory is `mem`, which the container keeps until unmap.
+        let iova = unsafe { self.container.map(host as usize, len, Some(mem)) }?;
         // SAFETY: the memory is owned by the container's table entry until
         // `release` has unmapped it from the IOMMU.
         let region = unsafe { DmaRegion::new(NonNull::new(host).expect("mmap is not null"), len, Iova(iova)) };
@@ -387,7 +354,8 @@ impl Platform for VfioPlatform {
 
     unsafe fn map_host(&self, vaddr: *mut u8, len: usize) -> Result<HostMapping> {
         let span = HostMapping::span(vaddr, len)?;
-        let iova = self.container.map(span.0, span.1, None)?;
+        // SAFETY: `map_host`'s caller keeps the memory until `unmap_host`.
+        let iova = unsafe { self.container.map(span.0, span.1, None) }?;
         Ok(HostMapping::contiguous(vaddr, span, iova))
     }
 

@@ -157,6 +157,11 @@ impl EventFd {
         (n > 0 && p[0].revents & libc::POLLIN != 0, n > 0 && p[1].revents & libc::POLLIN != 0)
     }
 
+    /// The descriptor, borrowed.
+    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&self.0)
+    }
+
     /// The raw descriptor.
     pub fn as_raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()

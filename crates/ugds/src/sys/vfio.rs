@@ -172,17 +172,150 @@ fn check(op: &'static str, r: libc::c_int) -> Result<libc::c_int> {
 }
 
 /// An ioctl whose argument is a plain integer.
-pub fn ioctl_val(fd: &OwnedFd, op: &'static str, req: u64, arg: u64) -> Result<libc::c_int> {
-    // SAFETY: the request takes an integer argument, no memory.
+///
+/// # Safety
+/// `req` must take an integer argument (not an address).
+unsafe fn ioctl_val(fd: &OwnedFd, op: &'static str, req: u64, arg: u64) -> Result<libc::c_int> {
+    // SAFETY: the request takes an integer argument, no memory (caller).
     check(op, unsafe { libc::ioctl(fd.as_raw_fd(), req as _, arg as libc::c_ulong) })
 }
 
 /// An ioctl whose argument is a pointer to `T`, which the kernel may read
 /// and write (`argsz` set by the caller).
-pub fn ioctl_ptr<T>(fd: &OwnedFd, op: &'static str, req: u64, arg: &mut T) -> Result<libc::c_int> {
+///
+/// # Safety
+/// `req` must take a pointer to exactly a `T`, and any address inside `*arg`
+/// must be valid for what the kernel does with it.
+unsafe fn ioctl_ptr<T>(fd: &OwnedFd, op: &'static str, req: u64, arg: &mut T) -> Result<libc::c_int> {
     // SAFETY: `arg` is a live, exclusively borrowed `#[repr(C)]` structure of
-    // the size the request expects.
+    // the type the request expects (caller).
     check(op, unsafe { libc::ioctl(fd.as_raw_fd(), req as _, arg as *mut T) })
+}
+
+/// VFIO_GET_API_VERSION.
+pub fn api_version(container: &OwnedFd) -> Result<i32> {
+    // SAFETY: takes no argument.
+    unsafe { ioctl_val(container, "VFIO_GET_API_VERSION", VFIO_GET_API_VERSION, 0) }
+}
+
+/// VFIO_CHECK_EXTENSION: whether the container supports IOMMU type `ext`.
+pub fn check_extension(container: &OwnedFd, ext: u64) -> Result<bool> {
+    // SAFETY: takes an integer.
+    unsafe { ioctl_val(container, "VFIO_CHECK_EXTENSION", VFIO_CHECK_EXTENSION, ext) }.map(|r| r != 0)
+}
+
+/// VFIO_SET_IOMMU.
+pub fn set_iommu(container: &OwnedFd, kind: u64) -> Result<()> {
+    // SAFETY: takes an integer.
+    unsafe { ioctl_val(container, "VFIO_SET_IOMMU", VFIO_SET_IOMMU, kind) }.map(drop)
+}
+
+/// VFIO_GROUP_GET_STATUS.
+pub fn group_status(group: &OwnedFd) -> Result<GroupStatus> {
+    let mut st = GroupStatus { argsz: std::mem::size_of::<GroupStatus>() as u32, flags: 0 };
+    // SAFETY: takes a `GroupStatus`, which holds no addresses.
+    unsafe { ioctl_ptr(group, "VFIO_GROUP_GET_STATUS", VFIO_GROUP_GET_STATUS, &mut st) }?;
+    Ok(st)
+}
+
+/// VFIO_GROUP_SET_CONTAINER.
+pub fn group_set_container(group: &OwnedFd, container: &OwnedFd) -> Result<()> {
+    let mut cfd: i32 = container.as_raw_fd();
+    // SAFETY: takes a pointer to an int holding a descriptor.
+    unsafe { ioctl_ptr(group, "VFIO_GROUP_SET_CONTAINER", VFIO_GROUP_SET_CONTAINER, &mut cfd) }.map(drop)
+}
+
+/// VFIO_DEVICE_GET_REGION_INFO for region `index`.
+pub fn region_info(device: &OwnedFd, index: u32) -> Result<RegionInfo> {
+    let mut r = RegionInfo { argsz: std::mem::size_of::<RegionInfo>() as u32, index, ..Default::default() };
+    // SAFETY: takes a `RegionInfo` (no capability chain asked for: argsz is
+    // the structure's own size), which holds no addresses.
+    unsafe { ioctl_ptr(device, "VFIO_DEVICE_GET_REGION_INFO", VFIO_DEVICE_GET_REGION_INFO, &mut r) }?;
+    Ok(r)
+}
+
+/// VFIO_DEVICE_GET_IRQ_INFO for interrupt `index`.
+pub fn irq_info(device: &OwnedFd, index: u32) -> Result<IrqInfo> {
+    let mut i = IrqInfo { argsz: std::mem::size_of::<IrqInfo>() as u32, index, ..Default::default() };
+    // SAFETY: takes an `IrqInfo`, which holds no addresses.
+    unsafe { ioctl_ptr(device, "VFIO_DEVICE_GET_IRQ_INFO", VFIO_DEVICE_GET_IRQ_INFO, &mut i) }?;
+    Ok(i)
+}
+
+/// VFIO_IOMMU_MAP_DMA: the device may read and write `vaddr..vaddr+size`
+/// at `iova`.
+///
+/// # Safety
+/// The memory must stay allocated (and not be reused for anything the
+/// device must not touch) until it is unmapped.
+pub unsafe fn map_dma(container: &OwnedFd, vaddr: u64, iova: u64, size: u64) -> Result<()> {
+    let mut m = DmaMap {
+        argsz: std::mem::size_of::<DmaMap>() as u32,
+        flags: VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE,
+        vaddr,
+        iova,
+        size,
+    };
+    // SAFETY: takes a `DmaMap`; the memory it names is the caller's to vouch for.
+    unsafe { ioctl_ptr(container, "VFIO_IOMMU_MAP_DMA", VFIO_IOMMU_MAP_DMA, &mut m) }.map(drop)
+}
+
+/// VFIO_IOMMU_UNMAP_DMA.
+pub fn unmap_dma(container: &OwnedFd, iova: u64, size: u64) -> Result<()> {
+    let mut u = DmaUnmap { argsz: std::mem::size_of::<DmaUnmap>() as u32, flags: 0, iova, size };
+    // SAFETY: takes a `DmaUnmap`, which holds no host addresses.
+    unsafe { ioctl_ptr(container, "VFIO_IOMMU_UNMAP_DMA", VFIO_IOMMU_UNMAP_DMA, &mut u) }.map(drop)
+}
+
+/// IOMMU_IOAS_MAP at a fixed IOVA, readable and writable.
+///
+/// # Safety
+/// As for [`map_dma`].
+pub unsafe fn ioas_map(iommufd: &OwnedFd, ioas: u32, vaddr: u64, iova: u64, length: u64) -> Result<()> {
+    let mut m = IoasMap {
+        size: std::mem::size_of::<IoasMap>() as u32,
+        flags: IOMMU_IOAS_MAP_FIXED_IOVA | IOMMU_IOAS_MAP_READABLE | IOMMU_IOAS_MAP_WRITEABLE,
+        ioas_id: ioas,
+        reserved: 0,
+        user_va: vaddr,
+        length,
+        iova,
+    };
+    // SAFETY: takes an `IoasMap`; the memory it names is the caller's to vouch for.
+    unsafe { ioctl_ptr(iommufd, "IOMMU_IOAS_MAP", IOMMU_IOAS_MAP, &mut m) }.map(drop)
+}
+
+/// IOMMU_IOAS_UNMAP.
+pub fn ioas_unmap(iommufd: &OwnedFd, ioas: u32, iova: u64, length: u64) -> Result<()> {
+    let mut u = IoasUnmap { size: std::mem::size_of::<IoasUnmap>() as u32, ioas_id: ioas, iova, length };
+    // SAFETY: takes an `IoasUnmap`, which holds no host addresses.
+    unsafe { ioctl_ptr(iommufd, "IOMMU_IOAS_UNMAP", IOMMU_IOAS_UNMAP, &mut u) }.map(drop)
+}
+
+/// VFIO_DEVICE_BIND_IOMMUFD.
+pub fn bind_iommufd(device: &OwnedFd, iommufd: &OwnedFd) -> Result<()> {
+    let mut b = BindIommufd {
+        argsz: std::mem::size_of::<BindIommufd>() as u32,
+        iommufd: iommufd.as_raw_fd(),
+        ..Default::default()
+    };
+    // SAFETY: takes a `BindIommufd`, which holds no addresses.
+    unsafe { ioctl_ptr(device, "VFIO_DEVICE_BIND_IOMMUFD", VFIO_DEVICE_BIND_IOMMUFD, &mut b) }.map(drop)
+}
+
+/// IOMMU_IOAS_ALLOC: a new I/O address space's id.
+pub fn ioas_alloc(iommufd: &OwnedFd) -> Result<u32> {
+    let mut a = IoasAlloc { size: std::mem::size_of::<IoasAlloc>() as u32, ..Default::default() };
+    // SAFETY: takes an `IoasAlloc`, which holds no addresses.
+    unsafe { ioctl_ptr(iommufd, "IOMMU_IOAS_ALLOC", IOMMU_IOAS_ALLOC, &mut a) }?;
+    Ok(a.out_ioas_id)
+}
+
+/// VFIO_DEVICE_ATTACH_IOMMUFD_PT.
+pub fn attach_iommufd_pt(device: &OwnedFd, pt_id: u32) -> Result<()> {
+    let mut a = AttachIommufdPt { argsz: std::mem::size_of::<AttachIommufdPt>() as u32, flags: 0, pt_id };
+    // SAFETY: takes an `AttachIommufdPt`, which holds no addresses.
+    unsafe { ioctl_ptr(device, "VFIO_DEVICE_ATTACH_IOMMUFD_PT", VFIO_DEVICE_ATTACH_IOMMUFD_PT, &mut a) }.map(drop)
 }
 
 /// VFIO_GROUP_GET_DEVICE_FD with the device's name.
