@@ -658,18 +658,14 @@ impl GpuStream {
         }
         seq.last = next;
         if self.wait == StreamWait::DeviceSide {
-            match self.backend.wait_value32(self.raw, self.slot.dev, next) {
-                Ok(true) => {}
+            let waited = self.backend.wait_value32(self.raw, self.slot.dev, next);
+            if !matches!(waited, Ok(true)) {
                 // The host function is queued and will run; only the wait
                 // is missing, so later work may overtake this operation.
-                Ok(false) => {
-                    self.unreserve_wait(next);
-                    return Err(Error::Unsupported("stream wait on memory".into()));
-                }
-                Err(e) => {
-                    self.unreserve_wait(next);
-                    return Err(e);
-                }
+                // It will still write `done`: the slot is kept for good.
+                self.unreserve_wait(next);
+                seq.lost = true;
+                return Err(waited.err().unwrap_or_else(|| Error::Unsupported("stream wait on memory".into())));
             }
             // A copy that cannot be enqueued fails the call, but the
             // `passed` write still goes in, so the stream's words stay
@@ -732,7 +728,7 @@ impl Drop for GpuStream {
         let mut pool = self.backend.pool().lock().unwrap_or_else(|p| p.into_inner());
         match (seq.lost, seq.passed) {
             (true, _) => tracing::warn!(
-                "{}: a stream wait was enqueued without its completion write; its word is kept",
+                "{}: an operation was enqueued without its wait or its completion write; its word is kept",
                 self.backend.name()
             ),
             // The GPU never read the slot.
@@ -757,6 +753,8 @@ mod tests {
         ops: Mutex<Vec<(bool, u64, u32)>>,
         host_fns: Mutex<Vec<(unsafe extern "C" fn(*mut c_void), usize)>>,
         pages: AtomicUsize,
+        /// Refuse stream waits on memory (as a runtime that fails to enqueue one).
+        refuse_waits: std::sync::atomic::AtomicBool,
     }
 
     impl FakeGpu {
@@ -793,6 +791,9 @@ mod tests {
             Ok(())
         }
         fn wait_value32(&self, _: usize, addr: u64, value: u32) -> Result<bool> {
+            if self.refuse_waits.load(Ordering::Relaxed) {
+                return Err(Error::Platform("fake: cuStreamWaitValue32 failed".into()));
+            }
             self.ops.lock().unwrap().push((false, addr, value));
             Ok(true)
         }
@@ -893,6 +894,31 @@ mod tests {
         // Never launched: kept out of use.
         again.give_back();
         assert_ne!(s.stage(5000, &StageMark::default()).unwrap().data().0, ptr);
+    }
+
+    #[test]
+    fn a_word_a_queued_host_function_still_writes_is_never_handed_out_again() {
+        // The operation's host function is queued, then its wait fails: the
+        // call fails, but the host function will still write `done`. The
+        // word must not go to another stream.
+        let gpu = Arc::new(FakeGpu::default());
+        let s = GpuStream::new(gpu.clone(), 1, StreamWait::DeviceSide).unwrap();
+        let first = s.slot;
+        gpu.run(); // the probe at creation passes
+        gpu.refuse_waits.store(true, Ordering::Relaxed);
+        assert!(s.launch(Box::new(|sig| sig.set())).is_err());
+        gpu.refuse_waits.store(false, Ordering::Relaxed);
+        drop(s);
+        for i in 0..4 {
+            let t = GpuStream::new(gpu.clone(), 2 + i, StreamWait::DeviceSide).unwrap();
+            assert_ne!(t.slot, first, "a word the queued host function writes was handed out again");
+        }
+        // The host function writes `done` into the kept word.
+        for (f, d) in gpu.host_fns.lock().unwrap().drain(..).take(1) {
+            // SAFETY: launched by GpuStream with its own data.
+            unsafe { f(d as *mut c_void) };
+        }
+        assert_eq!(first.done().load(Ordering::Acquire), 1);
     }
 
     #[test]
