@@ -10,11 +10,18 @@
 //! as existing callers expect. It is never freed, so that a deregistered
 //! handle's address is never reused and any later use of it is reported as
 //! `UGDS_HANDLE_NOT_REGISTERED` rather than reaching another handle.
+//!
+//! Entry points that take a caller's pointers are `unsafe extern "C"`: from
+//! Rust they can be called only in an `unsafe` block, under the contract in
+//! their `# Safety` section.
+//!
+//! ```compile_fail
+//! let mut buf = [0u8; 4096];
+//! // error[E0133]: call to unsafe function
+//! ugds_capi::uGDSRead(std::ptr::null_mut(), buf.as_mut_ptr().cast(), 4096, 0, 0);
+//! ```
 
 #![allow(non_snake_case)]
-// Every entry point takes raw pointers from C and checks them for null; the
-// contract for the rest is the C header's.
-#![allow(clippy::not_unsafe_ptr_arg_deref)]
 
 pub mod abi;
 
@@ -272,8 +279,12 @@ fn platform_for(fd: c_int) -> Result<Arc<dyn ugds::platform::Platform>, uGDSErro
 }
 
 /// Brings up the controller behind `descr`'s fd: `/dev/ugds_drvN`, or a regular file with `UGDS_EMULATE=1`.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
 #[no_mangle]
-pub extern "C" fn uGDSHandleRegister(fh: *mut *mut c_void, descr: *mut abi::uGDSDescr_t) -> uGDSError_t {
+pub unsafe extern "C" fn uGDSHandleRegister(fh: *mut *mut c_void, descr: *mut abi::uGDSDescr_t) -> uGDSError_t {
     guard(internal(), || {
         if fh.is_null() || descr.is_null() {
             return fail(op::INVALID_VALUE, "null argument");
@@ -340,8 +351,12 @@ fn lookup(fh: *mut c_void) -> Result<(Arc<Handle>, ugds::Driver), c_int> {
 }
 
 /// The namespace's capacity in bytes.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
 #[no_mangle]
-pub extern "C" fn uGDSGetDeviceCapacity(fh: *mut c_void, bytes: *mut u64) -> uGDSError_t {
+pub unsafe extern "C" fn uGDSGetDeviceCapacity(fh: *mut c_void, bytes: *mut u64) -> uGDSError_t {
     guard(internal(), || {
         if bytes.is_null() {
             return fail(op::INVALID_VALUE, "null argument");
@@ -358,11 +373,16 @@ pub extern "C" fn uGDSGetDeviceCapacity(fh: *mut c_void, bytes: *mut u64) -> uGD
 }
 
 /// Closes a handle, waiting for its I/O; a null handle is ignored.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
 #[no_mangle]
-pub extern "C" fn uGDSHandleDeregister(fh: *mut c_void) {
+pub unsafe extern "C" fn uGDSHandleDeregister(fh: *mut c_void) {
     guard((), || {
         if !fh.is_null() {
-            let _ = uGDSHandleDeregisterEx(fh, -1);
+            // SAFETY: the caller's handle, passed on under the same contract.
+            let _ = unsafe { uGDSHandleDeregisterEx(fh, -1) };
         }
     })
 }
@@ -370,8 +390,12 @@ pub extern "C" fn uGDSHandleDeregister(fh: *mut c_void) {
 /// Closes a handle and destroys its batch contexts: 0 refuses with
 /// `UGDS_BUSY` while I/O is in flight, > 0 waits that many seconds, -1
 /// waits, < -1 tears a wedged handle down after a controller reset.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
 #[no_mangle]
-pub extern "C" fn uGDSHandleDeregisterEx(fh: *mut c_void, timeout_sec: c_int) -> uGDSError_t {
+pub unsafe extern "C" fn uGDSHandleDeregisterEx(fh: *mut c_void, timeout_sec: c_int) -> uGDSError_t {
     guard(internal(), || {
         let h = match lookup(fh) {
             Ok((h, _)) => h,
@@ -456,8 +480,13 @@ fn register(base: *const c_void, len: size_t, backend: c_int, export: bool) -> u
 }
 
 /// Registers memory (GPU or host) by base address.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
+/// `base..base+len` must be memory the caller owns and keeps allocated until `uGDSBufDeregister` (host memory, or device memory of a loaded GPU runtime).
 #[no_mangle]
-pub extern "C" fn uGDSBufRegister(base: *const c_void, len: size_t, flags: c_int) -> uGDSError_t {
+pub unsafe extern "C" fn uGDSBufRegister(base: *const c_void, len: size_t, flags: c_int) -> uGDSError_t {
     guard(internal(), || {
         let backend = if flags & abi::NVM_MAP_FORCE_CUDA != 0 {
             abi::BACKEND_CUDA
@@ -471,8 +500,13 @@ pub extern "C" fn uGDSBufRegister(base: *const c_void, len: size_t, flags: c_int
 }
 
 /// Registers memory with an explicit backend; `enable_export` allows `uGDSExportDmabuf`.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
+/// `base..base+len` must be memory the caller owns and keeps allocated until `uGDSBufDeregister` (host memory, or device memory of a loaded GPU runtime).
 #[no_mangle]
-pub extern "C" fn uGDSBufRegisterEx(
+pub unsafe extern "C" fn uGDSBufRegisterEx(
     base: *const c_void,
     len: size_t,
     config: *const abi::uGDSBufConfig_t,
@@ -491,8 +525,12 @@ pub extern "C" fn uGDSBufRegisterEx(
 }
 
 /// Deregisters by base address; `UGDS_BUSY` while I/O is in flight.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
 #[no_mangle]
-pub extern "C" fn uGDSBufDeregister(base: *const c_void) -> uGDSError_t {
+pub unsafe extern "C" fn uGDSBufDeregister(base: *const c_void) -> uGDSError_t {
     guard(internal(), || {
         if base.is_null() {
             return fail(op::INVALID_VALUE, "null base");
@@ -514,8 +552,12 @@ pub extern "C" fn uGDSBufDeregister(base: *const c_void) -> uGDSError_t {
 }
 
 /// Exports GPU memory registered for export as a dma-buf; the caller closes the fd.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
 #[no_mangle]
-pub extern "C" fn uGDSExportDmabuf(base: *const c_void, out: *mut abi::uGDSDmabufExport_t) -> uGDSError_t {
+pub unsafe extern "C" fn uGDSExportDmabuf(base: *const c_void, out: *mut abi::uGDSDmabufExport_t) -> uGDSError_t {
     guard(internal(), || {
         if base.is_null() || out.is_null() {
             return fail(op::INVALID_VALUE, "null argument");
@@ -548,8 +590,12 @@ pub extern "C" fn uGDSExportDmabuf(base: *const c_void, out: *mut abi::uGDSDmabu
 }
 
 /// Registers the exported dma-buf with an RDMA protection domain (`ibv_reg_dmabuf_mr`).
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
 #[no_mangle]
-pub extern "C" fn uGDSRDMARegister(
+pub unsafe extern "C" fn uGDSRDMARegister(
     base: *const c_void,
     ibv_pd: *mut c_void,
     access: c_int,
@@ -560,7 +606,8 @@ pub extern "C" fn uGDSRDMARegister(
             return fail(op::INVALID_VALUE, "null argument");
         }
         let mut x = abi::uGDSDmabufExport_t { fd: -1, offset: 0, length: 0 };
-        let e = uGDSExportDmabuf(base, &mut x);
+        // SAFETY: the caller's base, and a live local for the result.
+        let e = unsafe { uGDSExportDmabuf(base, &mut x) };
         if e.err != op::SUCCESS {
             return e;
         }
@@ -580,8 +627,12 @@ pub extern "C" fn uGDSRDMARegister(
 }
 
 /// Undoes `uGDSRDMARegister`.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
 #[no_mangle]
-pub extern "C" fn uGDSRDMAUnregister(base: *const c_void, region: *mut abi::uGDSRDMARegion_t) -> uGDSError_t {
+pub unsafe extern "C" fn uGDSRDMAUnregister(base: *const c_void, region: *mut abi::uGDSRDMARegion_t) -> uGDSError_t {
     guard(internal(), || {
         if base.is_null() || region.is_null() {
             return fail(op::INVALID_VALUE, "null argument");
@@ -772,8 +823,13 @@ fn sync_io(
 }
 
 /// Synchronous read: bytes read, or a negative errno / uGDSOpError.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
+/// `devPtr_base` + `devPtr_offset` must be valid for writes of `size` bytes, and stay so until the call returns.
 #[no_mangle]
-pub extern "C" fn uGDSRead(
+pub unsafe extern "C" fn uGDSRead(
     fh: *mut c_void,
     base: *mut c_void,
     size: size_t,
@@ -784,8 +840,13 @@ pub extern "C" fn uGDSRead(
 }
 
 /// Synchronous write: bytes written, or a negative errno / uGDSOpError.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
+/// `devPtr_base` + `devPtr_offset` must be valid for reads of `size` bytes, and stay so until the call returns.
 #[no_mangle]
-pub extern "C" fn uGDSWrite(
+pub unsafe extern "C" fn uGDSWrite(
     fh: *mut c_void,
     base: *const c_void,
     size: size_t,
@@ -796,8 +857,12 @@ pub extern "C" fn uGDSWrite(
 }
 
 /// A batch context for up to `nr` requests on the handle's deep queue.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
 #[no_mangle]
-pub extern "C" fn uGDSBatchIOSetUp(batch: *mut *mut c_void, fh: *mut c_void, nr: c_uint) -> uGDSError_t {
+pub unsafe extern "C" fn uGDSBatchIOSetUp(batch: *mut *mut c_void, fh: *mut c_void, nr: c_uint) -> uGDSError_t {
     guard(internal(), || {
         if batch.is_null() || nr == 0 {
             return fail(op::INVALID_VALUE, "null batch pointer or nr 0");
@@ -834,8 +899,13 @@ fn batch_of(batch: *mut c_void) -> Result<(Arc<ugds::Batch>, ugds::Driver), uGDS
 }
 
 /// Submits `nr` requests (all checked first; bad input submits none).
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
+/// `params` must point to `nr` readable entries, and every buffer they name must stay valid until its event is collected.
 #[no_mangle]
-pub extern "C" fn uGDSBatchIOSubmit(
+pub unsafe extern "C" fn uGDSBatchIOSubmit(
     batch: *mut c_void,
     nr: c_uint,
     params: *mut abi::uGDSIOParams_t,
@@ -884,8 +954,12 @@ pub extern "C" fn uGDSBatchIOSubmit(
 }
 
 /// Collects finished requests: at least `min_nr` unless `timeout` passes; `*nr` is the room in, the count out.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
 #[no_mangle]
-pub extern "C" fn uGDSBatchIOGetStatus(
+pub unsafe extern "C" fn uGDSBatchIOGetStatus(
     batch: *mut c_void,
     min_nr: c_uint,
     nr: *mut c_uint,
@@ -937,8 +1011,12 @@ pub extern "C" fn uGDSBatchIOGetStatus(
 }
 
 /// Cancels a batch context's requests (cuFile's `cuFileBatchIOCancel`).
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
 #[no_mangle]
-pub extern "C" fn uGDSBatchIOCancel(batch: *mut c_void) -> uGDSError_t {
+pub unsafe extern "C" fn uGDSBatchIOCancel(batch: *mut c_void) -> uGDSError_t {
     guard(internal(), || match batch_of(batch) {
         Ok((b, _)) => match b.cancel() {
             Ok(()) => ok(),
@@ -949,8 +1027,12 @@ pub extern "C" fn uGDSBatchIOCancel(batch: *mut c_void) -> uGDSError_t {
 }
 
 /// Destroys a batch context after the device is done with it; null is ignored.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
 #[no_mangle]
-pub extern "C" fn uGDSBatchIODestroy(batch: *mut c_void) {
+pub unsafe extern "C" fn uGDSBatchIODestroy(batch: *mut c_void) {
     guard((), || {
         if batch.is_null() {
             return;
@@ -1018,8 +1100,13 @@ fn async_io(
 }
 
 /// Stream-ordered read: the values behind the pointers are read when the stream reaches it.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
+/// Every pointer must stay valid until the stream has run the operation (the sizes and offsets are read then).
 #[no_mangle]
-pub extern "C" fn uGDSReadAsync(
+pub unsafe extern "C" fn uGDSReadAsync(
     fh: *mut c_void,
     base: *mut c_void,
     size_p: *mut size_t,
@@ -1032,8 +1119,13 @@ pub extern "C" fn uGDSReadAsync(
 }
 
 /// Stream-ordered write; see `uGDSReadAsync`.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
+/// Every pointer must stay valid until the stream has run the operation (the sizes and offsets are read then).
 #[no_mangle]
-pub extern "C" fn uGDSWriteAsync(
+pub unsafe extern "C" fn uGDSWriteAsync(
     fh: *mut c_void,
     base: *mut c_void,
     size_p: *mut size_t,
@@ -1046,14 +1138,23 @@ pub extern "C" fn uGDSWriteAsync(
 }
 
 /// Prepares a CUDA stream for stream-ordered I/O.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
 #[no_mangle]
-pub extern "C" fn uGDSStreamRegister(stream: *mut c_void) -> uGDSError_t {
-    uGDSStreamRegisterEx(stream, abi::BACKEND_DEFAULT)
+pub unsafe extern "C" fn uGDSStreamRegister(stream: *mut c_void) -> uGDSError_t {
+    // SAFETY: the caller's stream, passed on under the same contract.
+    unsafe { uGDSStreamRegisterEx(stream, abi::BACKEND_DEFAULT) }
 }
 
 /// Prepares a CUDA or HIP stream for stream-ordered I/O.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
 #[no_mangle]
-pub extern "C" fn uGDSStreamRegisterEx(stream: *mut c_void, backend: c_int) -> uGDSError_t {
+pub unsafe extern "C" fn uGDSStreamRegisterEx(stream: *mut c_void, backend: c_int) -> uGDSError_t {
     guard(internal(), || {
         if state().is_none() {
             return fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first");
@@ -1069,8 +1170,12 @@ pub extern "C" fn uGDSStreamRegisterEx(stream: *mut c_void, backend: c_int) -> u
 }
 
 /// Forgets a stream; does not wait for it or touch it (it stays the caller's).
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
 #[no_mangle]
-pub extern "C" fn uGDSStreamDeregister(stream: *mut c_void) -> uGDSError_t {
+pub unsafe extern "C" fn uGDSStreamDeregister(stream: *mut c_void) -> uGDSError_t {
     guard(internal(), || {
         let s = {
             let mut g = state_mut();
@@ -1116,7 +1221,8 @@ mod tests {
         // The buffer is leaked on purpose: the device may still write it.
         let buf: &'static mut [u8] = Box::leak(vec![0u8; 8192].into_boxed_slice());
         emu.inject(Fault::next(FaultTarget::Io(None), FaultAction::LoseCompletion));
-        let n = uGDSRead(obj.cast(), buf.as_mut_ptr().cast(), 4096, 0, 0);
+        // SAFETY: a registered handle object and a live (leaked) buffer.
+        let n = unsafe { uGDSRead(obj.cast(), buf.as_mut_ptr().cast(), 4096, 0, 0) };
         assert!(n < 0, "{n}");
         let msg = last_error();
         assert!(msg.contains("may still write") && msg.contains("stay pinned"), "{msg}");
