@@ -749,6 +749,14 @@ impl Handle {
         self.inner.batch.as_ref().is_some_and(|b| b.is_shared())
     }
 
+    /// Completions the controller posted that broke the protocol and were
+    /// ignored (a CID not in flight or of an earlier generation, an SQ head
+    /// outside what was submitted), on the synchronous and batch queues.
+    pub fn protocol_errors(&self) -> u64 {
+        let batch = self.inner.batch.as_ref().filter(|b| !b.is_shared()).map_or(0, |b| b.lock().qp.protocol_errors());
+        self.inner.sync.iter().map(|q| q.with_qp(|qp| qp.protocol_errors())).sum::<u64>() + batch
+    }
+
     /// Interrupt waits of synchronous requests that slept to their cap
     /// (100 ms) without a wake-up: a lost wake-up, or a device gone quiet.
     pub fn interrupt_waits_capped(&self) -> u64 {

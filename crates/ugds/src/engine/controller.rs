@@ -158,9 +158,12 @@ impl Controller {
         for nsid in list {
             let ns = IdentifyNamespace::parse(&ctrl.identify(cns::NAMESPACE, nsid)?);
             match (ns.block_size(), ns.lba_format()) {
-                (Some(bs), Some(f)) if f.ms == 0 => {
-                    namespaces.push(NamespaceInfo { nsid, block_size: bs, blocks: ns.nsze })
-                }
+                (Some(bs), Some(f)) if f.ms == 0 => match ns.nsze.checked_mul(bs as u64) {
+                    Some(bytes) if bytes > 0 => {
+                        namespaces.push(NamespaceInfo { nsid, block_size: bs, blocks: ns.nsze })
+                    }
+                    _ => tracing::warn!(nsid, nsze = ns.nsze, "namespace skipped: its size is zero or overflows"),
+                },
                 _ => tracing::warn!(nsid, "namespace skipped: metadata or unusable LBA format"),
             }
         }

@@ -377,15 +377,34 @@ impl QueuePair {
             barrier::dma_rmb();
             let cqe =
                 Cqe::from_dwords([self.cq.read_u32(off), self.cq.read_u32(off + 4), self.cq.read_u32(off + 8), dw3]);
+            // Mark the consumed entry's CID invalid (0xffff, never handed
+            // out). The slot is ours until the CQ head doorbell says
+            // otherwise, so the controller's next entry here replaces it
+            // whole; one that flips the phase tag before writing its fields
+            // (a stale entry showing the new phase) then names no command,
+            // instead of the command this slot completed a lap ago.
+            self.cq.write_u32(off + 12, dw3 | 0xffff);
             self.cursor.advance(self.cq_ring);
             n += 1;
             // SQ slots are freed by how far the controller has fetched, not
-            // by which commands completed.
-            if (cqe.sqhd as u32) < self.sq_ring.size() {
-                self.sq_head = cqe.sqhd as u32;
+            // by which commands completed. The head only moves forward, and
+            // never past the tail it was told: anything else would free
+            // slots the controller has not fetched.
+            let size = self.sq_ring.size();
+            let h = cqe.sqhd as u32;
+            let moved = h.wrapping_add(size).wrapping_sub(self.sq_head) % size;
+            let told = self.last_sq_tail.wrapping_add(size).wrapping_sub(self.sq_head) % size;
+            if h < size && moved <= told {
+                self.sq_head = h;
             } else {
                 self.protocol_errors += 1;
-                tracing::error!(qid = self.qid.0, sqhd = cqe.sqhd, "completion with SQ head outside the queue");
+                tracing::error!(
+                    qid = self.qid.0,
+                    sqhd = cqe.sqhd,
+                    head = self.sq_head,
+                    tail = self.last_sq_tail,
+                    "completion with an SQ head outside what was submitted; ignored"
+                );
             }
             let cid = Cid(cqe.cid);
             match self.cids.free(cid) {

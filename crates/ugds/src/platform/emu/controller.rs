@@ -199,6 +199,20 @@ struct Completion {
     cid: u16,
     dw0: u32,
     status: Status,
+    /// A broken controller's completion: what it reports (see `Lie`).
+    lie: Lie,
+}
+
+/// How a completion entry is posted wrong (fault injection).
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+enum Lie {
+    #[default]
+    None,
+    /// This SQ head instead of the real one.
+    SqHead(u16),
+    /// The new phase tag over the slot's stale fields; the real entry is
+    /// never seen (it lands in the slot the host already consumed).
+    EarlyPhase,
 }
 
 struct Delayed {
@@ -621,9 +635,27 @@ impl Controller {
             Some(FaultAction::Duplicate) => {
                 let o = self.run_command(qid, &sqe, table);
                 if let Outcome::Done { status, dw0, .. } = o {
-                    self.duplicates.push(Completion { sqid: qid, cid: sqe.cid().0, dw0, status });
+                    self.duplicates.push(Completion { sqid: qid, cid: sqe.cid().0, dw0, status, lie: Lie::None });
                 }
                 o
+            }
+            Some(FaultAction::ExtraCompletion(cid)) => {
+                // A completion naming a command that is not in flight, then
+                // the real one.
+                let status = Status::SUCCESS;
+                self.held.push(Completion { sqid: qid, cid, dw0: 0, status, lie: Lie::None });
+                self.run_command(qid, &sqe, table)
+            }
+            Some(a @ (FaultAction::SqHead(_) | FaultAction::EarlyPhase)) => {
+                let o = self.run_command(qid, &sqe, table);
+                if let Outcome::Done { status, dw0, .. } = o {
+                    let lie = match a {
+                        FaultAction::SqHead(h) => Lie::SqHead(h),
+                        _ => Lie::EarlyPhase,
+                    };
+                    self.held.push(Completion { sqid: qid, cid: sqe.cid().0, dw0, status, lie });
+                }
+                Outcome::None
             }
             Some(FaultAction::Stall(d)) => match self.run_command(qid, &sqe, table) {
                 Outcome::Done { status, dw0, .. } => Outcome::Done { status, dw0, due: Some(Instant::now() + d) },
@@ -638,7 +670,7 @@ impl Controller {
             None => self.run_command(qid, &sqe, table),
         };
         if let Outcome::Done { status, dw0, due } = outcome {
-            let c = Completion { sqid: qid, cid: sqe.cid().0, dw0, status };
+            let c = Completion { sqid: qid, cid: sqe.cid().0, dw0, status, lie: Lie::None };
             match due {
                 Some(due) if due > Instant::now() => {
                     self.seq += 1;
@@ -708,7 +740,7 @@ impl Controller {
             }
         };
         let job = Job {
-            c: Completion { sqid: qid, cid: sqe.cid().0, dw0: 0, status: Status::SUCCESS },
+            c: Completion { sqid: qid, cid: sqe.cid().0, dw0: 0, status: Status::SUCCESS, lie: Lie::None },
             op,
             ns: idx,
             off: slba * bs,
@@ -814,14 +846,23 @@ impl Controller {
                 break;
             }
             let Some(mem) = cq.mem.as_ref() else { break };
-            let sqhd = self.sqs.get(c.sqid as usize).and_then(|s| s.as_ref()).map_or(0, |s| s.head);
+            let mut sqhd = self.sqs.get(c.sqid as usize).and_then(|s| s.as_ref()).map_or(0, |s| s.head);
             let off = cq.tail as usize * ugds_nvme::Cqe::SIZE;
-            mem.write_u32(off, c.dw0);
-            mem.write_u32(off + 4, 0);
-            mem.write_u32(off + 8, sqhd | (c.sqid as u32) << 16);
-            // The phase tag goes last, with release ordering: a host that
-            // sees the new phase sees the fields above and the data moved.
-            mem.store_u32_release(off + 12, c.cid as u32 | (c.status.to_field(cq.phase) as u32) << 16);
+            if let Lie::SqHead(h) = c.lie {
+                sqhd = h as u32;
+            }
+            if c.lie == Lie::EarlyPhase {
+                // Only the phase bit of the stale entry flips.
+                let stale = mem.read_u32(off + 12);
+                mem.store_u32_release(off + 12, stale & !(1 << 16) | (cq.phase as u32) << 16);
+            } else {
+                mem.write_u32(off, c.dw0);
+                mem.write_u32(off + 4, 0);
+                mem.write_u32(off + 8, sqhd | (c.sqid as u32) << 16);
+                // The phase tag goes last, with release ordering: a host that
+                // sees the new phase sees the fields above and the data moved.
+                mem.store_u32_release(off + 12, c.cid as u32 | (c.status.to_field(cq.phase) as u32) << 16);
+            }
             cq.tail += 1;
             if cq.tail == cq.ring.size() {
                 cq.tail = 0;
@@ -1096,7 +1137,7 @@ impl Controller {
                 sn: "UGDSEMU0001".into(),
                 mn: "ugds emulated controller".into(),
                 fr: env!("CARGO_PKG_VERSION").into(),
-                mdts: self.cfg.mdts,
+                mdts: self.cfg.lies.mdts.unwrap_or(self.cfg.mdts),
                 cntlid: 1,
                 ver: regs::Version::V1_4.0,
                 oacs: 0,
@@ -1109,7 +1150,21 @@ impl Controller {
             }
             .to_bytes(),
             cns::NAMESPACE => match self.namespace(sqe.nsid) {
-                Some(ns) => ns.identify().to_bytes(),
+                Some(ns) => {
+                    let mut id = ns.identify();
+                    let lies = self.cfg.lies;
+                    if let Some(n) = lies.nsze {
+                        (id.nsze, id.ncap, id.nuse) = (n, n, n);
+                    }
+                    if let Some(b) = lies.lbads {
+                        let i = (id.flbas & 0xf) as usize;
+                        id.lbaf[i].lbads = b;
+                    }
+                    if let Some(f) = lies.flbas {
+                        id.flbas = f;
+                    }
+                    id.to_bytes()
+                }
                 None => return done(Status::generic(generic::INVALID_NAMESPACE)),
             },
             cns::ACTIVE_NS_LIST => {

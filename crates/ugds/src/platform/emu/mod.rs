@@ -141,6 +141,8 @@ pub struct EmuConfig {
     /// controller thread does it, one command at a time. Not used with a
     /// latency model.
     pub io_workers: usize,
+    /// What Identify claims that is not so.
+    pub lies: IdentifyLies,
 }
 
 impl Default for EmuConfig {
@@ -156,6 +158,7 @@ impl Default for EmuConfig {
             spin: Duration::from_micros(100),
             reverse_completions: false,
             io_workers: 0,
+            lies: IdentifyLies::default(),
         }
     }
 }
@@ -179,6 +182,11 @@ impl EmuConfig {
     /// Sets the number of I/O queue pairs granted at most.
     pub fn max_io_queues(mut self, n: u16) -> Self {
         self.max_io_queues = n;
+        self
+    }
+    /// Makes Identify claim what is not so.
+    pub fn identify_lies(mut self, lies: IdentifyLies) -> Self {
+        self.lies = lies;
         self
     }
     /// Sets the number of interrupt vectors (vector 0 is the admin queue's).
@@ -328,6 +336,50 @@ pub enum FaultAction {
     /// next command of its submission queue completes (a broken controller
     /// repeating a completion after the host gave the CID to a new command).
     Duplicate,
+    /// Post a completion naming this CID (out of range, or not in flight)
+    /// before the command's own.
+    ExtraCompletion(u16),
+    /// Complete it reporting this SQ head (out of range, or behind the one
+    /// reported before).
+    SqHead(u16),
+    /// Flip the phase tag of its completion slot over the slot's stale
+    /// fields; the real entry is never seen.
+    EarlyPhase,
+}
+
+/// What the emulated controller's Identify data claims that is not so (a
+/// broken or hostile controller); `None` tells the truth. The controller
+/// still works by the truth: its backing's size, its block size, its MDTS.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct IdentifyLies {
+    /// Namespace size (NSZE, NCAP, NUSE) in blocks.
+    pub nsze: Option<u64>,
+    /// LBADS of the LBA format in use.
+    pub lbads: Option<u8>,
+    /// FLBAS: the index of the format in use.
+    pub flbas: Option<u8>,
+    /// MDTS.
+    pub mdts: Option<u8>,
+}
+
+impl IdentifyLies {
+    /// Claims `blocks` blocks.
+    pub fn nsze(blocks: u64) -> IdentifyLies {
+        IdentifyLies { nsze: Some(blocks), ..IdentifyLies::default() }
+    }
+    /// Claims blocks of `1 << lbads` bytes.
+    pub fn lbads(lbads: u8) -> IdentifyLies {
+        IdentifyLies { lbads: Some(lbads), ..IdentifyLies::default() }
+    }
+    /// Claims format `flbas` is in use.
+    pub fn flbas(flbas: u8) -> IdentifyLies {
+        IdentifyLies { flbas: Some(flbas), ..IdentifyLies::default() }
+    }
+    /// Claims MDTS `mdts`.
+    pub fn mdts(mdts: u8) -> IdentifyLies {
+        IdentifyLies { mdts: Some(mdts), ..IdentifyLies::default() }
+    }
 }
 
 /// A fault: skip `skip` matching commands, then apply `action` to the next
