@@ -1103,6 +1103,18 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
             }
         }
     }
+    if o.interrupt {
+        println!(
+            "irq      waits that slept to their 100 ms cap (a lost wake-up, or a device gone quiet): {}",
+            handle.interrupt_waits_capped()
+        );
+    }
+    if handle.protocol_errors() > 0 {
+        println!(
+            "protocol completions the controller posted against the protocol, ignored: {}",
+            handle.protocol_errors()
+        );
+    }
     if let (Some(c), Some(before)) = (&control, before) {
         let after = c.stats();
         if after.dma_faults > before.dma_faults {

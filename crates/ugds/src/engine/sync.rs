@@ -396,7 +396,13 @@ impl SyncQueue {
                 self.wait(mode, &mut spins, &mut deadline, &mut seen);
                 continue;
             }
-            if let Ok(mut st) = self.state.try_lock() {
+            // Our own work (the slot to free, commands to stage) takes the
+            // lock whatever it costs: whoever holds it may have nothing to
+            // wake us with. Someone else's completion is left to the holder
+            // when the lock is busy (it reaps, and wakes us if it consumed any).
+            let own = done || cmds.peek().is_some();
+            let st = if own { Some(self.lock()) } else { self.state.try_lock().ok() };
+            if let Some(mut st) = st {
                 let (n, _) = self.reap(&mut st, slot);
                 progressed = n > 0;
                 if cmds.peek().is_some() {
