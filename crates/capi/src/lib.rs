@@ -35,8 +35,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 use ugds::gpu::{GpuStream, StreamWait};
-use ugds::platform::emu::{EmuConfig, EmuPlatform, NamespaceConfig};
 use ugds::{BatchIo, BatchOp, BatchStatus, BufferToken, Drain, Error, Handle, HandleOptions, StreamIo};
+use ugds_emu::{EmuConfig, EmuPlatform, NamespaceConfig};
 
 struct Registered {
     handle: Arc<Handle>,
@@ -1198,7 +1198,7 @@ pub unsafe extern "C" fn uGDSStreamDeregister(stream: *mut c_void) -> uGDSError_
 mod tests {
     use super::*;
     use std::ffi::CStr;
-    use ugds::platform::emu::{Fault, FaultAction, FaultTarget};
+    use ugds_emu::{Fault, FaultAction, FaultTarget};
 
     fn last_error() -> String {
         // SAFETY: the library's own NUL-terminated message.
@@ -1214,7 +1214,9 @@ mod tests {
         assert_eq!(uGDSDriverOpen().err, op::SUCCESS);
         let driver = state().as_ref().unwrap().driver.clone();
         let opts = HandleOptions { timeout: Duration::from_millis(300), ..HandleOptions::default() };
-        let (handle, emu) = driver.open_emulated(EmuConfig::default(), opts).unwrap();
+        let p = EmuPlatform::new(EmuConfig::default()).unwrap();
+        let emu = p.control();
+        let handle = driver.open_handle(Arc::new(p), opts).unwrap();
         let fd = 4242;
         let obj = Box::into_raw(Box::new(HandleObj { fd }));
         state_mut().as_mut().unwrap().handles.insert(obj as usize, Registered { handle: Arc::new(handle), fd });

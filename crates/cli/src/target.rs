@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 use std::time::Duration;
-use ugds::platform::emu::{EmuConfig, LatencyModel, NamespaceConfig};
+use ugds_emu::{EmuConfig, LatencyModel, NamespaceConfig};
 
 /// Options that pick and shape the target.
 #[derive(Clone, Debug)]
@@ -222,7 +222,7 @@ pub struct Target {
     /// Where the controller is.
     pub platform: std::sync::Arc<dyn ugds::platform::Platform>,
     /// Counters and faults, for an emulated controller.
-    pub emu: Option<ugds::platform::emu::EmuControl>,
+    pub emu: Option<ugds_emu::EmuControl>,
     /// One line for the report.
     pub description: String,
     _tmp: Option<TempFile>,
@@ -252,7 +252,7 @@ pub fn open(t: &TargetOpts) -> Result<Target, String> {
     let (cfg, tmp) = emu_config(t);
     let more = extra_temp_files(t);
     let description = describe(t, &tmp);
-    let p = ugds::platform::emu::EmuPlatform::new(cfg).map_err(|e| e.to_string())?;
+    let p = ugds_emu::EmuPlatform::new(cfg).map_err(|e| e.to_string())?;
     let emu = Some(p.control());
     Ok(Target { platform: std::sync::Arc::new(p), emu, description, _tmp: tmp, _more: more })
 }

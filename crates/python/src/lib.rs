@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use ugds::gpu::StreamWait;
-use ugds::platform::emu::{EmuConfig, EmuPlatform, NamespaceConfig};
 use ugds::{BatchIo, BatchOp, BatchStatus, BufferToken, Completion, Drain, HandleOptions, HostStream, StreamIo};
+use ugds_emu::{EmuConfig, EmuPlatform, NamespaceConfig};
 
 create_exception!(_ugds, Error, PyException, "Base of every ugds error; `errno` is its errno.");
 create_exception!(_ugds, InvalidArgument, Error, "Bad input (alignment, range, size): nothing was done.");

@@ -37,7 +37,7 @@ fn report(what: &str, n: u64, el: Duration) {
 
 fn platform(bdf: &str) -> Result<Arc<dyn Platform>, ugds::Error> {
     Ok(if bdf == "emu" {
-        Arc::new(ugds::platform::emu::EmuPlatform::new(ugds::platform::emu::EmuConfig::default().null(true))?)
+        Arc::new(ugds_emu::EmuPlatform::new(ugds_emu::EmuConfig::default().null(true))?)
     } else {
         Arc::new(ugds::platform::vfio::VfioPlatform::open(bdf)?)
     })

@@ -4,7 +4,6 @@ use crate::engine::Controller;
 use crate::gpu::cuda::Memory;
 use crate::gpu::{DeviceMemory, DmabufExport};
 use crate::handle::{Handle, HandleInner, HandleOptions};
-use crate::platform::emu::{EmuConfig, EmuControl, EmuPlatform};
 use crate::platform::Platform;
 use crate::registry::{BufferToken, Registry, Visibility};
 use crate::{Error, Result};
@@ -63,14 +62,6 @@ impl Driver {
         handles.retain(|(_, w)| w.strong_count() > 0);
         handles.push((id, Arc::downgrade(&inner)));
         Ok(Handle { inner })
-    }
-
-    /// Starts an emulated controller and opens a handle on it; the returned
-    /// control reads its counters and injects faults.
-    pub fn open_emulated(&self, config: EmuConfig, opts: HandleOptions) -> Result<(Handle, EmuControl)> {
-        let emu = EmuPlatform::new(config)?;
-        let control = emu.control();
-        Ok((self.open_handle(Arc::new(emu), opts)?, control))
     }
 
     /// Registers `len` bytes of host memory at `base` for I/O, mapping it

@@ -15,13 +15,18 @@
 //!   parameters ([`Handle::read_async`]); [`HostStream`] runs a stream on a
 //!   host thread where there is no GPU.
 //! - [`BufferToken`]: a registration, checked on every use.
-//! - [`platform::Platform`]: where the controller lives;
-//!   [`platform::emu`] is an emulated controller, the default target.
+//! - [`platform::Platform`]: where the controller lives (the
+//!   `ugds-platform` crate: vfio-pci, the ugds_drv module); the `ugds-emu`
+//!   crate is an emulated controller, the default target of the CLI and of
+//!   the tests.
 //!
 //! ```
-//! use ugds::{Driver, HandleOptions, HostBuffer, platform::emu::EmuConfig};
+//! use std::sync::Arc;
+//! use ugds::{Driver, HandleOptions, HostBuffer};
+//! use ugds_emu::{EmuConfig, EmuPlatform};
 //! let driver = Driver::open();
-//! let (handle, _emu) = driver.open_emulated(EmuConfig::default(), HandleOptions::default())?;
+//! let emu = Arc::new(EmuPlatform::new(EmuConfig::default())?);
+//! let handle = driver.open_handle(emu, HandleOptions::default())?;
 //! let mut buf = HostBuffer::new(1 << 20)?;
 //! buf.fill(0xab);
 //! // SAFETY: `buf` outlives the registration and is not touched during I/O.
@@ -35,29 +40,34 @@
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
 
-pub mod barrier;
 mod batch;
 mod buffer;
-pub mod dma;
 mod driver;
+#[cfg(not(feature = "engine-internals"))]
+mod engine;
+/// The engine, public only with the `engine-internals` feature (the
+/// emulator's protocol tests and the bare-queue-pair example drive it).
+#[cfg(feature = "engine-internals")]
+#[doc(hidden)]
 pub mod engine;
-mod error;
 pub mod gpu;
 mod handle;
 mod io_queue;
 pub mod log;
-pub mod platform;
 mod registry;
 pub mod stream;
-pub mod sys;
+
+/// Where a controller lives (the `ugds-platform` crate).
+pub use ugds_platform as platform;
+use ugds_platform::{barrier, dma, sys};
 
 pub use batch::{Batch, BatchIo, BatchOp};
 pub use buffer::HostBuffer;
 pub use driver::Driver;
 pub use engine::{BatchEvent, BatchStatus, Completion, ControllerInfo, NamespaceInfo};
-pub use error::{Error, Result};
 pub use handle::{Drain, Handle, HandleOptions, HandleState, QueueInfo, QueueRole};
 pub use io_queue::IoQueue;
 pub use registry::BufferToken;
 pub use stream::{HostStream, Stream, StreamIo, StreamResult, StreamSignal};
 pub use ugds_nvme as nvme;
+pub use ugds_platform::{Error, Result};

@@ -392,8 +392,8 @@ impl Recent {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::platform::emu::{EmuConfig, EmuPlatform};
     use std::sync::atomic::AtomicBool;
+    use ugds_emu::{EmuConfig, EmuPlatform};
 
     /// One thread claims through its `Recent` while another deregisters
     /// and registers again: a claim that succeeds must find its entry

@@ -2,8 +2,8 @@
 
 mod common;
 use common::*;
-use ugds::platform::emu::EmuControl;
 use ugds::{BufferToken, Driver, Error, HandleOptions, HostBuffer};
+use ugds_emu::EmuControl;
 
 /// Runs `f` and checks that the controller saw no command meanwhile.
 fn no_command<T>(emu: &EmuControl, f: impl FnOnce() -> T) -> T {
@@ -136,13 +136,13 @@ fn closed_handle_refuses_everything() {
 #[test]
 fn unknown_namespace_is_refused_at_open() {
     let d = Driver::open();
-    let r = d.open_emulated(small_emu(), HandleOptions { nsid: Some(7), ..opts() });
+    let r = open_emulated(&d, small_emu(), HandleOptions { nsid: Some(7), ..opts() });
     assert!(matches!(r, Err(Error::InvalidArgument(m)) if m.contains("namespace 7")));
 }
 
 #[test]
 fn bad_emulator_configs_are_refused() {
-    use ugds::platform::emu::{EmuConfig, NamespaceConfig};
+    use ugds_emu::{EmuConfig, NamespaceConfig};
     let d = Driver::open();
     let bad = [
         EmuConfig::default().namespaces(vec![]),
@@ -152,7 +152,7 @@ fn bad_emulator_configs_are_refused() {
         EmuConfig::default().mqes(0),
     ];
     for cfg in bad {
-        assert!(matches!(d.open_emulated(cfg, opts()), Err(Error::InvalidArgument(_))));
+        assert!(matches!(open_emulated(&d, cfg, opts()), Err(Error::InvalidArgument(_))));
     }
 }
 
@@ -196,7 +196,7 @@ fn a_buffer_just_used_is_refused_once_deregistered() {
     // A second handle on the same driver, same thread, same buffer: it
     // must use its own controller's mapping (the other one's addresses
     // mean nothing there, and the emulator reports a DMA fault).
-    let (h2, emu2) = d.open_emulated(small_emu(), opts()).unwrap();
+    let (h2, emu2) = open_emulated(&d, small_emu(), opts()).unwrap();
     mem[..4096].copy_from_slice(&pattern(7, 0, 4096));
     h2.write(&new, 4096, 8192, 0).unwrap();
     mem[..4096].fill(0);

@@ -4,8 +4,8 @@ mod common;
 use common::*;
 use std::collections::HashSet;
 use std::time::Duration;
-use ugds::platform::emu::{Fault, FaultAction, FaultTarget};
 use ugds::{BatchEvent, BatchIo, BatchOp, BatchStatus, BufferToken, Drain, Error, HandleOptions, HandleState};
+use ugds_emu::{Fault, FaultAction, FaultTarget};
 
 fn io(op: BatchOp, buf: &BufferToken, size: usize, file_offset: u64, buf_offset: usize, cookie: u64) -> BatchIo {
     BatchIo { op, buf: *buf, size, file_offset, buf_offset, cookie }

@@ -15,8 +15,8 @@ mod common;
 use common::*;
 use std::sync::Arc;
 use std::time::Duration;
-use ugds::platform::emu::{EmuConfig, EmuControl, NamespaceConfig};
 use ugds::{BatchIo, BatchOp, BatchStatus, Completion, Driver, Error, Handle, HandleOptions, HostStream, StreamIo};
+use ugds_emu::{EmuConfig, EmuControl, NamespaceConfig};
 
 fn pci() -> Option<String> {
     std::env::var("UGDS_TEST_PCI").ok().filter(|s| !s.is_empty()).or_else(drv)
@@ -60,7 +60,7 @@ fn target_ns(d: &Driver, nsid: Option<u32>) -> (Handle, Option<EmuControl>) {
             (d.open_handle(Arc::new(p), test_opts(nsid)).expect("open a handle on the vfio device"), None)
         }
         None => {
-            let (h, c) = d.open_emulated(emu_config(), test_opts(nsid)).expect("open emulated");
+            let (h, c) = open_emulated(d, emu_config(), test_opts(nsid)).expect("open emulated");
             (h, Some(c))
         }
     }

@@ -8,10 +8,10 @@ use ugds::engine::{Controller, QueuePair};
 use ugds::nvme::cmd::NvmOpcode;
 use ugds::nvme::status::{command_specific as cs, generic};
 use ugds::nvme::{regs, Cid, Lba, Nsid, PrpPlan, Qid, Sqe};
-use ugds::platform::emu::{EmuPlatform, NamespaceConfig};
 use ugds::Error;
+use ugds_emu::{EmuPlatform, NamespaceConfig};
 
-fn controller(cfg: ugds::platform::emu::EmuConfig, queues: u16) -> (Controller, ugds::platform::emu::EmuControl) {
+fn controller(cfg: ugds_emu::EmuConfig, queues: u16) -> (Controller, ugds_emu::EmuControl) {
     let emu = EmuPlatform::new(cfg).unwrap();
     let c = emu.control();
     (Controller::bring_up(Arc::new(emu), queues).unwrap(), c)
@@ -270,10 +270,10 @@ fn a_namespace_on_a_descriptor_serves_that_file() {
     let fd = OwnedFd::from(f.try_clone().unwrap());
     let too_big = NamespaceConfig::descriptor(fd.try_clone().unwrap(), 2 << 20, 512);
     assert!(matches!(
-        EmuPlatform::new(ugds::platform::emu::EmuConfig::default().namespaces(vec![too_big])),
+        EmuPlatform::new(ugds_emu::EmuConfig::default().namespaces(vec![too_big])),
         Err(Error::InvalidArgument(_))
     ));
-    let cfg = ugds::platform::emu::EmuConfig::default().namespaces(vec![NamespaceConfig::descriptor(fd, 1 << 20, 512)]);
+    let cfg = ugds_emu::EmuConfig::default().namespaces(vec![NamespaceConfig::descriptor(fd, 1 << 20, 512)]);
     let (d, h, _e) = open(cfg, opts());
     let mut b = Buf::new(&d, 8192);
     h.read(&b.token, 8192, 4096, 0).unwrap();

@@ -6,8 +6,8 @@ use common::*;
 use std::time::Duration;
 use ugds::nvme::status::{generic, media};
 use ugds::nvme::Status;
-use ugds::platform::emu::{Fault, FaultAction, FaultTarget};
 use ugds::{Drain, Error, HandleOptions, HandleState};
+use ugds_emu::{Fault, FaultAction, FaultTarget};
 
 const READ: u8 = 0x02;
 
@@ -192,7 +192,7 @@ fn controller_fatal_status() {
 #[test]
 fn admin_failure_at_bring_up_is_reported() {
     let d = ugds::Driver::open();
-    let emu = ugds::platform::emu::EmuPlatform::new(small_emu()).unwrap();
+    let emu = ugds_emu::EmuPlatform::new(small_emu()).unwrap();
     // The first admin command is Identify Controller.
     emu.control().inject(Fault::next(
         FaultTarget::Admin(Some(0x06)),
@@ -205,7 +205,7 @@ fn admin_failure_at_bring_up_is_reported() {
 #[test]
 fn fatal_at_bring_up_is_reported() {
     let d = ugds::Driver::open();
-    let emu = ugds::platform::emu::EmuPlatform::new(small_emu()).unwrap();
+    let emu = ugds_emu::EmuPlatform::new(small_emu()).unwrap();
     emu.control().inject(Fault::next(FaultTarget::Admin(None), FaultAction::Fatal));
     let r = d.open_handle(std::sync::Arc::new(emu), opts());
     assert!(matches!(r, Err(Error::ControllerFatal)), "{r:?}");

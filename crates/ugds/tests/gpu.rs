@@ -15,8 +15,8 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 use ugds::gpu::cuda::{Cuda, DeviceBuffer, OwnedStream};
 use ugds::gpu::StreamWait;
-use ugds::platform::emu::{Fault, FaultAction, FaultTarget};
 use ugds::{BatchIo, BatchOp, BatchStatus, Error, StreamIo};
+use ugds_emu::{Fault, FaultAction, FaultTarget};
 
 /// What the tests share, made once before any of them runs I/O.
 ///
@@ -589,8 +589,8 @@ fn device_memory_through_emulator_io_workers() {
     let Some(cuda) = cuda() else { return };
     let path = std::env::temp_dir().join(format!("ugds-gpu-workers-{}", std::process::id()));
     let _ = std::fs::remove_file(&path);
-    let cfg = ugds::platform::emu::EmuConfig::default()
-        .namespaces(vec![ugds::platform::emu::NamespaceConfig::file(&path, 32 << 20, 4096)])
+    let cfg = ugds_emu::EmuConfig::default()
+        .namespaces(vec![ugds_emu::NamespaceConfig::file(&path, 32 << 20, 4096)])
         .io_workers(4);
     let (d, h, _e) = open(cfg, opts());
     let mut host = Buf::new(&d, 8 << 20);

@@ -7,8 +7,8 @@
 mod common;
 use common::*;
 use std::time::Duration;
-use ugds::platform::emu::{Fault, FaultAction, FaultTarget, IdentifyLies, NamespaceConfig};
 use ugds::{Drain, Driver, Error, HandleOptions, HandleState};
+use ugds_emu::{Fault, FaultAction, FaultTarget, IdentifyLies, NamespaceConfig};
 
 const READ: u8 = 0x02;
 
@@ -76,10 +76,10 @@ fn a_phase_tag_flipped_before_its_entry_ends_in_a_timeout() {
     std::mem::forget(b);
 }
 
-fn open_lying(lies: IdentifyLies) -> Result<(Driver, ugds::Handle, ugds::platform::emu::EmuControl), Error> {
+fn open_lying(lies: IdentifyLies) -> Result<(Driver, ugds::Handle, ugds_emu::EmuControl), Error> {
     let d = Driver::open();
     let cfg = small_emu().identify_lies(lies);
-    let (h, c) = d.open_emulated(cfg, opts())?;
+    let (h, c) = open_emulated(&d, cfg, opts())?;
     Ok((d, h, c))
 }
 
@@ -114,7 +114,7 @@ fn a_transfer_limit_larger_than_the_real_one_fails_cleanly() {
     for lies in [IdentifyLies::mdts(0), IdentifyLies::mdts(255)] {
         let d = Driver::open();
         let cfg = EmuConfigExt::small_mdts(2).identify_lies(lies);
-        let (h, _e) = d.open_emulated(cfg, opts()).unwrap();
+        let (h, _e) = open_emulated(&d, cfg, opts()).unwrap();
         let b = Buf::new(&d, 1 << 20);
         let r = h.read(&b.token, 1 << 20, 0, 0);
         assert!(matches!(r, Err(Error::Nvme { .. })), "{lies:?}: {r:?}");
@@ -125,7 +125,7 @@ fn a_transfer_limit_larger_than_the_real_one_fails_cleanly() {
 
 struct EmuConfigExt;
 impl EmuConfigExt {
-    fn small_mdts(mdts: u8) -> ugds::platform::emu::EmuConfig {
+    fn small_mdts(mdts: u8) -> ugds_emu::EmuConfig {
         small_emu().namespaces(vec![NamespaceConfig::memory(16 << 20, 512)]).mdts(mdts)
     }
 }

@@ -5,8 +5,8 @@ use common::*;
 use std::io::Read;
 use std::sync::Arc;
 use std::time::Duration;
-use ugds::platform::emu::{EmuConfig, NamespaceConfig};
 use ugds::{Completion, Driver, HandleOptions};
+use ugds_emu::{EmuConfig, NamespaceConfig};
 
 #[test]
 fn sizes_across_prp_boundaries_round_trip() {
@@ -77,7 +77,7 @@ fn direct_file_namespace_moves_data_at_unaligned_buffer_offsets() {
     let _ = std::fs::remove_file(&path);
     let cfg = EmuConfig::default().namespaces(vec![NamespaceConfig::direct_file(&path, 8 << 20, 4096)]);
     let d = ugds::Driver::open();
-    let (h, emu) = match d.open_emulated(cfg, opts()) {
+    let (h, emu) = match open_emulated(&d, cfg, opts()) {
         Ok(x) => x,
         Err(e) => {
             eprintln!("SKIPPED: O_DIRECT not available here ({e})");
@@ -195,7 +195,7 @@ fn second_namespace_is_separate() {
     let cfg = EmuConfig::default()
         .namespaces(vec![NamespaceConfig::memory(1 << 20, 512), NamespaceConfig::memory(2 << 20, 4096)]);
     let d = Driver::open();
-    let (h2, _e) = d.open_emulated(cfg, HandleOptions { nsid: Some(2), ..opts() }).unwrap();
+    let (h2, _e) = open_emulated(&d, cfg, HandleOptions { nsid: Some(2), ..opts() }).unwrap();
     assert_eq!(h2.namespace().nsid, 2);
     assert_eq!(h2.capacity(), 2 << 20);
     assert_eq!(h2.controller().namespaces.len(), 2);
@@ -212,7 +212,7 @@ fn buffer_registered_before_the_handle_is_mapped_for_it() {
     let d = Driver::open();
     let mut b = Buf::new(&d, 65536);
     b.mem.copy_from_slice(&pattern(5, 0, 65536));
-    let (h, _e) = d.open_emulated(small_emu(), opts()).unwrap();
+    let (h, _e) = open_emulated(&d, small_emu(), opts()).unwrap();
     h.write(&b.token, 65536, 0, 0).unwrap();
     b.mem.fill(0);
     h.read(&b.token, 65536, 0, 0).unwrap();
@@ -334,7 +334,7 @@ fn write_zeroes_and_flush() {
 fn a_request_waits_without_holding_its_queue() {
     // One shared queue; the first read is stalled by the device. A second
     // thread's read on the same queue must complete while the first waits.
-    use ugds::platform::emu::{Fault, FaultAction, FaultTarget};
+    use ugds_emu::{Fault, FaultAction, FaultTarget};
     let o = HandleOptions { sync_queues: 1, async_queues: 0, ..opts() };
     let (d, h, emu) = open(small_emu(), o);
     emu.inject(Fault::next(FaultTarget::Io(Some(0x02)), FaultAction::Stall(Duration::from_millis(400))));
@@ -395,7 +395,7 @@ fn null_mode_completes_without_moving_data() {
 
 #[test]
 fn latency_model_delays_completions() {
-    use ugds::platform::emu::LatencyModel;
+    use ugds_emu::LatencyModel;
     // 20 ms per command plus 1 MB/s: a 64 KiB read is due after about 85 ms.
     let m = LatencyModel { latency: Duration::from_millis(20), bytes_per_sec: 1_000_000 };
     let (d, h, _e) = open(small_emu().latency(Some(m)), opts());

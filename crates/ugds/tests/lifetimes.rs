@@ -3,8 +3,8 @@
 mod common;
 use common::*;
 use std::time::{Duration, Instant};
-use ugds::platform::emu::{Fault, FaultAction, FaultTarget};
 use ugds::{Drain, Error, HandleState};
+use ugds_emu::{Fault, FaultAction, FaultTarget};
 
 #[test]
 fn close_and_deregister_during_a_synchronous_read() {

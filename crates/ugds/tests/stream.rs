@@ -5,8 +5,8 @@ use common::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
-use ugds::platform::emu::{Fault, FaultAction, FaultTarget};
 use ugds::{BatchOp, Drain, Error, HostStream, StreamIo};
+use ugds_emu::{Fault, FaultAction, FaultTarget};
 
 #[test]
 fn write_then_read_in_stream_order() {

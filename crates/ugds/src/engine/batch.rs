@@ -23,7 +23,6 @@ use crate::{Error, Result};
 use std::collections::VecDeque;
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
-use ugds_nvme::prp::PrpPlan;
 use ugds_nvme::{Cid, Lba, Nsid, NvmOpcode, Sqe, Status};
 
 /// How a batch request ended (cuFile's `CUfileStatus_t`, less the states a
@@ -423,10 +422,5 @@ impl BatchQueue {
             }
             c.inflight = 0;
         }
-    }
-
-    /// Whether a plan for this chunk needs a list page (for tests of the pool).
-    pub fn needs_list(plan: &PrpPlan<'_>) -> bool {
-        matches!(plan, PrpPlan::List { .. })
     }
 }

@@ -88,6 +88,7 @@ struct AdminQueue {
 impl Controller {
     /// Resets and enables the controller behind `platform`, identifies it,
     /// and asks for `want_io_queues` I/O queue pairs.
+    #[cfg_attr(not(feature = "engine-internals"), allow(dead_code))]
     pub fn bring_up(platform: Arc<dyn Platform>, want_io_queues: u16) -> Result<Controller> {
         Controller::bring_up_with(platform, want_io_queues, false)
     }

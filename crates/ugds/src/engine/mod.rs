@@ -13,7 +13,7 @@ pub mod controller;
 pub mod qpair;
 pub mod sync;
 
-pub use batch::{BatchEvent, BatchQueue, BatchStatus};
+pub use batch::{BatchEvent, BatchStatus};
 pub use controller::{Controller, ControllerInfo, NamespaceInfo};
 pub use qpair::QueuePair;
 pub use sync::Completion;

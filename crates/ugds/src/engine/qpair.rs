@@ -206,6 +206,7 @@ impl QueuePair {
     }
 
     /// Whether this queue uses shadow doorbells.
+    #[cfg_attr(not(feature = "engine-internals"), allow(dead_code))]
     pub fn shadow_doorbells(&self) -> bool {
         self.dbbuf.is_some()
     }
@@ -243,6 +244,7 @@ impl QueuePair {
     }
 
     /// PRP-list pages not lent to a command.
+    #[cfg_attr(not(feature = "engine-internals"), allow(dead_code))]
     pub fn free_prp_pages(&self) -> usize {
         self.prp_free.len()
     }

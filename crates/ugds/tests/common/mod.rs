@@ -2,8 +2,8 @@
 #![allow(dead_code)]
 
 use std::time::Duration;
-use ugds::platform::emu::{EmuConfig, EmuControl, NamespaceConfig};
 use ugds::{BufferToken, Driver, Handle, HandleOptions, HostBuffer};
+use ugds_emu::{EmuConfig, EmuControl, NamespaceConfig};
 
 pub fn small_emu() -> EmuConfig {
     EmuConfig::default().namespaces(vec![NamespaceConfig::memory(16 << 20, 512)])
@@ -21,8 +21,16 @@ pub fn opts() -> HandleOptions {
 
 pub fn open(cfg: EmuConfig, o: HandleOptions) -> (Driver, Handle, EmuControl) {
     let d = Driver::open();
-    let (h, c) = d.open_emulated(cfg, o).expect("open emulated handle");
+    let (h, c) = open_emulated(&d, cfg, o).expect("open emulated handle");
     (d, h, c)
+}
+
+/// Starts an emulated controller and opens a handle on it; the control
+/// reads its counters and injects faults.
+pub fn open_emulated(d: &Driver, cfg: EmuConfig, o: HandleOptions) -> ugds::Result<(Handle, EmuControl)> {
+    let emu = ugds_emu::EmuPlatform::new(cfg)?;
+    let control = emu.control();
+    Ok((d.open_handle(std::sync::Arc::new(emu), o)?, control))
 }
 
 /// A registered buffer; deregistered (and freed) on drop.

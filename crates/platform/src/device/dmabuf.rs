@@ -36,7 +36,7 @@ const SYNC_END: u64 = 4;
 
 impl Dmabuf {
     /// Takes a duplicate of `fd` and maps (or reserves) `len` bytes at `offset`.
-    pub(crate) fn new(fd: BorrowedFd<'_>, offset: u64, len: usize) -> Result<Dmabuf> {
+    pub fn new(fd: BorrowedFd<'_>, offset: u64, len: usize) -> Result<Dmabuf> {
         if len == 0 {
             return Err(Error::ZeroSize);
         }
@@ -89,7 +89,7 @@ impl Dmabuf {
     }
 
     /// The registration's address.
-    pub(crate) fn base(&self) -> usize {
+    pub fn base(&self) -> usize {
         self.base
     }
 

@@ -1,10 +1,6 @@
 //! The emulated controller's thread: registers, queues, commands.
 
 use super::{EmuConfig, Fault, FaultAction, FaultTarget, IovaTable, Shared};
-use crate::dma::DmaRegion;
-use crate::gpu::DeviceRuntime;
-use crate::sys::{self, Anonymous};
-use crate::{Error, Result};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::fs::{File, OpenOptions};
@@ -19,6 +15,10 @@ use ugds_nvme::regs::{self, Aqa, Cc, Csts};
 use ugds_nvme::ring::Ring;
 use ugds_nvme::status::{command_specific as cs, generic};
 use ugds_nvme::{prp, AdminOpcode, Iova, NvmOpcode, Sqe, Status, IDENTIFY_LEN};
+use ugds_platform::device::DeviceRuntime;
+use ugds_platform::dma::DmaRegion;
+use ugds_platform::sys::{self, Anonymous};
+use ugds_platform::{Error, Result};
 
 /// Commands taken from one submission queue per sweep, so that one busy
 /// queue cannot starve the others (round-robin arbitration, burst 64).

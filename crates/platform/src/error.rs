@@ -244,7 +244,8 @@ impl Error {
         }
     }
 
-    pub(crate) fn os(op: &'static str) -> Error {
+    /// The calling thread's last OS error (`errno`), from `op`.
+    pub fn os(op: &'static str) -> Error {
         Error::Os { op, source: std::io::Error::last_os_error() }
     }
 }

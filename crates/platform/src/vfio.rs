@@ -12,10 +12,10 @@
 //! turns interrupts and bus mastering off.
 
 use crate::dma::{DmaBuffer, DmaRegion, DmaRelease};
-use crate::platform::{HostMapping, Platform};
 use crate::sys::vfio::{self as v, Mmio};
 use crate::sys::{Anonymous, EventFd, PAGE_SIZE};
 use crate::{Error, Result};
+use crate::{HostMapping, Platform};
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::ptr::NonNull;

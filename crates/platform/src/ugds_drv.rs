@@ -9,11 +9,11 @@
 //! anyway.
 
 use crate::dma::{DmaBuffer, DmaRegion, DmaRelease};
-use crate::platform::{HostMapping, Platform};
 use crate::sys::ugds_drv as k;
 use crate::sys::vfio::{open_rw, Mmio};
 use crate::sys::{EventFd, PAGE_SIZE};
 use crate::{Error, Result};
+use crate::{HostMapping, Platform};
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
@@ -189,7 +189,7 @@ impl Platform for UgdsDrvPlatform {
         Ok(HostMapping { pages: pages.into(), first_offset: vaddr as usize - span.0, cookie: handle })
     }
 
-    unsafe fn map_device(&self, mem: &crate::gpu::DeviceMemory) -> Result<HostMapping> {
+    unsafe fn map_device(&self, mem: &crate::device::DeviceMemory) -> Result<HostMapping> {
         // The module imports the dma-buf (attach, pin, map) and holds its own
         // reference; our descriptor is closed when `export` drops.
         let dmabuf = mem

@@ -20,11 +20,6 @@
 
 mod controller;
 
-use crate::dma::{DmaBuffer, DmaRegion, DmaRelease};
-use crate::gpu::{DeviceMemory, DeviceRuntime};
-use crate::platform::{HostMapping, Platform};
-use crate::sys::{Anonymous, EventFd, PAGE_SIZE};
-use crate::{Error, Result};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::ptr::NonNull;
@@ -33,6 +28,11 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 use ugds_nvme::{regs, Iova, Status};
+use ugds_platform::device::{DeviceMemory, DeviceRuntime};
+use ugds_platform::dma::{DmaBuffer, DmaRegion, DmaRelease};
+use ugds_platform::sys::{Anonymous, EventFd, PAGE_SIZE};
+use ugds_platform::{Error, Result};
+use ugds_platform::{HostMapping, Platform};
 
 /// Where a namespace keeps its blocks.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -669,7 +669,7 @@ impl Platform for EmuPlatform {
     }
 
     unsafe fn map_device(&self, mem: &DeviceMemory) -> Result<HostMapping> {
-        let (start, len) = crate::gpu::page_span(mem.ptr, mem.len);
+        let (start, len) = ugds_platform::device::page_span(mem.ptr, mem.len);
         let entry = IovaEntry { len, host: start as usize, device: Some(mem.runtime.clone()), _owned: None };
         let iova = self.shared.iova.write().unwrap_or_else(|p| p.into_inner()).insert_entry(entry);
         Ok(HostMapping::contiguous(mem.ptr as *const u8, (start as usize, len), iova))

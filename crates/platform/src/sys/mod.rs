@@ -1,5 +1,6 @@
 //! Every system call the library makes, in one place.
 
+pub mod dl;
 pub(crate) mod ugds_drv;
 pub(crate) mod vfio;
 

@@ -5,7 +5,7 @@ use crate::{Error, Result};
 use std::ffi::{c_void, CStr, CString};
 
 /// An opened shared library; never closed (runtimes do not support it).
-pub(crate) struct Library {
+pub struct Library {
     handle: *mut c_void,
     name: String,
 }

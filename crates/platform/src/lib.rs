@@ -1,21 +1,35 @@
-//! Where a controller lives: the only layer that knows.
+//! Where a controller lives: the only layer that knows, and the only crate
+//! that makes system calls.
 //!
 //! A [`Platform`] gives the engine mapped registers, DMA memory for queues and
 //! PRP lists, controller addresses for user buffers, and interrupt eventfds.
 //! The engine above it is the same whichever platform it runs on.
 //!
-//! - [`emu`]: an NVMe controller emulated in-process, the default target.
 //! - [`vfio`]: a controller bound to upstream vfio-pci behind an IOMMU.
 //! - [`ugds_drv`]: a controller bound to our kernel helper module.
+//! - the `ugds-emu` crate: an NVMe controller emulated in-process (tests,
+//!   the CLI's default target, the C library's `UGDS_EMULATE`).
+//!
+//! Below them: [`dma`] (memory shared with a controller, every access
+//! bounds-checked and volatile or atomic), [`barrier`] (ordering between
+//! that memory and the registers), [`sys`] (every system call: mmap,
+//! eventfd, pread/pwrite, the VFIO, iommufd, ugds_drv and dma-buf ioctls,
+//! dlopen), [`device`] (GPU memory as a platform sees it), and [`Error`],
+//! the error type of every ugds crate.
 
-pub mod emu;
+pub mod barrier;
+pub mod device;
+pub mod dma;
+mod error;
+pub mod sys;
 pub mod ugds_drv;
 pub mod vfio;
 
+pub use error::{Error, Result};
+
+use crate::device::DeviceMemory;
 use crate::dma::DmaBuffer;
-use crate::gpu::DeviceMemory;
 use crate::sys::EventFd;
-use crate::Result;
 
 /// Controller addresses of a user buffer, one per controller page.
 #[derive(Debug, Clone)]

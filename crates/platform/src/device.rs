@@ -1,0 +1,90 @@
+//! GPU memory as the platforms see it: which runtime owns it and what that
+//! runtime can do for a controller that reaches it (dma-buf export, or
+//! copies for the emulated controller). The runtimes themselves (CUDA,
+//! HIP) are the library's.
+
+pub mod dmabuf;
+
+use crate::Result;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+
+/// What the library needs from a GPU runtime, for memory of one context.
+pub trait DeviceRuntime: Send + Sync {
+    /// "CUDA" or "HIP", for messages.
+    fn name(&self) -> &'static str;
+
+    /// The runtime context the memory belongs to (0: none or unknown), to
+    /// match it with a stream's.
+    fn context(&self) -> usize {
+        0
+    }
+
+    /// Copies `src` to device memory at `dst` with the copy engine, and
+    /// waits for it. The emulated controller's stand-in for a P2P write.
+    fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()>;
+
+    /// Copies device memory at `src` into `dst` and waits for it.
+    fn copy_from_device(&self, dst: &mut [u8], src: u64) -> Result<()>;
+
+    /// Page-locks host memory for faster copies; false if the runtime
+    /// refused (copies from it then still work, staged by the runtime).
+    fn host_register(&self, ptr: *mut u8, len: usize) -> bool;
+
+    /// Undoes [`host_register`](Self::host_register). (The emulator keeps
+    /// what it pinned instead: in CUDA this waits for the device.)
+    fn host_unregister(&self, ptr: *mut u8);
+
+    /// Exports the pages spanning `ptr..ptr+len` as a dma-buf.
+    fn export_dmabuf(&self, ptr: u64, len: usize) -> Result<DmabufExport>;
+}
+
+/// Registered device memory: where it is and which runtime owns it.
+#[derive(Clone)]
+pub struct DeviceMemory {
+    /// Device address of the first byte.
+    pub ptr: u64,
+    /// Length in bytes.
+    pub len: usize,
+    /// The runtime (and context) that owns it.
+    pub runtime: Arc<dyn DeviceRuntime>,
+}
+
+impl std::fmt::Debug for DeviceMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} memory {:#x}+{:#x}", self.runtime.name(), self.ptr, self.len)
+    }
+}
+
+/// A dma-buf holding registered memory: the memory starts `offset` bytes
+/// into the dma-buf and runs `len` bytes. Closing `fd` is the owner's job.
+#[derive(Debug)]
+pub struct DmabufExport {
+    /// The dma-buf file descriptor.
+    pub fd: OwnedFd,
+    /// Offset of the registered memory's first byte in the dma-buf.
+    pub offset: u64,
+    /// Bytes of registered memory.
+    pub len: usize,
+}
+
+/// The page-aligned span runtimes export: `(start, len)` covering `ptr..ptr+len`.
+pub fn page_span(ptr: u64, len: usize) -> (u64, usize) {
+    let page = crate::sys::PAGE_SIZE as u64;
+    let start = ptr & !(page - 1);
+    let end = (ptr + len as u64).next_multiple_of(page);
+    (start, (end - start) as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_span_covers_the_range() {
+        assert_eq!(page_span(0x10000, 4096), (0x10000, 4096));
+        assert_eq!(page_span(0x10010, 4096), (0x10000, 8192));
+        assert_eq!(page_span(0x10fff, 1), (0x10000, 4096));
+        assert_eq!(page_span(0x10fff, 2), (0x10000, 8192));
+    }
+}
