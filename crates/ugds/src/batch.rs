@@ -119,12 +119,13 @@ impl Batch {
                 cookie: io.cookie,
                 len: io.size,
                 chunks: h.chunker(io.file_offset, data_off, io.size),
-                guard,
+                pages: recent.as_ref().expect("filled by prepare_recent").shared_pages(),
+                hold: guard.into(),
             });
         }
         match q.submit(self.ctx, &mut reqs) {
             Err(e @ Error::Timeout { .. }) => {
-                h.wedge([]);
+                h.wedge_holding_nothing();
                 Err(e)
             }
             r => r,

@@ -18,6 +18,7 @@
 use crate::driver::DriverInner;
 use crate::engine::batch::BatchQueue;
 use crate::engine::chunk::{Chunk, Chunker};
+use crate::engine::hold::Hold;
 use crate::engine::sync::{Cmd, Failure, SyncQueue};
 use crate::engine::{Completion, Controller, ControllerInfo, NamespaceInfo, QueuePair};
 use crate::io_queue::IoQueue;
@@ -164,7 +165,7 @@ pub(crate) struct HandleInner {
     ctrl: ManuallyDrop<Controller>,
     state: AtomicU8,
     pub inflight: AtomicUsize,
-    quarantine: Mutex<Vec<BufGuard>>,
+    quarantine: Mutex<Vec<Hold>>,
     /// Registrations of staging blocks, by host address (see
     /// [`staging_token`](Self::staging_token)).
     staging: Mutex<std::collections::HashMap<usize, BufferToken>>,
@@ -298,7 +299,7 @@ impl HandleInner {
             }
             None => None,
         };
-        let batch = batch.map(|(q, shared)| Arc::new(BatchQueue::new(q, shared, ns.nsid, opts.timeout, id)));
+        let batch = batch.map(|(q, shared)| Arc::new(BatchQueue::new(q, shared, ns.nsid, opts.timeout)));
         Ok(HandleInner {
             id,
             driver,
@@ -413,11 +414,17 @@ impl HandleInner {
         Chunker::new(file_offset, data_off, size, self.ns.block_size as usize, PAGE_SIZE, self.ctrl.info().max_transfer)
     }
 
+    /// As [`wedge`](Self::wedge), for a stuck command whose buffer
+    /// reference is kept elsewhere (or that has none).
+    pub fn wedge_holding_nothing(&self) {
+        self.wedge(None::<Hold>);
+    }
+
     /// A command stuck on the device: refuse everything from now on and
     /// keep what it holds.
-    pub fn wedge(&self, guards: impl IntoIterator<Item = BufGuard>) {
+    pub fn wedge<G: Into<Hold>>(&self, guards: impl IntoIterator<Item = G>) {
         self.state.store(WEDGED, Ordering::SeqCst);
-        self.quarantine.lock().unwrap_or_else(|p| p.into_inner()).extend(guards);
+        self.quarantine.lock().unwrap_or_else(|p| p.into_inner()).extend(guards.into_iter().map(Into::into));
     }
 
     /// Starts the stream engine (at open, so the first stream operation
@@ -664,11 +671,11 @@ impl HandleInner {
 /// need dword-aligned data pointers.
 #[inline]
 fn data_offset(guard: &BufGuard, buf_offset: usize) -> Result<usize> {
-    let data_off = guard.0.base % PAGE_SIZE + buf_offset;
+    let data_off = guard.entry().base % PAGE_SIZE + buf_offset;
     if data_off % 4 != 0 {
         return Err(Error::Misaligned {
             what: "buffer address",
-            value: (guard.0.base + buf_offset) as u64,
+            value: (guard.entry().base + buf_offset) as u64,
             alignment: 4,
         });
     }

@@ -193,7 +193,8 @@ impl<'h> IoQueue<'h> {
         let (guard, data_off) = h.prepare_recent(&mut self.recent, buf, size, file_offset, buf_offset)?;
         let chunks = h.chunker(file_offset, data_off, size);
         if self.shared.is_some() {
-            return self.submit_shared(Prepared { op, cookie: tag, len: size, chunks, guard });
+            let pages = self.recent.as_ref().expect("filled by prepare_recent").shared_pages();
+            return self.submit_shared(Prepared { op, cookie: tag, len: size, chunks, pages, hold: guard.into() });
         }
         // A page or less is one command: MDTS is at least a page.
         let single = size <= PAGE_SIZE;
@@ -260,7 +261,7 @@ impl<'h> IoQueue<'h> {
             }
             Err(e @ Error::Timeout { .. }) => {
                 self.dead = true;
-                h.wedge([]);
+                h.wedge_holding_nothing();
                 Err(e)
             }
             Err(e) => Err(e),

@@ -18,6 +18,7 @@
 //! consistent flags (the entry's in-flight count and its `registered`
 //! flag), so one of the two always sees the other.
 
+use crate::engine::hold::{Hold, Inflight};
 use crate::gpu::DeviceMemory;
 use crate::platform::{HostMapping, Platform};
 use crate::{Error, Result};
@@ -98,11 +99,39 @@ impl BufEntry {
 /// An in-flight reference on a registered buffer; dropping it ends the I/O's
 /// claim. A request that timed out keeps its guard in the handle's
 /// quarantine until a forced teardown.
-pub(crate) struct BufGuard(pub Arc<BufEntry>);
+pub(crate) struct BufGuard(Option<Arc<BufEntry>>);
+
+impl BufGuard {
+    /// A reference whose in-flight count the caller has raised.
+    fn counted(e: Arc<BufEntry>) -> BufGuard {
+        BufGuard(Some(e))
+    }
+
+    /// The registration.
+    pub fn entry(&self) -> &Arc<BufEntry> {
+        self.0.as_ref().expect("a guard holds its entry until dropped or handed on")
+    }
+}
 
 impl Drop for BufGuard {
     fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, Ordering::Release);
+        if let Some(e) = self.0.take() {
+            e.inflight.fetch_sub(1, Ordering::Release);
+        }
+    }
+}
+
+impl Inflight for BufEntry {
+    fn release(&self) {
+        self.inflight.fetch_sub(1, Ordering::Release);
+    }
+}
+
+impl From<BufGuard> for Hold {
+    /// Hands the in-flight reference to the engine as it is (the count is
+    /// neither raised nor lowered).
+    fn from(mut g: BufGuard) -> Hold {
+        Hold::new(g.0.take().expect("a guard holds its entry until handed on"))
     }
 }
 
@@ -276,7 +305,7 @@ impl Registry {
         // Taken under the registry's read lock: `remove` (write lock, which
         // a private entry's removal also takes first) sees it.
         e.inflight.fetch_add(1, Ordering::Acquire);
-        Ok(BufGuard(e))
+        Ok(BufGuard::counted(e))
     }
 
     /// Like [`acquire`](Self::acquire), through `recent`: on the buffer
@@ -352,18 +381,23 @@ impl Recent {
         &self.pages
     }
 
+    /// The same, shared (for a request that outlives this call).
+    pub fn shared_pages(&self) -> Arc<[u64]> {
+        self.pages.clone()
+    }
+
     /// What a request on `token` through `handle_id` remembers of the
     /// registration `guard` holds.
     #[cold]
     fn of(guard: &BufGuard, handle_id: u64, token: &BufferToken) -> Result<Recent> {
         let pages = guard
-            .0
+            .entry()
             .mappings()
             .iter()
             .find(|m| m.handle_id == handle_id)
             .map(|m| m.map.pages.clone())
             .ok_or_else(|| Error::Platform("buffer is not mapped for this handle".into()))?;
-        Ok(Recent { handle_id, token: *token, entry: Arc::downgrade(&guard.0), pages })
+        Ok(Recent { handle_id, token: *token, entry: Arc::downgrade(guard.entry()), pages })
     }
 
     /// Takes an in-flight reference without the registry's lock; `None`
@@ -382,7 +416,7 @@ impl Recent {
         // Raise, then look (both SeqCst; see `Registry::remove`).
         e.inflight.fetch_add(1, Ordering::SeqCst);
         if e.registered.load(Ordering::SeqCst) {
-            return Some(BufGuard(e));
+            return Some(BufGuard::counted(e));
         }
         e.inflight.fetch_sub(1, Ordering::Release);
         None

@@ -584,7 +584,7 @@ impl Engine {
                     let errno = e.errno();
                     tracing::error!("stream operation could not be submitted: {e}");
                     if matches!(e, Error::Timeout { .. }) {
-                        job.handle.0.wedge([]);
+                        job.handle.0.wedge_holding_nothing();
                     }
                     for s in job.bound.sinks.iter().flatten() {
                         s.write(Err(Error::Os {
@@ -761,7 +761,8 @@ fn bind(h: &Arc<HandleInner>, pending: Vec<Pending>) -> Bound {
             let (guard, data_off) = h.prepare_recent(&mut recent, &p.buf, size, file_offset, buf_offset)?;
             let Some((lease, token)) = &stage else {
                 let chunks = h.chunker(file_offset, data_off, size);
-                return Ok((Prepared { op: p.op, cookie: 0, len: size, chunks, guard }, None));
+                let pages = recent.as_ref().expect("filled by prepare_recent").shared_pages();
+                return Ok((Prepared { op: p.op, cookie: 0, len: size, chunks, pages, hold: guard.into() }, None));
             };
             // Checked exactly as the caller's buffer would be; then the
             // I/O goes to the staging block and the stream copies.
@@ -775,7 +776,8 @@ fn bind(h: &Arc<HandleInner>, pending: Vec<Pending>) -> Bound {
             let (sguard, sdata_off) = h.prepare_recent(&mut recent, token, size, file_offset, 0)?;
             lease.set_copy(p.op == NvmOpcode::Read, (p.buf.base + buf_offset) as u64, size);
             let chunks = h.chunker(file_offset, sdata_off, size);
-            Ok((Prepared { op: p.op, cookie: 0, len: size, chunks, guard: sguard }, Some(guard)))
+            let pages = recent.as_ref().expect("filled by prepare_recent").shared_pages();
+            Ok((Prepared { op: p.op, cookie: 0, len: size, chunks, pages, hold: sguard.into() }, Some(guard)))
         })();
         match bound {
             Ok((r, hold)) => {

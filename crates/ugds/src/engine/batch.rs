@@ -16,9 +16,9 @@
 //! commands are back.
 
 use super::chunk::Chunker;
+use super::hold::Hold;
 use super::qpair::Full;
 use super::sync::{State, SyncQueue};
-use crate::registry::BufGuard;
 use crate::{Error, Result};
 use std::collections::VecDeque;
 use std::sync::{Arc, MutexGuard};
@@ -57,7 +57,7 @@ struct Req {
     status: Option<u16>,
     op: NvmOpcode,
     started: Instant,
-    guard: Option<BufGuard>,
+    hold: Option<Hold>,
 }
 
 struct Ctx {
@@ -78,13 +78,15 @@ pub(crate) struct BatchTable {
     ctxs: Vec<Option<Ctx>>,
 }
 
-/// One request of a submission, validated: its commands and buffer reference.
+/// One request of a submission, validated: its commands, the controller
+/// addresses of its buffer's pages, and its hold on the buffer.
 pub(crate) struct Prepared {
     pub op: NvmOpcode,
     pub cookie: u64,
     pub len: usize,
     pub chunks: Chunker,
-    pub guard: BufGuard,
+    pub pages: Arc<[u64]>,
+    pub hold: Hold,
 }
 
 /// The queue pair batch contexts use, and the contexts.
@@ -93,7 +95,6 @@ pub struct BatchQueue {
     shared: bool,
     nsid: Nsid,
     timeout: Duration,
-    handle_id: u64,
 }
 
 /// Marks a completion tag as a batch request's (synchronous slots are
@@ -118,7 +119,7 @@ impl BatchTable {
         }
         r.pending -= 1;
         if r.pending == 0 {
-            r.guard = None;
+            r.hold = None;
             let op = if r.op == NvmOpcode::Read { "Read" } else { "Write" };
             let event = match r.status {
                 None => BatchEvent { cookie: r.cookie, status: BatchStatus::Complete, result: Ok(r.len) },
@@ -142,8 +143,8 @@ impl BatchTable {
 impl BatchQueue {
     /// Batch contexts on `q`: a deep queue pair of their own, or (`shared`)
     /// the synchronous queue pair of a controller that grants only one.
-    pub(crate) fn new(q: Arc<SyncQueue>, shared: bool, nsid: u32, timeout: Duration, handle_id: u64) -> BatchQueue {
-        BatchQueue { q, shared, nsid: Nsid(nsid), timeout, handle_id }
+    pub(crate) fn new(q: Arc<SyncQueue>, shared: bool, nsid: u32, timeout: Duration) -> BatchQueue {
+        BatchQueue { q, shared, nsid: Nsid(nsid), timeout }
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
@@ -179,7 +180,7 @@ impl BatchQueue {
                     status: None,
                     op: NvmOpcode::Read,
                     started: Instant::now(),
-                    guard: None,
+                    hold: None,
                 })
                 .collect(),
             free: (0..capacity as u32).rev().collect(),
@@ -212,10 +213,10 @@ impl BatchQueue {
 
     /// Drops a context with nothing in flight. Returns the buffer references
     /// of requests still in flight (to quarantine) when the context is stuck.
-    pub(crate) fn close_context(&self, ctx: u32) -> Vec<BufGuard> {
+    pub(crate) fn close_context(&self, ctx: u32) -> Vec<Hold> {
         let mut st = self.lock();
         let Some(c) = st.batch.ctxs.get_mut(ctx as usize).and_then(|c| c.take()) else { return Vec::new() };
-        c.reqs.into_iter().filter_map(|mut r| if r.pending > 0 { r.guard.take() } else { None }).collect()
+        c.reqs.into_iter().filter_map(|mut r| if r.pending > 0 { r.hold.take() } else { None }).collect()
     }
 
     /// Requests of `ctx` submitted and not yet collected.
@@ -286,7 +287,7 @@ impl BatchQueue {
                     status: None,
                     op: p.op,
                     started: now,
-                    guard: None,
+                    hold: None,
                 };
                 c.inflight += 1;
                 slots.push(i);
@@ -294,14 +295,9 @@ impl BatchQueue {
         }
         let mut waited_since: Option<Instant> = None;
         for (p, &slot) in reqs.drain(..).zip(&slots) {
-            let entry = p.guard.0.clone();
-            st.batch.ctxs[ctx as usize].as_mut().expect("open").reqs[slot as usize].guard = Some(p.guard);
-            let maps = entry.mappings();
-            let Some(map) = maps.iter().find(|m| m.handle_id == self.handle_id) else {
-                return Err(Error::Platform("buffer is not mapped for this handle".into()));
-            };
+            st.batch.ctxs[ctx as usize].as_mut().expect("open").reqs[slot as usize].hold = Some(p.hold);
             for ch in p.chunks {
-                let plan = ugds_nvme::prp::plan(&map.map.pages, crate::sys::PAGE_SIZE, ch.data_off, ch.len)
+                let plan = ugds_nvme::prp::plan(&p.pages, crate::sys::PAGE_SIZE, ch.data_off, ch.len)
                     .expect("validated range plans");
                 let sqe = Sqe::rw(p.op, Cid(0), self.nsid, Lba(ch.slba), ch.nlb, 0, 0);
                 loop {
@@ -360,7 +356,7 @@ impl BatchQueue {
 
     /// Requests of `ctx` older than the timeout: reported as timed out, and
     /// their buffer references returned (to quarantine). Empty when none.
-    pub(crate) fn expire(&self, ctx: u32) -> Vec<BufGuard> {
+    pub(crate) fn expire(&self, ctx: u32) -> Vec<Hold> {
         let mut st = self.lock();
         self.reap(&mut st);
         let now = Instant::now();
@@ -381,7 +377,7 @@ impl BatchQueue {
             let c = st.batch.ctxs[ctx as usize].as_mut().expect("open context");
             let r = &mut c.reqs[i as usize];
             r.pending = 0;
-            guards.extend(r.guard.take());
+            guards.extend(r.hold.take());
             c.done.push_back(BatchEvent {
                 cookie: r.cookie,
                 status: BatchStatus::Timeout,
@@ -418,7 +414,7 @@ impl BatchQueue {
         for c in st.batch.ctxs.iter_mut().flatten() {
             for r in c.reqs.iter_mut() {
                 r.pending = 0;
-                r.guard = None;
+                r.hold = None;
             }
             c.inflight = 0;
         }

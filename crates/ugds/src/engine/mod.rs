@@ -6,10 +6,12 @@
 //! - [`chunk`]: splitting a request by MDTS and PRP-list capacity.
 //! - [`sync`]: shared queue pairs for synchronous callers.
 //! - [`batch`]: the deep batch queue shared by batch contexts.
+//! - `hold`: what keeps a request's memory registered while it is in flight.
 
 pub mod batch;
 pub mod chunk;
 pub mod controller;
+pub(crate) mod hold;
 pub mod qpair;
 pub mod sync;
 
