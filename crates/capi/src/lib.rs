@@ -90,35 +90,34 @@ fn remember(msg: String) {
 }
 
 /// The uGDSOpError for a library error (and the GPU driver's code).
+/// The uGDS code (and CUDA code) of an error: one per kind.
 fn code(e: &Error) -> (c_int, c_int) {
-    match e {
-        Error::ZeroSize
-        | Error::Misaligned { .. }
-        | Error::OutOfRange { .. }
-        | Error::BufferRange { .. }
-        | Error::StaleToken { .. }
-        | Error::InvalidArgument(_) => (op::INVALID_VALUE, 0),
-        Error::NotRegistered { .. } => (op::MEMORY_NOT_REGISTERED, 0),
-        Error::AlreadyRegistered { .. } | Error::Overlap { .. } => (op::MEMORY_ALREADY_REGISTERED, 0),
-        Error::Busy { .. } => (op::BUSY, 0),
-        Error::CapacityExceeded { .. } => (op::BATCH_CAPACITY_EXCEEDED, 0),
-        Error::Closed => (op::HANDLE_NOT_REGISTERED, 0),
-        Error::GpuUnavailable(_) => (op::PLATFORM_NOT_SUPPORTED, 0),
-        Error::GpuDriver { code, .. } => (op::CUDA_DRIVER_ERROR, *code),
-        Error::GpuPointerInvalid { .. } => (op::CUDA_POINTER_INVALID, 0),
-        Error::GpuMemoryType { .. } => (op::CUDA_MEMORY_TYPE_INVALID, 0),
-        Error::GpuPointerRange { .. } => (op::CUDA_POINTER_RANGE_ERROR, 0),
-        Error::GpuContextMismatch { .. } => (op::CUDA_CONTEXT_MISMATCH, 0),
-        Error::Unsupported(_) => (op::IO_NOT_SUPPORTED, 0),
-        Error::Wedged | Error::Timeout { .. } => (op::IO_DISABLED, 0),
-        Error::Os { source, .. } => match source.raw_os_error() {
-            Some(libc::EACCES | libc::EPERM) => (op::PERMISSION_DENIED, 0),
-            Some(libc::ENOENT | libc::ENODEV | libc::ENXIO) => (op::DEVICE_NOT_FOUND, 0),
-            Some(libc::ENOMEM) => (op::OUT_OF_MEMORY, 0),
-            _ => (op::INTERNAL_ERROR, 0),
-        },
-        _ => (op::INTERNAL_ERROR, 0),
-    }
+    use ugds::ErrorKind as K;
+    let err = match e.kind() {
+        K::InvalidArgument => op::INVALID_VALUE,
+        K::NotRegistered => op::MEMORY_NOT_REGISTERED,
+        K::AlreadyRegistered => op::MEMORY_ALREADY_REGISTERED,
+        K::Busy => op::BUSY,
+        K::CapacityExceeded => op::BATCH_CAPACITY_EXCEEDED,
+        K::Closed => op::HANDLE_NOT_REGISTERED,
+        K::GpuUnavailable => op::PLATFORM_NOT_SUPPORTED,
+        K::GpuDriver => op::CUDA_DRIVER_ERROR,
+        K::GpuPointerInvalid => op::CUDA_POINTER_INVALID,
+        K::GpuMemoryType => op::CUDA_MEMORY_TYPE_INVALID,
+        K::GpuPointerRange => op::CUDA_POINTER_RANGE_ERROR,
+        K::GpuContextMismatch => op::CUDA_CONTEXT_MISMATCH,
+        K::Unsupported => op::IO_NOT_SUPPORTED,
+        K::Wedged | K::Timeout => op::IO_DISABLED,
+        K::PermissionDenied => op::PERMISSION_DENIED,
+        K::NotFound => op::DEVICE_NOT_FOUND,
+        K::OutOfMemory => op::OUT_OF_MEMORY,
+        K::QueueFull | K::Canceled | K::Device | K::Platform => op::INTERNAL_ERROR,
+    };
+    let cu_err = match e {
+        Error::GpuDriver { code, .. } => *code,
+        _ => 0,
+    };
+    (err, cu_err)
 }
 
 fn from_error(e: Error) -> uGDSError_t {

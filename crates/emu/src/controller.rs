@@ -57,10 +57,10 @@ impl Namespace {
                             .truncate(false)
                             .custom_flags(if direct { libc::O_DIRECT } else { 0 })
                             .open(p)
-                            .map_err(|e| Error::Os { op: "open namespace backing file", source: e })?;
-                        let len = f.metadata().map_err(|e| Error::Os { op: "stat backing file", source: e })?.len();
+                            .map_err(|e| Error::io("open namespace backing file", e))?;
+                        let len = f.metadata().map_err(|e| Error::io("stat backing file", e))?.len();
                         if len < bytes {
-                            f.set_len(bytes).map_err(|e| Error::Os { op: "extend backing file", source: e })?;
+                            f.set_len(bytes).map_err(|e| Error::io("extend backing file", e))?;
                         }
                         if direct {
                             Store::DirectFile(f)
@@ -70,10 +70,9 @@ impl Namespace {
                     }
                     super::Backing::Descriptor(fd) => {
                         let f = File::from(
-                            fd.0.try_clone()
-                                .map_err(|e| Error::Os { op: "duplicate the namespace's descriptor", source: e })?,
+                            fd.0.try_clone().map_err(|e| Error::io("duplicate the namespace's descriptor", e))?,
                         );
-                        let len = f.metadata().map_err(|e| Error::Os { op: "stat backing file", source: e })?.len();
+                        let len = f.metadata().map_err(|e| Error::io("stat backing file", e))?.len();
                         if len < bytes {
                             return Err(Error::InvalidArgument(format!(
                                 "the file holds {len} bytes, fewer than the namespace's {bytes}"

@@ -590,7 +590,7 @@ impl EmuPlatform {
         let thread = std::thread::Builder::new()
             .name("ugds-emu".into())
             .spawn(move || controller::Controller::new(s, config, namespaces).run())
-            .map_err(|e| Error::Os { op: "spawn emulator thread", source: e })?;
+            .map_err(|e| Error::io("spawn emulator thread", e))?;
         let _ = shared.thread.set(thread.thread().clone());
         Ok(EmuPlatform { shared, thread: Some(thread), max_io_queues })
     }

@@ -4,8 +4,10 @@ use std::time::Duration;
 use ugds_nvme::Status;
 
 /// What went wrong. Every variant that comes from bad input is returned
-/// before any command is issued and leaves all state as it was.
-#[derive(Debug, thiserror::Error)]
+/// before any command is issued and leaves all state as it was. Callers
+/// that need a category rather than the detail use [`Error::kind`].
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A size of zero was asked for.
     #[error("size is zero")]
@@ -194,58 +196,179 @@ pub enum Error {
         ptr: u64,
     },
     /// An operating system call failed.
-    #[error("{op}: {source}")]
+    #[error("{op}: {}", std::io::Error::from_raw_os_error(*errno))]
     Os {
         /// What was being done.
         op: &'static str,
-        /// The error.
-        #[source]
-        source: std::io::Error,
+        /// The `errno` it failed with.
+        errno: i32,
     },
+}
+
+/// What kind of failure an [`Error`] is: the one classification that the
+/// errno, the C interface's uGDS codes and the Python exceptions are each
+/// mapped from. Every mapping is an exhaustive match over these kinds (and
+/// [`Error::kind`] one over the variants), so nothing can go unmapped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// Bad input (alignment, range, size, an argument): nothing was done.
+    InvalidArgument,
+    /// The buffer is not, or no longer, registered.
+    NotRegistered,
+    /// The memory is, or overlaps, a registered buffer.
+    AlreadyRegistered,
+    /// I/O is in flight on it (or something depends on it): nothing was released.
+    Busy,
+    /// More requests than a batch context was set up for.
+    CapacityExceeded,
+    /// No room on the queue now.
+    QueueFull,
+    /// Canceled before it reached the device, or aborted by it.
+    Canceled,
+    /// The handle is closed.
+    Closed,
+    /// A command did not complete in time; the handle is wedged.
+    Timeout,
+    /// The handle is wedged after a timeout: only a forced teardown releases it.
+    Wedged,
+    /// The platform or the device cannot do this.
+    Unsupported,
+    /// The controller failed the command, or cannot work (fatal status,
+    /// gone, not ready).
+    Device,
+    /// No GPU runtime could be loaded.
+    GpuUnavailable,
+    /// A GPU runtime call failed.
+    GpuDriver,
+    /// The address is not memory the GPU runtime knows.
+    GpuPointerInvalid,
+    /// GPU memory of a kind that cannot be used for I/O.
+    GpuMemoryType,
+    /// The range runs past its GPU allocation.
+    GpuPointerRange,
+    /// The memory belongs to another GPU context.
+    GpuContextMismatch,
+    /// The operating system refused: no permission.
+    PermissionDenied,
+    /// The operating system has no such device or file.
+    NotFound,
+    /// The operating system is out of memory.
+    OutOfMemory,
+    /// Another failure of the operating system or the platform.
+    Platform,
 }
 
 /// The library's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    /// A positive errno for callers that report through an `ssize_t`, as
-    /// stream-ordered I/O does (it writes `-errno`).
-    pub fn errno(&self) -> i32 {
+    /// The kind of failure (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        use ErrorKind as K;
         match self {
             Error::ZeroSize
             | Error::Misaligned { .. }
             | Error::OutOfRange { .. }
-            | Error::NotRegistered { .. }
             | Error::BufferRange { .. }
-            | Error::AlreadyRegistered { .. }
-            | Error::Overlap { .. }
-            | Error::StaleToken { .. }
-            | Error::InvalidArgument(_)
-            | Error::GpuPointerInvalid { .. }
-            | Error::GpuMemoryType { .. }
-            | Error::GpuPointerRange { .. }
-            | Error::GpuContextMismatch { .. }
-            | Error::CapacityExceeded { .. } => libc::EINVAL,
-            Error::GpuUnavailable(_) => libc::ENODEV,
-            Error::Busy { .. } => libc::EBUSY,
-            Error::Closed => libc::EBADF,
-            Error::Timeout { .. } => libc::ETIMEDOUT,
-            Error::QueueFull => libc::EAGAIN,
-            Error::Canceled => libc::ECANCELED,
-            Error::Unsupported(_) => libc::EOPNOTSUPP,
-            Error::DeviceGone => libc::ENODEV,
-            Error::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
-            Error::Wedged
-            | Error::ControllerFatal
-            | Error::NotReady { .. }
-            | Error::Nvme { .. }
-            | Error::GpuDriver { .. }
-            | Error::Platform(_) => libc::EIO,
+            | Error::InvalidArgument(_) => K::InvalidArgument,
+            Error::NotRegistered { .. } | Error::StaleToken { .. } => K::NotRegistered,
+            Error::AlreadyRegistered { .. } | Error::Overlap { .. } => K::AlreadyRegistered,
+            Error::Busy { .. } => K::Busy,
+            Error::CapacityExceeded { .. } => K::CapacityExceeded,
+            Error::QueueFull => K::QueueFull,
+            Error::Canceled => K::Canceled,
+            Error::Closed => K::Closed,
+            Error::Timeout { .. } => K::Timeout,
+            Error::Wedged => K::Wedged,
+            Error::Unsupported(_) => K::Unsupported,
+            Error::ControllerFatal | Error::DeviceGone | Error::NotReady { .. } | Error::Nvme { .. } => K::Device,
+            Error::GpuUnavailable(_) => K::GpuUnavailable,
+            Error::GpuDriver { .. } => K::GpuDriver,
+            Error::GpuPointerInvalid { .. } => K::GpuPointerInvalid,
+            Error::GpuMemoryType { .. } => K::GpuMemoryType,
+            Error::GpuPointerRange { .. } => K::GpuPointerRange,
+            Error::GpuContextMismatch { .. } => K::GpuContextMismatch,
+            Error::Os { errno, .. } => match *errno {
+                libc::EACCES | libc::EPERM => K::PermissionDenied,
+                libc::ENOENT | libc::ENODEV | libc::ENXIO => K::NotFound,
+                libc::ENOMEM => K::OutOfMemory,
+                _ => K::Platform,
+            },
+            Error::Platform(_) => K::Platform,
         }
+    }
+
+    /// A positive errno for callers that report through an `ssize_t`, as
+    /// stream-ordered I/O does (it writes `-errno`): an OS error's own, else
+    /// one per [`ErrorKind`].
+    pub fn errno(&self) -> i32 {
+        use ErrorKind as K;
+        if let Error::Os { errno, .. } = self {
+            return *errno;
+        }
+        match self.kind() {
+            K::InvalidArgument
+            | K::NotRegistered
+            | K::AlreadyRegistered
+            | K::CapacityExceeded
+            | K::GpuPointerInvalid
+            | K::GpuMemoryType
+            | K::GpuPointerRange
+            | K::GpuContextMismatch => libc::EINVAL,
+            K::Busy => libc::EBUSY,
+            K::QueueFull => libc::EAGAIN,
+            K::Canceled => libc::ECANCELED,
+            K::Closed => libc::EBADF,
+            K::Timeout => libc::ETIMEDOUT,
+            K::Unsupported => libc::EOPNOTSUPP,
+            K::GpuUnavailable | K::NotFound => libc::ENODEV,
+            K::PermissionDenied => libc::EACCES,
+            K::OutOfMemory => libc::ENOMEM,
+            K::Wedged | K::Device | K::GpuDriver | K::Platform => libc::EIO,
+        }
+    }
+
+    /// An I/O error from `op`, by its errno (EIO when it has none).
+    pub fn io(op: &'static str, e: std::io::Error) -> Error {
+        Error::Os { op, errno: e.raw_os_error().unwrap_or(libc::EIO) }
     }
 
     /// The calling thread's last OS error (`errno`), from `op`.
     pub fn os(op: &'static str) -> Error {
-        Error::Os { op, source: std::io::Error::last_os_error() }
+        Error::io(op, std::io::Error::last_os_error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_clone_and_keep_their_errno() {
+        let e = Error::io("open", std::io::Error::from_raw_os_error(libc::EACCES));
+        let c = e.clone();
+        assert_eq!((c.errno(), c.kind()), (libc::EACCES, ErrorKind::PermissionDenied));
+        assert!(c.to_string().starts_with("open: "), "{c}");
+        // An I/O error without an errno is an EIO.
+        let e = Error::io("read", std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "short"));
+        assert_eq!((e.errno(), e.kind()), (libc::EIO, ErrorKind::Platform));
+    }
+
+    #[test]
+    fn kinds_and_errnos_agree() {
+        let cases = [
+            (Error::ZeroSize, ErrorKind::InvalidArgument, libc::EINVAL),
+            (Error::StaleToken { base: 0, got: 1, current: 2 }, ErrorKind::NotRegistered, libc::EINVAL),
+            (Error::Busy { what: "x", inflight: 1 }, ErrorKind::Busy, libc::EBUSY),
+            (Error::QueueFull, ErrorKind::QueueFull, libc::EAGAIN),
+            (Error::Timeout { qid: 1, cid: 2, after: Duration::ZERO }, ErrorKind::Timeout, libc::ETIMEDOUT),
+            (Error::Wedged, ErrorKind::Wedged, libc::EIO),
+            (Error::DeviceGone, ErrorKind::Device, libc::EIO),
+            (Error::GpuUnavailable("x".into()), ErrorKind::GpuUnavailable, libc::ENODEV),
+            (Error::Unsupported("x".into()), ErrorKind::Unsupported, libc::EOPNOTSUPP),
+        ];
+        for (e, kind, errno) in cases {
+            assert_eq!((e.kind(), e.errno()), (kind, errno), "{e}");
+        }
     }
 }

@@ -25,7 +25,7 @@ pub mod sys;
 pub mod ugds_drv;
 pub mod vfio;
 
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result};
 
 use crate::device::DeviceMemory;
 use crate::dma::DmaBuffer;

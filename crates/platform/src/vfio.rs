@@ -272,8 +272,7 @@ fn cdev_name(bdf: &str) -> Option<String> {
 /// The group interface: the function's IOMMU group in a new type1v2
 /// container, and the device fd from the group.
 fn open_group(bdf: &str) -> Result<(OwnedFd, IommuCtx)> {
-    let group_link =
-        std::fs::read_link(sysfs(bdf, "iommu_group")).map_err(|e| Error::Os { op: "read iommu_group", source: e })?;
+    let group_link = std::fs::read_link(sysfs(bdf, "iommu_group")).map_err(|e| Error::io("read iommu_group", e))?;
     let group_no = group_link.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     let container = v::open_rw("/dev/vfio/vfio")?;
     let ver = v::api_version(&container)?;

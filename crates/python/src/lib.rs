@@ -28,30 +28,25 @@ create_exception!(_ugds, GpuError, Error, "A GPU runtime call failed, or the poi
 create_exception!(_ugds, DeviceError, Error, "The controller failed the command or is gone.");
 
 fn err(e: ugds::Error) -> PyErr {
-    use ugds::Error as E;
     let msg = e.to_string();
     let errno = e.errno();
-    let py_err = match e {
-        E::ZeroSize
-        | E::Misaligned { .. }
-        | E::OutOfRange { .. }
-        | E::BufferRange { .. }
-        | E::InvalidArgument(_)
-        | E::CapacityExceeded { .. } => InvalidArgument::new_err(msg),
-        E::NotRegistered { .. } | E::StaleToken { .. } => NotRegistered::new_err(msg),
-        E::AlreadyRegistered { .. } | E::Overlap { .. } => AlreadyRegistered::new_err(msg),
-        E::Busy { .. } => BusyError::new_err(msg),
-        E::Timeout { .. } => TimeoutError::new_err(msg),
-        E::Wedged => WedgedError::new_err(msg),
-        E::Closed | E::Canceled => ClosedError::new_err(msg),
-        E::Unsupported(_) => UnsupportedError::new_err(msg),
-        E::GpuUnavailable(_)
-        | E::GpuDriver { .. }
-        | E::GpuPointerInvalid { .. }
-        | E::GpuMemoryType { .. }
-        | E::GpuPointerRange { .. }
-        | E::GpuContextMismatch { .. } => GpuError::new_err(msg),
-        _ => DeviceError::new_err(msg),
+    use ugds::ErrorKind as K;
+    let py_err = match e.kind() {
+        K::InvalidArgument | K::CapacityExceeded => InvalidArgument::new_err(msg),
+        K::NotRegistered => NotRegistered::new_err(msg),
+        K::AlreadyRegistered => AlreadyRegistered::new_err(msg),
+        K::Busy | K::QueueFull => BusyError::new_err(msg),
+        K::Timeout => TimeoutError::new_err(msg),
+        K::Wedged => WedgedError::new_err(msg),
+        K::Closed | K::Canceled => ClosedError::new_err(msg),
+        K::Unsupported => UnsupportedError::new_err(msg),
+        K::GpuUnavailable
+        | K::GpuDriver
+        | K::GpuPointerInvalid
+        | K::GpuMemoryType
+        | K::GpuPointerRange
+        | K::GpuContextMismatch => GpuError::new_err(msg),
+        K::Device | K::PermissionDenied | K::NotFound | K::OutOfMemory | K::Platform => DeviceError::new_err(msg),
     };
     Python::with_gil(|py| {
         let _ = py_err.value(py).setattr("errno", errno);

@@ -70,4 +70,4 @@ pub use io_queue::IoQueue;
 pub use registry::BufferToken;
 pub use stream::{HostStream, Stream, StreamIo, StreamResult, StreamSignal};
 pub use ugds_nvme as nvme;
-pub use ugds_platform::{Error, Result};
+pub use ugds_platform::{Error, ErrorKind, Result};

@@ -436,7 +436,7 @@ impl StreamEngine {
         let thread = std::thread::Builder::new()
             .name("ugds-stream".into())
             .spawn(move || Engine::new(queue, handle, rx).run())
-            .map_err(|e| Error::Os { op: "spawn stream engine", source: e })?;
+            .map_err(|e| Error::io("spawn stream engine", e))?;
         Ok(StreamEngine { tx: Mutex::new(tx), thread: Some(thread) })
     }
 
@@ -581,16 +581,12 @@ impl Engine {
                     self.jobs.insert(id, (job, n));
                 }
                 Err(e) => {
-                    let errno = e.errno();
                     tracing::error!("stream operation could not be submitted: {e}");
                     if matches!(e, Error::Timeout { .. }) {
                         job.handle.0.wedge_holding_nothing();
                     }
                     for s in job.bound.sinks.iter().flatten() {
-                        s.write(Err(Error::Os {
-                            op: "stream submit",
-                            source: std::io::Error::from_raw_os_error(errno),
-                        }));
+                        s.write(Err(e.clone()));
                     }
                     drop(reqs);
                     job.release_stages();

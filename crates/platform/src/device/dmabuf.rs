@@ -40,7 +40,7 @@ impl Dmabuf {
         if len == 0 {
             return Err(Error::ZeroSize);
         }
-        let fd = fd.try_clone_to_owned().map_err(|e| Error::Os { op: "dup dma-buf", source: e })?;
+        let fd = fd.try_clone_to_owned().map_err(|e| Error::io("dup dma-buf", e))?;
         // SAFETY: lseek on a descriptor we own; dma-bufs report their size.
         let size = unsafe { libc::lseek(fd.as_raw_fd(), 0, libc::SEEK_END) };
         if size < 0 {
@@ -149,7 +149,7 @@ impl DeviceRuntime for Dmabuf {
     fn export_dmabuf(&self, ptr: u64, len: usize) -> Result<DmabufExport> {
         let at =
             (ptr as usize).checked_sub(self.base).ok_or_else(|| Error::InvalidArgument("before the range".into()))?;
-        let fd = self.fd.try_clone().map_err(|e| Error::Os { op: "dup dma-buf", source: e })?;
+        let fd = self.fd.try_clone().map_err(|e| Error::io("dup dma-buf", e))?;
         Ok(DmabufExport { fd, offset: self.offset + at as u64, len })
     }
 }
