@@ -45,6 +45,14 @@ static void check_rt(cudaError_t e, const char *what) {
 
 static void result(const char *key, double v, const char *unit) { printf("RESULT %s %.3f %s\n", key, v, unit); }
 
+// Latencies in microseconds, for scripts/gpu-bench to turn into percentiles
+// with `ugds hist`: the same HDR histogram the ugds side uses.
+static void samples(const char *key, const std::vector<double> &us) {
+    printf("SAMPLES %s", key);
+    for (double v : us) printf(" %.3f", v);
+    printf("\n");
+}
+
 __global__ void spin(uint64_t ns) {
     uint64_t start, t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
@@ -136,7 +144,9 @@ int main(int argc, char **argv) {
         result(key, mibs, "MiB/s");
         if (size == 4096) {
             result("sync_read_4k_mean", mean * 1e3, "us");
-            result("sync_read_4k_p99", p99 * 1e3, "us");
+            std::vector<double> us;
+            for (double l : lat) us.push_back(l * 1e3);
+            samples("sync_read_4k", us);
         }
     }
 
@@ -312,9 +322,8 @@ int main(int argc, char **argv) {
         printf("kernel launch to end on its own stream: idle p50 %.1f us p99 %.1f us; while 32 streams x 4 x 1 MiB "
                "reads are queued (%zu kernels, second pass) p50 %.1f us p99 %.1f us\n",
                pct(idle, 0.5), pct(idle, 0.99), busy.size(), pct(busy, 0.5), pct(busy, 0.99));
-        result("neighbour_idle_p50", pct(idle, 0.5), "us");
-        result("neighbour_busy_p50", pct(busy, 0.5), "us");
-        result("neighbour_busy_p99", pct(busy, 0.99), "us");
+        samples("neighbour_idle", idle);
+        samples("neighbour_busy", busy);
         for (auto &x : ss) {
             cuFileStreamDeregister(x);
             cudaStreamDestroy(x);

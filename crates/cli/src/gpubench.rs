@@ -379,9 +379,15 @@ fn neighbour(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result<()
             return Err(ugds::Error::Platform("a stream read failed".into()));
         }
     }
-    idle.sort_by(f64::total_cmp);
-    busy.sort_by(f64::total_cmp);
-    let pct = |v: &[f64], p: f64| if v.is_empty() { 0.0 } else { v[(p * (v.len() - 1) as f64) as usize] };
+    // The same HDR histogram as every other percentile here (and as
+    // `ugds hist`, through which the cuFile side's samples go).
+    let hist = |v: &[f64]| {
+        let mut h = Histogram::default();
+        v.iter().for_each(|us| h.record((us * 1e3).round() as u64));
+        h
+    };
+    let (idle, busy) = (hist(&idle), hist(&busy));
+    let pct = |h: &Histogram, p: f64| h.quantile(p) as f64 / 1e3;
     println!(
         "kernel launch to end on its own stream: idle p50 {:.1} us p99 {:.1} us; while {N} streams x {PER} x 1 MiB \
          reads are queued ({} kernels, second pass) p50 {:.1} us p99 {:.1} us",

@@ -6,6 +6,7 @@
 mod bench;
 mod bind;
 mod gpubench;
+mod hist;
 mod histogram;
 mod target;
 
@@ -21,6 +22,7 @@ Usage:
   ugds gpu-bench [OPTIONS] [TARGET]
                                   the same with CUDA device memory (GPU 0)
   ugds list | bind | unbind       NVMe functions and their drivers (ugds help bind)
+  ugds hist [QUANTILE...]         percentiles of latencies (us) read from stdin
   ugds help [COMMAND]
 
   -v, --verbose   more messages on standard error (-vv, -vvv); without it,
@@ -68,11 +70,13 @@ fn main() -> ExitCode {
         Some("identify") => identify(rest),
         Some("bench") => bench::main(rest),
         Some("gpu-bench") => gpubench::main(rest),
+        Some("hist") => hist::main(rest),
         Some(c @ ("list" | "bind" | "unbind")) => bind::main(c, rest),
         Some("help") | Some("-h") | Some("--help") => {
             match rest.first().map(|a| a.to_string_lossy().into_owned()).as_deref() {
                 Some("bench") => print!("{}", bench::HELP),
                 Some("gpu-bench") => print!("{}{}", gpubench::HELP, target::HELP),
+                Some("hist") => print!("{}", hist::HELP),
                 Some("identify") => print!("Usage: ugds identify [TARGET]\n\n{}", target::HELP),
                 Some("bind" | "unbind" | "list") => print!("{}", bind::HELP),
                 _ => print!("{USAGE}"),

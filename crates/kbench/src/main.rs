@@ -67,18 +67,22 @@ fn aligned(len: usize) -> *mut u8 {
     p.cast()
 }
 
-fn report(engine: &str, o: &Opts, ios: u64, elapsed: Duration, mut lat: Vec<u64>) {
-    lat.sort_unstable();
-    let q = |f: f64| {
-        lat.get(((lat.len() as f64 * f) as usize).min(lat.len().saturating_sub(1))).copied().unwrap_or(0) as f64
-            / 1000.0
-    };
-    let mean = lat.iter().sum::<u64>() as f64 / lat.len().max(1) as f64 / 1000.0;
+/// Latencies in nanoseconds: the same HDR histogram (three significant
+/// digits) `ugds bench` reports from, so both sides count alike.
+fn histogram() -> Hist {
+    Hist::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid bounds")
+}
+
+type Hist = hdrhistogram::Histogram<u64>;
+
+fn report(engine: &str, o: &Opts, ios: u64, elapsed: Duration, lat: &Hist) {
+    let q = |f: f64| lat.value_at_quantile(f) as f64 / 1000.0;
     println!(
-        "kbench engine={engine} size={} qd={} iops={:.0} mean_us={mean:.2} p50_us={:.2} p99_us={:.2}",
+        "kbench engine={engine} size={} qd={} iops={:.0} mean_us={:.2} p50_us={:.2} p99_us={:.2}",
         o.size,
         o.qd,
         ios as f64 / elapsed.as_secs_f64(),
+        lat.mean() / 1000.0,
         q(0.5),
         q(0.99)
     );
@@ -113,14 +117,14 @@ fn main() {
         "pread" => {
             let fd = f.as_raw_fd();
             let start = Instant::now();
-            let results: Vec<(u64, Vec<u64>)> = std::thread::scope(|s| {
+            let results: Vec<(u64, Hist)> = std::thread::scope(|s| {
                 (0..o.qd)
                     .map(|t| {
                         let o = &o;
                         s.spawn(move || {
                             let buf = aligned(o.size) as usize;
                             let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1));
-                            let mut lat = Vec::new();
+                            let mut lat = histogram();
                             while start.elapsed() < dur {
                                 let off = rng.next() % slots * o.size as u64;
                                 let t0 = Instant::now();
@@ -128,9 +132,9 @@ fn main() {
                                 let n =
                                     unsafe { libc::pread(fd, buf as *mut libc::c_void, o.size, off as libc::off_t) };
                                 assert_eq!(n, o.size as isize, "pread failed: {}", std::io::Error::last_os_error());
-                                lat.push(t0.elapsed().as_nanos() as u64);
+                                lat.saturating_record(t0.elapsed().as_nanos() as u64);
                             }
-                            (lat.len() as u64, lat)
+                            (lat.len(), lat)
                         })
                     })
                     .collect::<Vec<_>>()
@@ -140,7 +144,11 @@ fn main() {
             });
             let el = start.elapsed();
             let ios = results.iter().map(|r| r.0).sum();
-            report("pread", &o, ios, el, results.into_iter().flat_map(|r| r.1).collect());
+            let mut lat = histogram();
+            for (_, h) in &results {
+                lat.add(h).expect("same bounds");
+            }
+            report("pread", &o, ios, el, &lat);
         }
         "uring" | "uring-poll" => {
             let poll = o.engine == "uring-poll";
@@ -156,7 +164,7 @@ fn main() {
             let fd = io_uring::types::Fd(f.as_raw_fd());
             let mut rng = Rng(0x1234_5678);
             let mut t0 = vec![Instant::now(); o.qd];
-            let mut lat = Vec::new();
+            let mut lat = histogram();
             let submit = |ring: &mut io_uring::IoUring, slot: usize, rng: &mut Rng| {
                 let off = rng.next() % slots * o.size as u64;
                 // SAFETY: slot `slot` of the registered buffer is ours until its completion.
@@ -181,7 +189,7 @@ fn main() {
                 let now = Instant::now();
                 for (slot, res) in done {
                     assert_eq!(res, o.size as i32, "read failed: {res}");
-                    lat.push(now.duration_since(t0[slot]).as_nanos() as u64);
+                    lat.saturating_record(now.duration_since(t0[slot]).as_nanos() as u64);
                     ios += 1;
                     inflight -= 1;
                     if start.elapsed() < dur {
@@ -192,7 +200,7 @@ fn main() {
                 }
             }
             let el = start.elapsed();
-            report(&o.engine, &o, ios, el, lat);
+            report(&o.engine, &o, ios, el, &lat);
         }
         other => {
             eprintln!("ugds-kbench: unknown engine {other}");
