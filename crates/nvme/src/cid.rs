@@ -21,15 +21,22 @@ use crate::Cid;
 #[derive(Debug)]
 pub struct CidAllocator {
     free: Vec<u16>,
-    in_use: Vec<u64>,
+    /// Per slot, the CID it is allocated as, or [`FREE`] (0xffff is never
+    /// handed out): a completion is checked with one comparison.
+    current: Vec<u16>,
     /// The generation each slot was last handed out with.
     gens: Vec<u8>,
     capacity: u16,
     /// Bits of the slot index in a CID.
     shift: u32,
+    /// `(1 << shift) - 1`.
+    index_mask: u16,
     /// Mask of the generation (after shifting); 0 when no bit is left.
     gen_mask: u16,
 }
+
+/// A free slot's entry in `current`: 0xffff is never handed out.
+const FREE: u16 = u16::MAX;
 
 /// Freeing a CID that is not allocated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -45,10 +52,11 @@ impl CidAllocator {
         let gen_bits = (u16::BITS - shift).min(4);
         CidAllocator {
             free: (0..capacity).rev().collect(),
-            in_use: vec![0; (capacity as usize).div_ceil(64)],
+            current: vec![FREE; capacity as usize],
             gens: vec![0; capacity as usize],
             capacity,
             shift,
+            index_mask: ((1u32 << shift) - 1) as u16,
             gen_mask: ((1u32 << gen_bits) - 1) as u16,
         }
     }
@@ -56,14 +64,13 @@ impl CidAllocator {
     /// The slot a CID names (whatever its generation).
     #[inline]
     pub fn index(&self, cid: Cid) -> usize {
-        (cid.0 as u32 & ((1u32 << self.shift) - 1)) as usize
+        (cid.0 & self.index_mask) as usize
     }
 
     /// The CID slot `index` is allocated as now.
     #[inline]
     pub fn current(&self, index: usize) -> Option<Cid> {
-        let c = self.compose(index as u16, self.gens.get(index).copied()?);
-        self.is_allocated(c).then_some(c)
+        self.current.get(index).filter(|&&c| c != FREE).map(|&c| Cid(c))
     }
 
     #[inline]
@@ -87,24 +94,23 @@ impl CidAllocator {
     #[inline]
     pub fn alloc(&mut self) -> Option<Cid> {
         let i = self.free.pop()?;
-        self.in_use[i as usize / 64] |= 1 << (i % 64);
         let mut g = (self.gens[i as usize] as u16 + 1) & self.gen_mask;
         // 0xffff is kept out (some controllers read it as "no command").
         if self.compose(i, g as u8).0 == u16::MAX {
             g = (g + 1) & self.gen_mask;
         }
         self.gens[i as usize] = g as u8;
-        Some(self.compose(i, g as u8))
+        let cid = self.compose(i, g as u8);
+        self.current[i as usize] = cid.0;
+        Some(cid)
     }
 
     /// Whether `cid` is currently allocated, generation included.
     #[inline]
     pub fn is_allocated(&self, cid: Cid) -> bool {
-        let i = self.index(cid);
-        (cid.0 as u32) >> self.shift <= self.gen_mask as u32
-            && i < self.capacity as usize
-            && self.in_use[i / 64] & (1 << (i % 64)) != 0
-            && self.compose(i as u16, self.gens[i]) == cid
+        // A free slot holds FREE, which no CID equals; bits above the
+        // generation make the CID differ from the slot's too.
+        cid.0 != FREE && self.current.get(self.index(cid)) == Some(&cid.0)
     }
 
     /// Returns `cid`; refuses one that is not allocated (a double free, a
@@ -116,7 +122,7 @@ impl CidAllocator {
             return Err(NotAllocated(cid.0));
         }
         let i = self.index(cid);
-        self.in_use[i / 64] &= !(1 << (i % 64));
+        self.current[i] = FREE;
         self.free.push(i as u16);
         Ok(())
     }

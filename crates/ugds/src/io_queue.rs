@@ -232,7 +232,12 @@ impl<'h> IoQueue<'h> {
             }
         }
         let r = &mut self.reqs[idx as usize];
-        *r = Request { tag, pending: n as u32, len: size, status: None, op, seen: None, guard: Some(guard) };
+        (r.tag, r.pending, r.len, r.status, r.op, r.seen) = (tag, n as u32, size, None, op, None);
+        // A free slot's guard went with its completion: nothing to drop
+        // (checked, without the drop glue's call on the common path).
+        if let Some(stale) = r.guard.replace(guard) {
+            drop(stale);
+        }
         self.outstanding += 1;
         Ok(())
     }

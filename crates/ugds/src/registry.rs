@@ -103,17 +103,20 @@ pub(crate) struct BufGuard(Option<Arc<BufEntry>>);
 
 impl BufGuard {
     /// A reference whose in-flight count the caller has raised.
+    #[inline]
     fn counted(e: Arc<BufEntry>) -> BufGuard {
         BufGuard(Some(e))
     }
 
     /// The registration.
+    #[inline]
     pub fn entry(&self) -> &Arc<BufEntry> {
         self.0.as_ref().expect("a guard holds its entry until dropped or handed on")
     }
 }
 
 impl Drop for BufGuard {
+    #[inline]
     fn drop(&mut self) {
         if let Some(e) = self.0.take() {
             e.inflight.fetch_sub(1, Ordering::Release);

@@ -392,11 +392,11 @@ impl QueuePair {
             // by which commands completed. The head only moves forward, and
             // never past the tail it was told: anything else would free
             // slots the controller has not fetched.
-            let size = self.sq_ring.size();
-            let h = cqe.sqhd as u32;
-            let moved = h.wrapping_add(size).wrapping_sub(self.sq_head) % size;
-            let told = self.last_sq_tail.wrapping_add(size).wrapping_sub(self.sq_head) % size;
-            if h < size && moved <= told {
+            let (h, head, tail) = (cqe.sqhd as u32, self.sq_head, self.last_sq_tail);
+            // In [head, tail] in ring order (wrapped: [head, size) or [0, tail]).
+            let fetched =
+                if head <= tail { h >= head && h <= tail } else { h >= head && h < self.sq_ring.size() || h <= tail };
+            if fetched {
                 self.sq_head = h;
             } else {
                 self.protocol_errors += 1;

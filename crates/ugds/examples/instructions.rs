@@ -1,0 +1,81 @@
+//! Instructions per 4 KiB read on a lent `IoQueue`: submission (stage the
+//! command, one doorbell per 32) and completion (consume the entry, report
+//! the request), counted by callgrind in two functions that do nothing else.
+//! `scripts/instructions` runs it under valgrind and prints the figures;
+//! run alone it only checks that every round completes.
+//!
+//! The controller is the emulated one in null mode (no data moved), so what
+//! is counted is the driver alone. Between the two measured calls the
+//! program waits (uncounted) until the emulator has completed the round.
+
+use std::sync::Arc;
+use ugds::{Driver, HandleOptions, HostBuffer, IoQueue};
+use ugds_emu::{EmuConfig, EmuControl, EmuPlatform};
+
+const DEPTH: usize = 32;
+const WARMUP: usize = 20;
+const ROUNDS: usize = 200;
+
+/// Stages `DEPTH` 4 KiB reads and rings once (counted by callgrind).
+#[inline(never)]
+fn measured_submit(q: &mut IoQueue<'_>, token: &ugds::BufferToken, round: usize) {
+    submit(q, token, round)
+}
+
+/// Reaps the round's completions (counted by callgrind).
+#[inline(never)]
+fn measured_complete(q: &mut IoQueue<'_>) -> usize {
+    complete(q)
+}
+
+#[inline(always)]
+fn submit(q: &mut IoQueue<'_>, token: &ugds::BufferToken, round: usize) {
+    for i in 0..DEPTH {
+        let off = ((round * DEPTH + i) % 4096) as u64 * 4096;
+        q.submit_read(token, 4096, off, i * 4096, i as u64).expect("room for the round");
+    }
+    q.ring();
+}
+
+#[inline(always)]
+fn complete(q: &mut IoQueue<'_>) -> usize {
+    q.poll(usize::MAX, |_, r| {
+        r.expect("read");
+    })
+}
+
+/// Waits until the emulator has completed `n` reads in all (not counted).
+fn wait_for(emu: &EmuControl, n: u64) {
+    while emu.stats().reads < n {
+        std::thread::yield_now();
+    }
+}
+
+fn main() -> Result<(), ugds::Error> {
+    let p = EmuPlatform::new(EmuConfig::default().null(true))?;
+    let emu = p.control();
+    let driver = Driver::open();
+    let opts = HandleOptions { sync_queues: 1, async_queues: 1, queue_depth: 64, ..HandleOptions::default() };
+    let handle = driver.open_handle(Arc::new(p), opts)?;
+    let mut buf = HostBuffer::new(DEPTH * 4096)?;
+    // SAFETY: `buf` outlives the registration (deregistered below).
+    let token = unsafe { driver.register(buf.as_mut_ptr(), buf.len())? };
+    let mut q = handle.io_queue()?;
+    let mut done = 0u64;
+    for round in 0..WARMUP + ROUNDS {
+        let measured = round >= WARMUP;
+        if measured {
+            measured_submit(&mut q, &token, round);
+        } else {
+            submit(&mut q, &token, round);
+        }
+        done += DEPTH as u64;
+        wait_for(&emu, done);
+        let n = if measured { measured_complete(&mut q) } else { complete(&mut q) };
+        assert_eq!(n, DEPTH, "round {round}: every read of the round completes in one poll");
+    }
+    drop(q);
+    driver.deregister(&token)?;
+    println!("instructions: {ROUNDS} measured rounds of {DEPTH} reads of 4 KiB completed");
+    Ok(())
+}
