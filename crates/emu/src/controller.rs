@@ -1396,10 +1396,16 @@ unsafe fn move_data(
                 let buf = bounce(staging, l, Some(rt))?;
                 if op == NvmOpcode::Read {
                     // SAFETY: `buf` is our own memory of `l` bytes.
-                    unsafe { ns.read_into(off, buf.as_mut_ptr(), l) }
-                        .and_then(|()| rt.copy_to_device(addr as u64, buf).map_err(std::io::Error::other))
+                    unsafe { ns.read_into(off, buf.as_mut_ptr(), l) }.and_then(|()| {
+                        // SAFETY: `addr..addr+l` was translated through the
+                        // IOVA table from a registered device mapping of
+                        // `rt`, which stays mapped for this copy (this fn's
+                        // contract).
+                        unsafe { rt.copy_to_device(addr as u64, buf) }.map_err(std::io::Error::other)
+                    })
                 } else {
-                    rt.copy_from_device(buf, addr as u64)
+                    // SAFETY: as above.
+                    unsafe { rt.copy_from_device(buf, addr as u64) }
                         .map_err(std::io::Error::other)
                         // SAFETY: as above.
                         .and_then(|()| unsafe { ns.write_from(off, buf.as_ptr(), l) })

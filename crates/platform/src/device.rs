@@ -10,6 +10,16 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 /// What the library needs from a GPU runtime, for memory of one context.
+///
+/// The copies write or read device addresses they are given, so they are
+/// `unsafe`: safe code cannot aim one anywhere.
+///
+/// ```compile_fail
+/// fn poke(rt: &dyn ugds_platform::device::DeviceRuntime) {
+///     // error[E0133]: call to unsafe function
+///     let _ = rt.copy_to_device(0xdead_0000, &[1, 2, 3]);
+/// }
+/// ```
 pub trait DeviceRuntime: Send + Sync {
     /// "CUDA" or "HIP", for messages.
     fn name(&self) -> &'static str;
@@ -22,10 +32,18 @@ pub trait DeviceRuntime: Send + Sync {
 
     /// Copies `src` to device memory at `dst` with the copy engine, and
     /// waits for it. The emulated controller's stand-in for a P2P write.
-    fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()>;
+    ///
+    /// # Safety
+    /// `dst..dst + src.len()` must lie in device memory of this runtime (and
+    /// context) that stays allocated for the call: the runtime writes there.
+    unsafe fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()>;
 
     /// Copies device memory at `src` into `dst` and waits for it.
-    fn copy_from_device(&self, dst: &mut [u8], src: u64) -> Result<()>;
+    ///
+    /// # Safety
+    /// `src..src + dst.len()` must lie in device memory of this runtime (and
+    /// context) that stays allocated for the call.
+    unsafe fn copy_from_device(&self, dst: &mut [u8], src: u64) -> Result<()>;
 
     /// Page-locks host memory for faster copies; false if the runtime
     /// refused (copies from it then still work, staged by the runtime).

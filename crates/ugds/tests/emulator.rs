@@ -300,12 +300,12 @@ impl ugds::gpu::DeviceRuntime for FakeGpu {
     fn name(&self) -> &'static str {
         "fake"
     }
-    fn copy_to_device(&self, dst: u64, src: &[u8]) -> ugds::Result<()> {
+    unsafe fn copy_to_device(&self, dst: u64, src: &[u8]) -> ugds::Result<()> {
         let off = (dst - self.base) as usize;
         self.mem.lock().unwrap()[off..off + src.len()].copy_from_slice(src);
         Ok(())
     }
-    fn copy_from_device(&self, dst: &mut [u8], src: u64) -> ugds::Result<()> {
+    unsafe fn copy_from_device(&self, dst: &mut [u8], src: u64) -> ugds::Result<()> {
         let off = (src - self.base) as usize;
         dst.copy_from_slice(&self.mem.lock().unwrap()[off..off + dst.len()]);
         Ok(())

@@ -122,7 +122,7 @@ impl DeviceRuntime for Dmabuf {
         "dma-buf"
     }
 
-    fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()> {
+    unsafe fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()> {
         self.check(dst, src.len())?;
         self.sync(SYNC_WRITE);
         // SAFETY: checked to lie in our live shared mapping.
@@ -131,7 +131,7 @@ impl DeviceRuntime for Dmabuf {
         Ok(())
     }
 
-    fn copy_from_device(&self, dst: &mut [u8], src: u64) -> Result<()> {
+    unsafe fn copy_from_device(&self, dst: &mut [u8], src: u64) -> Result<()> {
         self.check(src, dst.len())?;
         self.sync(SYNC_READ);
         // SAFETY: checked to lie in our live shared mapping.

@@ -587,7 +587,7 @@ impl DeviceRuntime for CudaContext {
         self.ctx
     }
 
-    fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()> {
+    unsafe fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()> {
         self.copy(|s| {
             // SAFETY: `src` is a live slice; `dst` lies in a registered
             // allocation (the caller translated it through the IOVA table).
@@ -596,7 +596,7 @@ impl DeviceRuntime for CudaContext {
         })
     }
 
-    fn copy_from_device(&self, dst: &mut [u8], src: u64) -> Result<()> {
+    unsafe fn copy_from_device(&self, dst: &mut [u8], src: u64) -> Result<()> {
         self.copy(|s| {
             // SAFETY: as for copy_to_device, the other way.
             let r = unsafe { (self.cuda.api.memcpy_dtoh_async)(dst.as_mut_ptr().cast(), src, dst.len(), s) };

@@ -225,14 +225,14 @@ impl DeviceRuntime for HipDevice {
         "HIP"
     }
 
-    fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()> {
+    unsafe fn copy_to_device(&self, dst: u64, src: &[u8]) -> Result<()> {
         // SAFETY: a live slice and a registered device range.
         self.copy("hipMemcpyHtoDAsync", |s| unsafe {
             (self.hip.api.memcpy_htod_async)(dst as usize, src.as_ptr().cast(), src.len(), s)
         })
     }
 
-    fn copy_from_device(&self, dst: &mut [u8], src: u64) -> Result<()> {
+    unsafe fn copy_from_device(&self, dst: &mut [u8], src: u64) -> Result<()> {
         // SAFETY: as above, the other way.
         self.copy("hipMemcpyDtoHAsync", |s| unsafe {
             (self.hip.api.memcpy_dtoh_async)(dst.as_mut_ptr().cast(), src as usize, dst.len(), s)
