@@ -85,19 +85,30 @@ pub union DescrHandle {
     pub handle: *mut c_void,
 }
 
+impl std::fmt::Debug for DescrHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Which member is live is the descriptor's `type_` (and a member
+        // set through `fd` leaves the rest uninitialized): not read here.
+        f.write_str("DescrHandle { .. }")
+    }
+}
+
 #[repr(C)]
+#[derive(Debug)]
 pub struct uGDSDescr_t {
     pub type_: c_int,
     pub handle: DescrHandle,
 }
 
 #[repr(C)]
+#[derive(Debug)]
 pub struct uGDSBufConfig_t {
     pub backend: c_int,
     pub enable_export: bool,
 }
 
 #[repr(C)]
+#[derive(Debug)]
 pub struct uGDSDmabufExport_t {
     pub fd: c_int,
     pub offset: u64,
@@ -105,6 +116,7 @@ pub struct uGDSDmabufExport_t {
 }
 
 #[repr(C)]
+#[derive(Debug)]
 pub struct uGDSRDMARegion_t {
     pub mr: *mut c_void,
     pub iova: u64,
@@ -114,6 +126,7 @@ pub struct uGDSRDMARegion_t {
 }
 
 #[repr(C)]
+#[derive(Debug)]
 pub struct uGDSIOParams_t {
     pub devPtr_base: *mut c_void,
     pub file_offset: off_t,
@@ -124,6 +137,7 @@ pub struct uGDSIOParams_t {
 }
 
 #[repr(C)]
+#[derive(Debug)]
 pub struct uGDSIOEvents_t {
     pub cookie: *mut c_void,
     pub status: c_int,
@@ -133,6 +147,7 @@ pub struct uGDSIOEvents_t {
 /// What a `uGDSHandle_t` points to: existing programs read the fd as
 /// `*(int *)handle`.
 #[repr(C)]
+#[derive(Debug)]
 pub struct HandleObj {
     pub fd: c_int,
 }

@@ -524,6 +524,12 @@ pub struct EmuControl {
     shared: Arc<Shared>,
 }
 
+impl std::fmt::Debug for EmuControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmuControl").finish_non_exhaustive()
+    }
+}
+
 impl EmuControl {
     /// The controller's counters now.
     pub fn stats(&self) -> EmuStats {
@@ -557,6 +563,12 @@ pub struct EmuPlatform {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
     max_io_queues: u16,
+}
+
+impl std::fmt::Debug for EmuPlatform {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmuPlatform").finish_non_exhaustive()
+    }
 }
 
 impl EmuPlatform {

@@ -51,6 +51,12 @@ pub struct UgdsDrvPlatform {
     vectors: Vec<EventFd>,
 }
 
+impl std::fmt::Debug for UgdsDrvPlatform {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UgdsDrvPlatform").field("path", &self.path).finish_non_exhaustive()
+    }
+}
+
 /// What the module reports about an open file.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DrvCounters {

@@ -149,6 +149,12 @@ pub struct VfioPlatform {
     vectors: Vec<EventFd>,
 }
 
+impl std::fmt::Debug for VfioPlatform {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VfioPlatform").field("bdf", &self.bdf).finish_non_exhaustive()
+    }
+}
+
 fn sysfs(bdf: &str, what: &str) -> String {
     format!("/sys/bus/pci/devices/{bdf}/{what}")
 }

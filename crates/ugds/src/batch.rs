@@ -54,6 +54,16 @@ pub struct Batch {
     scratch: std::sync::Mutex<Vec<Prepared>>,
 }
 
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("ctx", &self.ctx)
+            .field("capacity", &self.capacity)
+            .field("stuck", &self.stuck)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Handle {
     /// Sets up a batch context for up to `capacity` outstanding requests.
     pub fn batch(&self, capacity: usize) -> Result<Batch> {

@@ -17,6 +17,12 @@ pub struct Driver {
     pub(crate) inner: Arc<DriverInner>,
 }
 
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver").finish_non_exhaustive()
+    }
+}
+
 pub(crate) struct DriverInner {
     pub registry: Registry,
     /// Open handles. Lock order: this, then the registry.

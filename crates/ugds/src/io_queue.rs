@@ -56,6 +56,15 @@ pub struct IoQueue<'h> {
     shared: Option<Shared>,
 }
 
+impl std::fmt::Debug for IoQueue<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IoQueue")
+            .field("outstanding", &self.outstanding)
+            .field("dead", &self.dead)
+            .finish_non_exhaustive()
+    }
+}
+
 /// An [`IoQueue`]'s context on the shared batch queue.
 struct Shared {
     ctx: u32,

@@ -39,6 +39,12 @@ pub struct StreamSignal {
     set: Option<Box<dyn FnOnce() + Send>>,
 }
 
+impl std::fmt::Debug for StreamSignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamSignal").finish_non_exhaustive()
+    }
+}
+
 impl StreamSignal {
     /// A signal that runs `f` when set.
     pub fn new(f: impl FnOnce() + Send + 'static) -> StreamSignal {
@@ -100,6 +106,12 @@ struct HostStreamShared {
 pub struct HostStream {
     shared: Arc<HostStreamShared>,
     thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for HostStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostStream").finish_non_exhaustive()
+    }
 }
 
 impl Default for HostStream {
@@ -298,6 +310,12 @@ pub struct StreamIo {
     file_offset: Src,
     buf_offset: Src,
     result: Sink,
+}
+
+impl std::fmt::Debug for StreamIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamIo").finish_non_exhaustive()
+    }
 }
 
 // SAFETY: the raw pointers are only used under `StreamIo::from_raw`'s

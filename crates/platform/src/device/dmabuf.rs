@@ -28,6 +28,16 @@ pub struct Dmabuf {
     mapped: bool,
 }
 
+impl std::fmt::Debug for Dmabuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dmabuf")
+            .field("offset", &self.offset)
+            .field("map_len", &self.map_len)
+            .field("mapped", &self.mapped)
+            .finish_non_exhaustive()
+    }
+}
+
 /// DMA_BUF_IOCTL_SYNC = _IOW('b', 0, struct dma_buf_sync { __u64 flags; }).
 const DMA_BUF_IOCTL_SYNC: libc::c_ulong = 0x4008_6200;
 const SYNC_READ: u64 = 1;

@@ -10,6 +10,12 @@ pub struct Library {
     name: String,
 }
 
+impl std::fmt::Debug for Library {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Library").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
 // SAFETY: a dlopen handle may be used from any thread.
 unsafe impl Send for Library {}
 // SAFETY: dlsym on a handle is thread-safe.
@@ -80,7 +86,7 @@ mod tests {
 
     #[test]
     fn a_missing_library_is_a_clear_error() {
-        let e = Library::open(&["libugds-no-such-runtime.so.1"]).err().expect("must fail");
+        let e = Library::open(&["libugds-no-such-runtime.so.1"]).expect_err("must fail");
         assert!(matches!(e, Error::GpuUnavailable(ref m) if m.contains("libugds-no-such-runtime")), "{e}");
     }
 

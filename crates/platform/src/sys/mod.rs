@@ -18,6 +18,12 @@ pub struct Anonymous {
     len: usize,
 }
 
+impl std::fmt::Debug for Anonymous {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Anonymous").finish_non_exhaustive()
+    }
+}
+
 // SAFETY: the mapping is plain memory owned by this value; moving or sharing
 // the owner between threads is fine, accesses go through raw pointers.
 unsafe impl Send for Anonymous {}

@@ -97,6 +97,12 @@ pub struct BatchQueue {
     timeout: Duration,
 }
 
+impl std::fmt::Debug for BatchQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchQueue").field("shared", &self.shared).field("nsid", &self.nsid).finish_non_exhaustive()
+    }
+}
+
 /// Marks a completion tag as a batch request's (synchronous slots are
 /// small integers).
 pub(crate) const BATCH_TAG: u64 = 1 << 63;

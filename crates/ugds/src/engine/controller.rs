@@ -80,6 +80,12 @@ pub struct Controller {
     stopped: std::sync::atomic::AtomicBool,
 }
 
+impl std::fmt::Debug for Controller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controller").field("info", &self.info).finish_non_exhaustive()
+    }
+}
+
 struct AdminQueue {
     qp: QueuePair,
     data: DmaBuffer,

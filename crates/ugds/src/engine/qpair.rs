@@ -31,6 +31,12 @@ pub struct CqView {
     entries: u32,
 }
 
+impl std::fmt::Debug for CqView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CqView").field("entries", &self.entries).finish_non_exhaustive()
+    }
+}
+
 impl CqView {
     /// Whether the entry at `head` carries phase `phase` (is new). Panics
     /// if `head` is outside the ring.

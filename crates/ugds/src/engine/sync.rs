@@ -51,6 +51,12 @@ pub struct Cmd<'a> {
     pub prp: Option<PrpPlan<'a>>,
 }
 
+impl std::fmt::Debug for Cmd<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cmd").field("sqe", &self.sqe).finish_non_exhaustive()
+    }
+}
+
 #[derive(Default)]
 struct Slot {
     /// Commands submitted and not completed.
@@ -94,6 +100,12 @@ pub struct SyncQueue {
     capped_waits: AtomicU64,
 }
 
+impl std::fmt::Debug for SyncQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SyncQueue").field("qid", &self.qid).field("vector", &self.vector).finish_non_exhaustive()
+    }
+}
+
 #[derive(Default)]
 struct Sleepers {
     /// Bumped by each wake-up-worthy event.
@@ -132,6 +144,7 @@ impl Deadline {
 
 /// Why a request did not finish normally: the detail the handle needs to
 /// decide whether to wedge.
+#[derive(Debug)]
 pub enum Failure {
     /// Finished with an error; nothing is left in flight.
     Error(Error),

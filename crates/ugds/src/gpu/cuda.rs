@@ -153,6 +153,12 @@ pub struct Cuda {
     upload_streams: Mutex<HashMap<usize, usize>>,
 }
 
+impl std::fmt::Debug for Cuda {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cuda").finish_non_exhaustive()
+    }
+}
+
 /// A context ugds creates for the emulated controller's copies, and its
 /// stream. See [`CudaContext`] for why it is not the caller's context.
 #[derive(Clone, Copy)]
@@ -559,6 +565,12 @@ pub struct CudaContext {
     copy: OnceLock<std::result::Result<CopyEngine, String>>,
 }
 
+impl std::fmt::Debug for CudaContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaContext").finish_non_exhaustive()
+    }
+}
+
 impl CudaContext {
     fn copy(&self, f: impl FnOnce(RawStream) -> (Res, &'static str)) -> Result<()> {
         let engine = self
@@ -853,6 +865,12 @@ pub struct DeviceBuffer {
     len: usize,
 }
 
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBuffer").finish_non_exhaustive()
+    }
+}
+
 impl DeviceBuffer {
     /// Device address.
     pub fn ptr(&self) -> u64 {
@@ -908,6 +926,12 @@ pub struct OwnedContext {
     ctx: usize,
 }
 
+impl std::fmt::Debug for OwnedContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedContext").finish_non_exhaustive()
+    }
+}
+
 impl OwnedContext {
     /// Makes it the calling thread's current context.
     pub fn make_current(&self) -> Result<()> {
@@ -927,6 +951,12 @@ pub struct Gate {
     cuda: Arc<Cuda>,
     host: usize,
     dev: u64,
+}
+
+impl std::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gate").finish_non_exhaustive()
+    }
 }
 
 impl Gate {
@@ -965,6 +995,12 @@ pub struct SpinKernel {
     f: usize,
 }
 
+impl std::fmt::Debug for SpinKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpinKernel").finish_non_exhaustive()
+    }
+}
+
 impl SpinKernel {
     /// Launches the kernel on `stream`: it runs for `ns` nanoseconds of GPU time.
     pub fn launch(&self, stream: &OwnedStream, ns: u64) -> Result<()> {
@@ -998,6 +1034,12 @@ pub struct PinnedBuffer {
     len: usize,
 }
 
+impl std::fmt::Debug for PinnedBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PinnedBuffer").finish_non_exhaustive()
+    }
+}
+
 impl std::ops::Deref for PinnedBuffer {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
@@ -1024,6 +1066,12 @@ impl Drop for PinnedBuffer {
 pub struct OwnedStream {
     cuda: Arc<Cuda>,
     raw: usize,
+}
+
+impl std::fmt::Debug for OwnedStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedStream").finish_non_exhaustive()
+    }
 }
 
 impl OwnedStream {

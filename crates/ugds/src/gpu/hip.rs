@@ -75,6 +75,12 @@ pub struct Hip {
     streams: OnceLock<Arc<HipStreamBackend>>,
 }
 
+impl std::fmt::Debug for Hip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hip").finish_non_exhaustive()
+    }
+}
+
 static HIP: OnceLock<std::result::Result<Arc<Hip>, String>> = OnceLock::new();
 
 impl Hip {
@@ -207,6 +213,12 @@ pub struct HipDevice {
     hip: Arc<Hip>,
     device: i32,
     copy_stream: usize,
+}
+
+impl std::fmt::Debug for HipDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HipDevice").finish_non_exhaustive()
+    }
 }
 
 impl HipDevice {

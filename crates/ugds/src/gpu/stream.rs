@@ -339,6 +339,12 @@ pub struct GpuStream {
     timing: Arc<Timing>,
 }
 
+impl std::fmt::Debug for GpuStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuStream").field("raw", &self.raw).field("wait", &self.wait).finish_non_exhaustive()
+    }
+}
+
 /// A stream's sequence numbers.
 struct Seq {
     /// Number of the last operation launched.
