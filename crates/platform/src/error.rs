@@ -92,12 +92,12 @@ pub enum Error {
     #[error("handle is wedged after a command timeout; only a forced teardown releases it")]
     Wedged,
     /// A command did not complete in time. The handle is now wedged.
-    #[error("command {cid} on queue {qid} did not complete within {after:?}")]
+    #[error("{} on queue {qid} did not complete within {after:?}", command(cid))]
     Timeout {
         /// Queue.
         qid: u16,
-        /// Command identifier.
-        cid: u16,
+        /// The command's identifier, when one was on the device.
+        cid: Option<ugds_nvme::Cid>,
         /// The timeout that expired.
         after: Duration,
     },
@@ -258,6 +258,13 @@ pub enum ErrorKind {
     Platform,
 }
 
+fn command(cid: &Option<ugds_nvme::Cid>) -> String {
+    match cid {
+        Some(c) => format!("command {:#06x}", c.0),
+        None => "a request".to_string(),
+    }
+}
+
 /// The library's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -361,7 +368,11 @@ mod tests {
             (Error::StaleToken { base: 0, got: 1, current: 2 }, ErrorKind::NotRegistered, libc::EINVAL),
             (Error::Busy { what: "x", inflight: 1 }, ErrorKind::Busy, libc::EBUSY),
             (Error::QueueFull, ErrorKind::QueueFull, libc::EAGAIN),
-            (Error::Timeout { qid: 1, cid: 2, after: Duration::ZERO }, ErrorKind::Timeout, libc::ETIMEDOUT),
+            (
+                Error::Timeout { qid: 1, cid: Some(ugds_nvme::Cid(2)), after: Duration::ZERO },
+                ErrorKind::Timeout,
+                libc::ETIMEDOUT,
+            ),
             (Error::Wedged, ErrorKind::Wedged, libc::EIO),
             (Error::DeviceGone, ErrorKind::Device, libc::EIO),
             (Error::GpuUnavailable("x".into()), ErrorKind::GpuUnavailable, libc::ENODEV),

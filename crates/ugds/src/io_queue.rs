@@ -399,8 +399,8 @@ impl<'h> IoQueue<'h> {
         let mut guards = Vec::new();
         for (i, r) in self.reqs.iter_mut().enumerate() {
             if r.pending > 0 {
-                let cid = self.qp.as_ref().and_then(|q| q.outstanding_cid_of(i as u64)).map_or(u16::MAX, |c| c.0);
-                tracing::error!(qid, cid, "asynchronous request timed out; wedging the handle");
+                let cid = self.qp.as_ref().and_then(|q| q.outstanding_cid_of(i as u64));
+                tracing::error!(qid, ?cid, "asynchronous request timed out; wedging the handle");
                 f(r.tag, Err(Error::Timeout { qid, cid, after: limit }));
                 guards.extend(r.guard.take());
                 r.pending = 0;

@@ -326,11 +326,7 @@ impl BatchQueue {
                                 let since = *waited_since.get_or_insert_with(Instant::now);
                                 if since.elapsed() > self.timeout {
                                     tracing::error!(?full, "batch submission found no room within the timeout");
-                                    return Err(Error::Timeout {
-                                        qid: st.qp.qid().0,
-                                        cid: u16::MAX,
-                                        after: self.timeout,
-                                    });
+                                    return Err(Error::Timeout { qid: st.qp.qid().0, cid: None, after: self.timeout });
                                 }
                             } else {
                                 waited_since = None;
@@ -379,7 +375,7 @@ impl BatchQueue {
         };
         let mut guards = Vec::new();
         for i in late {
-            let cid = st.qp.outstanding_cid_of(tag(ctx, i)).map_or(u16::MAX, |c| c.0);
+            let cid = st.qp.outstanding_cid_of(tag(ctx, i));
             let c = st.batch.ctxs[ctx as usize].as_mut().expect("open context");
             let r = &mut c.reqs[i as usize];
             r.pending = 0;

@@ -364,7 +364,7 @@ fn run_admin(qp: &mut QueuePair, p: &dyn Platform, sqe: Sqe, op: &'static str) -
                 return Err(Error::ControllerFatal);
             }
             if Instant::now() > deadline {
-                return Err(Error::Timeout { qid: 0, cid: cid.0, after: ADMIN_TIMEOUT });
+                return Err(Error::Timeout { qid: 0, cid: Some(cid), after: ADMIN_TIMEOUT });
             }
             std::thread::yield_now();
         } else {

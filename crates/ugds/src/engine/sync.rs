@@ -481,7 +481,7 @@ impl SyncQueue {
         if s.pending.load(Ordering::Acquire) == 0 {
             // It completed in that last look: a late success is still late.
             let r = self.release_slot(&mut st, slot, op);
-            return Failure::Error(r.err().unwrap_or(Error::Timeout { qid: self.qid, cid: u16::MAX, after: timeout }));
+            return Failure::Error(r.err().unwrap_or(Error::Timeout { qid: self.qid, cid: None, after: timeout }));
         }
         let csts = regs::Csts(self.platform.read32(regs::CSTS));
         if csts.is_gone() {
@@ -490,8 +490,8 @@ impl SyncQueue {
         if csts.cfs() {
             return Failure::Stuck(Error::ControllerFatal);
         }
-        let cid = st.qp.outstanding_cid_of(slot as u64).map_or(u16::MAX, |c| c.0);
-        tracing::error!(qid = self.qid, cid, ?timeout, "{op} timed out");
+        let cid = st.qp.outstanding_cid_of(slot as u64);
+        tracing::error!(qid = self.qid, ?cid, ?timeout, "{op} timed out");
         Failure::Late { error: Error::Timeout { qid: self.qid, cid, after: timeout }, slot }
     }
 
