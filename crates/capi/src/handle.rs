@@ -1,0 +1,213 @@
+//! Handles: a controller behind an fd (`/dev/ugds_drvN`, or a regular file
+//! with `UGDS_EMULATE=1`), registered and deregistered.
+
+use super::*;
+
+/// The file behind `fd`, by path (for the emulated controller).
+pub(crate) fn fd_path(fd: c_int) -> Option<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()
+}
+
+/// A descriptor of our own for the caller's open `fd` (close-on-exec).
+pub(crate) fn dup(fd: c_int) -> Result<OwnedFd, uGDSError_t> {
+    // SAFETY: the caller checked `fd` is open (fstat); it is only borrowed
+    // for the duplication.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    borrowed.try_clone_to_owned().map_err(|e| fail(op::GETNEWFD_FAILED, format!("dup of fd {fd}: {e}")))
+}
+
+/// Opens the platform for `fd`: a ugds_drv character device, or (with
+/// UGDS_EMULATE=1) an emulated controller over a regular file.
+pub(crate) fn platform_for(fd: c_int) -> Result<Arc<dyn ugds::platform::Platform>, uGDSError_t> {
+    // SAFETY: fstat writes one struct; an invalid fd is an error.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(fail(op::INVALID_VALUE, format!("fd {fd} is not an open file")));
+    }
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFCHR => {
+            let (maj, min) = (libc::major(st.st_rdev), libc::minor(st.st_rdev));
+            let subsystem = std::fs::read_link(format!("/sys/dev/char/{maj}:{min}/subsystem")).ok();
+            if subsystem.as_ref().and_then(|p| p.file_name()).is_none_or(|n| n != "ugds_drv") {
+                return Err(fail(op::INVALID_FILE_TYPE, format!("fd {fd} is a character device not of ugds_drv")));
+            }
+            let owned = dup(fd)?;
+            let name = fd_path(fd).map(|p| p.display().to_string()).unwrap_or_else(|| format!("fd {fd}"));
+            ugds::platform::ugds_drv::UgdsDrvPlatform::from_fd(owned, &name)
+                .map(|p| Arc::new(p) as Arc<dyn ugds::platform::Platform>)
+                .map_err(from_error)
+        }
+        libc::S_IFREG if std::env::var("UGDS_EMULATE").is_ok_and(|v| v == "1") => {
+            let block: u32 = std::env::var("UGDS_EMULATE_BLOCK_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(512);
+            let size = st.st_size as u64 / block as u64 * block as u64;
+            if size == 0 {
+                return Err(fail(op::INVALID_VALUE, "the file is smaller than one block"));
+            }
+            // The caller's file itself, through a duplicate of its
+            // descriptor: never reopened by name (the name may be gone).
+            let owned = dup(fd)?;
+            EmuPlatform::new(EmuConfig::default().namespaces(vec![NamespaceConfig::descriptor(owned, size, block)]))
+                .map(|p| Arc::new(p) as Arc<dyn ugds::platform::Platform>)
+                .map_err(from_error)
+        }
+        libc::S_IFREG => Err(fail(
+            op::INVALID_FILE_TYPE,
+            "a regular file needs UGDS_EMULATE=1 (an emulated controller over the file)",
+        )),
+        _ => Err(fail(op::INVALID_FILE_TYPE, format!("fd {fd} is neither /dev/ugds_drvN nor a regular file"))),
+    }
+}
+
+/// Brings up the controller behind `descr`'s fd: `/dev/ugds_drvN`, or a regular file with `UGDS_EMULATE=1`.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
+#[no_mangle]
+pub unsafe extern "C" fn uGDSHandleRegister(fh: *mut *mut c_void, descr: *mut abi::uGDSDescr_t) -> uGDSError_t {
+    guard(internal(), || {
+        if fh.is_null() || descr.is_null() {
+            return fail(op::INVALID_VALUE, "null argument");
+        }
+        if state().is_none() {
+            return fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first");
+        }
+        // SAFETY: non-null; the caller passes a valid descriptor.
+        let d = unsafe { &*descr };
+        if d.type_ != abi::HANDLE_TYPE_OPAQUE_FD {
+            return fail(op::INVALID_FILE_TYPE, format!("handle type {} (only OPAQUE_FD)", d.type_));
+        }
+        // SAFETY: OPAQUE_FD: the union holds an fd.
+        let fd = unsafe { d.handle.fd };
+        if state().as_ref().is_some_and(|s| s.handles.values().any(|r| r.fd == fd)) {
+            return fail(op::HANDLE_ALREADY_REGISTERED, format!("fd {fd} is registered already"));
+        }
+        // Device work (bring-up) without the table's lock.
+        let platform = match platform_for(fd) {
+            Ok(p) => p,
+            Err(e) => return e,
+        };
+        let driver = match state().as_ref() {
+            Some(s) => s.driver.clone(),
+            None => return fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed"),
+        };
+        let handle = match driver.open_handle(platform, HandleOptions::from_env()) {
+            Ok(h) => Arc::new(h),
+            Err(e) => return from_error(e),
+        };
+        let mut g = state_mut();
+        let Some(s) = g.as_mut() else {
+            drop(g);
+            let _ = handle.close(Drain::Forever);
+            return fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed");
+        };
+        // Checked again under the write lock: another thread may have
+        // registered the same fd meanwhile.
+        if s.handles.values().any(|r| r.fd == fd) {
+            drop(g);
+            let _ = handle.close(Drain::Forever);
+            return fail(op::HANDLE_ALREADY_REGISTERED, format!("fd {fd} is registered already"));
+        }
+        let obj = Box::into_raw(Box::new(HandleObj { fd }));
+        s.handles.insert(obj as usize, Registered { handle, fd });
+        // SAFETY: non-null, checked above.
+        unsafe { *fh = obj.cast() };
+        ok()
+    })
+}
+
+pub(crate) fn handle_of(s: &State, fh: *mut c_void) -> Option<Arc<Handle>> {
+    s.handles.get(&(fh as usize)).map(|r| r.handle.clone())
+}
+
+pub(crate) fn lookup(fh: *mut c_void) -> Result<(Arc<Handle>, ugds::Driver), c_int> {
+    let g = state();
+    let s = g.as_ref().ok_or(op::DRIVER_NOT_INITIALIZED)?;
+    if fh.is_null() {
+        return Err(op::INVALID_VALUE);
+    }
+    let h = handle_of(s, fh).ok_or(op::HANDLE_NOT_REGISTERED)?;
+    Ok((h, s.driver.clone()))
+}
+
+/// The namespace's capacity in bytes.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
+#[no_mangle]
+pub unsafe extern "C" fn uGDSGetDeviceCapacity(fh: *mut c_void, bytes: *mut u64) -> uGDSError_t {
+    guard(internal(), || {
+        if bytes.is_null() {
+            return fail(op::INVALID_VALUE, "null argument");
+        }
+        match lookup(fh) {
+            Ok((h, _)) => {
+                // SAFETY: non-null, checked above.
+                unsafe { *bytes = h.capacity() };
+                ok()
+            }
+            Err(c) => fail(c, "no such handle"),
+        }
+    })
+}
+
+/// Closes a handle, waiting for its I/O; a null handle is ignored.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
+#[no_mangle]
+pub unsafe extern "C" fn uGDSHandleDeregister(fh: *mut c_void) {
+    guard((), || {
+        if !fh.is_null() {
+            // SAFETY: the caller's handle, passed on under the same contract.
+            let _ = unsafe { uGDSHandleDeregisterEx(fh, -1) };
+        }
+    })
+}
+
+/// Closes a handle and destroys its batch contexts: 0 refuses with
+/// `UGDS_BUSY` while I/O is in flight, > 0 waits that many seconds, -1
+/// waits, < -1 tears a wedged handle down after a controller reset.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
+#[no_mangle]
+pub unsafe extern "C" fn uGDSHandleDeregisterEx(fh: *mut c_void, timeout_sec: c_int) -> uGDSError_t {
+    guard(internal(), || {
+        let h = match lookup(fh) {
+            Ok((h, _)) => h,
+            Err(c) => return fail(c, "no such handle"),
+        };
+        let drain = match timeout_sec {
+            0 => Drain::NoWait,
+            -1 => Drain::Forever,
+            t if t < -1 => Drain::ForceAfterReset,
+            t => Drain::Timeout(Duration::from_secs(t as u64)),
+        };
+        // The handle's batch contexts go with it (each holds the handle
+        // open): unless asked not to wait while they have requests out.
+        let batches: Vec<(usize, Arc<ugds::Batch>)> = {
+            with_state!(s, fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed"));
+            let mine: Vec<usize> = s.batches.iter().filter(|(_, (o, _))| *o == fh as usize).map(|(k, _)| *k).collect();
+            if drain == Drain::NoWait {
+                let out: usize = mine.iter().map(|k| s.batches[k].1.outstanding()).sum();
+                if out > 0 {
+                    return fail(op::BUSY, format!("{out} batch requests of this handle are outstanding"));
+                }
+            }
+            mine.into_iter().filter_map(|k| s.batches.remove(&k).map(|(_, b)| (k, b))).collect()
+        };
+        // Dropped outside the lock: each cancels and waits for its requests.
+        drop(batches);
+        if let Err(e) = h.close(drain) {
+            return from_error(e);
+        }
+        with_state!(s, ok());
+        s.handles.remove(&(fh as usize));
+        ok()
+    })
+}

@@ -1,0 +1,145 @@
+//! Synchronous reads and writes.
+
+use super::*;
+
+/// The registration to use for `base + buf_offset .. + size`: the one
+/// holding `base`, or a just-in-time one of this call alone (private: no
+/// other call can find, use or deregister it), deregistered after the I/O.
+pub(crate) enum Target {
+    Registered(BufferToken, usize),
+    JustInTime(BufferToken),
+}
+
+pub(crate) fn neg(c: c_int) -> ssize_t {
+    -(c as ssize_t)
+}
+
+pub(crate) fn sync_io(
+    fh: *mut c_void,
+    base: *const c_void,
+    size: size_t,
+    file_offset: off_t,
+    buf_offset: off_t,
+    write: bool,
+) -> ssize_t {
+    if base.is_null() || size == 0 || file_offset < 0 || buf_offset < 0 {
+        remember("null buffer, zero size or negative offset".into());
+        return neg(libc::EINVAL);
+    }
+    let (h, driver) = match lookup(fh) {
+        Ok(x) => x,
+        Err(c) => {
+            remember("no such handle".into());
+            return neg(c);
+        }
+    };
+    let bs = h.namespace().block_size as i64;
+    if file_offset % bs != 0 || size as i64 % bs != 0 {
+        remember(format!("offset {file_offset} or size {size} is not a multiple of the {bs}-byte block"));
+        return neg(libc::EINVAL);
+    }
+    let Some(start) = (base as usize).checked_add(buf_offset as usize).filter(|s| s.checked_add(size).is_some()) else {
+        remember("buffer offset and size wrap the address space".into());
+        return neg(libc::EINVAL);
+    };
+    let target = match driver.token_containing(base.cast()) {
+        Some(t) => Target::Registered(t, base as usize - t.base + buf_offset as usize),
+        None => {
+            // SAFETY: the C contract: the caller's buffer is valid for the
+            // call; it is deregistered before this returns (or kept pinned
+            // if the device may still write it).
+            let r = unsafe {
+                match ugds::gpu::cuda::Cuda::get().and_then(|c| c.classify(start as u64, size)) {
+                    Ok(ugds::gpu::cuda::Memory::Device(_)) if start % (64 << 10) != 0 => {
+                        remember("an unregistered GPU buffer must start 64 KiB aligned".into());
+                        return neg(libc::EINVAL);
+                    }
+                    Ok(ugds::gpu::cuda::Memory::Device(_)) => driver.register_cuda_private(start as u64, size),
+                    Err(Error::GpuPointerRange { .. } | Error::GpuMemoryType { .. }) => {
+                        remember("the GPU range cannot be used".into());
+                        return neg(libc::EINVAL);
+                    }
+                    _ => driver.register_private(start as *mut u8, size),
+                }
+            };
+            match r {
+                Ok(t) => Target::JustInTime(t),
+                Err(e) => {
+                    let n = neg(e.errno());
+                    remember(e.to_string());
+                    return n;
+                }
+            }
+        }
+    };
+    let (token, off) = match &target {
+        Target::Registered(t, off) => (*t, *off),
+        Target::JustInTime(t) => (*t, 0),
+    };
+    let r = if write {
+        h.write(&token, size, file_offset as u64, off)
+    } else {
+        h.read(&token, size, file_offset as u64, off)
+    };
+    let mut kept = None;
+    if let Target::JustInTime(t) = target {
+        // Refused only while a command that timed out still holds the
+        // buffer: the device may write it, so its pages stay pinned.
+        if let Err(e) = driver.deregister(&t) {
+            tracing::warn!("just-in-time registration of {start:#x}+{size:#x} kept: {e}");
+            kept = Some(e);
+        }
+    }
+    match r {
+        Ok(n) => n as ssize_t,
+        Err(e) => {
+            let n = match e {
+                Error::Closed => neg(op::HANDLE_NOT_REGISTERED),
+                ref other => neg(other.errno()),
+            };
+            match kept {
+                Some(_) => remember(format!(
+                    "{e}; the device may still {} the buffer at {start:#x}+{size:#x}: its pages stay pinned \
+                     until the handle is torn down (uGDSHandleDeregisterEx(fh, -2)); do not free it before",
+                    if write { "read" } else { "write" }
+                )),
+                None => remember(e.to_string()),
+            }
+            n
+        }
+    }
+}
+
+/// Synchronous read: bytes read, or a negative errno / uGDSOpError.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
+/// `devPtr_base` + `devPtr_offset` must be valid for writes of `size` bytes, and stay so until the call returns.
+#[no_mangle]
+pub unsafe extern "C" fn uGDSRead(
+    fh: *mut c_void,
+    base: *mut c_void,
+    size: size_t,
+    file_offset: off_t,
+    buf_offset: off_t,
+) -> ssize_t {
+    guard(neg(op::INTERNAL_ERROR), || sync_io(fh, base, size, file_offset, buf_offset, false))
+}
+
+/// Synchronous write: bytes written, or a negative errno / uGDSOpError.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
+/// `devPtr_base` + `devPtr_offset` must be valid for reads of `size` bytes, and stay so until the call returns.
+#[no_mangle]
+pub unsafe extern "C" fn uGDSWrite(
+    fh: *mut c_void,
+    base: *const c_void,
+    size: size_t,
+    file_offset: off_t,
+    buf_offset: off_t,
+) -> ssize_t {
+    guard(neg(op::INTERNAL_ERROR), || sync_io(fh, base, size, file_offset, buf_offset, true))
+}

@@ -1,0 +1,152 @@
+//! Stream-ordered I/O on CUDA (or HIP) streams.
+
+use super::*;
+
+pub(crate) fn stream_for(stream: *mut c_void, backend: c_int) -> Result<Arc<GpuStream>, uGDSError_t> {
+    if let Some(s) = state().as_ref().and_then(|s| s.streams.get(&(stream as usize)).cloned()) {
+        return Ok(s);
+    }
+    // SAFETY: the C contract: `stream` is a live stream of the current
+    // context that outlives its registration.
+    let s = unsafe {
+        match backend {
+            abi::BACKEND_HIP => ugds::gpu::hip::Hip::get().and_then(|h| h.stream(stream, StreamWait::DeviceSide)),
+            _ => ugds::gpu::cuda::Cuda::get().and_then(|c| c.stream(stream, StreamWait::DeviceSide)),
+        }
+    }
+    .map_err(from_error)?;
+    let s = Arc::new(s);
+    let mut g = state_mut();
+    let st = g.as_mut().ok_or_else(|| fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first"))?;
+    Ok(st.streams.entry(stream as usize).or_insert(s).clone())
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn async_io(
+    fh: *mut c_void,
+    base: *const c_void,
+    size_p: *mut size_t,
+    file_offset_p: *mut off_t,
+    buf_offset_p: *mut off_t,
+    bytes_p: *mut ssize_t,
+    stream: *mut c_void,
+    write: bool,
+) -> uGDSError_t {
+    if base.is_null() || size_p.is_null() || file_offset_p.is_null() || buf_offset_p.is_null() || bytes_p.is_null() {
+        return fail(op::INVALID_VALUE, "null argument");
+    }
+    let (h, driver) = match lookup(fh) {
+        Ok(x) => x,
+        Err(c) => return fail(c, "no such handle"),
+    };
+    let Some(t) = driver.token_at(base.cast()) else {
+        return fail(op::MEMORY_NOT_REGISTERED, "stream-ordered I/O needs a registered buffer (by its base)");
+    };
+    let s = match stream_for(stream, abi::BACKEND_DEFAULT) {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    // SAFETY: the C contract: the four pointers stay valid until the
+    // stream has passed the operation.
+    let io = unsafe { StreamIo::from_raw(size_p, file_offset_p, buf_offset_p, bytes_p) };
+    let r = if write { h.write_async(&t, io, &*s) } else { h.read_async(&t, io, &*s) };
+    match r {
+        Ok(()) => ok(),
+        Err(e) => from_error(e),
+    }
+}
+
+/// Stream-ordered read: the values behind the pointers are read when the stream reaches it.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
+/// Every pointer must stay valid until the stream has run the operation (the sizes and offsets are read then).
+#[no_mangle]
+pub unsafe extern "C" fn uGDSReadAsync(
+    fh: *mut c_void,
+    base: *mut c_void,
+    size_p: *mut size_t,
+    file_offset_p: *mut off_t,
+    buf_offset_p: *mut off_t,
+    bytes_p: *mut ssize_t,
+    stream: *mut c_void,
+) -> uGDSError_t {
+    guard(internal(), || async_io(fh, base, size_p, file_offset_p, buf_offset_p, bytes_p, stream, false))
+}
+
+/// Stream-ordered write; see `uGDSReadAsync`.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
+/// Every pointer must stay valid until the stream has run the operation (the sizes and offsets are read then).
+#[no_mangle]
+pub unsafe extern "C" fn uGDSWriteAsync(
+    fh: *mut c_void,
+    base: *mut c_void,
+    size_p: *mut size_t,
+    file_offset_p: *mut off_t,
+    buf_offset_p: *mut off_t,
+    bytes_p: *mut ssize_t,
+    stream: *mut c_void,
+) -> uGDSError_t {
+    guard(internal(), || async_io(fh, base, size_p, file_offset_p, buf_offset_p, bytes_p, stream, true))
+}
+
+/// Prepares a CUDA stream for stream-ordered I/O.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
+#[no_mangle]
+pub unsafe extern "C" fn uGDSStreamRegister(stream: *mut c_void) -> uGDSError_t {
+    // SAFETY: the caller's stream, passed on under the same contract.
+    unsafe { uGDSStreamRegisterEx(stream, abi::BACKEND_DEFAULT) }
+}
+
+/// Prepares a CUDA or HIP stream for stream-ordered I/O.
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
+#[no_mangle]
+pub unsafe extern "C" fn uGDSStreamRegisterEx(stream: *mut c_void, backend: c_int) -> uGDSError_t {
+    guard(internal(), || {
+        if state().is_none() {
+            return fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first");
+        }
+        if !matches!(backend, abi::BACKEND_DEFAULT | abi::BACKEND_CUDA | abi::BACKEND_HIP) {
+            return fail(op::INVALID_VALUE, format!("unknown backend {backend}"));
+        }
+        match stream_for(stream, backend) {
+            Ok(_) => ok(),
+            Err(e) => e,
+        }
+    })
+}
+
+/// Forgets a stream; does not wait for it or touch it (it stays the caller's).
+///
+/// # Safety
+/// Each pointer argument is null (refused with an error) or valid for the
+/// reads and writes `ugds.h` documents for this call, for its duration.
+#[no_mangle]
+pub unsafe extern "C" fn uGDSStreamDeregister(stream: *mut c_void) -> uGDSError_t {
+    guard(internal(), || {
+        let s = {
+            let mut g = state_mut();
+            let Some(st) = g.as_mut() else {
+                return fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first");
+            };
+            st.streams.remove(&(stream as usize))
+        };
+        match s {
+            Some(s) => {
+                drop(s);
+                ok()
+            }
+            None => fail(op::INVALID_VALUE, "the stream is not registered"),
+        }
+    })
+}
