@@ -36,6 +36,7 @@ use ugds_platform::{HostMapping, Platform};
 
 /// Where a namespace keeps its blocks.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Backing {
     /// Anonymous memory, zero at start, lost at drop.
     Memory,
@@ -314,6 +315,7 @@ impl Counters {
 
 /// Which commands a fault applies to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FaultTarget {
     /// I/O commands, optionally only this opcode.
     Io(Option<u8>),
@@ -323,6 +325,7 @@ pub enum FaultTarget {
 
 /// What an injected fault does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FaultAction {
     /// Complete with this status (no data is moved).
     Status(Status),

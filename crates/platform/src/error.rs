@@ -209,6 +209,8 @@ pub enum Error {
 /// errno, the C interface's uGDS codes and the Python exceptions are each
 /// mapped from. Every mapping is an exhaustive match over these kinds (and
 /// [`Error::kind`] one over the variants), so nothing can go unmapped.
+/// Deliberately not `#[non_exhaustive]`: a new kind must break every
+/// mapping's build until it is mapped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ErrorKind {
     /// Bad input (alignment, range, size, an argument): nothing was done.

@@ -36,6 +36,7 @@ const PCI_COMMAND_MASTER: u16 = 1 << 2;
 
 /// Which kernel interface reaches the device and its IOMMU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum VfioInterface {
     /// The cdev where the kernel offers it (`/dev/iommu` and the
     /// function's `/dev/vfio/devices/vfioN` exist), the group otherwise.

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use ugds::gpu::StreamWait;
-use ugds::{BatchIo, BatchOp, BatchStatus, BufferToken, Completion, Drain, HandleOptions, HostStream, StreamIo};
+use ugds::{BatchIo, BatchOp, BufferToken, Completion, Drain, HandleOptions, HostStream, StreamIo};
 use ugds_emu::{EmuConfig, EmuPlatform, NamespaceConfig};
 
 create_exception!(_ugds, Error, PyException, "Base of every ugds error; `errno` is its errno.");
@@ -536,12 +536,7 @@ impl Batch {
         Ok(ev
             .into_iter()
             .map(|e| {
-                let status = match e.status {
-                    BatchStatus::Complete => "complete",
-                    BatchStatus::Failed => "failed",
-                    BatchStatus::Canceled => "canceled",
-                    BatchStatus::Timeout => "timeout",
-                };
+                let status = e.status.name();
                 let r = match &e.result {
                     Ok(n) => *n as i64,
                     Err(x) => -(x.errno() as i64),

@@ -20,6 +20,7 @@ use ugds_nvme::{Cid, NvmOpcode, Qid, Sqe};
 
 /// Direction of a batch request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum BatchOp {
     /// Namespace to buffer.
     Read,

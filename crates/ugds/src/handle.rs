@@ -94,6 +94,7 @@ impl HandleOptions {
 
 /// How [`Handle::close`] treats I/O still in flight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Drain {
     /// Refuse with [`Error::Busy`] if anything is in flight.
     NoWait,
@@ -108,6 +109,7 @@ pub enum Drain {
 
 /// Where a handle stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HandleState {
     /// Serving I/O.
     Open,

@@ -28,6 +28,7 @@ use ugds_nvme::{Cid, Lba, Nsid, NvmOpcode, Sqe, Status};
 /// How a batch request ended (cuFile's `CUfileStatus_t`, less the states a
 /// finished event cannot have).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum BatchStatus {
     /// Every command completed successfully.
     Complete,
@@ -37,6 +38,18 @@ pub enum BatchStatus {
     Canceled,
     /// The device did not complete it in time (the handle is now wedged).
     Timeout,
+}
+
+impl BatchStatus {
+    /// "complete", "failed", "canceled" or "timeout".
+    pub fn name(self) -> &'static str {
+        match self {
+            BatchStatus::Complete => "complete",
+            BatchStatus::Failed => "failed",
+            BatchStatus::Canceled => "canceled",
+            BatchStatus::Timeout => "timeout",
+        }
+    }
 }
 
 /// A finished batch request.

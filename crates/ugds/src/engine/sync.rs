@@ -34,6 +34,7 @@ use ugds_nvme::{regs, Sqe, Status};
 
 /// How completions are waited for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Completion {
     /// Spin on the completion queue's phase tag (the default).
     #[default]

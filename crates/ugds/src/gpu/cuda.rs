@@ -539,6 +539,7 @@ LOOP:
 
 /// What a pointer is, as far as registration cares.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Memory {
     /// Host memory: pageable, or pinned by CUDA (it has a host address).
     Host,

@@ -276,6 +276,7 @@ impl StageLease {
 
 /// How a GPU stream waits for an operation's I/O.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StreamWait {
     /// The stream waits on the GPU for a completion word; the callback
     /// returns at once. Falls back to [`BlockingCallback`](Self::BlockingCallback)
