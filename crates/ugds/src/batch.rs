@@ -174,7 +174,7 @@ impl Batch {
                 if timeout.is_some_and(|t| start.elapsed() >= t) {
                     return Ok(got);
                 }
-                let expired = q.expire(self.ctx);
+                let expired = self.handle.expire_batch(q, self.ctx);
                 if !expired.is_empty() {
                     self.handle.wedge(expired);
                 }
@@ -206,7 +206,7 @@ impl Batch {
             q.reap(&mut q.lock());
             spins = spins.wrapping_add(1);
             if spins % 1024 == 0 {
-                let expired = q.expire(self.ctx);
+                let expired = self.handle.expire_batch(q, self.ctx);
                 if !expired.is_empty() {
                     self.handle.wedge(expired);
                     return Err(Error::Wedged);

@@ -16,7 +16,7 @@
 use crate::engine::batch::Prepared;
 use crate::engine::chunk::Chunk;
 use crate::engine::{BatchEvent, Completion, QueuePair};
-use crate::handle::Handle;
+use crate::handle::{Escalation, Handle};
 use crate::registry::{BufGuard, BufferToken, Recent};
 use crate::sys::PAGE_SIZE;
 use crate::{Error, Result};
@@ -303,7 +303,7 @@ impl<'h> IoQueue<'h> {
         self.outstanding -= n;
         self.polls = self.polls.wrapping_add(1);
         if self.outstanding > 0 && self.polls % TIMEOUT_CHECK_POLLS == 0 {
-            let expired = q.expire(sh.ctx);
+            let expired = h.expire_batch(q, sh.ctx);
             if !expired.is_empty() {
                 // Reported as timed-out events at the next poll.
                 self.dead = true;
@@ -320,10 +320,23 @@ impl<'h> IoQueue<'h> {
             return if self.shared.is_some() { self.poll_shared(&mut f) } else { 0 };
         }
         self.ring();
+        let done = self.reap(&mut f);
+        let _ = max; // every completion found is reported: a CQE cannot be consumed twice
+        self.polls = self.polls.wrapping_add(1);
+        if self.outstanding > 0 && self.polls % TIMEOUT_CHECK_POLLS == 0 {
+            self.check_timeouts(&mut f);
+        }
+        done
+    }
+
+    /// Consumes every completion on the lent queue and reports the
+    /// requests that finished. Returns how many.
+    #[inline]
+    fn reap(&mut self, f: &mut impl FnMut(u64, Result<usize>)) -> usize {
         let mut done = 0;
         let reqs = &mut self.reqs;
         let free = &mut self.free;
-        let qp = self.qp.as_mut().expect("checked");
+        let Some(qp) = self.qp.as_mut() else { return 0 };
         qp.process_completions(usize::MAX, |idx, cqe| {
             let r = &mut reqs[idx as usize];
             if r.pending == 0 {
@@ -351,11 +364,6 @@ impl<'h> IoQueue<'h> {
             }
         });
         self.outstanding -= done;
-        let _ = max; // every completion found is reported: a CQE cannot be consumed twice
-        self.polls = self.polls.wrapping_add(1);
-        if self.outstanding > 0 && self.polls % TIMEOUT_CHECK_POLLS == 0 {
-            self.check_timeouts(&mut f);
-        }
         done
     }
 
@@ -393,22 +401,44 @@ impl<'h> IoQueue<'h> {
             return;
         }
         let qid = self.qp.as_ref().map_or(0, |q| q.qid().0);
-        // Stuck: report every outstanding request as timed out, keep their
-        // buffer references, wedge the handle. This queue pair is never
-        // reused: it is forgotten on drop.
+        // The handle's one escalation: look again, CSTS, Abort, a grace
+        // period. Requests that come back are reported with their status
+        // (an aborted one as an NVMe error) and the queue goes on.
+        let late: Vec<usize> = (0..self.reqs.len())
+            .filter(|&i| self.reqs[i].pending > 0 && self.reqs[i].seen.is_some_and(|s| now.duration_since(s) > limit))
+            .collect();
+        let cids: Vec<ugds_nvme::Cid> = match self.qp.as_ref() {
+            Some(q) => late.iter().flat_map(|&i| q.outstanding_cids_of(i as u64)).collect(),
+            None => Vec::new(),
+        };
+        let handle: &Handle = self.handle;
+        let stuck = match handle.inner.escalate("I/O", qid, &cids, || {
+            self.reap(f);
+            late.iter().all(|&i| self.reqs[i].pending == 0)
+        }) {
+            Escalation::Settled => return,
+            Escalation::Stuck(e) => e,
+        };
+        // Stuck: report every outstanding request as failed with why, keep
+        // their buffer references, wedge the handle. This queue pair is
+        // never reused: it is forgotten on drop.
         let mut guards = Vec::new();
         for (i, r) in self.reqs.iter_mut().enumerate() {
             if r.pending > 0 {
                 let cid = self.qp.as_ref().and_then(|q| q.outstanding_cid_of(i as u64));
-                tracing::error!(qid, ?cid, "asynchronous request timed out; wedging the handle");
-                f(r.tag, Err(Error::Timeout { qid, cid, after: limit }));
+                tracing::error!(qid, ?cid, "asynchronous request stuck ({stuck}); wedging the handle");
+                let e = match &stuck {
+                    Error::Timeout { .. } => Error::Timeout { qid, cid, after: limit },
+                    other => other.clone(),
+                };
+                f(r.tag, Err(e));
                 guards.extend(r.guard.take());
                 r.pending = 0;
             }
         }
         self.outstanding = 0;
         self.dead = true;
-        h.wedge(guards);
+        handle.inner.wedge(guards);
     }
 
     /// Polls until every request has completed, or the handle's timeout

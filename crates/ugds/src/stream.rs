@@ -640,11 +640,13 @@ impl Engine {
     }
 
     fn expire(&mut self) {
-        let guards = self.queue.expire(self.ctx);
+        let Some(h) = self.handle.upgrade() else {
+            // The handle is going: its teardown stops this engine first.
+            return;
+        };
+        let guards = h.expire_batch(&self.queue, self.ctx);
         if !guards.is_empty() {
-            if let Some(h) = self.handle.upgrade() {
-                h.wedge(guards);
-            }
+            h.wedge(guards);
         }
     }
 }

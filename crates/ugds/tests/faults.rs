@@ -20,6 +20,8 @@ fn force_release(d: &ugds::Driver, h: &ugds::Handle, b: Buf<'_>) {
     std::mem::forget(b);
 }
 const WRITE: u8 = 0x01;
+/// Abort's admin opcode.
+const ABORT: u8 = 0x08;
 
 #[test]
 fn error_status_reaches_the_caller_and_the_handle_goes_on() {
@@ -234,15 +236,20 @@ fn a_repeated_completion_does_not_complete_the_next_command_of_its_slot() {
     assert_eq!(h.state(), HandleState::Open);
 }
 
-/// A lent queue reports a stuck request as timed out; when the controller
-/// completes it after all, the completion is ignored (it used to be counted
-/// down from zero: a panic in debug builds).
+/// A lent queue reports a stuck request as timed out (the controller
+/// refuses the Abort and the grace period passes); when the controller
+/// completes it after all, the completion is ignored (it used to be
+/// counted down from zero: a panic in debug builds).
 #[test]
 fn a_completion_after_its_timeout_is_ignored() {
     let o = HandleOptions { timeout: Duration::from_millis(200), ..opts() };
     let (d, h, emu) = open(small_emu(), o);
     let b = Buf::new(&d, 65536);
-    emu.inject(Fault::next(FaultTarget::Io(Some(READ)), FaultAction::Stall(Duration::from_millis(800))));
+    emu.inject(Fault::next(FaultTarget::Io(Some(READ)), FaultAction::Stall(Duration::from_millis(2500))));
+    emu.inject(Fault::next(
+        FaultTarget::Admin(Some(ABORT)),
+        FaultAction::Status(Status::generic(generic::INTERNAL_ERROR)),
+    ));
     let mut q = h.io_queue().unwrap();
     q.submit_read(&b.token, 4096, 0, 0, 7).unwrap();
     let mut got = Vec::new();
@@ -250,11 +257,73 @@ fn a_completion_after_its_timeout_is_ignored() {
         q.poll(16, |t, r| got.push((t, r)));
     }
     assert!(matches!(got[0], (7, Err(Error::Timeout { .. }))), "{got:?}");
-    std::thread::sleep(Duration::from_millis(1000));
+    std::thread::sleep(Duration::from_millis(2000));
     assert_eq!(q.poll(16, |t, r| got.push((t, r))), 0, "the late completion is not reported");
     assert_eq!(got.len(), 1);
     drop(q);
     force_release(&d, &h, b);
+}
+
+/// The one escalation on a lent queue: a request past its deadline is
+/// aborted, comes back with its status, and the queue and the handle go on.
+#[test]
+fn a_stall_on_an_io_queue_is_aborted_and_the_queue_goes_on() {
+    let o = HandleOptions { timeout: Duration::from_millis(100), ..opts() };
+    let (d, h, emu) = open(small_emu(), o);
+    let b = Buf::new(&d, 65536);
+    emu.inject(Fault::next(FaultTarget::Io(Some(READ)), FaultAction::Stall(Duration::from_secs(5))));
+    let mut q = h.io_queue().unwrap();
+    for i in 0..4u64 {
+        q.submit_read(&b.token, 4096, i * 4096, (i * 4096) as usize, i).unwrap();
+    }
+    let t = std::time::Instant::now();
+    let mut got = Vec::new();
+    q.drain(|tag, r| got.push((tag, r))).unwrap();
+    assert!(t.elapsed() < Duration::from_secs(3), "it waited for the stall instead of aborting");
+    got.sort_by_key(|g| g.0);
+    let aborted: Vec<_> = got.iter().filter(|(_, r)| r.is_err()).collect();
+    assert_eq!(aborted.len(), 1, "{got:?}");
+    assert!(
+        matches!(aborted[0].1, Err(Error::Nvme { status, .. }) if status.sc == generic::ABORT_REQUESTED),
+        "{got:?}"
+    );
+    q.submit_read(&b.token, 4096, 0, 0, 9).unwrap();
+    q.drain(|_, r| assert!(r.is_ok())).unwrap();
+    drop(q);
+    assert_eq!(h.state(), HandleState::Open);
+}
+
+/// The same escalation for a batch: the late request is aborted and comes
+/// back canceled; the handle goes on.
+#[test]
+fn a_stall_in_a_batch_is_aborted_and_the_handle_goes_on() {
+    let o = HandleOptions { timeout: Duration::from_millis(100), ..opts() };
+    let (d, h, emu) = open(small_emu(), o);
+    let b = Buf::new(&d, 65536);
+    emu.inject(Fault::next(FaultTarget::Io(Some(READ)), FaultAction::Stall(Duration::from_secs(5))));
+    let batch = h.batch(4).unwrap();
+    let ios: Vec<_> = (0..4u64)
+        .map(|i| ugds::BatchIo {
+            op: ugds::BatchOp::Read,
+            buf: b.token,
+            size: 4096,
+            file_offset: i * 4096,
+            buf_offset: (i * 4096) as usize,
+            cookie: i,
+        })
+        .collect();
+    batch.submit(&ios).unwrap();
+    let t = std::time::Instant::now();
+    let mut ev = Vec::new();
+    while ev.len() < 4 {
+        batch.get_status(1, 4, Some(Duration::from_secs(10)), &mut ev).unwrap();
+    }
+    assert!(t.elapsed() < Duration::from_secs(3), "it waited for the stall instead of aborting");
+    let canceled: Vec<_> = ev.iter().filter(|e| e.status == ugds::BatchStatus::Canceled).collect();
+    assert_eq!(canceled.len(), 1, "{ev:?}");
+    drop(batch);
+    assert_eq!(h.state(), HandleState::Open);
+    h.read(&b.token, 4096, 0, 0).unwrap();
 }
 
 /// A controller removed by surprise (a hot unplug): every register reads

@@ -369,6 +369,39 @@ impl BatchQueue {
         (n, c.inflight + c.done.len())
     }
 
+    /// The queue's id.
+    pub fn qid(&self) -> u16 {
+        self.lock().qp.qid().0
+    }
+
+    /// Consumes every completion now (crediting every context).
+    pub(crate) fn reap_now(&self) {
+        let mut st = self.lock();
+        self.reap(&mut st);
+    }
+
+    /// Requests of `ctx` still on the device past the timeout, with the
+    /// CIDs of their commands there.
+    pub(crate) fn late(&self, ctx: u32) -> Vec<(u32, Vec<Cid>)> {
+        let mut st = self.lock();
+        self.reap(&mut st);
+        let now = Instant::now();
+        let Some(c) = st.batch.ctxs[ctx as usize].as_ref() else { return Vec::new() };
+        let late: Vec<u32> = (0..c.reqs.len() as u32)
+            .filter(|&i| {
+                let r = &c.reqs[i as usize];
+                r.pending > 0 && now.duration_since(r.started) > self.timeout
+            })
+            .collect();
+        late.into_iter().map(|i| (i, st.qp.outstanding_cids_of(tag(ctx, i)))).collect()
+    }
+
+    /// Whether request `req` of `ctx` still has commands on the device.
+    pub(crate) fn in_flight(&self, ctx: u32, req: u32) -> bool {
+        let st = self.lock();
+        st.batch.ctxs[ctx as usize].as_ref().is_some_and(|c| c.reqs[req as usize].pending > 0)
+    }
+
     /// Requests of `ctx` older than the timeout: reported as timed out, and
     /// their buffer references returned (to quarantine). Empty when none.
     pub(crate) fn expire(&self, ctx: u32) -> Vec<Hold> {

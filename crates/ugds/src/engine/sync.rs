@@ -516,23 +516,14 @@ impl SyncQueue {
         self.lock().qp.outstanding_cids_of(slot as u64)
     }
 
-    /// After an Abort: waits up to `within` for the late request in `slot`
-    /// to complete. `Some(result)` frees the slot; `None` leaves it taken
-    /// (the request is stuck for good).
-    pub fn settle(&self, slot: u32, op: &'static str, within: Duration) -> Option<Result<()>> {
-        let deadline = Instant::now() + within;
-        loop {
-            {
-                let mut st = self.lock();
-                self.reap(&mut st, slot);
-                if self.slots[slot as usize].pending.load(Ordering::Acquire) == 0 {
-                    return Some(self.release_slot(&mut st, slot, op));
-                }
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::yield_now();
+    /// One look for the late request in `slot` (after an Abort):
+    /// `Some(result)` frees the slot once it is back; `None` leaves it taken.
+    pub fn settle_once(&self, slot: u32, op: &'static str) -> Option<Result<()>> {
+        let mut st = self.lock();
+        self.reap(&mut st, slot);
+        if self.slots[slot as usize].pending.load(Ordering::Acquire) == 0 {
+            return Some(self.release_slot(&mut st, slot, op));
         }
+        None
     }
 }
