@@ -252,7 +252,7 @@ mod tests {
     fn what_cannot_be_released_is_reported() {
         assert_eq!(uGDSDriverOpen().err, op::SUCCESS);
         let driver = state().as_ref().unwrap().driver.clone();
-        let opts = HandleOptions { timeout: Duration::from_millis(300), ..HandleOptions::default() };
+        let opts = HandleOptions::default().timeout(Duration::from_millis(300));
         let p = EmuPlatform::new(EmuConfig::default()).unwrap();
         let emu = p.control();
         let handle = driver.open_handle(Arc::new(p), opts).unwrap();

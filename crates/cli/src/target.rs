@@ -169,10 +169,7 @@ pub fn emu_config(t: &TargetOpts) -> (EmuConfig, Option<TempFile>) {
     }
     let latency = match (t.latency_us, t.bandwidth_mbs) {
         (None, None) => None,
-        (l, b) => Some(LatencyModel {
-            latency: Duration::from_micros(l.unwrap_or(0)),
-            bytes_per_sec: b.unwrap_or(0) * 1_000_000,
-        }),
+        (l, b) => Some(LatencyModel::new(Duration::from_micros(l.unwrap_or(0)), b.unwrap_or(0) * 1_000_000)),
     };
     let mut cfg = EmuConfig::default()
         .namespaces(namespaces)

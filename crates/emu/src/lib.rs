@@ -68,6 +68,7 @@ impl Eq for SharedFd {}
 
 /// One namespace.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct NamespaceConfig {
     /// Logical block size in bytes: 512 or 4096.
     pub block_size: u32,
@@ -107,6 +108,7 @@ impl NamespaceConfig {
 /// A latency and bandwidth model: each command completes `latency` after the
 /// (serialised) transfer of its bytes at `bytes_per_sec`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LatencyModel {
     /// Fixed time per command.
     pub latency: Duration,
@@ -114,8 +116,16 @@ pub struct LatencyModel {
     pub bytes_per_sec: u64,
 }
 
+impl LatencyModel {
+    /// `latency` per command, and transfers at `bytes_per_sec` (0: no limit).
+    pub fn new(latency: Duration, bytes_per_sec: u64) -> LatencyModel {
+        LatencyModel { latency, bytes_per_sec }
+    }
+}
+
 /// How the emulated controller looks and behaves.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct EmuConfig {
     /// Namespaces, given NSIDs 1, 2, ... in order.
     pub namespaces: Vec<NamespaceConfig>,
@@ -245,6 +255,7 @@ impl EmuConfig {
 
 /// Counters the controller keeps; tests read them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EmuStats {
     /// Commands fetched from any submission queue.
     pub commands: u64,

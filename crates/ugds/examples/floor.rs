@@ -138,13 +138,11 @@ fn sync_queue(bdf: &str, secs: f64) -> Result<(), ugds::Error> {
 /// ugds's public API: `Handle::read` at depth 1, an `IoQueue` deeper.
 fn handle(bdf: &str, secs: f64, qd: usize, shadow: bool) -> Result<(), ugds::Error> {
     let driver = Driver::open();
-    let opts = HandleOptions {
-        sync_queues: 1,
-        async_queues: if qd > 1 { 1 } else { 0 },
-        queue_depth: 64,
-        shadow_doorbells: shadow,
-        ..HandleOptions::default()
-    };
+    let opts = HandleOptions::default()
+        .sync_queues(1)
+        .async_queues(if qd > 1 { 1 } else { 0 })
+        .queue_depth(64)
+        .shadow_doorbells(shadow);
     let h = driver.open_handle(platform(bdf)?, opts)?;
     let ns = h.namespace();
     let span = ns.capacity() / 4096;

@@ -55,7 +55,7 @@ fn main() -> Result<(), ugds::Error> {
     let p = EmuPlatform::new(EmuConfig::default().null(true))?;
     let emu = p.control();
     let driver = Driver::open();
-    let opts = HandleOptions { sync_queues: 1, async_queues: 1, queue_depth: 64, ..HandleOptions::default() };
+    let opts = HandleOptions::default().sync_queues(1).async_queues(1).queue_depth(64);
     let handle = driver.open_handle(Arc::new(p), opts)?;
     let mut buf = HostBuffer::new(DEPTH * 4096)?;
     // SAFETY: `buf` outlives the registration (deregistered below).

@@ -35,7 +35,12 @@ use std::time::{Duration, Instant};
 use ugds_nvme::{prp, Cid, Lba, Nsid, NvmOpcode, Sqe};
 
 /// How a handle is set up.
+///
+/// Built from [`HandleOptions::default`] with the setters below (the
+/// struct is `#[non_exhaustive]`: new options can come without breaking
+/// callers).
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct HandleOptions {
     /// Namespace to use; the first active one when `None`.
     pub nsid: Option<u32>,
@@ -78,6 +83,68 @@ impl Default for HandleOptions {
             batch_prp_pages: 128,
             shadow_doorbells: true,
         }
+    }
+}
+
+impl HandleOptions {
+    /// Sets the namespace to use (`None`: the first active one).
+    pub fn nsid(mut self, nsid: Option<u32>) -> Self {
+        self.nsid = nsid;
+        self
+    }
+
+    /// Sets polling or interrupt completion.
+    pub fn completion(mut self, completion: Completion) -> Self {
+        self.completion = completion;
+        self
+    }
+
+    /// Sets queue pairs shared by synchronous callers.
+    pub fn sync_queues(mut self, sync_queues: u16) -> Self {
+        self.sync_queues = sync_queues;
+        self
+    }
+
+    /// Sets queue pairs lent whole to `IoQueue`s.
+    pub fn async_queues(mut self, async_queues: u16) -> Self {
+        self.async_queues = async_queues;
+        self
+    }
+
+    /// Sets entries per I/O queue.
+    pub fn queue_depth(mut self, queue_depth: u16) -> Self {
+        self.queue_depth = queue_depth;
+        self
+    }
+
+    /// Sets how long a command may take.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets whether to set up batch contexts.
+    pub fn batch_queue(mut self, batch_queue: bool) -> Self {
+        self.batch_queue = batch_queue;
+        self
+    }
+
+    /// Sets entries of the batch queue.
+    pub fn batch_depth(mut self, batch_depth: u16) -> Self {
+        self.batch_depth = batch_depth;
+        self
+    }
+
+    /// Sets PRP-list pages of the batch queue.
+    pub fn batch_prp_pages(mut self, batch_prp_pages: u16) -> Self {
+        self.batch_prp_pages = batch_prp_pages;
+        self
+    }
+
+    /// Sets whether to use shadow doorbells.
+    pub fn shadow_doorbells(mut self, shadow_doorbells: bool) -> Self {
+        self.shadow_doorbells = shadow_doorbells;
+        self
     }
 }
 

@@ -2,7 +2,7 @@
 
 mod common;
 use common::*;
-use ugds::{BufferToken, Driver, Error, HandleOptions, HostBuffer};
+use ugds::{BufferToken, Driver, Error, HostBuffer};
 use ugds_emu::EmuControl;
 
 /// Runs `f` and checks that the controller saw no command meanwhile.
@@ -136,7 +136,7 @@ fn closed_handle_refuses_everything() {
 #[test]
 fn unknown_namespace_is_refused_at_open() {
     let d = Driver::open();
-    let r = open_emulated(&d, small_emu(), HandleOptions { nsid: Some(7), ..opts() });
+    let r = open_emulated(&d, small_emu(), opts().nsid(Some(7)));
     assert!(matches!(r, Err(Error::InvalidArgument(m)) if m.contains("namespace 7")));
 }
 

@@ -4,7 +4,7 @@ mod common;
 use common::*;
 use std::collections::HashSet;
 use std::time::Duration;
-use ugds::{BatchEvent, BatchIo, BatchOp, BatchStatus, BufferToken, Drain, Error, HandleOptions, HandleState};
+use ugds::{BatchEvent, BatchIo, BatchOp, BatchStatus, BufferToken, Drain, Error, HandleState};
 use ugds_emu::{Fault, FaultAction, FaultTarget};
 
 fn io(op: BatchOp, buf: &BufferToken, size: usize, file_offset: u64, buf_offset: usize, cookie: u64) -> BatchIo {
@@ -66,7 +66,7 @@ fn completions_out_of_order_are_matched_by_cookie() {
 
 #[test]
 fn a_batch_larger_than_the_queue_rings_reaps_and_continues() {
-    let o = HandleOptions { batch_depth: 16, ..opts() };
+    let o = opts().batch_depth(16);
     let (d, h, _e) = open(small_emu(), o);
     assert_eq!(h.batch_geometry().unwrap().0, 16);
     let mut b = Buf::new(&d, 200 * 4096);
@@ -85,7 +85,7 @@ fn a_batch_larger_than_the_queue_rings_reaps_and_continues() {
 
 #[test]
 fn prp_pool_exhaustion_mid_batch() {
-    let o = HandleOptions { batch_prp_pages: 4, ..opts() };
+    let o = opts().batch_prp_pages(4);
     let (d, h, _e) = open(small_emu(), o);
     assert_eq!(h.batch_geometry(), Some((1024, 4)));
     let mut b = Buf::new(&d, 32 * 65536);
@@ -250,7 +250,7 @@ fn dropping_a_batch_with_commands_in_flight_waits() {
 
 #[test]
 fn a_lost_completion_in_a_batch_times_out_and_wedges() {
-    let o = HandleOptions { timeout: Duration::from_millis(200), ..opts() };
+    let o = opts().timeout(Duration::from_millis(200));
     let (d, h, emu) = open(small_emu(), o);
     let b = Buf::new(&d, 65536);
     let batch = h.batch(8).unwrap();

@@ -29,16 +29,14 @@ fn drv() -> Option<String> {
 
 fn test_opts(nsid: Option<u32>) -> HandleOptions {
     let interrupt = std::env::var("UGDS_TEST_INTERRUPT").is_ok_and(|v| v == "1");
-    HandleOptions {
-        nsid,
-        completion: if interrupt { Completion::Interrupt } else { Completion::Poll },
-        sync_queues: 2,
-        async_queues: 1,
-        queue_depth: 64,
-        timeout: Duration::from_secs(30),
-        shadow_doorbells: std::env::var("UGDS_TEST_SHADOW").map_or(true, |v| v != "0"),
-        ..Default::default()
-    }
+    HandleOptions::default()
+        .nsid(nsid)
+        .completion(if interrupt { Completion::Interrupt } else { Completion::Poll })
+        .sync_queues(2)
+        .async_queues(1)
+        .queue_depth(64)
+        .timeout(Duration::from_secs(30))
+        .shadow_doorbells(std::env::var("UGDS_TEST_SHADOW").map_or(true, |v| v != "0"))
 }
 
 fn emu_config() -> EmuConfig {

@@ -229,7 +229,7 @@ fn polled_queues_report_the_cq_head_lazily_and_never_fill_the_cq() {
     // 16-entry queues: at most 15 commands in flight, and completions
     // reported every quarter ring; a full queue must keep moving.
     let cfg = small_emu().mqes(15);
-    let o = ugds::HandleOptions { queue_depth: 16, ..opts() };
+    let o = opts().queue_depth(16);
     let (d, h, emu) = open(cfg, o);
     let b = Buf::new(&d, 15 * 4096);
     let mut q = h.io_queue().unwrap();

@@ -6,7 +6,7 @@ use common::*;
 use std::time::Duration;
 use ugds::nvme::status::{generic, media};
 use ugds::nvme::Status;
-use ugds::{Drain, Error, HandleOptions, HandleState};
+use ugds::{Drain, Error, HandleState};
 use ugds_emu::{Fault, FaultAction, FaultTarget};
 
 const READ: u8 = 0x02;
@@ -78,7 +78,7 @@ fn error_status_on_an_io_queue_request() {
 
 #[test]
 fn lost_completion_wedges_until_forced_teardown() {
-    let o = HandleOptions { timeout: Duration::from_millis(300), ..opts() };
+    let o = opts().timeout(Duration::from_millis(300));
     let (d, h, emu) = open(small_emu(), o);
     let b = Buf::new(&d, 65536);
     emu.inject(Fault::next(FaultTarget::Io(Some(READ)), FaultAction::LoseCompletion));
@@ -111,7 +111,7 @@ fn lost_completion_wedges_until_forced_teardown() {
 
 #[test]
 fn lost_completion_on_an_io_queue_wedges() {
-    let o = HandleOptions { timeout: Duration::from_millis(200), ..opts() };
+    let o = opts().timeout(Duration::from_millis(200));
     let (d, h, emu) = open(small_emu(), o);
     let b = Buf::new(&d, 65536);
     emu.inject(Fault { target: FaultTarget::Io(None), skip: 1, count: 1, action: FaultAction::LoseCompletion });
@@ -136,7 +136,7 @@ fn lost_completion_on_an_io_queue_wedges() {
 
 #[test]
 fn a_stall_shorter_than_the_timeout_is_only_slow() {
-    let o = HandleOptions { timeout: Duration::from_secs(5), ..opts() };
+    let o = opts().timeout(Duration::from_secs(5));
     let (d, h, emu) = open(small_emu(), o);
     let b = Buf::new(&d, 4096);
     emu.inject(Fault::next(FaultTarget::Io(Some(READ)), FaultAction::Stall(Duration::from_millis(100))));
@@ -148,7 +148,7 @@ fn a_stall_shorter_than_the_timeout_is_only_slow() {
 
 #[test]
 fn a_stall_longer_than_the_timeout_is_aborted_and_the_handle_goes_on() {
-    let o = HandleOptions { timeout: Duration::from_millis(100), ..opts() };
+    let o = opts().timeout(Duration::from_millis(100));
     let (d, h, emu) = open(small_emu(), o);
     let mut b = Buf::new(&d, 4096);
     emu.inject(Fault::next(FaultTarget::Io(Some(WRITE)), FaultAction::Stall(Duration::from_secs(3))));
@@ -170,7 +170,7 @@ fn a_stall_longer_than_the_timeout_is_aborted_and_the_handle_goes_on() {
 
 #[test]
 fn a_command_the_controller_will_not_abort_wedges_and_reset_clears_it() {
-    let o = HandleOptions { timeout: Duration::from_millis(100), ..opts() };
+    let o = opts().timeout(Duration::from_millis(100));
     let (d, h, emu) = open(small_emu(), o);
     let b = Buf::new(&d, 4096);
     // A lost completion cannot be aborted (the controller no longer has it).
@@ -182,7 +182,7 @@ fn a_command_the_controller_will_not_abort_wedges_and_reset_clears_it() {
 
 #[test]
 fn controller_fatal_status() {
-    let o = HandleOptions { timeout: Duration::from_millis(200), ..opts() };
+    let o = opts().timeout(Duration::from_millis(200));
     let (d, h, emu) = open(small_emu(), o);
     let b = Buf::new(&d, 4096);
     emu.inject(Fault::next(FaultTarget::Io(None), FaultAction::Fatal));
@@ -219,7 +219,7 @@ fn fatal_at_bring_up_is_reported() {
 /// first one's status, before that command's own completion.
 #[test]
 fn a_repeated_completion_does_not_complete_the_next_command_of_its_slot() {
-    let (d, h, emu) = open(small_emu(), HandleOptions { sync_queues: 1, ..opts() });
+    let (d, h, emu) = open(small_emu(), opts().sync_queues(1));
     let b = Buf::new(&d, 65536);
     emu.inject(Fault::next(FaultTarget::Io(Some(READ)), FaultAction::Duplicate));
     h.read(&b.token, 4096, 0, 0).unwrap();
@@ -242,7 +242,7 @@ fn a_repeated_completion_does_not_complete_the_next_command_of_its_slot() {
 /// counted down from zero: a panic in debug builds).
 #[test]
 fn a_completion_after_its_timeout_is_ignored() {
-    let o = HandleOptions { timeout: Duration::from_millis(200), ..opts() };
+    let o = opts().timeout(Duration::from_millis(200));
     let (d, h, emu) = open(small_emu(), o);
     let b = Buf::new(&d, 65536);
     emu.inject(Fault::next(FaultTarget::Io(Some(READ)), FaultAction::Stall(Duration::from_millis(2500))));
@@ -268,7 +268,7 @@ fn a_completion_after_its_timeout_is_ignored() {
 /// aborted, comes back with its status, and the queue and the handle go on.
 #[test]
 fn a_stall_on_an_io_queue_is_aborted_and_the_queue_goes_on() {
-    let o = HandleOptions { timeout: Duration::from_millis(100), ..opts() };
+    let o = opts().timeout(Duration::from_millis(100));
     let (d, h, emu) = open(small_emu(), o);
     let b = Buf::new(&d, 65536);
     emu.inject(Fault::next(FaultTarget::Io(Some(READ)), FaultAction::Stall(Duration::from_secs(5))));
@@ -297,7 +297,7 @@ fn a_stall_on_an_io_queue_is_aborted_and_the_queue_goes_on() {
 /// back canceled; the handle goes on.
 #[test]
 fn a_stall_in_a_batch_is_aborted_and_the_handle_goes_on() {
-    let o = HandleOptions { timeout: Duration::from_millis(100), ..opts() };
+    let o = opts().timeout(Duration::from_millis(100));
     let (d, h, emu) = open(small_emu(), o);
     let b = Buf::new(&d, 65536);
     emu.inject(Fault::next(FaultTarget::Io(Some(READ)), FaultAction::Stall(Duration::from_secs(5))));
@@ -332,7 +332,7 @@ fn a_stall_in_a_batch_is_aborted_and_the_handle_goes_on() {
 /// handle down ends.
 #[test]
 fn surprise_removal_is_a_typed_error() {
-    let o = HandleOptions { timeout: Duration::from_millis(300), ..opts() };
+    let o = opts().timeout(Duration::from_millis(300));
     let (d, h, emu) = open(small_emu(), o);
     let b = Buf::new(&d, 65536);
     h.read(&b.token, 4096, 0, 0).unwrap();

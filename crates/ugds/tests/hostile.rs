@@ -13,7 +13,7 @@ use ugds_emu::{Fault, FaultAction, FaultTarget, IdentifyLies, NamespaceConfig};
 const READ: u8 = 0x02;
 
 fn one_queue() -> HandleOptions {
-    HandleOptions { sync_queues: 1, async_queues: 0, batch_queue: false, ..opts() }
+    opts().sync_queues(1).async_queues(0).batch_queue(false)
 }
 
 /// Writes a pattern at `off`, then reads it back through `fault` and checks
@@ -55,7 +55,7 @@ fn an_sq_head_outside_what_was_submitted_is_ignored() {
 
 #[test]
 fn a_phase_tag_flipped_before_its_entry_ends_in_a_timeout() {
-    let o = HandleOptions { timeout: Duration::from_millis(300), ..one_queue() };
+    let o = one_queue().timeout(Duration::from_millis(300));
     let (d, h, emu) = open(small_emu(), o);
     let mut b = Buf::new(&d, 8192);
     // Laps of the ring first: the stale entry names an earlier command.

@@ -9,7 +9,7 @@ use common::*;
 use ugds::{Completion, Drain, HandleOptions, QueueRole};
 
 fn interrupt_opts(sync_queues: u16) -> HandleOptions {
-    HandleOptions { completion: Completion::Interrupt, sync_queues, async_queues: 1, ..opts() }
+    opts().completion(Completion::Interrupt).sync_queues(sync_queues).async_queues(1)
 }
 
 #[test]
@@ -67,7 +67,7 @@ fn waiters_on_a_shared_vector_are_all_woken() {
 /// taken and went back to sleep; 24 to 36 I/Os per second before that.)
 #[test]
 fn threads_sharing_one_slot_are_all_woken() {
-    let o = HandleOptions { completion: Completion::Interrupt, sync_queues: 1, async_queues: 0, ..opts() };
+    let o = opts().completion(Completion::Interrupt).sync_queues(1).async_queues(0);
     let (d, h, _e) = open(small_emu().max_io_queues(1).mqes(1), o);
     std::thread::scope(|sc| {
         for t in 0..4u64 {

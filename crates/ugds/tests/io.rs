@@ -5,7 +5,7 @@ use common::*;
 use std::io::Read;
 use std::sync::Arc;
 use std::time::Duration;
-use ugds::{Completion, Driver, HandleOptions};
+use ugds::{Completion, Driver};
 use ugds_emu::{EmuConfig, NamespaceConfig};
 
 #[test]
@@ -195,7 +195,7 @@ fn second_namespace_is_separate() {
     let cfg = EmuConfig::default()
         .namespaces(vec![NamespaceConfig::memory(1 << 20, 512), NamespaceConfig::memory(2 << 20, 4096)]);
     let d = Driver::open();
-    let (h2, _e) = open_emulated(&d, cfg, HandleOptions { nsid: Some(2), ..opts() }).unwrap();
+    let (h2, _e) = open_emulated(&d, cfg, opts().nsid(Some(2))).unwrap();
     assert_eq!(h2.namespace().nsid, 2);
     assert_eq!(h2.capacity(), 2 << 20);
     assert_eq!(h2.controller().namespaces.len(), 2);
@@ -221,7 +221,7 @@ fn buffer_registered_before_the_handle_is_mapped_for_it() {
 
 #[test]
 fn many_threads_share_one_queue_pair() {
-    let o = HandleOptions { sync_queues: 1, async_queues: 0, queue_depth: 16, ..opts() };
+    let o = opts().sync_queues(1).async_queues(0).queue_depth(16);
     let (d, h, _e) = open(small_emu(), o);
     assert_eq!(h.queue_counts().0, 1);
     let h = Arc::new(h);
@@ -245,7 +245,7 @@ fn many_threads_share_one_queue_pair() {
 
 #[test]
 fn interrupt_completion_moves_data_and_raises_interrupts() {
-    let o = HandleOptions { completion: Completion::Interrupt, ..opts() };
+    let o = opts().completion(Completion::Interrupt);
     let (d, h, emu) = open(small_emu(), o);
     let mut b = Buf::new(&d, 256 << 10);
     let before = emu.stats().interrupts;
@@ -308,7 +308,7 @@ fn io_queue_keeps_many_requests_in_flight() {
 
 #[test]
 fn io_queues_are_lent_one_at_a_time() {
-    let (_d, h, _e) = open(small_emu(), HandleOptions { async_queues: 1, ..opts() });
+    let (_d, h, _e) = open(small_emu(), opts().async_queues(1));
     let q = h.io_queue().unwrap();
     assert!(matches!(h.io_queue(), Err(ugds::Error::Busy { .. })));
     assert!(matches!(h.close(ugds::Drain::NoWait), Err(ugds::Error::Busy { .. })));
@@ -335,7 +335,7 @@ fn a_request_waits_without_holding_its_queue() {
     // One shared queue; the first read is stalled by the device. A second
     // thread's read on the same queue must complete while the first waits.
     use ugds_emu::{Fault, FaultAction, FaultTarget};
-    let o = HandleOptions { sync_queues: 1, async_queues: 0, ..opts() };
+    let o = opts().sync_queues(1).async_queues(0);
     let (d, h, emu) = open(small_emu(), o);
     emu.inject(Fault::next(FaultTarget::Io(Some(0x02)), FaultAction::Stall(Duration::from_millis(400))));
     let a = Buf::new(&d, 4096);
@@ -397,7 +397,7 @@ fn null_mode_completes_without_moving_data() {
 fn latency_model_delays_completions() {
     use ugds_emu::LatencyModel;
     // 20 ms per command plus 1 MB/s: a 64 KiB read is due after about 85 ms.
-    let m = LatencyModel { latency: Duration::from_millis(20), bytes_per_sec: 1_000_000 };
+    let m = LatencyModel::new(Duration::from_millis(20), 1_000_000);
     let (d, h, _e) = open(small_emu().latency(Some(m)), opts());
     let b = Buf::new(&d, 65536);
     let t = std::time::Instant::now();

@@ -63,7 +63,7 @@ fn force_after_reset_is_only_for_wedged_handles_and_refuses_busy_ones() {
 
 #[test]
 fn a_wedged_handle_dropped_without_reset_keeps_its_buffers_mapped() {
-    let o = ugds::HandleOptions { timeout: Duration::from_millis(100), ..opts() };
+    let o = opts().timeout(Duration::from_millis(100));
     let (d, h, emu) = open(small_emu(), o);
     let b = Buf::new(&d, 4096);
     emu.inject(Fault::next(FaultTarget::Io(None), FaultAction::LoseCompletion));

@@ -7,7 +7,7 @@ use std::time::Duration;
 use ugds::{BatchIo, BatchOp, Completion, Drain, Error, HandleOptions, HostStream, StreamIo};
 
 fn one_queue(completion: Completion) -> HandleOptions {
-    HandleOptions { completion, ..opts() }
+    opts().completion(completion)
 }
 
 fn io(op: BatchOp, b: &Buf<'_>, size: usize, file_offset: u64, buf_offset: usize, cookie: u64) -> BatchIo {
@@ -141,7 +141,7 @@ fn synchronous_and_batch_callers_share_the_queue_pair_with_interrupts() {
 
 #[test]
 fn without_batch_contexts_nothing_can_be_lent_and_it_says_so() {
-    let o = HandleOptions { batch_queue: false, ..opts() };
+    let o = opts().batch_queue(false);
     let (_d, h, _e) = open(small_emu().max_io_queues(1), o);
     assert!(h.batch_geometry().is_none());
     match h.batch(4).err() {
@@ -160,7 +160,7 @@ fn without_batch_contexts_nothing_can_be_lent_and_it_says_so() {
 #[test]
 fn with_no_queue_to_lend_a_queue_is_a_context_on_the_batch_queue() {
     // Two granted: one synchronous, one for batches, none to lend.
-    let o = HandleOptions { sync_queues: 1, async_queues: 0, ..opts() };
+    let o = opts().sync_queues(1).async_queues(0);
     let (d, h, _e) = open(small_emu().max_io_queues(2), o);
     assert!(!h.batch_queue_is_shared());
     let mut b = Buf::new(&d, 8192);

@@ -597,17 +597,15 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     };
     let depth = (o.qd * per_req + 1).clamp(64, 1024) as u16;
     let lent = (o.qd > 1 || o.force_queue) && o.batches.is_empty() && !o.stream;
-    let mut opts = HandleOptions {
-        nsid: o.target.nsid,
-        completion: if o.interrupt { Completion::Interrupt } else { Completion::Poll },
-        sync_queues: if lent { 1 } else { o.threads as u16 },
-        async_queues: if lent { o.threads as u16 } else { 0 },
-        queue_depth: depth,
+    let mut opts = HandleOptions::default()
+        .nsid(o.target.nsid)
+        .completion(if o.interrupt { Completion::Interrupt } else { Completion::Poll })
+        .sync_queues(if lent { 1 } else { o.threads as u16 })
+        .async_queues(if lent { o.threads as u16 } else { 0 })
+        .queue_depth(depth)
         // Queue mode needs lendable queues more than a batch queue (few queues: QEMU max_ioqpairs=2).
-        batch_queue: !o.batches.is_empty() || o.stream,
-        shadow_doorbells: o.shadow_doorbells,
-        ..HandleOptions::default()
-    };
+        .batch_queue(!o.batches.is_empty() || o.stream)
+        .shadow_doorbells(o.shadow_doorbells);
     let mut handle = driver.open_handle(platform.clone(), opts.clone()).map_err(|e| e.to_string())?;
     let mut shared_note = "";
     if lent && handle.queue_counts().1 < o.threads {

@@ -10,13 +10,7 @@ pub fn small_emu() -> EmuConfig {
 }
 
 pub fn opts() -> HandleOptions {
-    HandleOptions {
-        sync_queues: 2,
-        async_queues: 2,
-        queue_depth: 64,
-        timeout: Duration::from_secs(10),
-        ..Default::default()
-    }
+    HandleOptions::default().sync_queues(2).async_queues(2).queue_depth(64).timeout(Duration::from_secs(10))
 }
 
 pub fn open(cfg: EmuConfig, o: HandleOptions) -> (Driver, Handle, EmuControl) {
