@@ -1,6 +1,7 @@
 //! The library's entry point: buffer registration and handle opening.
 
 use crate::engine::Controller;
+#[cfg(feature = "gpu")]
 use crate::gpu::cuda::Memory;
 use crate::gpu::{DeviceMemory, DmabufExport};
 use crate::handle::{Handle, HandleInner, HandleOptions};
@@ -92,6 +93,7 @@ impl Driver {
         self.insert(base as usize, len, None, Visibility::Private)
     }
 
+    #[cfg(feature = "gpu")]
     /// [`register_cuda`](Self::register_cuda) for one caller alone; see
     /// [`register_private`](Self::register_private).
     ///
@@ -127,6 +129,7 @@ impl Driver {
         self.inner.registry.insert(base, len, device, &live, v)
     }
 
+    #[cfg(feature = "gpu")]
     /// Registers memory CUDA knows: device memory from `cuMemAlloc` (or
     /// torch, CuPy), checked to be a plain device allocation of the current
     /// context with the range inside it; or host memory (pinned or not),
@@ -143,6 +146,7 @@ impl Driver {
         }
     }
 
+    #[cfg(feature = "gpu")]
     /// Registers memory HIP knows; see [`register_cuda`](Self::register_cuda).
     ///
     /// # Safety
