@@ -1,0 +1,190 @@
+//! The public face of a handle: I/O, queues, close.
+
+use super::*;
+
+/// One controller and one of its namespaces, ready for I/O. Shareable
+/// between threads (`&Handle` is enough to do I/O).
+pub struct Handle {
+    pub(crate) inner: Arc<HandleInner>,
+}
+
+impl Handle {
+    /// What bring-up learned about the controller.
+    pub fn controller(&self) -> &ControllerInfo {
+        self.inner.ctrl.info()
+    }
+
+    /// The namespace this handle uses.
+    pub fn namespace(&self) -> NamespaceInfo {
+        self.inner.ns
+    }
+
+    /// Bytes usable on the namespace.
+    pub fn capacity(&self) -> u64 {
+        self.inner.ns.capacity()
+    }
+
+    /// Where the handle stands.
+    pub fn state(&self) -> HandleState {
+        match self.inner.state.load(Ordering::SeqCst) {
+            OPEN | CLOSING => HandleState::Open,
+            WEDGED => HandleState::Wedged,
+            _ => HandleState::Closed,
+        }
+    }
+
+    /// Operations in flight (and lent I/O queues).
+    pub fn inflight(&self) -> usize {
+        self.inner.inflight.load(Ordering::SeqCst)
+    }
+
+    /// Queue pairs shared by synchronous calls, and lendable as [`IoQueue`]s.
+    pub fn queue_counts(&self) -> (usize, usize) {
+        (self.inner.sync.len(), self.inner.async_queues)
+    }
+
+    /// Whether the I/O queues use shadow doorbells.
+    pub fn shadow_doorbells(&self) -> bool {
+        self.inner.ctrl.shadow_doorbells()
+    }
+
+    /// Entries and PRP-list pages of the batch queue, if there is one.
+    pub fn batch_geometry(&self) -> Option<(usize, usize)> {
+        self.inner.batch.as_ref().map(|b| b.geometry())
+    }
+
+    /// Every I/O queue pair of the handle, what it is for and how it
+    /// learns of completions (a vector of its own, a shared one, or
+    /// polling).
+    pub fn queues(&self) -> &[QueueInfo] {
+        &self.inner.queues
+    }
+
+    /// Whether batch contexts (and stream-ordered I/O) share the one
+    /// synchronous queue pair (a controller that granted one) rather than
+    /// a deep queue pair of their own.
+    pub fn batch_queue_is_shared(&self) -> bool {
+        self.inner.batch.as_ref().is_some_and(|b| b.is_shared())
+    }
+
+    /// Completions the controller posted that broke the protocol and were
+    /// ignored (a CID not in flight or of an earlier generation, an SQ head
+    /// outside what was submitted), on the synchronous and batch queues.
+    pub fn protocol_errors(&self) -> u64 {
+        let batch = self.inner.batch.as_ref().filter(|b| !b.is_shared()).map_or(0, |b| b.lock().qp.protocol_errors());
+        self.inner.sync.iter().map(|q| q.with_qp(|qp| qp.protocol_errors())).sum::<u64>() + batch
+    }
+
+    /// Interrupt waits of synchronous requests that slept to their cap
+    /// (100 ms) without a wake-up: a lost wake-up, or a device gone quiet.
+    pub fn interrupt_waits_capped(&self) -> u64 {
+        self.inner.sync.iter().map(|q| q.capped_waits()).sum()
+    }
+
+    /// Reads `size` bytes at `file_offset` of the namespace into the
+    /// registered buffer, `buf_offset` bytes in. Returns the bytes read
+    /// (always `size`) once all of them are in the buffer.
+    pub fn read(&self, buf: &BufferToken, size: usize, file_offset: u64, buf_offset: usize) -> Result<usize> {
+        self.rw(NvmOpcode::Read, buf, size, file_offset, buf_offset)
+    }
+
+    /// Writes `size` bytes from the registered buffer, `buf_offset` bytes
+    /// in, to `file_offset` of the namespace. Returns once the controller has
+    /// completed every command.
+    pub fn write(&self, buf: &BufferToken, size: usize, file_offset: u64, buf_offset: usize) -> Result<usize> {
+        self.rw(NvmOpcode::Write, buf, size, file_offset, buf_offset)
+    }
+
+    fn rw(&self, op: NvmOpcode, buf: &BufferToken, size: usize, file_offset: u64, buf_offset: usize) -> Result<usize> {
+        thread_local! {
+            /// The buffer this thread's last request used.
+            static RECENT: Cell<Option<Recent>> = const { Cell::new(None) };
+        }
+        let h = &*self.inner;
+        let _in = h.enter()?;
+        let mut recent = RECENT.take();
+        let (guard, data_off) = match h.prepare_recent(&mut recent, buf, size, file_offset, buf_offset) {
+            Ok(p) => p,
+            Err(e) => {
+                RECENT.set(recent);
+                return Err(e);
+            }
+        };
+        let pages = recent.as_ref().expect("filled by prepare_recent").pages();
+        let nsid = Nsid(h.ns.nsid);
+        let cmd = |c: Chunk| Cmd {
+            sqe: Sqe::rw(op, Cid(0), nsid, Lba(c.slba), c.nlb, 0, 0),
+            // Cannot fail: the range was checked against the registration
+            // and the chunker keeps each command within one PRP-list page.
+            prp: Some(prp::plan(pages, PAGE_SIZE, c.data_off, c.len).expect("validated range plans")),
+        };
+        let q = h.next_sync_queue();
+        let name = if op == NvmOpcode::Read { "Read" } else { "Write" };
+        let (mode, timeout) = (h.opts.completion, h.opts.timeout);
+        let chunks = h.chunker(file_offset, data_off, size);
+        // A page or less is one command (MDTS is at least a page): no
+        // splitting to iterate.
+        let r = if size <= PAGE_SIZE {
+            q.execute(std::iter::once(cmd(chunks.whole())), name, mode, timeout)
+        } else {
+            q.execute(chunks.map(cmd), name, mode, timeout)
+        };
+        RECENT.set(recent);
+        match r {
+            Ok(()) => Ok(size),
+            failed => h.finish(q, failed, name, Some(guard)).map(|()| size),
+        }
+    }
+
+    /// Flushes the namespace's volatile write cache (NVMe Flush).
+    pub fn flush(&self) -> Result<()> {
+        let h = &*self.inner;
+        let _in = h.enter()?;
+        let q = h.next_sync_queue();
+        let cmd = Cmd { sqe: Sqe::flush(Cid(0), Nsid(h.ns.nsid)), prp: None };
+        let r = q.execute(std::iter::once(cmd), "Flush", h.opts.completion, h.opts.timeout);
+        h.finish(q, r, "Flush", None)
+    }
+
+    /// Zeroes `size` bytes at `file_offset` (NVMe Write Zeroes).
+    pub fn write_zeroes(&self, size: usize, file_offset: u64) -> Result<()> {
+        let h = &*self.inner;
+        let _in = h.enter()?;
+        let bs = h.check_range(size, file_offset)?;
+        let q = h.next_sync_queue();
+        let first = file_offset / bs as u64;
+        let blocks = (size / bs) as u64;
+        let cmds = (0..blocks).step_by(65536).map(|b| Cmd {
+            sqe: Sqe::write_zeroes(Cid(0), Nsid(h.ns.nsid), Lba(first + b), (blocks - b).min(65536) as u32),
+            prp: None,
+        });
+        let r = q.execute(cmds, "Write Zeroes", h.opts.completion, h.opts.timeout);
+        h.finish(q, r, "Write Zeroes", None)
+    }
+
+    /// Lends a queue pair for asynchronous submission from one thread.
+    /// Refused with [`Error::Busy`] when every lendable queue is out. On a
+    /// handle that has none to lend (the controller granted too few), a
+    /// context on the batch queue instead ([`IoQueue::is_shared`]), or
+    /// [`Error::Unsupported`] without a batch queue.
+    pub fn io_queue(&self) -> Result<IoQueue<'_>> {
+        IoQueue::new(self)
+    }
+
+    /// Closes the handle: waits for I/O in flight as `drain` says, deletes
+    /// the queues and shuts the controller down. A refused close (busy,
+    /// wedged) changes nothing.
+    pub fn close(&self, drain: Drain) -> Result<()> {
+        self.inner.close(drain)
+    }
+}
+
+impl std::fmt::Debug for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handle")
+            .field("id", &self.inner.id)
+            .field("namespace", &self.inner.ns)
+            .field("state", &self.state())
+            .finish()
+    }
+}

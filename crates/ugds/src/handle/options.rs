@@ -1,0 +1,185 @@
+//! How a handle is set up, and what it reports about itself: its options,
+//! close modes, states and queues.
+
+use crate::engine::Completion;
+use std::time::Duration;
+
+/// How a handle is set up.
+///
+/// Built from [`HandleOptions::default`] with the setters below (the
+/// struct is `#[non_exhaustive]`: new options can come without breaking
+/// callers).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct HandleOptions {
+    /// Namespace to use; the first active one when `None`.
+    pub nsid: Option<u32>,
+    /// Polling (default) or interrupt completion.
+    pub completion: Completion,
+    /// Queue pairs shared by synchronous callers.
+    pub sync_queues: u16,
+    /// Queue pairs lent whole to [`IoQueue`]s.
+    pub async_queues: u16,
+    /// Entries per I/O queue (capped by the controller's MQES).
+    pub queue_depth: u16,
+    /// How long a command may take before the handle is wedged.
+    pub timeout: Duration,
+    /// Set up batch contexts (and stream-ordered I/O): on a deep queue pair
+    /// of their own when the controller grants at least two I/O queues, on
+    /// the one synchronous queue pair when it grants one.
+    pub batch_queue: bool,
+    /// Entries of the batch queue (capped by MQES).
+    pub batch_depth: u16,
+    /// PRP-list pages of the batch queue: how many multi-page commands may
+    /// be in flight on it at once.
+    pub batch_prp_pages: u16,
+    /// Use shadow doorbells (Doorbell Buffer Config) when the controller
+    /// offers them, as virtual controllers in VMs do: most doorbell MMIO
+    /// writes, each a VM exit there, are replaced by memory writes.
+    pub shadow_doorbells: bool,
+}
+
+impl Default for HandleOptions {
+    fn default() -> Self {
+        HandleOptions {
+            nsid: None,
+            completion: Completion::Poll,
+            sync_queues: 4,
+            async_queues: 4,
+            queue_depth: 256,
+            timeout: Duration::from_secs(30),
+            batch_queue: true,
+            batch_depth: 1024,
+            batch_prp_pages: 128,
+            shadow_doorbells: true,
+        }
+    }
+}
+
+impl HandleOptions {
+    /// Sets the namespace to use (`None`: the first active one).
+    pub fn nsid(mut self, nsid: Option<u32>) -> Self {
+        self.nsid = nsid;
+        self
+    }
+
+    /// Sets polling or interrupt completion.
+    pub fn completion(mut self, completion: Completion) -> Self {
+        self.completion = completion;
+        self
+    }
+
+    /// Sets queue pairs shared by synchronous callers.
+    pub fn sync_queues(mut self, sync_queues: u16) -> Self {
+        self.sync_queues = sync_queues;
+        self
+    }
+
+    /// Sets queue pairs lent whole to `IoQueue`s.
+    pub fn async_queues(mut self, async_queues: u16) -> Self {
+        self.async_queues = async_queues;
+        self
+    }
+
+    /// Sets entries per I/O queue.
+    pub fn queue_depth(mut self, queue_depth: u16) -> Self {
+        self.queue_depth = queue_depth;
+        self
+    }
+
+    /// Sets how long a command may take.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets whether to set up batch contexts.
+    pub fn batch_queue(mut self, batch_queue: bool) -> Self {
+        self.batch_queue = batch_queue;
+        self
+    }
+
+    /// Sets entries of the batch queue.
+    pub fn batch_depth(mut self, batch_depth: u16) -> Self {
+        self.batch_depth = batch_depth;
+        self
+    }
+
+    /// Sets PRP-list pages of the batch queue.
+    pub fn batch_prp_pages(mut self, batch_prp_pages: u16) -> Self {
+        self.batch_prp_pages = batch_prp_pages;
+        self
+    }
+
+    /// Sets whether to use shadow doorbells.
+    pub fn shadow_doorbells(mut self, shadow_doorbells: bool) -> Self {
+        self.shadow_doorbells = shadow_doorbells;
+        self
+    }
+}
+
+impl HandleOptions {
+    /// Interrupt completion when `UGDS_INTERRUPT_MODE=1`, as in the paper.
+    pub fn from_env() -> Self {
+        let mut o = HandleOptions::default();
+        if std::env::var("UGDS_INTERRUPT_MODE").is_ok_and(|v| v == "1") {
+            o.completion = Completion::Interrupt;
+        }
+        o
+    }
+}
+
+/// How [`Handle::close`] treats I/O still in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Drain {
+    /// Refuse with [`Error::Busy`] if anything is in flight.
+    NoWait,
+    /// Wait up to this long, then refuse with [`Error::Busy`].
+    Timeout(Duration),
+    /// Wait as long as it takes.
+    Forever,
+    /// For a wedged handle: reset the controller, which stops its DMA, then
+    /// release everything the stuck commands held.
+    ForceAfterReset,
+}
+
+/// Where a handle stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HandleState {
+    /// Serving I/O.
+    Open,
+    /// A command timed out; only a forced teardown releases it.
+    Wedged,
+    /// Closed.
+    Closed,
+}
+
+/// What an I/O queue pair of a handle is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum QueueRole {
+    /// Shared by synchronous callers (and, on a controller that granted
+    /// one queue pair, by batch contexts and stream-ordered I/O too).
+    Sync,
+    /// The deep queue pair of batch contexts and stream-ordered I/O.
+    Batch,
+    /// Lent whole to an [`IoQueue`].
+    Lendable,
+}
+
+/// One I/O queue pair of a handle and how it learns of completions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueInfo {
+    /// Queue id.
+    pub qid: u16,
+    /// What it is for.
+    pub role: QueueRole,
+    /// Its interrupt vector; `None`: its completion queue is polled.
+    pub vector: Option<u16>,
+    /// Other I/O queues on the same vector (vector 0 is also the admin
+    /// queue's).
+    pub vector_shared_with: u16,
+}
