@@ -147,7 +147,7 @@ impl Batch {
     /// are available or `timeout` passes (`None`: no limit), and takes at
     /// most `max`. Returns how many were added. A request the device does
     /// not complete within the handle's timeout is reported with
-    /// [`BatchStatus::Timeout`], and the handle is wedged.
+    /// [`BatchStatus::Timeout`](crate::BatchStatus::Timeout), and the handle is wedged.
     pub fn get_status(
         &self,
         min_nr: usize,

@@ -1,7 +1,7 @@
 //! Memory another driver exported as a dma-buf: a GPU's (CUDA and HIP export
 //! their allocations this way), an RDMA NIC's, or a udmabuf standing in.
 //!
-//! [`Driver::register_dmabuf`](crate::Driver::register_dmabuf) registers
+//! `ugds::Driver::register_dmabuf` registers
 //! `len` bytes at `offset` of a dma-buf. The registration's address (its
 //! registry key and the base buffer offsets count from) is where the bytes
 //! are mapped in this process when the exporter allows `mmap`, else an

@@ -2,8 +2,8 @@
 //! export, the copy engine the emulated controller uses in place of PCIe
 //! peer-to-peer DMA, and streams for stream-ordered I/O.
 //!
-//! - [`cuda`]: NVIDIA's driver API (`libcuda.so.1`).
-//! - [`hip`]: AMD's HIP runtime (`libamdhip64.so`) and HSA for dma-buf export.
+//! - `cuda`: NVIDIA's driver API (`libcuda.so.1`).
+//! - `hip`: AMD's HIP runtime (`libamdhip64.so`) and HSA for dma-buf export.
 //!
 //! Nothing here is needed to build, or to run on host memory: a runtime is
 //! loaded the first time it is asked for, and its absence is an

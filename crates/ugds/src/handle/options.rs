@@ -18,7 +18,7 @@ pub struct HandleOptions {
     pub completion: Completion,
     /// Queue pairs shared by synchronous callers.
     pub sync_queues: u16,
-    /// Queue pairs lent whole to [`IoQueue`]s.
+    /// Queue pairs lent whole to [`IoQueue`](crate::IoQueue)s.
     pub async_queues: u16,
     /// Entries per I/O queue (capped by the controller's MQES).
     pub queue_depth: u16,
@@ -129,13 +129,13 @@ impl HandleOptions {
     }
 }
 
-/// How [`Handle::close`] treats I/O still in flight.
+/// How [`Handle::close`](crate::Handle::close) treats I/O still in flight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Drain {
-    /// Refuse with [`Error::Busy`] if anything is in flight.
+    /// Refuse with [`Error::Busy`](crate::Error::Busy) if anything is in flight.
     NoWait,
-    /// Wait up to this long, then refuse with [`Error::Busy`].
+    /// Wait up to this long, then refuse with [`Error::Busy`](crate::Error::Busy).
     Timeout(Duration),
     /// Wait as long as it takes.
     Forever,
@@ -165,7 +165,7 @@ pub enum QueueRole {
     Sync,
     /// The deep queue pair of batch contexts and stream-ordered I/O.
     Batch,
-    /// Lent whole to an [`IoQueue`].
+    /// Lent whole to an [`IoQueue`](crate::IoQueue).
     Lendable,
 }
 
