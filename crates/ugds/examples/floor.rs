@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use ugds::engine::Controller;
+use ugds::engine::{Controller, Owner};
 use ugds::nvme::{Cid, Lba, Nsid, NvmOpcode, PrpPlan, Sqe};
 use ugds::platform::Platform;
 use ugds::{Driver, HandleOptions, HostBuffer};
@@ -61,7 +61,7 @@ fn raw(bdf: &str, secs: f64, qd: usize, clock: bool) -> Result<(), ugds::Error> 
     };
     let mut t_sum = 0u128;
     for slot in 0..qd {
-        qp.submit(sqe(&mut rng), Some(PrpPlan::One { prp1: buf.iova(slot * 4096) }), slot as u64)?;
+        qp.submit(sqe(&mut rng), Some(PrpPlan::One { prp1: buf.iova(slot * 4096) }), Owner::Own(slot as u32))?;
     }
     qp.ring_sq_doorbell();
     let mut n = 0u64;
@@ -71,12 +71,13 @@ fn raw(bdf: &str, secs: f64, qd: usize, clock: bool) -> Result<(), ugds::Error> 
     'run: loop {
         for _ in 0..64 {
             let t0 = clock.then(Instant::now);
-            qp.process_completions(usize::MAX, |tag, cqe| {
+            qp.process_completions(usize::MAX, |owner, cqe| {
                 assert!(cqe.status().is_success());
-                done.push(tag)
+                done.push(owner)
             });
-            for &slot in &done {
-                qp.submit(sqe(&mut rng), Some(PrpPlan::One { prp1: buf.iova(slot as usize * 4096) }), slot)?;
+            for &owner in &done {
+                let Owner::Own(slot) = owner else { unreachable!() };
+                qp.submit(sqe(&mut rng), Some(PrpPlan::One { prp1: buf.iova(slot as usize * 4096) }), owner)?;
             }
             n += done.len() as u64;
             done.clear();

@@ -15,13 +15,13 @@
 
 use crate::engine::batch::Prepared;
 use crate::engine::chunk::Chunk;
-use crate::engine::{BatchEvent, Completion, QueuePair};
+use crate::engine::{BatchEvent, Completion, Owner, QueuePair};
 use crate::handle::{Escalation, Handle};
 use crate::registry::{BufGuard, BufferToken, Recent};
 use crate::sys::PAGE_SIZE;
 use crate::{Error, Result};
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use ugds_nvme::{prp, Cid, Lba, Nsid, NvmOpcode, Sqe, Status};
 
 /// Polls between two looks at the outstanding requests' age.
@@ -34,9 +34,6 @@ struct Request {
     /// First error, as the CQE status field.
     status: Option<u16>,
     op: NvmOpcode,
-    /// When a timeout check first found it outstanding: stamped by the
-    /// check, not at submission, so that no request pays a clock read.
-    seen: Option<Instant>,
     guard: Option<BufGuard>,
 }
 
@@ -220,7 +217,7 @@ impl<'h> IoQueue<'h> {
         let idx = match self.free.pop() {
             Some(i) => i,
             None => {
-                self.reqs.push(Request { tag: 0, pending: 0, len: 0, status: None, op, seen: None, guard: None });
+                self.reqs.push(Request { tag: 0, pending: 0, len: 0, status: None, op, guard: None });
                 self.reqs.len() as u32 - 1
             }
         };
@@ -233,15 +230,15 @@ impl<'h> IoQueue<'h> {
         if single {
             let c = chunks.whole();
             let plan = prp::plan(pages, PAGE_SIZE, c.data_off, c.len).expect("validated range plans");
-            qp.submit(sqe(&c), Some(plan), idx as u64).expect("room checked above");
+            qp.submit(sqe(&c), Some(plan), Owner::Own(idx)).expect("room checked above");
         } else {
             for c in chunks {
                 let plan = prp::plan(pages, PAGE_SIZE, c.data_off, c.len).expect("validated range plans");
-                qp.submit(sqe(&c), Some(plan), idx as u64).expect("room checked above");
+                qp.submit(sqe(&c), Some(plan), Owner::Own(idx)).expect("room checked above");
             }
         }
         let r = &mut self.reqs[idx as usize];
-        (r.tag, r.pending, r.len, r.status, r.op, r.seen) = (tag, n as u32, size, None, op, None);
+        (r.tag, r.pending, r.len, r.status, r.op) = (tag, n as u32, size, None, op);
         // A free slot's guard went with its completion: nothing to drop
         // (checked, without the drop glue's call on the common path).
         if let Some(stale) = r.guard.replace(guard) {
@@ -337,7 +334,8 @@ impl<'h> IoQueue<'h> {
         let reqs = &mut self.reqs;
         let free = &mut self.free;
         let Some(qp) = self.qp.as_mut() else { return 0 };
-        qp.process_completions(usize::MAX, |idx, cqe| {
+        qp.process_completions(usize::MAX, |owner, cqe| {
+            let Owner::Own(idx) = owner else { unreachable!("a lent queue pair's commands are its own") };
             let r = &mut reqs[idx as usize];
             if r.pending == 0 {
                 // Reported timed out already (the queue is dead): a late
@@ -359,7 +357,7 @@ impl<'h> IoQueue<'h> {
                     }),
                 };
                 f(r.tag, res);
-                free.push(idx as u32);
+                free.push(idx);
                 done += 1;
             }
         });
@@ -385,32 +383,32 @@ impl<'h> IoQueue<'h> {
         }
     }
 
-    /// A request is late once it has been outstanding for the handle's
-    /// timeout since a check first saw it: between the timeout and the
-    /// timeout plus one check interval after its submission.
+    /// A request is late once a command of it has been outstanding for the
+    /// handle's timeout since a check first saw it (the tracker's stamps):
+    /// between the timeout and the timeout plus one check interval after
+    /// its submission.
     fn check_timeouts(&mut self, f: &mut impl FnMut(u64, Result<usize>)) {
         let h = &*self.handle.inner;
         let limit = h.opts.timeout;
-        let now = Instant::now();
-        let mut late = false;
-        for r in self.reqs.iter_mut().filter(|r| r.pending > 0) {
-            let seen = *r.seen.get_or_insert(now);
-            late |= now.duration_since(seen) > limit;
-        }
-        if !late {
+        let Some(qp) = self.qp.as_mut() else { return };
+        let late_cmds = qp.late_commands(limit);
+        if late_cmds.is_empty() {
             return;
         }
-        let qid = self.qp.as_ref().map_or(0, |q| q.qid().0);
+        let qid = qp.qid().0;
         // The handle's one escalation: look again, CSTS, Abort, a grace
         // period. Requests that come back are reported with their status
         // (an aborted one as an NVMe error) and the queue goes on.
-        let late: Vec<usize> = (0..self.reqs.len())
-            .filter(|&i| self.reqs[i].pending > 0 && self.reqs[i].seen.is_some_and(|s| now.duration_since(s) > limit))
+        let mut late: Vec<usize> = late_cmds
+            .iter()
+            .filter_map(|&(_, o)| match o {
+                Owner::Own(i) => Some(i as usize),
+                _ => None,
+            })
             .collect();
-        let cids: Vec<ugds_nvme::Cid> = match self.qp.as_ref() {
-            Some(q) => late.iter().flat_map(|&i| q.outstanding_cids_of(i as u64)).collect(),
-            None => Vec::new(),
-        };
+        late.sort_unstable();
+        late.dedup();
+        let cids: Vec<ugds_nvme::Cid> = late_cmds.iter().map(|&(c, _)| c).collect();
         let handle: &Handle = self.handle;
         let stuck = match handle.inner.escalate("I/O", qid, &cids, || {
             self.reap(f);
@@ -425,7 +423,7 @@ impl<'h> IoQueue<'h> {
         let mut guards = Vec::new();
         for (i, r) in self.reqs.iter_mut().enumerate() {
             if r.pending > 0 {
-                let cid = self.qp.as_ref().and_then(|q| q.outstanding_cid_of(i as u64));
+                let cid = self.qp.as_ref().and_then(|q| q.outstanding_cid_of(Owner::Own(i as u32)));
                 tracing::error!(qid, ?cid, "asynchronous request stuck ({stuck}); wedging the handle");
                 let e = match &stuck {
                     Error::Timeout { .. } => Error::Timeout { qid, cid, after: limit },

@@ -447,7 +447,8 @@ fn drv_dmabuf_import_moves_data() {
     let nlb = 8192 / ns.block_size;
     let run = |qp: &mut ugds::engine::QueuePair, op, slba: u64, page: usize| {
         let plan = PrpPlan::Two { prp1: mapping.pages[page], prp2: mapping.pages[page + 1] };
-        qp.submit(Sqe::rw(op, Cid(0), Nsid(ns.nsid), Lba(slba), nlb, 0, 0), Some(plan), 0).unwrap();
+        qp.submit(Sqe::rw(op, Cid(0), Nsid(ns.nsid), Lba(slba), nlb, 0, 0), Some(plan), ugds::engine::Owner::Own(0))
+            .unwrap();
         qp.ring_sq_doorbell();
         let mut ok = None;
         while ok.is_none() {

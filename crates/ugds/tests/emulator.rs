@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 use std::sync::Arc;
-use ugds::engine::{Controller, QueuePair};
+use ugds::engine::{Controller, Owner, QueuePair};
 use ugds::nvme::cmd::NvmOpcode;
 use ugds::nvme::status::{command_specific as cs, generic};
 use ugds::nvme::{regs, Cid, Lba, Nsid, PrpPlan, Qid, Sqe};
@@ -107,13 +107,13 @@ fn io_qpair(c: &Controller) -> QueuePair {
 }
 
 fn run(qp: &mut QueuePair, sqe: Sqe, prp: Option<PrpPlan<'_>>) -> ugds::nvme::Cqe {
-    qp.submit(sqe, prp, 42).unwrap();
+    qp.submit(sqe, prp, Owner::Own(42)).unwrap();
     qp.ring_sq_doorbell();
     let mut out = None;
     let t = std::time::Instant::now();
     while out.is_none() {
         qp.process_completions(1, |tag, cqe| {
-            assert_eq!(tag, 42);
+            assert_eq!(tag, Owner::Own(42));
             out = Some(*cqe)
         });
         assert!(t.elapsed().as_secs() < 5, "no completion");

@@ -11,14 +11,16 @@
 //! command identifiers or the pool run out in the middle of a batch, what is
 //! staged is rung, completions are reaped (for every context), and staging
 //! continues; the lock is released while waiting. Completions may arrive in
-//! any order; each is credited to its request by tag
-//! (`context << 32 | request`), and a request is an event once all its
-//! commands are back.
+//! any order; each is credited to its request by the queue pair's tracker
+//! ([`Owner::Batch`]), and a request is an event once all its commands are
+//! back. A request is late when a command of it was found outstanding by
+//! timeout checks spanning more than the timeout (the tracker's stamps).
 
 use super::chunk::Chunker;
 use super::hold::Hold;
 use super::qpair::Full;
 use super::sync::{State, SyncQueue};
+use super::tracker::Owner;
 use crate::{Error, Result};
 use std::collections::VecDeque;
 use std::sync::{Arc, MutexGuard};
@@ -69,7 +71,6 @@ struct Req {
     len: usize,
     status: Option<u16>,
     op: NvmOpcode,
-    started: Instant,
     hold: Option<Hold>,
 }
 
@@ -116,18 +117,14 @@ impl std::fmt::Debug for BatchQueue {
     }
 }
 
-/// Marks a completion tag as a batch request's (synchronous slots are
-/// small integers).
-pub(crate) const BATCH_TAG: u64 = 1 << 63;
-
-fn tag(ctx: u32, req: u32) -> u64 {
-    BATCH_TAG | (ctx as u64) << 32 | req as u64
+fn owner(ctx: u32, req: u32) -> Owner {
+    Owner::Batch { ctx, req }
 }
 
 impl BatchTable {
-    /// Credits one completion to its request (`tag` has [`BATCH_TAG`] set).
-    pub(crate) fn credit(&mut self, t: u64, cqe: &ugds_nvme::Cqe) {
-        let (ci, ri) = ((t >> 32) as u32 as usize & 0x7fff_ffff, t as u32 as usize);
+    /// Credits one completion to request `ri` of context `ci`.
+    pub(crate) fn credit(&mut self, ci: u32, ri: u32, cqe: &ugds_nvme::Cqe) {
+        let (ci, ri) = (ci as usize, ri as usize);
         let Some(Some(c)) = self.ctxs.get_mut(ci) else { return };
         let r = &mut c.reqs[ri];
         if r.pending == 0 {
@@ -192,15 +189,7 @@ impl BatchQueue {
     pub fn open_context(&self, capacity: usize) -> u32 {
         let ctx = Ctx {
             reqs: (0..capacity)
-                .map(|_| Req {
-                    cookie: 0,
-                    pending: 0,
-                    len: 0,
-                    status: None,
-                    op: NvmOpcode::Read,
-                    started: Instant::now(),
-                    hold: None,
-                })
+                .map(|_| Req { cookie: 0, pending: 0, len: 0, status: None, op: NvmOpcode::Read, hold: None })
                 .collect(),
             free: (0..capacity as u32).rev().collect(),
             slots: Vec::with_capacity(capacity),
@@ -295,19 +284,11 @@ impl BatchQueue {
                     outstanding: c.reqs.len() - c.free.len(),
                 });
             }
-            let now = Instant::now();
             for p in reqs.iter() {
                 let i = c.free.pop().expect("room checked");
                 let commands = p.chunks.commands() as u32;
-                c.reqs[i as usize] = Req {
-                    cookie: p.cookie,
-                    pending: commands,
-                    len: p.len,
-                    status: None,
-                    op: p.op,
-                    started: now,
-                    hold: None,
-                };
+                c.reqs[i as usize] =
+                    Req { cookie: p.cookie, pending: commands, len: p.len, status: None, op: p.op, hold: None };
                 c.inflight += 1;
                 slots.push(i);
             }
@@ -320,7 +301,7 @@ impl BatchQueue {
                     .expect("validated range plans");
                 let sqe = Sqe::rw(p.op, Cid(0), self.nsid, Lba(ch.slba), ch.nlb, 0, 0);
                 loop {
-                    match st.qp.submit(sqe, Some(plan), tag(ctx, slot)) {
+                    match st.qp.submit(sqe, Some(plan), owner(ctx, slot)) {
                         Ok(_) => {
                             waited_since = None;
                             break;
@@ -380,20 +361,29 @@ impl BatchQueue {
         self.reap(&mut st);
     }
 
-    /// Requests of `ctx` still on the device past the timeout, with the
-    /// CIDs of their commands there.
+    /// Requests of `ctx` with a command late on the device (see the
+    /// module docs), with the CIDs of their commands there.
     pub(crate) fn late(&self, ctx: u32) -> Vec<(u32, Vec<Cid>)> {
         let mut st = self.lock();
         self.reap(&mut st);
-        let now = Instant::now();
-        let Some(c) = st.batch.ctxs[ctx as usize].as_ref() else { return Vec::new() };
-        let late: Vec<u32> = (0..c.reqs.len() as u32)
-            .filter(|&i| {
-                let r = &c.reqs[i as usize];
-                r.pending > 0 && now.duration_since(r.started) > self.timeout
+        let late = Self::late_requests(&mut st, ctx, self.timeout);
+        late.into_iter().map(|i| (i, st.qp.outstanding_cids_of(owner(ctx, i)))).collect()
+    }
+
+    /// The requests of `ctx` that the tracker finds late, each once.
+    fn late_requests(st: &mut State, ctx: u32, timeout: Duration) -> Vec<u32> {
+        let mut late: Vec<u32> = st
+            .qp
+            .late_commands(timeout)
+            .into_iter()
+            .filter_map(|(_, o)| match o {
+                Owner::Batch { ctx: c, req } if c == ctx => Some(req),
+                _ => None,
             })
             .collect();
-        late.into_iter().map(|i| (i, st.qp.outstanding_cids_of(tag(ctx, i)))).collect()
+        late.sort_unstable();
+        late.dedup();
+        late
     }
 
     /// Whether request `req` of `ctx` still has commands on the device.
@@ -402,28 +392,22 @@ impl BatchQueue {
         st.batch.ctxs[ctx as usize].as_ref().is_some_and(|c| c.reqs[req as usize].pending > 0)
     }
 
-    /// Requests of `ctx` older than the timeout: reported as timed out, and
+    /// Requests of `ctx` late on the device: reported as timed out, and
     /// their buffer references returned (to quarantine). Empty when none.
     pub(crate) fn expire(&self, ctx: u32) -> Vec<Hold> {
         let mut st = self.lock();
         self.reap(&mut st);
-        let now = Instant::now();
         let qid = st.qp.qid().0;
         let timeout = self.timeout;
-        let late: Vec<u32> = {
-            let c = st.batch.ctxs[ctx as usize].as_ref().expect("open context");
-            (0..c.reqs.len() as u32)
-                .filter(|&i| {
-                    let r = &c.reqs[i as usize];
-                    r.pending > 0 && now.duration_since(r.started) > timeout
-                })
-                .collect()
-        };
+        let late = Self::late_requests(&mut st, ctx, timeout);
         let mut guards = Vec::new();
         for i in late {
-            let cid = st.qp.outstanding_cid_of(tag(ctx, i));
+            let cid = st.qp.outstanding_cid_of(owner(ctx, i));
             let c = st.batch.ctxs[ctx as usize].as_mut().expect("open context");
             let r = &mut c.reqs[i as usize];
+            if r.pending == 0 {
+                continue;
+            }
             r.pending = 0;
             guards.extend(r.hold.take());
             c.done.push_back(BatchEvent {
@@ -448,9 +432,8 @@ impl BatchQueue {
         let live: Vec<u32> = (0..c.reqs.len() as u32).filter(|&i| c.reqs[i as usize].pending > 0).collect();
         let mut cids = Vec::new();
         for i in live {
-            let t = tag(ctx, i);
             // Every command of the request: scan the queue's outstanding CIDs.
-            cids.extend(st.qp.outstanding_cids_of(t).into_iter().map(|c| (qid, c)));
+            cids.extend(st.qp.outstanding_cids_of(owner(ctx, i)).into_iter().map(|c| (qid, c)));
         }
         cids
     }

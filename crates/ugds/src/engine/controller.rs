@@ -7,7 +7,7 @@
 //! queues, each completion queue before its submission queue. Admin commands
 //! are polled to a deadline, never slept on.
 
-use super::qpair::QueuePair;
+use super::qpair::{Owner, QueuePair};
 use crate::dma::DmaBuffer;
 use crate::platform::Platform;
 use crate::{Error, Result};
@@ -339,7 +339,7 @@ fn wait_ready(p: &dyn Platform, ready: bool, timeout: Duration) -> Result<()> {
 
 fn run_admin(qp: &mut QueuePair, p: &dyn Platform, sqe: Sqe, op: &'static str) -> Result<Cqe> {
     // Admin data buffers are single pages: PRP1 is already in the entry.
-    let cid = qp.submit(sqe, None, 0).map_err(Error::from)?;
+    let cid = qp.submit(sqe, None, Owner::Own(0)).map_err(Error::from)?;
     qp.ring_sq_doorbell();
     let deadline = Instant::now() + ADMIN_TIMEOUT;
     let mut spins = 0u32;

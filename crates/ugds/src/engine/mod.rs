@@ -3,6 +3,7 @@
 //!
 //! - [`controller`]: bring-up, admin commands, shutdown.
 //! - [`qpair`]: one queue pair, used by one thread at a time.
+//! - [`tracker`]: what a queue pair knows of each command on the device.
 //! - [`chunk`]: splitting a request by MDTS and PRP-list capacity.
 //! - [`sync`]: shared queue pairs for synchronous callers.
 //! - [`batch`]: the deep batch queue shared by batch contexts.
@@ -14,8 +15,10 @@ pub mod controller;
 pub(crate) mod hold;
 pub mod qpair;
 pub mod sync;
+pub mod tracker;
 
 pub use batch::{BatchEvent, BatchStatus};
 pub use controller::{Controller, ControllerInfo, NamespaceInfo};
 pub use qpair::QueuePair;
 pub use sync::Completion;
+pub use tracker::Owner;

@@ -1,6 +1,9 @@
 //! One I/O (or admin) queue pair: a submission ring, a completion ring, and
 //! a tracker per command identifier.
 //!
+//! Which command a completion ends, who is credited with it and which
+//! PRP-list page it frees is the [`Tracker`]'s, indexed by CID.
+//!
 //! Used through `&mut self`: one thread at a time, which the compiler checks
 //! (SPDK's rule for a qpair). Submission and completion are separate steps,
 //! as in Linux and SPDK: [`QueuePair::submit`] copies an entry into the ring
@@ -18,9 +21,9 @@ use crate::{Error, Result};
 use std::sync::Arc;
 use ugds_nvme::prp::PrpPlan;
 use ugds_nvme::ring::{CqCursor, Ring};
-use ugds_nvme::{regs, Cid, CidAllocator, Cqe, Qid, Sqe};
+use ugds_nvme::{regs, Cid, Cqe, Qid, Sqe};
 
-const NO_PAGE: u16 = u16::MAX;
+pub use super::tracker::{Owner, Tracker};
 
 /// A read-only view of a completion ring's phase tags, so that threads
 /// waiting on a shared queue pair can see that something completed without
@@ -102,15 +105,12 @@ pub struct QueuePair {
     last_sq_tail: u32,
     /// The controller's SQ head as last reported in a CQE.
     sq_head: u32,
-    cids: CidAllocator,
-    /// The caller's tag for each outstanding CID.
-    tags: Box<[u64]>,
+    /// The commands on the device, by CID.
+    tracker: Tracker,
     /// Pre-mapped PRP-list pages; a command that needs a list borrows one
     /// until its completion is consumed.
     prp_pages: DmaBuffer,
     prp_free: Vec<u16>,
-    /// The PRP page each CID holds, or `NO_PAGE`.
-    cid_page: Box<[u16]>,
 
     // ---- completion: touched on every completion ----
     cq: Arc<DmaBuffer>,
@@ -175,11 +175,9 @@ impl QueuePair {
             sq_tail: 0,
             last_sq_tail: 0,
             sq_head: 0,
-            cids: CidAllocator::new(ncids),
-            tags: vec![0; ncids as usize].into_boxed_slice(),
+            tracker: Tracker::new(ncids),
             prp_pages,
             prp_free: (0..npages).rev().collect(),
-            cid_page: vec![NO_PAGE; ncids as usize].into_boxed_slice(),
             dbbuf: None,
             cq,
             cq_ring: Ring::new(entries as u32),
@@ -246,7 +244,7 @@ impl QueuePair {
     /// (commands needing a PRP list are also bounded by [`free_prp_pages`](Self::free_prp_pages)).
     pub fn free_slots(&self) -> usize {
         (self.sq_ring.free(self.sq_head, self.sq_tail) as usize)
-            .min(self.cids.capacity() as usize - self.cids.outstanding())
+            .min(self.tracker.capacity() as usize - self.tracker.outstanding())
     }
 
     /// PRP-list pages not lent to a command.
@@ -262,7 +260,7 @@ impl QueuePair {
 
     /// Commands submitted and not yet completed.
     pub fn outstanding(&self) -> usize {
-        self.cids.outstanding()
+        self.tracker.outstanding()
     }
 
     /// Completions that named a CID nobody held, or an SQ head outside the ring.
@@ -270,38 +268,52 @@ impl QueuePair {
         self.protocol_errors
     }
 
-    /// Every outstanding command with this tag.
-    pub fn outstanding_cids_of(&self, tag: u64) -> Vec<Cid> {
-        (0..self.tags.len() as u16)
-            .filter_map(|i| self.cids.current(i as usize))
-            .filter(|&c| self.tags[self.cids.index(c)] == tag)
-            .collect()
+    /// Every outstanding command of `owner`.
+    pub fn outstanding_cids_of(&self, owner: Owner) -> Vec<Cid> {
+        self.tracker.outstanding_commands().filter(|(_, t)| t.owner == owner).map(|(c, _)| c).collect()
     }
 
-    /// The tag of an outstanding command, for error reports.
-    pub fn outstanding_cid_of(&self, tag: u64) -> Option<Cid> {
-        (0..self.tags.len()).filter_map(|i| self.cids.current(i)).find(|&c| self.tags[self.cids.index(c)] == tag)
+    /// One outstanding command of `owner`, for error reports.
+    pub fn outstanding_cid_of(&self, owner: Owner) -> Option<Cid> {
+        self.tracker.outstanding_commands().find(|(_, t)| t.owner == owner).map(|(c, _)| c)
+    }
+
+    /// Outstanding commands a timeout check first found more than `limit`
+    /// ago, with their owners (see [`Tracker::late`]).
+    pub fn late_commands(&mut self, limit: std::time::Duration) -> Vec<(Cid, Owner)> {
+        if self.tracker.outstanding() == 0 {
+            return Vec::new();
+        }
+        self.tracker.late(std::time::Instant::now(), limit)
     }
 
     /// Stages `sqe` (its CID and, with `data`, its PRPs filled in here) in the
     /// submission ring. Not visible to the controller until
     /// [`ring_sq_doorbell`](Self::ring_sq_doorbell).
     #[inline]
-    pub fn submit(&mut self, mut sqe: Sqe, data: Option<PrpPlan<'_>>, tag: u64) -> Result<Cid, Full> {
+    pub fn submit(&mut self, mut sqe: Sqe, data: Option<PrpPlan<'_>>, owner: Owner) -> Result<Cid, Full> {
         if self.sq_ring.is_full(self.sq_head, self.sq_tail) {
             return Err(Full::Sq);
         }
         // Every command in flight must find a free CQ slot when it
         // completes: consumed entries not yet reported still count as used.
         if self.cq_unreported > 0
-            && self.cq_unreported as usize + self.cids.outstanding() + 1 >= self.cq_ring.size() as usize
+            && self.cq_unreported as usize + self.tracker.outstanding() + 1 >= self.cq_ring.size() as usize
         {
             self.report_cq_head();
         }
-        if matches!(data, Some(PrpPlan::List { .. })) && self.prp_free.is_empty() {
+        let list = matches!(data, Some(PrpPlan::List { .. }));
+        if list && self.prp_free.is_empty() {
             return Err(Full::PrpPages);
         }
-        let cid = self.cids.alloc().ok_or(Full::Cid)?;
+        if self.tracker.is_full() {
+            return Err(Full::Cid);
+        }
+        // A page from the pool, held by this command until its completion
+        // is consumed: no other command can overwrite it while the
+        // controller may still read it.
+        let page = if list { self.prp_free.pop() } else { None };
+        let cid = self.tracker.begin(owner, page).expect("a CID is free");
         match data {
             None => {}
             Some(PrpPlan::One { prp1 }) => sqe.prp1 = prp1,
@@ -310,12 +322,7 @@ impl QueuePair {
                 sqe.prp2 = prp2;
             }
             Some(PrpPlan::List { prp1, entries }) => {
-                // A page from the pool, held by this CID until its
-                // completion is consumed: no other command can overwrite it
-                // while the controller may still read it.
-                let idx = self.prp_free.pop().expect("checked above");
-                self.cid_page[self.cids.index(cid)] = idx;
-                let page = idx as usize * PAGE_SIZE;
+                let page = page.expect("taken above") as usize * PAGE_SIZE;
                 for (i, &e) in entries.iter().enumerate() {
                     self.prp_pages.write_u64(page + i * 8, e);
                 }
@@ -325,8 +332,6 @@ impl QueuePair {
         }
         sqe.set_cid(cid);
         self.sq.write_sqe(self.sq_tail as usize * Sqe::SIZE, &sqe);
-        let i = self.cids.index(cid);
-        self.tags[i] = tag;
         self.sq_tail = self.sq_ring.next(self.sq_tail);
         Ok(cid)
     }
@@ -367,11 +372,11 @@ impl QueuePair {
         (dw3 >> 16) & 1 == self.cursor.phase as u32
     }
 
-    /// Consumes up to `max` new completion entries, calling `f(tag, cqe)` for
+    /// Consumes up to `max` new completion entries, calling `f(owner, cqe)` for
     /// each, and reports the CQ head (see [`report_cq_head`](Self::report_cq_head)).
     /// Returns how many.
     #[inline]
-    pub fn process_completions(&mut self, max: usize, mut f: impl FnMut(u64, &Cqe)) -> usize {
+    pub fn process_completions(&mut self, max: usize, mut f: impl FnMut(Owner, &Cqe)) -> usize {
         let mut n = 0;
         while n < max {
             let off = self.cursor.head as usize * Cqe::SIZE;
@@ -414,15 +419,12 @@ impl QueuePair {
                     "completion with an SQ head outside what was submitted; ignored"
                 );
             }
-            let cid = Cid(cqe.cid);
-            match self.cids.free(cid) {
-                Ok(()) => {
-                    let i = self.cids.index(cid);
-                    let page = std::mem::replace(&mut self.cid_page[i], NO_PAGE);
-                    if page != NO_PAGE {
+            match self.tracker.end(Cid(cqe.cid)) {
+                Ok(t) => {
+                    if let Some(page) = t.prp_page {
                         self.prp_free.push(page);
                     }
-                    f(self.tags[i], &cqe)
+                    f(t.owner, &cqe)
                 }
                 Err(e) => {
                     self.protocol_errors += 1;
@@ -433,7 +435,7 @@ impl QueuePair {
         if n > 0 {
             self.cq_unreported += n as u32;
             if self.cq_unreported > self.cq_lazy
-                || self.cq_unreported as usize + self.cids.outstanding() + 1 >= self.cq_ring.size() as usize
+                || self.cq_unreported as usize + self.tracker.outstanding() + 1 >= self.cq_ring.size() as usize
             {
                 self.report_cq_head();
             }
@@ -468,14 +470,9 @@ impl QueuePair {
     /// reset or the queue deleted, when no completion for them can come.
     pub fn forget_outstanding(&mut self) -> usize {
         self.cq_unreported = 0;
-        let n = self.cids.outstanding();
-        let ncids = self.cids.capacity();
-        self.cids = CidAllocator::new(ncids);
-        for p in self.cid_page.iter_mut() {
-            if *p != NO_PAGE {
-                self.prp_free.push(std::mem::replace(p, NO_PAGE));
-            }
-        }
+        let n = self.tracker.outstanding();
+        let pages = self.tracker.forget_all();
+        self.prp_free.extend(pages);
         n
     }
 }
@@ -489,7 +486,7 @@ impl std::fmt::Debug for QueuePair {
             .field("sq_head", &self.sq_head)
             .field("cq_head", &self.cursor.head)
             .field("phase", &self.cursor.phase)
-            .field("outstanding", &self.cids.outstanding())
+            .field("outstanding", &self.tracker.outstanding())
             .finish()
     }
 }

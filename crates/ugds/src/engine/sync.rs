@@ -21,8 +21,9 @@
 //! on it, which then look at their own completion queues. The eventfds are
 //! only hints: the phase tag decides.
 
-use super::batch::{BatchTable, BATCH_TAG};
+use super::batch::BatchTable;
 use super::qpair::{CqView, QueuePair};
+use super::tracker::Owner;
 use crate::platform::Platform;
 use crate::sys::EventFd;
 use crate::{Error, Result};
@@ -221,20 +222,24 @@ impl SyncQueue {
         let mut others = false;
         let slots = &self.slots;
         let State { qp, batch, .. } = st;
-        let n = qp.process_completions(usize::MAX, |tag, cqe| {
-            if tag & BATCH_TAG != 0 {
-                batch.credit(tag, cqe);
-                others = true;
-                return;
-            }
-            let s = &slots[tag as usize];
+        let n = qp.process_completions(usize::MAX, |owner, cqe| {
+            let slot = match owner {
+                Owner::Sync(slot) => slot,
+                Owner::Batch { ctx, req } => {
+                    batch.credit(ctx, req, cqe);
+                    others = true;
+                    return;
+                }
+                Owner::Own(_) => unreachable!("a shared queue pair's commands are synchronous or batch"),
+            };
+            let s = &slots[slot as usize];
             let status = cqe.status();
             if !status.is_success() {
                 let _ =
                     s.status.compare_exchange(0, STATUS_SET | cqe.status as u32, Ordering::Relaxed, Ordering::Relaxed);
             }
             s.pending.fetch_sub(1, Ordering::Release);
-            others |= tag as u32 != mine;
+            others |= slot != mine;
         });
         if n > 0 {
             let (head, phase) = st.qp.cq_cursor();
@@ -275,7 +280,7 @@ impl SyncQueue {
                 cmds.by_ref().for_each(drop);
                 break;
             }
-            match st.qp.submit(c.sqe, c.prp, slot as u64) {
+            match st.qp.submit(c.sqe, c.prp, Owner::Sync(slot)) {
                 Ok(_) => {
                     self.slots[slot as usize].pending.fetch_add(1, Ordering::Relaxed);
                     cmds.next();
@@ -491,7 +496,7 @@ impl SyncQueue {
         if csts.cfs() {
             return Failure::Stuck(Error::ControllerFatal);
         }
-        let cid = st.qp.outstanding_cid_of(slot as u64);
+        let cid = st.qp.outstanding_cid_of(Owner::Sync(slot));
         tracing::error!(qid = self.qid, ?cid, ?timeout, "{op} timed out");
         Failure::Late { error: Error::Timeout { qid: self.qid, cid, after: timeout }, slot }
     }
@@ -513,7 +518,7 @@ impl SyncQueue {
 
     /// The commands of `slot` still on the device.
     pub fn outstanding_cids(&self, slot: u32) -> Vec<ugds_nvme::Cid> {
-        self.lock().qp.outstanding_cids_of(slot as u64)
+        self.lock().qp.outstanding_cids_of(Owner::Sync(slot))
     }
 
     /// One look for the late request in `slot` (after an Abort):

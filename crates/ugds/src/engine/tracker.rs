@@ -1,0 +1,197 @@
+//! What a queue pair knows of each command on the device, indexed by CID.
+//!
+//! One entry per command identifier: who is credited with its completion
+//! (the [`Owner`]), the PRP-list page it borrows, and when a timeout check
+//! first found it outstanding. The entry lives from submission until the
+//! completion naming its CID (and generation) is consumed, or until the
+//! queue's commands are forgotten after a reset. The request tables above
+//! (synchronous slots, a lent queue's requests, a batch context's requests)
+//! hold only what belongs to a request as a whole: how many of its commands
+//! are pending, its first error, its hold on the buffer.
+
+use std::time::{Duration, Instant};
+use ugds_nvme::cid::NotAllocated;
+use ugds_nvme::{Cid, CidAllocator};
+
+/// Who a command's completion is credited to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Owner {
+    /// A synchronous request's slot on a shared queue pair.
+    Sync(u32),
+    /// A request of a batch context (or of a stream engine, or of a shared
+    /// lent queue, which are batch contexts).
+    Batch {
+        /// The context.
+        ctx: u32,
+        /// The request within it.
+        req: u32,
+    },
+    /// A request of the queue pair's only user: a lent queue, the admin
+    /// queue, a test.
+    Own(u32),
+}
+
+/// One command on the device.
+#[derive(Clone, Copy, Debug)]
+pub struct Tracked {
+    /// Who is credited with the completion.
+    pub owner: Owner,
+    /// The PRP-list page it borrows from the queue's pool.
+    pub prp_page: Option<u16>,
+    /// When a timeout check first found it outstanding: stamped by the
+    /// check, not at submission, so that no command pays a clock read.
+    pub seen: Option<Instant>,
+}
+
+const IDLE: Tracked = Tracked { owner: Owner::Own(0), prp_page: None, seen: None };
+
+/// The commands of one queue pair; see the module docs.
+pub struct Tracker {
+    cids: CidAllocator,
+    entries: Box<[Tracked]>,
+}
+
+impl Tracker {
+    /// A tracker for up to `capacity` commands at once.
+    pub fn new(capacity: u16) -> Tracker {
+        Tracker { cids: CidAllocator::new(capacity), entries: vec![IDLE; capacity as usize].into_boxed_slice() }
+    }
+
+    /// Commands it can hold at once.
+    pub fn capacity(&self) -> u16 {
+        self.cids.capacity()
+    }
+
+    /// Commands on the device.
+    #[inline]
+    pub fn outstanding(&self) -> usize {
+        self.cids.outstanding()
+    }
+
+    /// Whether a command identifier is free.
+    #[inline]
+    pub fn is_full(&self) -> bool {
+        self.cids.outstanding() == self.cids.capacity() as usize
+    }
+
+    /// Starts tracking a command: its CID, or `None` when every one is taken.
+    #[inline]
+    pub fn begin(&mut self, owner: Owner, prp_page: Option<u16>) -> Option<Cid> {
+        let cid = self.cids.alloc()?;
+        self.entries[self.cids.index(cid)] = Tracked { owner, prp_page, seen: None };
+        Some(cid)
+    }
+
+    /// Ends a command whose completion names `cid`: its entry, or an error
+    /// when no command with that CID and generation is outstanding (a
+    /// duplicate, a stale generation, a CID never handed out).
+    #[inline]
+    pub fn end(&mut self, cid: Cid) -> Result<Tracked, NotAllocated> {
+        self.cids.free(cid)?;
+        Ok(std::mem::replace(&mut self.entries[self.cids.index(cid)], IDLE))
+    }
+
+    /// Every outstanding command.
+    pub fn outstanding_commands(&self) -> impl Iterator<Item = (Cid, &Tracked)> + '_ {
+        (0..self.entries.len()).filter_map(|i| self.cids.current(i).map(|c| (c, &self.entries[i])))
+    }
+
+    /// Outstanding commands first seen by a check more than `limit` ago;
+    /// stamps those not seen before with `now`.
+    pub fn late(&mut self, now: Instant, limit: Duration) -> Vec<(Cid, Owner)> {
+        let mut late = Vec::new();
+        for i in 0..self.entries.len() {
+            let Some(cid) = self.cids.current(i) else { continue };
+            let e = &mut self.entries[i];
+            let seen = *e.seen.get_or_insert(now);
+            if now.duration_since(seen) > limit {
+                late.push((cid, e.owner));
+            }
+        }
+        late
+    }
+
+    /// Forgets every outstanding command (after a reset or the queue's
+    /// deletion, when no completion can come): the pages they held.
+    pub fn forget_all(&mut self) -> Vec<u16> {
+        let pages = self.outstanding_commands().filter_map(|(_, t)| t.prp_page).collect();
+        self.cids = CidAllocator::new(self.cids.capacity());
+        self.entries.fill(IDLE);
+        pages
+    }
+}
+
+impl std::fmt::Debug for Tracker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tracker")
+            .field("capacity", &self.cids.capacity())
+            .field("outstanding", &self.cids.outstanding())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_lives_from_begin_to_end() {
+        let mut t = Tracker::new(4);
+        let a = t.begin(Owner::Sync(3), Some(7)).unwrap();
+        let b = t.begin(Owner::Batch { ctx: 1, req: 2 }, None).unwrap();
+        assert_eq!(t.outstanding(), 2);
+        let e = t.end(a).unwrap();
+        assert_eq!((e.owner, e.prp_page), (Owner::Sync(3), Some(7)));
+        assert!(t.end(a).is_err(), "a duplicate completion ends nothing");
+        assert_eq!(t.outstanding_commands().map(|(c, _)| c).collect::<Vec<_>>(), vec![b]);
+    }
+
+    #[test]
+    fn a_reused_cid_is_not_ended_by_its_old_generation() {
+        let mut t = Tracker::new(1);
+        let old = t.begin(Owner::Own(1), None).unwrap();
+        t.end(old).unwrap();
+        let new = t.begin(Owner::Own(2), None).unwrap();
+        assert_ne!(old, new);
+        assert!(t.end(old).is_err());
+        assert_eq!(t.end(new).unwrap().owner, Owner::Own(2));
+    }
+
+    #[test]
+    fn full_when_every_cid_is_taken() {
+        let mut t = Tracker::new(2);
+        t.begin(Owner::Own(0), None).unwrap();
+        assert!(!t.is_full());
+        t.begin(Owner::Own(1), None).unwrap();
+        assert!(t.is_full());
+        assert!(t.begin(Owner::Own(2), None).is_none());
+    }
+
+    #[test]
+    fn late_counts_from_the_first_check() {
+        let mut t = Tracker::new(4);
+        let a = t.begin(Owner::Own(0), None).unwrap();
+        let t0 = Instant::now();
+        assert!(t.late(t0, Duration::from_secs(1)).is_empty(), "stamped, not late");
+        let b = t.begin(Owner::Own(1), None).unwrap();
+        let later = t0 + Duration::from_secs(2);
+        // a was stamped at t0 and is late; b is stamped now.
+        assert_eq!(t.late(later, Duration::from_secs(1)), vec![(a, Owner::Own(0))]);
+        assert_eq!(t.late(later + Duration::from_secs(2), Duration::from_secs(1)).len(), 2);
+        t.end(a).unwrap();
+        assert_eq!(t.late(later + Duration::from_secs(2), Duration::from_secs(1)), vec![(b, Owner::Own(1))]);
+    }
+
+    #[test]
+    fn forgetting_returns_the_borrowed_pages() {
+        let mut t = Tracker::new(4);
+        t.begin(Owner::Own(0), Some(1)).unwrap();
+        t.begin(Owner::Own(1), None).unwrap();
+        t.begin(Owner::Own(2), Some(3)).unwrap();
+        let mut pages = t.forget_all();
+        pages.sort();
+        assert_eq!(pages, vec![1, 3]);
+        assert_eq!(t.outstanding(), 0);
+    }
+}
