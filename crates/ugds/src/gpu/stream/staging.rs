@@ -1,0 +1,143 @@
+//! Staging blocks: device-mapped host memory that staged operations move
+//! their data through (see the parent module's docs).
+
+use super::words::{has_passed, Slot};
+use super::StreamBackend;
+use crate::Result;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Bytes at the start of a staging block that hold its copy's parameters
+/// (`dst`, `src`, `len`: device addresses and a byte count, 64-bit each);
+/// the data follows, page-aligned for the controller.
+pub(crate) const STAGE_HEADER: usize = 4096;
+/// The smallest staging block's data capacity.
+const STAGE_MIN: usize = 64 << 10;
+/// The largest: one staged request moves at most this many bytes.
+pub(crate) const STAGE_MAX: usize = 256 << 20;
+
+/// One staging block: device-mapped host memory, header then data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Block {
+    host: usize,
+    dev: u64,
+    /// Data bytes after the header.
+    cap: usize,
+}
+
+/// Staging blocks of one runtime context. Like word pages they are never
+/// given back to the runtime (freeing pinned memory waits for the device);
+/// a block is reused once the stream that used it has passed the copy.
+#[derive(Default)]
+pub(crate) struct StagePool {
+    free: Vec<Block>,
+    /// Blocks given back, with the stream slot and `passed` value after
+    /// their copy.
+    retired: Vec<(Block, Slot, u32)>,
+    /// Bytes allocated.
+    bytes: usize,
+}
+
+impl StagePool {
+    /// A free block of at least `want` bytes, after moving the blocks the
+    /// GPU is done with to `free`.
+    fn take_free(&mut self, want: usize) -> Option<Block> {
+        let free = &mut self.free;
+        self.retired.retain(|(b, slot, v)| {
+            let gone = has_passed(slot, *v);
+            if gone {
+                free.push(*b);
+            }
+            !gone
+        });
+        let best = self.free.iter().enumerate().filter(|(_, b)| b.cap >= want).min_by_key(|(_, b)| b.cap);
+        best.map(|(i, _)| i).map(|i| self.free.swap_remove(i))
+    }
+
+    /// A block of at least `want` bytes: a free one, or a new one. The
+    /// runtime is called without the pool's lock held: the completion path
+    /// takes that lock to give blocks back, and a runtime call may wait
+    /// for the device, which may be waiting for that completion.
+    fn take(pool: &Mutex<StagePool>, backend: &dyn StreamBackend, want: usize) -> Result<Block> {
+        if let Some(b) = pool.lock().unwrap_or_else(|p| p.into_inner()).take_free(want) {
+            return Ok(b);
+        }
+        let cap = want.next_power_of_two().clamp(STAGE_MIN, STAGE_MAX);
+        let (host, dev) = backend.alloc_stage(STAGE_HEADER + cap)?;
+        pool.lock().unwrap_or_else(|p| p.into_inner()).bytes += STAGE_HEADER + cap;
+        Ok(Block { host, dev, cap })
+    }
+}
+
+/// A staging block lent to one stream operation. Given back with
+/// [`give_back`](Self::give_back) once the controller is done with it (the
+/// I/O completed and its registration is gone); dropped otherwise, it is
+/// kept out of use for the process's life, since the controller may still
+/// reach it.
+pub(crate) struct StageLease {
+    backend: Arc<dyn StreamBackend>,
+    block: Block,
+    mark: StageMark,
+}
+
+/// The stream slot and `passed` value after a staged operation's copies,
+/// shared by its leases; set under the stream's lock before anything of
+/// the operation is enqueued.
+#[derive(Clone, Default)]
+pub(crate) struct StageMark(pub(super) Arc<OnceLock<(Slot, u32)>>);
+
+impl StageLease {
+    /// A block of at least `want` data bytes from `pool`, for the operation
+    /// `mark` will name; its copy set to nothing.
+    pub(super) fn lend(
+        pool: &Mutex<StagePool>,
+        backend: &Arc<dyn StreamBackend>,
+        want: usize,
+        mark: &StageMark,
+    ) -> Result<StageLease> {
+        let block = StagePool::take(pool, &**backend, want)?;
+        let lease = StageLease { backend: backend.clone(), block, mark: mark.clone() };
+        lease.set_copy(true, 0, 0);
+        Ok(lease)
+    }
+
+    /// The block's data: host address and capacity.
+    pub(crate) fn data(&self) -> (*mut u8, usize) {
+        ((self.block.host + STAGE_HEADER) as *mut u8, self.block.cap)
+    }
+
+    /// Device address of the header, the copy kernel's argument.
+    pub(crate) fn header_dev(&self) -> u64 {
+        self.block.dev
+    }
+
+    /// Sets the copy the kernel makes: `len` bytes from the block to device
+    /// address `user` (`to_user`), or from `user` into the block. A length
+    /// of 0 (the state a block is lent in) copies nothing.
+    pub(crate) fn set_copy(&self, to_user: bool, user: u64, len: usize) {
+        let data = self.block.dev + STAGE_HEADER as u64;
+        let (dst, src) = if to_user { (user, data) } else { (data, user) };
+        let h = self.block.host as *mut u64;
+        // SAFETY: the header's first 24 bytes, in a block only this lease
+        // uses. The GPU reads them only after this operation's host
+        // function has returned (writes) or after the wait that this
+        // operation's signal releases (reads); both order these stores
+        // before its reads.
+        unsafe {
+            h.write_volatile(dst);
+            h.add(1).write_volatile(src);
+            h.add(2).write_volatile(len as u64);
+        }
+    }
+
+    /// Returns the block to its pool, to be reused once the GPU has passed
+    /// the operation's copy. A lease of an operation never launched is kept
+    /// out of use instead.
+    pub(crate) fn give_back(self) {
+        let Some(&(slot, v)) = self.mark.0.get() else { return };
+        let mut pool = match self.backend.stage_pool() {
+            Some(p) => p.lock().unwrap_or_else(|p| p.into_inner()),
+            None => return,
+        };
+        pool.retired.push((self.block, slot, v));
+    }
+}
