@@ -1,0 +1,234 @@
+//! The stream engine: the per-handle thread that puts stream operations'
+//! requests on the batch queue, writes their results and sets their
+//! signals.
+
+use super::Job;
+use crate::engine::batch::BatchQueue;
+use crate::engine::BatchEvent;
+use crate::handle::HandleInner;
+use crate::{Error, Result};
+use std::collections::{HashMap, VecDeque};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+enum Msg {
+    Job(Job),
+    Stop,
+}
+
+/// How long an idle engine polls for the next operation before it sleeps.
+const IDLE_SPIN: Duration = Duration::from_micros(200);
+
+/// Requests the engine keeps on the device at once.
+const ENGINE_CAPACITY: usize = 1024;
+
+/// The per-handle thread that runs stream operations' I/O.
+pub(crate) struct StreamEngine {
+    tx: Mutex<Sender<Msg>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl StreamEngine {
+    pub(crate) fn start(queue: Arc<BatchQueue>, handle: Weak<HandleInner>) -> Result<StreamEngine> {
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("ugds-stream".into())
+            .spawn(move || Engine::new(queue, handle, rx).run())
+            .map_err(|e| Error::io("spawn stream engine", e))?;
+        Ok(StreamEngine { tx: Mutex::new(tx), thread: Some(thread) })
+    }
+
+    pub(super) fn send(&self, job: Job) -> Result<()> {
+        self.tx.lock().unwrap_or_else(|p| p.into_inner()).send(Msg::Job(job)).map_err(|_| Error::Closed)
+    }
+
+    /// Stops the thread (nothing is in flight: the handle checked). When
+    /// the engine itself drops the last reference to its handle, it is told
+    /// to stop and not waited for (it exits right after).
+    pub(crate) fn stop(&mut self) {
+        let _ = self.tx.lock().unwrap_or_else(|p| p.into_inner()).send(Msg::Stop);
+        if let Some(t) = self.thread.take() {
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+impl Drop for StreamEngine {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct Engine {
+    queue: Arc<BatchQueue>,
+    handle: Weak<HandleInner>,
+    rx: Receiver<Msg>,
+    ctx: u32,
+    jobs: HashMap<u64, (Job, usize)>,
+    waiting: VecDeque<(u64, Job)>,
+    next_job: u64,
+    events: Vec<BatchEvent>,
+}
+
+impl Engine {
+    fn new(queue: Arc<BatchQueue>, handle: Weak<HandleInner>, rx: Receiver<Msg>) -> Engine {
+        let ctx = queue.open_context(ENGINE_CAPACITY);
+        Engine {
+            queue,
+            handle,
+            rx,
+            ctx,
+            jobs: HashMap::new(),
+            waiting: VecDeque::new(),
+            next_job: 1,
+            events: Vec::with_capacity(ENGINE_CAPACITY),
+        }
+    }
+
+    fn run(mut self) {
+        let mut spins = 0u32;
+        loop {
+            // Idle: poll for work for a while (a thread woken from sleep
+            // takes tens of microseconds on a VM, paid by every operation
+            // of a stream), then block. Busy: take what has arrived.
+            let msg = if self.jobs.is_empty() && self.waiting.is_empty() {
+                let idle_since = Instant::now();
+                loop {
+                    match self.rx.try_recv() {
+                        Ok(m) => break Some(m),
+                        Err(TryRecvError::Disconnected) => break Some(Msg::Stop),
+                        Err(TryRecvError::Empty) if idle_since.elapsed() < IDLE_SPIN => std::hint::spin_loop(),
+                        Err(TryRecvError::Empty) => match self.rx.recv() {
+                            Ok(m) => break Some(m),
+                            Err(_) => break Some(Msg::Stop),
+                        },
+                    }
+                }
+            } else {
+                match self.rx.try_recv() {
+                    Ok(m) => Some(m),
+                    Err(TryRecvError::Empty) => None,
+                    Err(TryRecvError::Disconnected) => break,
+                }
+            };
+            match msg {
+                Some(Msg::Stop) => break,
+                Some(Msg::Job(job)) => {
+                    let id = self.next_job;
+                    self.next_job += 1;
+                    self.waiting.push_back((id, job));
+                }
+                None => {}
+            }
+            self.issue_waiting();
+            self.events.clear();
+            let (n, _) = self.queue.collect(self.ctx, ENGINE_CAPACITY, &mut self.events);
+            let events = std::mem::take(&mut self.events);
+            for e in events.iter() {
+                self.finish(e);
+            }
+            self.events = events;
+            if n == 0 {
+                spins = spins.wrapping_add(1);
+                if spins % 4096 == 0 {
+                    self.expire();
+                }
+                if spins % 64 == 0 {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+        let left = self.queue.close_context(self.ctx);
+        if !left.is_empty() {
+            if let Some(h) = self.handle.upgrade() {
+                h.wedge(left);
+            } else {
+                std::mem::forget(left);
+            }
+        }
+    }
+
+    /// Sends waiting jobs to the device while the context has room.
+    fn issue_waiting(&mut self) {
+        while let Some((_, job)) = self.waiting.front() {
+            if job.bound.reqs.len() > self.queue.room(self.ctx) {
+                if job.bound.reqs.len() > ENGINE_CAPACITY {
+                    // Never fits: fail it rather than wait forever.
+                    let (_, mut job) = self.waiting.pop_front().expect("front exists");
+                    let requested = std::mem::take(&mut job.bound.reqs).len();
+                    for s in job.bound.sinks.iter().flatten() {
+                        s.write(Err(Error::CapacityExceeded { capacity: ENGINE_CAPACITY, requested, outstanding: 0 }));
+                    }
+                    job.release_stages();
+                    continue;
+                }
+                break;
+            }
+            let (id, mut job) = self.waiting.pop_front().expect("front exists");
+            let mut reqs = std::mem::take(&mut job.bound.reqs);
+            for (i, r) in reqs.iter_mut().enumerate() {
+                r.cookie = id << 20 | i as u64;
+            }
+            let n = reqs.len();
+            match self.queue.submit(self.ctx, &mut reqs) {
+                Ok(_) => {
+                    self.jobs.insert(id, (job, n));
+                }
+                Err(e) => {
+                    tracing::error!("stream operation could not be submitted: {e}");
+                    if matches!(e, Error::Timeout { .. }) {
+                        job.handle.0.wedge_holding_nothing();
+                    }
+                    for s in job.bound.sinks.iter().flatten() {
+                        s.write(Err(e.clone()));
+                    }
+                    drop(reqs);
+                    job.release_stages();
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self, e: &BatchEvent) {
+        let id = e.cookie >> 20;
+        let idx = (e.cookie & 0xf_ffff) as usize;
+        let Some((job, left)) = self.jobs.get_mut(&id) else { return };
+        job.timed_out |= matches!(e.result, Err(Error::Timeout { .. }));
+        if let Some(s) = job.bound.sinks.get_mut(idx).and_then(|s| s.take()) {
+            let r = match &e.result {
+                Ok(n) => Ok(*n),
+                Err(Error::Nvme { op, status }) => Err(Error::Nvme { op, status: *status }),
+                Err(Error::Timeout { qid, cid, after }) => Err(Error::Timeout { qid: *qid, cid: *cid, after: *after }),
+                Err(other) => Err(Error::Platform(other.to_string())),
+            };
+            s.write(r);
+        }
+        *left -= 1;
+        if *left == 0 {
+            let (mut job, _) = self.jobs.remove(&id).expect("present");
+            job.release_stages();
+            let Job { signal, handle, .. } = job;
+            // Results are written and the handle released; now the stream
+            // may go on (and whoever waits on it may close the handle).
+            drop(handle);
+            signal.set();
+        }
+    }
+
+    fn expire(&mut self) {
+        let Some(h) = self.handle.upgrade() else {
+            // The handle is going: its teardown stops this engine first.
+            return;
+        };
+        let guards = h.expire_batch(&self.queue, self.ctx);
+        if !guards.is_empty() {
+            h.wedge(guards);
+        }
+    }
+}
