@@ -42,9 +42,12 @@ mod staging;
 mod tests;
 mod words;
 
-pub(crate) use staging::{StageLease, StageMark, StagePool, STAGE_HEADER, STAGE_MAX};
+pub(crate) use staging::{StageLease, StageMark, StagePool, STAGE_MAX};
 use words::{Slot, BUDGET_PATIENCE};
-pub(crate) use words::{WordPool, MAX_PENDING_WAITS, WORD_PAGE};
+pub(crate) use words::{WordPool, MAX_PENDING_WAITS};
+// For the runtimes' backends (none without the `gpu` feature).
+#[cfg_attr(not(feature = "gpu"), allow(unused_imports))]
+pub(crate) use {staging::STAGE_HEADER, words::WORD_PAGE};
 
 /// How a GPU stream waits for an operation's I/O.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,0 +1,205 @@
+//! Stream-ordered I/O on CUDA streams: the words, staging blocks and copy
+//! kernel of one context (see `gpu::stream`).
+
+use super::*;
+
+pub(super) struct CudaStreamBackend {
+    cuda: Arc<Cuda>,
+    ctx: usize,
+    pool: Mutex<WordPool>,
+    stages: Mutex<StagePool>,
+    /// The staging copy kernel (a `CUfunction`), loaded once per context.
+    copy_kernel: OnceLock<std::result::Result<usize, String>>,
+}
+
+/// The staging copy: `len` bytes from `src` to `dst`, read from the header
+/// its argument points at when the kernel runs (by one thread per block:
+/// the header is in host memory, and a read of it crosses PCIe); 16 bytes
+/// per thread and step where all three are multiples of 16, bytes
+/// otherwise. `membar.sys` makes writes to host memory (a write's staging)
+/// visible to the host function after the kernel.
+const STAGE_COPY_PTX: &CStr = c"
+.version 7.0
+.target sm_50
+.address_size 64
+.visible .entry ugds_stage_copy(.param .u64 header)
+{
+    .reg .pred %p<4>;
+    .reg .b32 %r<9>;
+    .reg .b64 %rd<14>;
+    .shared .align 8 .b64 hdr[3];
+    mov.u32 %r3, %tid.x;
+    setp.ne.u32 %p3, %r3, 0;
+    @%p3 bra LOADED;
+    ld.param.u64 %rd1, [header];
+    ld.volatile.global.u64 %rd2, [%rd1];
+    ld.volatile.global.u64 %rd3, [%rd1+8];
+    ld.volatile.global.u64 %rd4, [%rd1+16];
+    st.shared.u64 [hdr], %rd2;
+    st.shared.u64 [hdr+8], %rd3;
+    st.shared.u64 [hdr+16], %rd4;
+LOADED:
+    bar.sync 0;
+    ld.shared.u64 %rd2, [hdr];
+    ld.shared.u64 %rd3, [hdr+8];
+    ld.shared.u64 %rd4, [hdr+16];
+    mov.u32 %r1, %ctaid.x;
+    mov.u32 %r2, %ntid.x;
+    mov.u32 %r4, %nctaid.x;
+    mul.wide.u32 %rd5, %r1, %r2;
+    cvt.u64.u32 %rd6, %r3;
+    add.u64 %rd5, %rd5, %rd6;
+    mul.wide.u32 %rd7, %r4, %r2;
+    or.b64 %rd8, %rd2, %rd3;
+    or.b64 %rd8, %rd8, %rd4;
+    and.b64 %rd8, %rd8, 15;
+    setp.ne.u64 %p1, %rd8, 0;
+    @%p1 bra BYTES;
+    shr.u64 %rd9, %rd4, 4;
+WIDE:
+    setp.ge.u64 %p2, %rd5, %rd9;
+    @%p2 bra DONE;
+    shl.b64 %rd10, %rd5, 4;
+    add.u64 %rd11, %rd3, %rd10;
+    add.u64 %rd12, %rd2, %rd10;
+    ld.global.v4.u32 {%r5, %r6, %r7, %r8}, [%rd11];
+    st.global.v4.u32 [%rd12], {%r5, %r6, %r7, %r8};
+    add.u64 %rd5, %rd5, %rd7;
+    bra WIDE;
+BYTES:
+    setp.ge.u64 %p2, %rd5, %rd4;
+    @%p2 bra DONE;
+    add.u64 %rd11, %rd3, %rd5;
+    add.u64 %rd12, %rd2, %rd5;
+    ld.global.u8 %r5, [%rd11];
+    st.global.u8 [%rd12], %r5;
+    add.u64 %rd5, %rd5, %rd7;
+    bra BYTES;
+DONE:
+    membar.sys;
+    ret;
+}
+";
+
+/// Grid of the staging copy: blocks of threads.
+const STAGE_COPY_GRID: (u32, u32) = (64, 256);
+
+impl CudaStreamBackend {
+    pub(super) fn new(cuda: Arc<Cuda>, ctx: usize) -> CudaStreamBackend {
+        CudaStreamBackend { cuda, ctx, pool: Mutex::default(), stages: Mutex::default(), copy_kernel: OnceLock::new() }
+    }
+
+    /// The staging copy kernel of this context, loaded at the first call.
+    pub(super) fn copy_kernel(&self) -> std::result::Result<usize, String> {
+        self.copy_kernel
+            .get_or_init(|| {
+                self.cuda
+                    .with_context(self.ctx as Ctx, || {
+                        let mut module: *mut c_void = std::ptr::null_mut();
+                        // SAFETY: a NUL-terminated PTX image; the module is
+                        // kept for the process's life.
+                        let r =
+                            unsafe { (self.cuda.api.module_load_data)(&mut module, STAGE_COPY_PTX.as_ptr().cast()) };
+                        self.cuda.check("cuModuleLoadData", r)?;
+                        let mut f: *mut c_void = std::ptr::null_mut();
+                        // SAFETY: a loaded module and a NUL-terminated name.
+                        let r =
+                            unsafe { (self.cuda.api.module_get_function)(&mut f, module, c"ugds_stage_copy".as_ptr()) };
+                        self.cuda.check("cuModuleGetFunction", r)?;
+                        Ok(f as usize)
+                    })
+                    .map_err(|e| e.to_string())
+            })
+            .clone()
+    }
+
+    /// `len` bytes of device-mapped pinned memory of this context, zeroed:
+    /// (host address, device address).
+    fn alloc_mapped(&self, len: usize) -> Result<(usize, u64)> {
+        self.cuda.with_context(self.ctx as Ctx, || self.cuda.alloc_mapped(len))
+    }
+}
+
+impl StreamBackend for CudaStreamBackend {
+    fn alloc_page(&self) -> Result<(usize, u64)> {
+        self.alloc_mapped(WORD_PAGE)
+    }
+
+    fn pool(&self) -> &Mutex<WordPool> {
+        &self.pool
+    }
+
+    fn launch_host_fn(&self, stream: usize, f: HostFn, data: *mut c_void) -> Result<()> {
+        // SAFETY: a live stream (GpuStream's contract); `f` takes `data`.
+        let r = unsafe { (self.cuda.api.launch_host_func)(stream as RawStream, f, data) };
+        self.cuda.check("cuLaunchHostFunc", r)
+    }
+
+    fn wait_value32(&self, stream: usize, addr: u64, value: u32) -> Result<bool> {
+        // SAFETY: a live stream and a device-mapped host word we own.
+        let r = unsafe { (self.cuda.api.stream_wait_value32)(stream as RawStream, addr, value, STREAM_WAIT_VALUE_GEQ) };
+        if r == ERROR_NOT_SUPPORTED {
+            return Ok(false);
+        }
+        self.cuda.check("cuStreamWaitValue32", r).map(|()| true)
+    }
+
+    fn write_value32(&self, stream: usize, addr: u64, value: u32) -> Result<bool> {
+        // SAFETY: a stream the caller just enqueued on, and a device-mapped
+        // host word of the pool (never freed).
+        let r = unsafe { (self.cuda.api.stream_write_value32)(stream as RawStream, addr, value, 0) };
+        if r == ERROR_NOT_SUPPORTED {
+            return Ok(false);
+        }
+        self.cuda.check("cuStreamWriteValue32", r).map(|()| true)
+    }
+
+    fn synchronize(&self, stream: usize) -> Result<()> {
+        // SAFETY: a live stream.
+        self.cuda.check("cuStreamSynchronize", unsafe { (self.cuda.api.stream_synchronize)(stream as RawStream) })
+    }
+
+    fn name(&self) -> &'static str {
+        "CUDA"
+    }
+
+    fn context(&self) -> usize {
+        self.ctx
+    }
+
+    fn alloc_stage(&self, len: usize) -> Result<(usize, u64)> {
+        debug_assert!(len > STAGE_HEADER);
+        self.alloc_mapped(len)
+    }
+
+    fn stage_pool(&self) -> Option<&Mutex<StagePool>> {
+        self.copy_kernel().is_ok().then_some(&self.stages)
+    }
+
+    fn launch_copy(&self, stream: usize, header: u64) -> Result<()> {
+        let f = self.copy_kernel().map_err(Error::GpuUnavailable)?;
+        let mut arg = header;
+        let mut params = [&mut arg as *mut u64 as *mut c_void];
+        let (blocks, threads) = STAGE_COPY_GRID;
+        // SAFETY: one u64 parameter, as the kernel declares (the driver
+        // copies it at launch); a live stream of this context (GpuStream's
+        // contract); the header is in a staging block that is not reused
+        // until the stream has passed this kernel.
+        let r = unsafe {
+            (self.cuda.api.launch_kernel)(
+                f as *mut c_void,
+                blocks,
+                1,
+                1,
+                threads,
+                1,
+                1,
+                0,
+                stream as RawStream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        self.cuda.check("cuLaunchKernel", r)
+    }
+}
