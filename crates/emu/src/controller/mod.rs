@@ -2,9 +2,12 @@
 
 mod admin;
 mod commands;
+mod completion;
 mod data;
 mod namespace;
+mod state;
 
+use completion::{Completion, Delayed, Lie};
 use data::*;
 pub(super) use namespace::Namespace;
 use namespace::Store;
@@ -59,51 +62,6 @@ struct Cq {
     /// Entries posted since the last interrupt.
     fresh: bool,
     last_head: u32,
-}
-
-#[derive(Clone, Copy)]
-struct Completion {
-    sqid: u16,
-    cid: u16,
-    dw0: u32,
-    status: Status,
-    /// A broken controller's completion: what it reports (see `Lie`).
-    lie: Lie,
-}
-
-/// How a completion entry is posted wrong (fault injection).
-#[derive(Clone, Copy, Default, PartialEq, Eq)]
-enum Lie {
-    #[default]
-    None,
-    /// This SQ head instead of the real one.
-    SqHead(u16),
-    /// The new phase tag over the slot's stale fields; the real entry is
-    /// never seen (it lands in the slot the host already consumed).
-    EarlyPhase,
-}
-
-struct Delayed {
-    due: Instant,
-    seq: u64,
-    c: Completion,
-}
-
-impl PartialEq for Delayed {
-    fn eq(&self, o: &Self) -> bool {
-        (self.due, self.seq) == (o.due, o.seq)
-    }
-}
-impl Eq for Delayed {}
-impl PartialOrd for Delayed {
-    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Delayed {
-    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        (self.due, self.seq).cmp(&(o.due, o.seq))
-    }
 }
 
 /// What executing a command produced.
@@ -304,123 +262,6 @@ impl Controller {
         }
         self.raise_interrupts();
         did
-    }
-
-    // ---- controller state ----
-
-    fn check_cc(&mut self) -> bool {
-        let cc = self.reg(regs::CC);
-        if cc == self.cc {
-            return false;
-        }
-        let (old, new) = (Cc(self.cc), Cc(cc));
-        self.cc = cc;
-        if !old.en() && new.en() {
-            self.enable(new);
-        } else if old.en() && !new.en() {
-            self.reset();
-        }
-        if new.en() && new.shn() != regs::shutdown::NONE && old.shn() == regs::shutdown::NONE {
-            for n in self.ns.iter() {
-                n.flush();
-            }
-            let csts = self.reg(regs::CSTS) & !(3 << 2);
-            self.set_reg(regs::CSTS, csts | regs::shutdown::COMPLETE << 2);
-        }
-        true
-    }
-
-    fn enable(&mut self, cc: Cc) {
-        let aqa = Aqa(self.reg(regs::AQA));
-        let asq = self.reg(regs::ASQ) as u64 | (self.reg(regs::ASQ + 4) as u64) << 32;
-        let acq = self.reg(regs::ACQ) as u64 | (self.reg(regs::ACQ + 4) as u64) << 32;
-        self.page_size = 4096 << cc.mps().min(4);
-        let ps = self.page_size as u64;
-        let ok = cc.mps() <= 4
-            && cc.css() == 0
-            && aqa.asq_entries() >= 2
-            && aqa.acq_entries() >= 2
-            && asq % ps == 0
-            && acq % ps == 0
-            && asq != 0
-            && acq != 0;
-        if !ok {
-            tracing::warn!(?cc, ?aqa, asq, acq, "emulator: invalid admin queue configuration at enable");
-            self.set_fatal();
-            return;
-        }
-        self.cqs[0] = Some(Cq {
-            iova: acq,
-            ring: Ring::new(aqa.acq_entries()),
-            tail: 0,
-            phase: true,
-            iv: 0,
-            ien: true,
-            mem: None,
-            pending: VecDeque::new(),
-            fresh: false,
-            last_head: 0,
-        });
-        self.sqs[0] =
-            Some(Sq { iova: asq, ring: Ring::new(aqa.asq_entries()), head: 0, cqid: 0, mem: None, last_tail: 0 });
-        self.set_reg(regs::DOORBELL_BASE, 0);
-        self.set_reg(regs::cq_head_doorbell(0, 0), 0);
-        self.table_version = u64::MAX;
-        self.enabled = true;
-        self.set_reg(regs::CSTS, Csts::RDY);
-    }
-
-    /// Controller reset: every queue and every command in flight is dropped,
-    /// and nothing is touched in host memory after CSTS.RDY reads 0.
-    fn reset(&mut self) {
-        // No DMA after the controller is disabled: wait for the workers,
-        // and drop what they finished (the queues go with the reset).
-        for w in [self.workers.as_mut(), self.gpu_copies.as_mut()].into_iter().flatten() {
-            w.drain();
-        }
-        for q in self.sqs.iter_mut() {
-            *q = None;
-        }
-        for q in self.cqs.iter_mut() {
-            *q = None;
-        }
-        self.delayed.clear();
-        self.duplicates.clear();
-        self.enabled = false;
-        self.fatal = false;
-        self.aers = 0;
-        self.granted = (self.cfg.max_io_queues, self.cfg.max_io_queues);
-        self.shared.stats.resets.fetch_add(1, Ordering::Relaxed);
-        for n in self.ns.iter() {
-            n.flush();
-        }
-        self.set_reg(regs::CSTS, 0);
-    }
-
-    fn set_fatal(&mut self) {
-        self.fatal = true;
-        let csts = self.reg(regs::CSTS);
-        self.set_reg(regs::CSTS, csts | Csts::CFS);
-    }
-
-    /// Re-translates every queue's ring after the IOVA table changed. A
-    /// queue whose memory was unmapped under it is a fatal DMA fault.
-    fn revalidate(&mut self, table: &IovaTable) {
-        self.table_version = table.version;
-        let mut lost = false;
-        for sq in self.sqs.iter_mut().flatten() {
-            sq.mem = translate_region(table, sq.iova, sq.ring.size() as usize * Sqe::SIZE);
-            lost |= sq.mem.is_none();
-        }
-        for cq in self.cqs.iter_mut().flatten() {
-            cq.mem = translate_region(table, cq.iova, cq.ring.size() as usize * ugds_nvme::Cqe::SIZE);
-            lost |= cq.mem.is_none();
-        }
-        if lost {
-            tracing::warn!("emulator: queue memory unmapped while the queue exists");
-            self.shared.stats.dma_faults.fetch_add(1, Ordering::Relaxed);
-            self.set_fatal();
-        }
     }
 
     // ---- queues ----
@@ -684,87 +525,5 @@ impl Controller {
         }
         self.shared.faults_armed.store(!faults.is_empty(), Ordering::Release);
         Some(action)
-    }
-
-    fn complete(&mut self, c: Completion) {
-        let Some(sq) = self.sqs.get(c.sqid as usize).and_then(|q| q.as_ref()) else { return };
-        let cqid = sq.cqid as usize;
-        if let Some(cq) = self.cqs[cqid].as_mut() {
-            cq.pending.push_back(c);
-            self.flush_cq(cqid);
-        }
-    }
-
-    /// Posts pending completions while the completion queue has room.
-    fn flush_cq(&mut self, cqid: usize) -> bool {
-        let head = self.reg(regs::cq_head_doorbell(cqid as u16, 0));
-        let Some(cq) = self.cqs[cqid].as_mut() else { return false };
-        if head >= cq.ring.size() {
-            if head != cq.last_head {
-                cq.last_head = head;
-                self.shared.stats.invalid_doorbells.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(cqid, head, "emulator: CQ head doorbell outside the queue, ignored");
-            }
-            return false;
-        }
-        cq.last_head = head;
-        let mut posted = false;
-        while let Some(&c) = cq.pending.front() {
-            if cq.ring.is_full(head, cq.tail) {
-                break;
-            }
-            let Some(mem) = cq.mem.as_ref() else { break };
-            let mut sqhd = self.sqs.get(c.sqid as usize).and_then(|s| s.as_ref()).map_or(0, |s| s.head);
-            let off = cq.tail as usize * ugds_nvme::Cqe::SIZE;
-            if let Lie::SqHead(h) = c.lie {
-                sqhd = h as u32;
-            }
-            if c.lie == Lie::EarlyPhase {
-                // Only the phase bit of the stale entry flips.
-                let stale = mem.read_u32(off + 12);
-                mem.store_u32_release(off + 12, stale & !(1 << 16) | (cq.phase as u32) << 16);
-            } else {
-                mem.write_u32(off, c.dw0);
-                mem.write_u32(off + 4, 0);
-                mem.write_u32(off + 8, sqhd | (c.sqid as u32) << 16);
-                // The phase tag goes last, with release ordering: a host that
-                // sees the new phase sees the fields above and the data moved.
-                mem.store_u32_release(off + 12, c.cid as u32 | (c.status.to_field(cq.phase) as u32) << 16);
-            }
-            cq.tail += 1;
-            if cq.tail == cq.ring.size() {
-                cq.tail = 0;
-                cq.phase = !cq.phase;
-            }
-            cq.pending.pop_front();
-            cq.fresh = true;
-            posted = true;
-        }
-        posted
-    }
-
-    fn release_due(&mut self) -> bool {
-        let now = Instant::now();
-        let mut did = false;
-        while self.delayed.peek().is_some_and(|d| d.0.due <= now) {
-            let d = self.delayed.pop().expect("peeked").0;
-            self.complete(d.c);
-            did = true;
-        }
-        did
-    }
-
-    fn raise_interrupts(&mut self) {
-        for cq in self.cqs.iter_mut().flatten() {
-            if cq.fresh {
-                cq.fresh = false;
-                if cq.ien {
-                    if let Some(v) = self.shared.vectors.get(cq.iv as usize) {
-                        v.signal();
-                        self.shared.stats.interrupts.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
-        }
     }
 }
