@@ -7,9 +7,15 @@
 //! function of the byte offset and checks every byte read against it.
 
 mod batch;
+mod options;
 mod queue;
+mod report;
 mod stream;
 mod sync;
+
+pub use options::HELP;
+use options::{parse, Mode, Opts};
+use report::{completion_label, describe_queues, fmt_count, progress_bar, us};
 
 use crate::histogram::Histogram;
 use crate::target::{self, TargetOpts};
@@ -22,172 +28,6 @@ use ugds::{
     BatchIo, BatchOp, BufferToken, Completion, Driver, Handle, HandleOptions, HostBuffer, HostStream, QueueRole,
     StreamIo, StreamResult,
 };
-
-pub const HELP: &str = "\
-Usage: ugds bench [OPTIONS] [TARGET]
-
-Runs I/O against the target and prints, per run, throughput (MiB/s), IOPS
-and latency (mean, p50, p99, p99.9, max) from submission to completion.
-
-Options:
-  -m, --mode MODE         read, write, randread, randwrite [randread]
-  -s, --size SIZE         request size; a comma list sweeps sizes [4k]
-  -t, --threads N         submitting threads, one queue each [1]
-  -q, --qd N              requests outstanding per thread [32]
-  -d, --duration SECS     time per run [3]
-  -b, --bytes SIZE        stop each run after this many bytes instead
-  -r, --range SIZE        bytes of the namespace to touch [whole namespace]
-      --batch N[,N...]    batch mode: each thread submits batches of N requests
-                          and waits for all (a list sweeps batch sizes)
-      --stream            stream mode: each thread enqueues stream-ordered
-                          requests on a host stream, qd of them ahead
-      --verify            write a pattern, check every byte read against it
-      --interrupt         interrupt completion instead of polling
-      --no-progress       no progress bar, even on a terminal
-      --progress-lines    progress as a line a second (for logs: I/Os done,
-                          IOPS over the last second), on any stderr
-      --queue             at queue depth 1 too, use a lent I/O queue rather
-                          than synchronous calls
-      --no-shadow-doorbells  MMIO doorbells even where the controller offers
-                          Doorbell Buffer Config
-
-";
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mode {
-    Read,
-    Write,
-    RandRead,
-    RandWrite,
-}
-
-impl Mode {
-    fn parse(s: &str) -> Result<Mode, String> {
-        Ok(match s {
-            "read" => Mode::Read,
-            "write" => Mode::Write,
-            "randread" => Mode::RandRead,
-            "randwrite" => Mode::RandWrite,
-            _ => return Err(format!("unknown mode {s:?}: read, write, randread or randwrite")),
-        })
-    }
-    fn name(self) -> &'static str {
-        match self {
-            Mode::Read => "read",
-            Mode::Write => "write",
-            Mode::RandRead => "randread",
-            Mode::RandWrite => "randwrite",
-        }
-    }
-    fn writes(self) -> bool {
-        matches!(self, Mode::Write | Mode::RandWrite)
-    }
-    fn random(self) -> bool {
-        matches!(self, Mode::RandRead | Mode::RandWrite)
-    }
-}
-
-#[derive(Clone, Debug)]
-struct Opts {
-    mode: Mode,
-    sizes: Vec<usize>,
-    threads: usize,
-    qd: usize,
-    duration: Duration,
-    bytes: Option<u64>,
-    range: Option<u64>,
-    verify: bool,
-    interrupt: bool,
-    progress: bool,
-    progress_lines: bool,
-    batches: Vec<usize>,
-    stream: bool,
-    shadow_doorbells: bool,
-    force_queue: bool,
-    target: TargetOpts,
-}
-
-fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, String> {
-    use lexopt::prelude::*;
-    let mut o = Opts {
-        mode: Mode::RandRead,
-        sizes: vec![4096],
-        threads: 1,
-        qd: 32,
-        duration: Duration::from_secs(3),
-        bytes: None,
-        range: None,
-        verify: false,
-        interrupt: false,
-        progress: true,
-        progress_lines: false,
-        batches: Vec::new(),
-        stream: false,
-        shadow_doorbells: true,
-        force_queue: false,
-        target: TargetOpts::default(),
-    };
-    let mut p = lexopt::Parser::from_args(args);
-    let err = |e: lexopt::Error| e.to_string();
-    while let Some(arg) = p.next().map_err(err)? {
-        match arg {
-            Short('m') | Long("mode") => o.mode = Mode::parse(&p.value().map_err(err)?.string().map_err(err)?)?,
-            Short('s') | Long("size") => {
-                let v = p.value().map_err(err)?.string().map_err(err)?;
-                o.sizes = v.split(',').map(|s| parse_size(s).map(|n| n as usize)).collect::<Result<_, _>>()?;
-            }
-            Short('t') | Long("threads") => o.threads = p.value().map_err(err)?.parse().map_err(err)?,
-            Short('q') | Long("qd") => o.qd = p.value().map_err(err)?.parse().map_err(err)?,
-            Short('d') | Long("duration") => {
-                let secs: f64 = p.value().map_err(err)?.parse().map_err(err)?;
-                o.duration = Duration::from_secs_f64(secs);
-            }
-            Short('b') | Long("bytes") => o.bytes = Some(parse_size(&p.value().map_err(err)?.string().map_err(err)?)?),
-            Short('r') | Long("range") => o.range = Some(parse_size(&p.value().map_err(err)?.string().map_err(err)?)?),
-            Long("verify") => o.verify = true,
-            Long("batch") => {
-                let v = p.value().map_err(err)?.string().map_err(err)?;
-                o.batches = v
-                    .split(',')
-                    .map(|x| x.trim().parse::<usize>().map_err(|_| format!("not a batch size: {x:?}")))
-                    .collect::<Result<_, _>>()?;
-                if o.batches.contains(&0) {
-                    return Err("batch size must be at least 1".into());
-                }
-            }
-            Long("stream") => o.stream = true,
-            Long("no-shadow-doorbells") => o.shadow_doorbells = false,
-            Long("queue") => o.force_queue = true,
-            Long("interrupt") => o.interrupt = true,
-            Long("no-progress") => o.progress = false,
-            Long("progress-lines") => o.progress_lines = true,
-            Short('h') | Long("help") => {
-                print!("{HELP}{}", target::HELP);
-                return Ok(None);
-            }
-            Long(l) => {
-                let l = l.to_owned();
-                if !target::parse_long(&mut o.target, &l, &mut p).map_err(err)? {
-                    return Err(format!("unexpected option --{l}; try `ugds help bench`"));
-                }
-            }
-            _ => return Err(arg.unexpected().to_string()),
-        }
-    }
-    if o.threads == 0 || o.qd == 0 {
-        return Err("threads and queue depth must be at least 1".into());
-    }
-    if o.sizes.contains(&0) {
-        return Err("request size must not be zero".into());
-    }
-    if o.stream && !o.batches.is_empty() {
-        return Err("--batch and --stream are separate modes".into());
-    }
-    if o.verify && o.target.null {
-        return Err("--verify needs a namespace that keeps data (not --emu-null)".into());
-    }
-    Ok(Some(o))
-}
 
 /// The value of the pattern word at namespace byte offset `off` (a multiple of 8).
 #[inline]
@@ -308,68 +148,7 @@ impl Run<'_> {
     }
 }
 
-fn progress_bar(
-    stop: &AtomicBool,
-    finished: &AtomicBool,
-    done: &AtomicU64,
-    start: Instant,
-    total: Option<Duration>,
-    label: &str,
-    lines: bool,
-) {
-    let mut err = std::io::stderr();
-    let mut last = (Instant::now(), 0u64);
-    while !finished.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(if lines { 1000 } else { 200 }));
-        let now = Instant::now();
-        let d = done.load(Ordering::Relaxed);
-        let rate = (d - last.1) as f64 / now.duration_since(last.0).as_secs_f64();
-        last = (now, d);
-        let el = start.elapsed();
-        if lines {
-            let _ = writeln!(err, "{label} {:.1}s: {d} I/Os done, {} IOPS", el.as_secs_f64(), fmt_count(rate));
-            if stop.load(Ordering::Relaxed) {
-                break;
-            }
-            continue;
-        }
-        let frac = total.map_or(0.0, |t| (el.as_secs_f64() / t.as_secs_f64()).min(1.0));
-        let w = 30;
-        let filled = (frac * w as f64) as usize;
-        let _ = write!(
-            err,
-            "\r{label} [{}{}] {:5.1}s  {:>9} IOPS  ",
-            "#".repeat(filled),
-            ".".repeat(w - filled),
-            el.as_secs_f64(),
-            fmt_count(rate)
-        );
-        let _ = err.flush();
-        if stop.load(Ordering::Relaxed) {
-            break;
-        }
-    }
-    if !lines {
-        let _ = write!(err, "\r{}\r", " ".repeat(label.len() + 64));
-        let _ = err.flush();
-    }
-}
-
-fn fmt_count(v: f64) -> String {
-    if v >= 1e6 {
-        format!("{:.2}M", v / 1e6)
-    } else if v >= 1e3 {
-        format!("{:.1}k", v / 1e3)
-    } else {
-        format!("{v:.0}")
-    }
-}
-
-fn us(ns: f64) -> String {
-    format!("{:.2}", ns / 1000.0)
-}
-
-/// Runs one size; returns (checked, mismatches, errors).
+/// What keeps a deep queue full: a lent queue, batches of N, or a stream.
 #[derive(Clone, Copy)]
 enum Engine {
     Queue,
@@ -377,6 +156,7 @@ enum Engine {
     Stream,
 }
 
+/// Runs one size; returns (checked, mismatches).
 fn run_one(
     o: &Opts,
     handle: &Handle,
@@ -524,46 +304,6 @@ fn run_one(
         return Err(format!("{errors} I/O errors; first: {}", first_error.unwrap_or_default()));
     }
     Ok((checked, mism))
-}
-
-/// "irq", "poll" or "irq+poll": how the handle's queues of these roles
-/// learn of completions.
-fn completion_label(handle: &Handle, roles: &[QueueRole]) -> &'static str {
-    let mut qs = handle.queues().iter().filter(|q| roles.contains(&q.role)).peekable();
-    if qs.peek().is_none() {
-        return "poll";
-    }
-    let (mut irq, mut poll) = (false, false);
-    for q in qs {
-        irq |= q.vector.is_some();
-        poll |= q.vector.is_none();
-    }
-    match (irq, poll) {
-        (true, true) => "irq+poll",
-        (true, false) => "irq",
-        _ => "poll",
-    }
-}
-
-/// One line per queue: what it is for and how it learns of completions.
-fn describe_queues(handle: &Handle) -> String {
-    let mut out = Vec::new();
-    for q in handle.queues() {
-        let role = match q.role {
-            QueueRole::Sync => "sync",
-            QueueRole::Batch => "batch",
-            _ => "lendable",
-        };
-        let how = match (q.vector, q.vector_shared_with) {
-            (None, _) => "polled".to_string(),
-            (Some(0), 0) => "vector 0 (shared with the admin queue)".to_string(),
-            (Some(0), n) => format!("vector 0 (shared with the admin queue and {n} other queue(s))"),
-            (Some(v), 0) => format!("vector {v}"),
-            (Some(v), n) => format!("vector {v} (shared with {n} other queue(s))"),
-        };
-        out.push(format!("q{} {role} {how}", q.qid));
-    }
-    out.join(", ")
 }
 
 pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {

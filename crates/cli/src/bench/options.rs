@@ -1,0 +1,169 @@
+//! `ugds bench`'s options: the help text and the parser.
+
+use super::*;
+
+pub const HELP: &str = "\
+Usage: ugds bench [OPTIONS] [TARGET]
+
+Runs I/O against the target and prints, per run, throughput (MiB/s), IOPS
+and latency (mean, p50, p99, p99.9, max) from submission to completion.
+
+Options:
+  -m, --mode MODE         read, write, randread, randwrite [randread]
+  -s, --size SIZE         request size; a comma list sweeps sizes [4k]
+  -t, --threads N         submitting threads, one queue each [1]
+  -q, --qd N              requests outstanding per thread [32]
+  -d, --duration SECS     time per run [3]
+  -b, --bytes SIZE        stop each run after this many bytes instead
+  -r, --range SIZE        bytes of the namespace to touch [whole namespace]
+      --batch N[,N...]    batch mode: each thread submits batches of N requests
+                          and waits for all (a list sweeps batch sizes)
+      --stream            stream mode: each thread enqueues stream-ordered
+                          requests on a host stream, qd of them ahead
+      --verify            write a pattern, check every byte read against it
+      --interrupt         interrupt completion instead of polling
+      --no-progress       no progress bar, even on a terminal
+      --progress-lines    progress as a line a second (for logs: I/Os done,
+                          IOPS over the last second), on any stderr
+      --queue             at queue depth 1 too, use a lent I/O queue rather
+                          than synchronous calls
+      --no-shadow-doorbells  MMIO doorbells even where the controller offers
+                          Doorbell Buffer Config
+
+";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Mode {
+    Read,
+    Write,
+    RandRead,
+    RandWrite,
+}
+
+impl Mode {
+    pub(super) fn parse(s: &str) -> Result<Mode, String> {
+        Ok(match s {
+            "read" => Mode::Read,
+            "write" => Mode::Write,
+            "randread" => Mode::RandRead,
+            "randwrite" => Mode::RandWrite,
+            _ => return Err(format!("unknown mode {s:?}: read, write, randread or randwrite")),
+        })
+    }
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Mode::Read => "read",
+            Mode::Write => "write",
+            Mode::RandRead => "randread",
+            Mode::RandWrite => "randwrite",
+        }
+    }
+    pub(super) fn writes(self) -> bool {
+        matches!(self, Mode::Write | Mode::RandWrite)
+    }
+    pub(super) fn random(self) -> bool {
+        matches!(self, Mode::RandRead | Mode::RandWrite)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub(super) struct Opts {
+    pub(super) mode: Mode,
+    pub(super) sizes: Vec<usize>,
+    pub(super) threads: usize,
+    pub(super) qd: usize,
+    pub(super) duration: Duration,
+    pub(super) bytes: Option<u64>,
+    pub(super) range: Option<u64>,
+    pub(super) verify: bool,
+    pub(super) interrupt: bool,
+    pub(super) progress: bool,
+    pub(super) progress_lines: bool,
+    pub(super) batches: Vec<usize>,
+    pub(super) stream: bool,
+    pub(super) shadow_doorbells: bool,
+    pub(super) force_queue: bool,
+    pub(super) target: TargetOpts,
+}
+
+pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, String> {
+    use lexopt::prelude::*;
+    let mut o = Opts {
+        mode: Mode::RandRead,
+        sizes: vec![4096],
+        threads: 1,
+        qd: 32,
+        duration: Duration::from_secs(3),
+        bytes: None,
+        range: None,
+        verify: false,
+        interrupt: false,
+        progress: true,
+        progress_lines: false,
+        batches: Vec::new(),
+        stream: false,
+        shadow_doorbells: true,
+        force_queue: false,
+        target: TargetOpts::default(),
+    };
+    let mut p = lexopt::Parser::from_args(args);
+    let err = |e: lexopt::Error| e.to_string();
+    while let Some(arg) = p.next().map_err(err)? {
+        match arg {
+            Short('m') | Long("mode") => o.mode = Mode::parse(&p.value().map_err(err)?.string().map_err(err)?)?,
+            Short('s') | Long("size") => {
+                let v = p.value().map_err(err)?.string().map_err(err)?;
+                o.sizes = v.split(',').map(|s| parse_size(s).map(|n| n as usize)).collect::<Result<_, _>>()?;
+            }
+            Short('t') | Long("threads") => o.threads = p.value().map_err(err)?.parse().map_err(err)?,
+            Short('q') | Long("qd") => o.qd = p.value().map_err(err)?.parse().map_err(err)?,
+            Short('d') | Long("duration") => {
+                let secs: f64 = p.value().map_err(err)?.parse().map_err(err)?;
+                o.duration = Duration::from_secs_f64(secs);
+            }
+            Short('b') | Long("bytes") => o.bytes = Some(parse_size(&p.value().map_err(err)?.string().map_err(err)?)?),
+            Short('r') | Long("range") => o.range = Some(parse_size(&p.value().map_err(err)?.string().map_err(err)?)?),
+            Long("verify") => o.verify = true,
+            Long("batch") => {
+                let v = p.value().map_err(err)?.string().map_err(err)?;
+                o.batches = v
+                    .split(',')
+                    .map(|x| x.trim().parse::<usize>().map_err(|_| format!("not a batch size: {x:?}")))
+                    .collect::<Result<_, _>>()?;
+                if o.batches.contains(&0) {
+                    return Err("batch size must be at least 1".into());
+                }
+            }
+            Long("stream") => o.stream = true,
+            Long("no-shadow-doorbells") => o.shadow_doorbells = false,
+            Long("queue") => o.force_queue = true,
+            Long("interrupt") => o.interrupt = true,
+            Long("no-progress") => o.progress = false,
+            Long("progress-lines") => o.progress_lines = true,
+            Short('h') | Long("help") => {
+                print!("{HELP}{}", target::HELP);
+                return Ok(None);
+            }
+            Long(l) => {
+                let l = l.to_owned();
+                if !target::parse_long(&mut o.target, &l, &mut p).map_err(err)? {
+                    return Err(format!("unexpected option --{l}; try `ugds help bench`"));
+                }
+            }
+            _ => return Err(arg.unexpected().to_string()),
+        }
+    }
+    if o.threads == 0 || o.qd == 0 {
+        return Err("threads and queue depth must be at least 1".into());
+    }
+    if o.sizes.contains(&0) {
+        return Err("request size must not be zero".into());
+    }
+    if o.stream && !o.batches.is_empty() {
+        return Err("--batch and --stream are separate modes".into());
+    }
+    if o.verify && o.target.null {
+        return Err("--verify needs a namespace that keeps data (not --emu-null)".into());
+    }
+    Ok(Some(o))
+}
