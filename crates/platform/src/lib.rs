@@ -7,6 +7,8 @@
 //!
 //! - [`vfio`]: a controller bound to upstream vfio-pci behind an IOMMU.
 //! - [`ugds_drv`]: a controller bound to our kernel helper module.
+//! - [`kernel`]: no controller: a file or block device the kernel keeps,
+//!   reached through io_uring (the kernel path).
 //! - the `ugds-emu` crate: an NVMe controller emulated in-process (tests,
 //!   the CLI's default target, the C library's `UGDS_EMULATE`).
 //!
@@ -21,6 +23,7 @@ pub mod barrier;
 pub mod device;
 pub mod dma;
 mod error;
+pub mod kernel;
 pub mod sys;
 pub mod ugds_drv;
 pub mod vfio;

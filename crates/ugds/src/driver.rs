@@ -50,8 +50,41 @@ impl Driver {
     /// Brings up the controller behind `platform` and opens a handle on one
     /// of its namespaces.
     pub fn open_handle(&self, platform: Arc<dyn Platform>, opts: HandleOptions) -> Result<Handle> {
-        let want = opts.sync_queues.max(1).saturating_add(opts.async_queues).saturating_add(opts.batch_queue as u16);
-        let ctrl = Controller::bring_up_with(platform, want, opts.shadow_doorbells)?;
+        let ctrl = Controller::bring_up_with(platform, Self::queues_wanted(&opts), opts.shadow_doorbells)?;
+        self.open_controller(ctrl, opts)
+    }
+
+    /// Opens a handle on a file (on any filesystem) or a block device
+    /// through the kernel: io_uring, with `O_DIRECT` where memory, offset
+    /// and size are aligned as the file needs, the page cache otherwise.
+    /// Offsets and sizes are multiples of 512 bytes; the file's size when
+    /// opened is the handle's capacity. Opened for reading and writing, or
+    /// for reading only where writing is not allowed (a write then fails
+    /// with [`Error::Nvme`], Namespace Write Protected, and changes
+    /// nothing). Host memory only for now: registering GPU memory while
+    /// such a handle is open is refused as unsupported.
+    pub fn open_file(&self, path: impl AsRef<std::path::Path>, opts: HandleOptions) -> Result<Handle> {
+        let platform = Arc::new(ugds_platform::kernel::KernelPlatform::open(path)?);
+        self.open_kernel(platform, opts)
+    }
+
+    /// As [`open_file`](Self::open_file), on a descriptor the caller opened
+    /// (kept open by a duplicate; its file position is not used).
+    pub fn open_fd(&self, fd: std::os::fd::BorrowedFd<'_>, opts: HandleOptions) -> Result<Handle> {
+        let platform = Arc::new(ugds_platform::kernel::KernelPlatform::from_fd(fd)?);
+        self.open_kernel(platform, opts)
+    }
+
+    fn open_kernel(&self, platform: Arc<ugds_platform::kernel::KernelPlatform>, opts: HandleOptions) -> Result<Handle> {
+        let ctrl = crate::engine::KernelController::new(platform, Self::queues_wanted(&opts))?;
+        self.open_controller(Controller::Kernel(Box::new(ctrl)), opts)
+    }
+
+    fn queues_wanted(opts: &HandleOptions) -> u16 {
+        opts.sync_queues.max(1).saturating_add(opts.async_queues).saturating_add(opts.batch_queue as u16)
+    }
+
+    fn open_controller(&self, ctrl: Controller, opts: HandleOptions) -> Result<Handle> {
         let id = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
         let inner = HandleInner::new(id, self.inner.clone(), ctrl, opts)?;
         let inner = Arc::new(inner);

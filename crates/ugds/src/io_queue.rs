@@ -373,7 +373,7 @@ impl<'h> IoQueue<'h> {
             return;
         }
         let Some(v) = self.qp.as_ref().and_then(|q| q.vector()) else { return };
-        if self.qp.as_ref().is_some_and(|q| q.completion_pending()) {
+        if self.qp.as_mut().is_some_and(|q| q.completion_pending()) {
             return;
         }
         if let Ok(Some(efd)) = h.platform().interrupt(v) {

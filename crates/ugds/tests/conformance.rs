@@ -4,7 +4,11 @@
 //! `UGDS_TEST_DRV=/dev/ugds_drvN` one bound to our kernel module (both
 //! QEMU's, in the conformance harness `scripts/qemu-conformance`); with
 //! `UGDS_TEST_INTERRUPT=1` in interrupt completion mode; with
-//! `UGDS_TEST_VFIO=group|cdev` through that vfio interface (auto otherwise).
+//! `UGDS_TEST_VFIO=group|cdev` through that vfio interface (auto otherwise);
+//! with `UGDS_TEST_FILE_DIR=<dir>` the kernel path (`Driver::open_file`) on
+//! a 64 MiB file of the test's process in that directory (`scripts/test`
+//! runs the suite so on a disk filesystem and on tmpfs, which takes no
+//! direct I/O).
 //!
 //! Run them one at a time (`--test-threads=1`) against a PCI device: each
 //! test opens it, and a device can be opened by one process user at a time.
@@ -27,6 +31,18 @@ fn drv() -> Option<String> {
     std::env::var("UGDS_TEST_DRV").ok().filter(|s| !s.is_empty())
 }
 
+/// `UGDS_TEST_FILE_DIR=<dir>`: this process's file there (created sparse
+/// at its first use, kept for the process: nextest runs each test in a
+/// process of its own, so a test that reopens its target finds its data).
+fn file() -> Option<std::path::PathBuf> {
+    let dir = std::env::var("UGDS_TEST_FILE_DIR").ok().filter(|s| !s.is_empty())?;
+    let path = std::path::Path::new(&dir).join(format!("ugds-conformance-{}.img", std::process::id()));
+    if !path.exists() {
+        std::fs::File::create(&path).and_then(|f| f.set_len(64 << 20)).expect("create the test file");
+    }
+    Some(path)
+}
+
 fn test_opts(nsid: Option<u32>) -> HandleOptions {
     let interrupt = std::env::var("UGDS_TEST_INTERRUPT").is_ok_and(|v| v == "1");
     HandleOptions::default()
@@ -46,6 +62,9 @@ fn emu_config() -> EmuConfig {
 
 /// Opens the target for `nsid` (first namespace when `None`).
 fn target_ns(d: &Driver, nsid: Option<u32>) -> (Handle, Option<EmuControl>) {
+    if let Some(path) = file() {
+        return (d.open_file(&path, test_opts(nsid)).expect("open a handle on the file"), None);
+    }
     if let Some(path) = drv() {
         let p = ugds::platform::ugds_drv::UgdsDrvPlatform::open(&path).expect("open the ugds_drv device");
         return (d.open_handle(Arc::new(p), test_opts(nsid)).expect("open a handle through ugds_drv"), None);
@@ -165,7 +184,7 @@ fn data_survives_a_handle_reopen() {
     let off = 8 << 20;
     {
         let (h, _) = target(&d);
-        if pci().is_none() {
+        if pci().is_none() && file().is_none() {
             return; // the emulator's memory namespaces live with their handle
         }
         b.mem.copy_from_slice(&pattern(77, off, 65536));

@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 use std::sync::Arc;
-use ugds::engine::{Controller, Owner, QueuePair};
+use ugds::engine::{Controller, NvmeQueue, Owner, QueuePair};
 use ugds::nvme::cmd::NvmOpcode;
 use ugds::nvme::status::{command_specific as cs, generic};
 use ugds::nvme::{regs, Cid, Lba, Nsid, PrpPlan, Qid, Sqe};
@@ -52,7 +52,7 @@ fn queues_are_granted_up_to_the_controllers_limit() {
 fn queue_creation_follows_the_spec() {
     let (c, _) = controller(small_emu().max_io_queues(2).mqes(15), 2);
     let p = c.platform().clone();
-    let qp = QueuePair::new(p.clone(), Qid(1), 16, 0, None).unwrap();
+    let qp = NvmeQueue::new(p.clone(), Qid(1), 16, 0, None).unwrap();
     // SQ before its CQ: Completion Queue Invalid.
     expect_status(c.admin_command(Sqe::create_io_sq(Cid(0), Qid(1), 16, qp.sq_iova(), Qid(1)), "x"), 1, cs::INVALID_CQ);
     // More entries than MQES allows.
@@ -96,6 +96,7 @@ fn queue_creation_follows_the_spec() {
     expect_status(c.admin_command(Sqe::set_num_queues(Cid(0), 1, 1), "x"), 0, generic::COMMAND_SEQUENCE_ERROR);
     // A CQ with an SQ still attached cannot be deleted.
     expect_status(c.admin_command(Sqe::delete_io_cq(Cid(0), Qid(1)), "x"), 1, cs::INVALID_QUEUE_DELETION);
+    let qp = QueuePair::from(qp);
     c.delete_io_qpair(&qp).unwrap();
     expect_status(c.admin_command(Sqe::delete_io_sq(Cid(0), Qid(1)), "x"), 1, cs::INVALID_QID);
     // Unknown admin opcode.
@@ -395,7 +396,7 @@ fn a_completion_ring_view_outlives_its_queue_pair() {
     // is gone reads memory still allocated, not freed (or unmapped) memory.
     let emu = EmuPlatform::new(small_emu()).unwrap();
     let p: Arc<dyn ugds::platform::Platform> = Arc::new(emu);
-    let qp = QueuePair::new(p.clone(), Qid(1), 16, 0, None).unwrap();
+    let qp = NvmeQueue::new(p.clone(), Qid(1), 16, 0, None).unwrap();
     let view = qp.cq_view();
     drop(qp);
     assert!(!view.is_new(0, true), "a fresh ring has no new entry");

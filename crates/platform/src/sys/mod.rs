@@ -2,6 +2,7 @@
 
 pub mod dl;
 pub(crate) mod ugds_drv;
+pub mod uring;
 pub(crate) mod vfio;
 
 use crate::{Error, Result};
@@ -223,6 +224,49 @@ pub unsafe fn pwrite_raw(fd: RawFd, src: *const u8, len: usize, offset: u64) -> 
         done += n as usize;
     }
     Ok(())
+}
+
+/// Opens a file for reading (and writing, with `write`), with `O_DIRECT`
+/// when `direct`; close-on-exec.
+pub fn open_file(path: &std::path::Path, write: bool, direct: bool) -> Result<OwnedFd> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut o = std::fs::OpenOptions::new();
+    o.read(true).write(write);
+    if direct {
+        o.custom_flags(libc::O_DIRECT);
+    }
+    o.open(path).map(OwnedFd::from).map_err(|e| Error::io("open", e))
+}
+
+/// The size of a file, or of a block device (`BLKGETSIZE64`). The file
+/// position, which a caller's descriptor may share, is left alone.
+pub fn file_size(fd: std::os::fd::BorrowedFd<'_>) -> Result<u64> {
+    // SAFETY: all zeroes is a valid `stat` (plain integers).
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat fills `st` for a descriptor the caller keeps open.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(Error::os("fstat"));
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFBLK {
+        return Ok(st.st_size as u64);
+    }
+    const BLKGETSIZE64: libc::c_ulong = 0x8008_1272; // _IOR(0x12, 114, size_t)
+    let mut bytes: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 to the pointer given.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), BLKGETSIZE64, &mut bytes) } != 0 {
+        return Err(Error::os("ioctl(BLKGETSIZE64)"));
+    }
+    Ok(bytes)
+}
+
+/// How a descriptor was opened: `O_RDONLY`, `O_WRONLY` or `O_RDWR`.
+pub fn access_mode(fd: std::os::fd::BorrowedFd<'_>) -> Result<i32> {
+    // SAFETY: F_GETFL reads the descriptor's flags.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    if flags < 0 {
+        return Err(Error::os("fcntl(F_GETFL)"));
+    }
+    Ok(flags & libc::O_ACCMODE)
 }
 
 /// Bytes of physical memory (`u64::MAX` where the system does not say).

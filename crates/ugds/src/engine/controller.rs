@@ -7,7 +7,9 @@
 //! queues, each completion queue before its submission queue. Admin commands
 //! are polled to a deadline, never slept on.
 
-use super::qpair::{Owner, QueuePair};
+use super::qpair::{NvmeQueue, Owner};
+use super::queue::QueuePair;
+use super::uring::KernelController;
 use crate::dma::DmaBuffer;
 use crate::platform::Platform;
 use crate::{Error, Result};
@@ -64,8 +66,119 @@ pub struct ControllerInfo {
     pub platform: String,
 }
 
-/// A controller brought up by the engine.
-pub struct Controller {
+/// A controller brought up by the engine: an NVMe controller, or the
+/// kernel path's stand-in for one.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Controller {
+    /// An NVMe controller on a platform.
+    Nvme(Box<NvmeController>),
+    /// A file or block device through the kernel (see [`super::uring`]).
+    Kernel(Box<KernelController>),
+}
+
+impl Controller {
+    /// Resets and enables the controller behind `platform` (see
+    /// [`NvmeController::bring_up`]).
+    #[cfg_attr(not(feature = "engine-internals"), allow(dead_code))]
+    pub fn bring_up(platform: Arc<dyn Platform>, want_io_queues: u16) -> Result<Controller> {
+        NvmeController::bring_up(platform, want_io_queues).map(|c| Controller::Nvme(Box::new(c)))
+    }
+
+    /// As [`bring_up`](Self::bring_up), with shadow doorbells when offered.
+    pub fn bring_up_with(
+        platform: Arc<dyn Platform>,
+        want_io_queues: u16,
+        shadow_doorbells: bool,
+    ) -> Result<Controller> {
+        NvmeController::bring_up_with(platform, want_io_queues, shadow_doorbells).map(|c| Controller::Nvme(Box::new(c)))
+    }
+
+    /// What bring-up learned.
+    pub fn info(&self) -> &ControllerInfo {
+        match self {
+            Controller::Nvme(c) => c.info(),
+            Controller::Kernel(c) => c.info(),
+        }
+    }
+
+    /// The platform the controller lives on.
+    pub fn platform(&self) -> &Arc<dyn Platform> {
+        match self {
+            Controller::Nvme(c) => c.platform(),
+            Controller::Kernel(c) => c.dyn_platform(),
+        }
+    }
+
+    /// Whether I/O queues use shadow doorbells.
+    pub fn shadow_doorbells(&self) -> bool {
+        matches!(self, Controller::Nvme(c) if c.shadow_doorbells())
+    }
+
+    /// Current controller status (the kernel path: always ready).
+    pub fn csts(&self) -> Csts {
+        Csts(self.platform().read32(regs::CSTS))
+    }
+
+    /// Runs an admin command to completion (the kernel path has none).
+    pub fn admin_command(&self, sqe: Sqe, op: &'static str) -> Result<Cqe> {
+        match self {
+            Controller::Nvme(c) => c.admin_command(sqe, op),
+            Controller::Kernel(_) => Err(Error::Unsupported(format!("{op}: no admin commands on the kernel path"))),
+        }
+    }
+
+    /// Creates I/O queue pair `qid`: on a controller, rings and the admin
+    /// commands; on the kernel path, an io_uring ring.
+    pub fn create_io_qpair(&self, qid: u16, entries: u16, vector: Option<u16>) -> Result<QueuePair> {
+        self.create_io_qpair_with(qid, entries, vector, u16::MAX)
+    }
+
+    /// As [`create_io_qpair`](Self::create_io_qpair) with a PRP-list page
+    /// pool of `prp_pages` (a controller's; the kernel path needs none).
+    pub fn create_io_qpair_with(
+        &self,
+        qid: u16,
+        entries: u16,
+        vector: Option<u16>,
+        prp_pages: u16,
+    ) -> Result<QueuePair> {
+        match self {
+            Controller::Nvme(c) => c.create_io_qpair_with(qid, entries, vector, prp_pages).map(QueuePair::Nvme),
+            Controller::Kernel(c) => c.create_ring(qid, entries, vector).map(QueuePair::Uring),
+        }
+    }
+
+    /// Deletes a queue pair: after this nothing reaches its memory.
+    pub fn delete_io_qpair(&self, qp: &QueuePair) -> Result<()> {
+        match (self, qp) {
+            (Controller::Nvme(c), QueuePair::Nvme(q)) => c.delete_io_qpair(q),
+            // A ring ends with its descriptor; the kernel completes (or
+            // cancels) what is in flight first.
+            (Controller::Kernel(_), QueuePair::Uring(_)) => Ok(()),
+            _ => Err(Error::InvalidArgument("a queue pair of another transport".into())),
+        }
+    }
+
+    /// Normal shutdown, then disable (the kernel path: nothing to do).
+    pub fn shutdown(&self) -> Result<()> {
+        match self {
+            Controller::Nvme(c) => c.shutdown(),
+            Controller::Kernel(_) => Ok(()),
+        }
+    }
+
+    /// Disables the controller (the kernel path: nothing to do).
+    pub fn disable(&self) -> Result<()> {
+        match self {
+            Controller::Nvme(c) => c.disable(),
+            Controller::Kernel(_) => Ok(()),
+        }
+    }
+}
+
+/// An NVMe controller brought up by the engine.
+pub struct NvmeController {
     platform: Arc<dyn Platform>,
     /// Dropped only once the controller is disabled (see `Drop`).
     admin: ManuallyDrop<Mutex<AdminQueue>>,
@@ -80,23 +193,23 @@ pub struct Controller {
     stopped: std::sync::atomic::AtomicBool,
 }
 
-impl std::fmt::Debug for Controller {
+impl std::fmt::Debug for NvmeController {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Controller").field("info", &self.info).finish_non_exhaustive()
+        f.debug_struct("NvmeController").field("info", &self.info).finish_non_exhaustive()
     }
 }
 
 struct AdminQueue {
-    qp: QueuePair,
+    qp: NvmeQueue,
     data: DmaBuffer,
 }
 
-impl Controller {
+impl NvmeController {
     /// Resets and enables the controller behind `platform`, identifies it,
     /// and asks for `want_io_queues` I/O queue pairs.
     #[cfg_attr(not(feature = "engine-internals"), allow(dead_code))]
-    pub fn bring_up(platform: Arc<dyn Platform>, want_io_queues: u16) -> Result<Controller> {
-        Controller::bring_up_with(platform, want_io_queues, false)
+    pub fn bring_up(platform: Arc<dyn Platform>, want_io_queues: u16) -> Result<NvmeController> {
+        NvmeController::bring_up_with(platform, want_io_queues, false)
     }
 
     /// As [`bring_up`](Self::bring_up); with `shadow_doorbells`, configures
@@ -106,7 +219,7 @@ impl Controller {
         platform: Arc<dyn Platform>,
         want_io_queues: u16,
         shadow_doorbells: bool,
-    ) -> Result<Controller> {
+    ) -> Result<NvmeController> {
         let cap = Cap(platform.read64(regs::CAP));
         if cap.0 == u64::MAX {
             return Err(Error::DeviceGone);
@@ -132,7 +245,7 @@ impl Controller {
         wait_ready(&*platform, false, ready_timeout)?;
 
         let admin_entries = ADMIN_ENTRIES.min(cap.mqes().saturating_add(1)).max(2);
-        let qp = QueuePair::new(platform.clone(), Qid::ADMIN, admin_entries, dstrd, Some(0))?;
+        let qp = NvmeQueue::new(platform.clone(), Qid::ADMIN, admin_entries, dstrd, Some(0))?;
         platform.write32(regs::AQA, Aqa::new(admin_entries, admin_entries).0);
         platform.write64(regs::ASQ, qp.sq_iova());
         platform.write64(regs::ACQ, qp.cq_iova());
@@ -140,7 +253,7 @@ impl Controller {
         wait_ready(&*platform, true, ready_timeout)?;
 
         let data = platform.alloc_dma(IDENTIFY_LEN)?;
-        let mut ctrl = Controller {
+        let mut ctrl = NvmeController {
             platform: platform.clone(),
             admin: ManuallyDrop::new(Mutex::new(AdminQueue { qp, data })),
             info: ControllerInfo {
@@ -230,24 +343,19 @@ impl Controller {
         run_admin(&mut admin.qp, &*self.platform, sqe, op)
     }
 
-    /// Allocates queue pair `qid` and creates it on the controller, the
-    /// completion queue first.
-    pub fn create_io_qpair(&self, qid: u16, entries: u16, vector: Option<u16>) -> Result<QueuePair> {
-        self.create_io_qpair_with(qid, entries, vector, u16::MAX)
-    }
-
-    /// As [`create_io_qpair`](Self::create_io_qpair) with a PRP-list page
-    /// pool of `prp_pages` (capped by the queue's depth).
+    /// Allocates queue pair `qid` with a PRP-list page pool of
+    /// `prp_pages` (capped by its depth) and creates it on the controller,
+    /// the completion queue first.
     pub fn create_io_qpair_with(
         &self,
         qid: u16,
         entries: u16,
         vector: Option<u16>,
         prp_pages: u16,
-    ) -> Result<QueuePair> {
+    ) -> Result<NvmeQueue> {
         let entries = entries.min(self.info.cap.mqes().saturating_add(1)).max(2);
         let mut qp =
-            QueuePair::with_prp_pages(self.platform.clone(), Qid(qid), entries, self.dstrd, vector, prp_pages)?;
+            NvmeQueue::with_prp_pages(self.platform.clone(), Qid(qid), entries, self.dstrd, vector, prp_pages)?;
         self.admin_command(
             Sqe::create_io_cq(Cid(0), Qid(qid), entries, qp.cq_iova(), vector.unwrap_or(0), vector.is_some()),
             "Create I/O Completion Queue",
@@ -267,7 +375,7 @@ impl Controller {
 
     /// Deletes a queue pair on the controller: submission queue, then
     /// completion queue. After this the controller no longer reaches its rings.
-    pub fn delete_io_qpair(&self, qp: &QueuePair) -> Result<()> {
+    pub fn delete_io_qpair(&self, qp: &NvmeQueue) -> Result<()> {
         self.admin_command(Sqe::delete_io_sq(Cid(0), qp.qid()), "Delete I/O Submission Queue")?;
         self.admin_command(Sqe::delete_io_cq(Cid(0), qp.qid()), "Delete I/O Completion Queue")?;
         Ok(())
@@ -301,7 +409,7 @@ impl Controller {
     }
 }
 
-impl Drop for Controller {
+impl Drop for NvmeController {
     /// The admin queue's memory is freed only when the controller is
     /// disabled; if it cannot be disabled, the memory is leaked instead.
     fn drop(&mut self) {
@@ -337,7 +445,7 @@ fn wait_ready(p: &dyn Platform, ready: bool, timeout: Duration) -> Result<()> {
     }
 }
 
-fn run_admin(qp: &mut QueuePair, p: &dyn Platform, sqe: Sqe, op: &'static str) -> Result<Cqe> {
+fn run_admin(qp: &mut NvmeQueue, p: &dyn Platform, sqe: Sqe, op: &'static str) -> Result<Cqe> {
     // Admin data buffers are single pages: PRP1 is already in the entry.
     let cid = qp.submit(sqe, None, Owner::Own(0)).map_err(Error::from)?;
     qp.ring_sq_doorbell();

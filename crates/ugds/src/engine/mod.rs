@@ -2,7 +2,9 @@
 //! commands, and waiting for completions.
 //!
 //! - [`controller`]: bring-up, admin commands, shutdown.
-//! - [`qpair`]: one queue pair, used by one thread at a time.
+//! - [`queue`]: a queue pair of either transport, used by one thread at a time:
+//!   [`qpair`] a controller's, [`uring`] the kernel path's (with its stand-in
+//!   for a controller).
 //! - [`tracker`]: what a queue pair knows of each command on the device.
 //! - [`chunk`]: splitting a request by MDTS and PRP-list capacity.
 //! - [`sync`]: shared queue pairs for synchronous callers.
@@ -14,11 +16,18 @@ pub mod chunk;
 pub mod controller;
 pub(crate) mod hold;
 pub mod qpair;
+pub mod queue;
 pub mod sync;
 pub mod tracker;
+pub mod uring;
 
 pub use batch::{BatchEvent, BatchStatus};
-pub use controller::{Controller, ControllerInfo, NamespaceInfo};
-pub use qpair::QueuePair;
+#[cfg_attr(not(feature = "engine-internals"), allow(unused_imports))]
+pub use controller::{Controller, ControllerInfo, NamespaceInfo, NvmeController};
+#[cfg_attr(not(feature = "engine-internals"), allow(unused_imports))]
+pub use qpair::NvmeQueue;
+pub use queue::QueuePair;
 pub use sync::Completion;
 pub use tracker::Owner;
+#[cfg_attr(not(feature = "engine-internals"), allow(unused_imports))]
+pub use uring::{KernelController, UringQueue};

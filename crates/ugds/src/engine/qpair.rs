@@ -1,17 +1,17 @@
-//! One I/O (or admin) queue pair: a submission ring, a completion ring, and
-//! a tracker per command identifier.
+//! One controller queue pair (or the admin queue pair): a submission ring,
+//! a completion ring, and a tracker per command identifier.
 //!
 //! Which command a completion ends, who is credited with it and which
 //! PRP-list page it frees is the [`Tracker`]'s, indexed by CID.
 //!
 //! Used through `&mut self`: one thread at a time, which the compiler checks
 //! (SPDK's rule for a qpair). Submission and completion are separate steps,
-//! as in Linux and SPDK: [`QueuePair::submit`] copies an entry into the ring
-//! and advances the tail; [`QueuePair::ring_sq_doorbell`] tells the
+//! as in Linux and SPDK: [`NvmeQueue::submit`] copies an entry into the ring
+//! and advances the tail; [`NvmeQueue::ring_sq_doorbell`] tells the
 //! controller, once for however many entries were staged;
-//! [`QueuePair::process_completions`] consumes new entries and reports the
+//! [`NvmeQueue::process_completions`] consumes new entries and reports the
 //! new CQ head: once per sweep on an interrupt-driven queue, lazily on a
-//! polled one (see [`QueuePair::report_cq_head`]).
+//! polled one (see [`NvmeQueue::report_cq_head`]).
 
 use crate::barrier;
 use crate::dma::DmaBuffer;
@@ -30,8 +30,11 @@ pub use super::tracker::{Owner, Tracker};
 /// taking its lock. It shares the ring's memory (an `Arc`), so it stays
 /// valid however long it outlives the queue pair.
 pub struct CqView {
-    ring: Arc<DmaBuffer>,
+    /// The ring; none for a queue whose entries are not ours to read (the
+    /// kernel path's), which `is_new` answers with `assume`.
+    ring: Option<Arc<DmaBuffer>>,
     entries: u32,
+    assume: bool,
 }
 
 impl std::fmt::Debug for CqView {
@@ -41,12 +44,18 @@ impl std::fmt::Debug for CqView {
 }
 
 impl CqView {
+    /// A view that answers every look with `new`.
+    pub fn always(new: bool) -> CqView {
+        CqView { ring: None, entries: 0, assume: new }
+    }
+
     /// Whether the entry at `head` carries phase `phase` (is new). Panics
     /// if `head` is outside the ring.
     #[inline]
     pub fn is_new(&self, head: u32, phase: bool) -> bool {
+        let Some(ring) = &self.ring else { return self.assume };
         assert!(head < self.entries, "completion entry {head} outside a ring of {}", self.entries);
-        let dw3 = self.ring.load_u32_acquire(head as usize * Cqe::SIZE + 12);
+        let dw3 = ring.load_u32_acquire(head as usize * Cqe::SIZE + 12);
         (dw3 >> 16) & 1 == phase as u32
     }
 }
@@ -95,8 +104,9 @@ impl From<Full> for Error {
     }
 }
 
-/// A queue pair as the host sees it.
-pub struct QueuePair {
+/// A controller's queue pair as the host sees it (NVMe over PCIe: rings
+/// in memory, doorbell registers).
+pub struct NvmeQueue {
     // ---- submission: touched on every submit ----
     sq: DmaBuffer,
     sq_ring: Ring,
@@ -134,7 +144,7 @@ pub struct QueuePair {
     protocol_errors: u64,
 }
 
-impl QueuePair {
+impl NvmeQueue {
     /// Allocates the rings and PRP pages of a queue pair with `entries`
     /// entries per ring and one PRP-list page per possible command. The
     /// caller creates it on the controller.
@@ -144,8 +154,8 @@ impl QueuePair {
         entries: u16,
         dstrd: u8,
         vector: Option<u16>,
-    ) -> Result<QueuePair> {
-        QueuePair::with_prp_pages(platform, qid, entries, dstrd, vector, entries.saturating_sub(1))
+    ) -> Result<NvmeQueue> {
+        NvmeQueue::with_prp_pages(platform, qid, entries, dstrd, vector, entries.saturating_sub(1))
     }
 
     /// As [`new`](Self::new), with a pool of `prp_pages` PRP-list pages:
@@ -158,7 +168,7 @@ impl QueuePair {
         dstrd: u8,
         vector: Option<u16>,
         prp_pages: u16,
-    ) -> Result<QueuePair> {
+    ) -> Result<NvmeQueue> {
         if entries < 2 {
             return Err(Error::InvalidArgument(format!("queue of {entries} entries")));
         }
@@ -169,7 +179,7 @@ impl QueuePair {
         let ncids = entries - 1;
         let npages = prp_pages.clamp(1, ncids);
         let prp_pages = platform.alloc_dma(npages as usize * PAGE_SIZE)?;
-        Ok(QueuePair {
+        Ok(NvmeQueue {
             sq,
             sq_ring: Ring::new(entries as u32),
             sq_tail: 0,
@@ -357,7 +367,7 @@ impl QueuePair {
 
     /// A lock-free view of the completion ring (see [`CqView`]).
     pub fn cq_view(&self) -> CqView {
-        CqView { ring: self.cq.clone(), entries: self.cq_ring.size() }
+        CqView { ring: Some(self.cq.clone()), entries: self.cq_ring.size(), assume: false }
     }
 
     /// Where the next completion will appear: (head, expected phase).
@@ -477,9 +487,9 @@ impl QueuePair {
     }
 }
 
-impl std::fmt::Debug for QueuePair {
+impl std::fmt::Debug for NvmeQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("QueuePair")
+        f.debug_struct("NvmeQueue")
             .field("qid", &self.qid.0)
             .field("entries", &self.sq_ring.size())
             .field("sq_tail", &self.sq_tail)

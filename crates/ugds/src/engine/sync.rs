@@ -22,12 +22,13 @@
 //! only hints: the phase tag decides.
 
 use super::batch::BatchTable;
-use super::qpair::{CqView, QueuePair};
+use super::qpair::CqView;
+use super::queue::QueuePair;
 use super::tracker::Owner;
 use crate::platform::Platform;
 use crate::sys::EventFd;
 use crate::{Error, Result};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use ugds_nvme::prp::PrpPlan;
@@ -100,6 +101,10 @@ pub struct SyncQueue {
     /// Interrupt waits that lasted to their cap without a wake-up (a lost
     /// wake-up, or a device that went quiet).
     capped_waits: AtomicU64,
+    /// Set when the vector's eventfd fired, cleared by the next reap: a
+    /// completion may be waiting even where the ring cannot be looked at
+    /// without the lock (the kernel path's).
+    irq_hint: AtomicBool,
 }
 
 impl std::fmt::Debug for SyncQueue {
@@ -187,6 +192,7 @@ impl SyncQueue {
             kick,
             siblings: OnceLock::new(),
             capped_waits: AtomicU64::new(0),
+            irq_hint: AtomicBool::new(false),
         })
     }
 
@@ -220,6 +226,10 @@ impl SyncQueue {
     /// belonged to another request.
     fn reap(&self, st: &mut State, mine: u32) -> (usize, bool) {
         let mut others = false;
+        if self.irq_hint.load(Ordering::Relaxed) {
+            // Cleared before the ring is read (see `note_interrupt`).
+            self.irq_hint.swap(false, Ordering::SeqCst);
+        }
         let slots = &self.slots;
         let State { qp, batch, .. } = st;
         let n = qp.process_completions(usize::MAX, |owner, cqe| {
@@ -263,7 +273,14 @@ impl SyncQueue {
     #[inline]
     fn completion_waiting(&self) -> bool {
         let c = self.cursor.load(Ordering::Acquire);
-        self.cq.is_new(c >> 1, c & 1 != 0)
+        self.cq.is_new(c >> 1, c & 1 != 0) || self.irq_hint.load(Ordering::Acquire)
+    }
+
+    /// Records that the vector fired (see `irq_hint`). SeqCst, with the
+    /// reap's swap: a reap that clears the hint after this store also sees
+    /// the completion the interrupt announced.
+    fn note_interrupt(&self) {
+        self.irq_hint.store(true, Ordering::SeqCst);
     }
 
     /// Stages as many of `cmds` as fit; true when any was staged.
@@ -321,6 +338,7 @@ impl SyncQueue {
                         };
                         if irq {
                             efd.drain();
+                            self.note_interrupt();
                         }
                         if kicked {
                             self.kick.as_ref().map(EventFd::drain);
@@ -473,6 +491,7 @@ impl SyncQueue {
     /// After draining a shared vector: every other queue on it looks.
     fn wake_siblings(&self) {
         for q in self.siblings.get().into_iter().flatten().filter_map(Weak::upgrade) {
+            q.note_interrupt();
             q.wake_sleepers(Completion::Interrupt);
         }
     }

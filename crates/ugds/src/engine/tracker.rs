@@ -7,7 +7,9 @@
 //! queue's commands are forgotten after a reset. The request tables above
 //! (synchronous slots, a lent queue's requests, a batch context's requests)
 //! hold only what belongs to a request as a whole: how many of its commands
-//! are pending, its first error, its hold on the buffer.
+//! are pending, its first error, its hold on the buffer. A transport may
+//! keep more per command in the same entry (`X`: the kernel path keeps the
+//! operation, to resume a partial transfer).
 
 use std::time::{Duration, Instant};
 use ugds_nvme::cid::NotAllocated;
@@ -34,7 +36,7 @@ pub enum Owner {
 
 /// One command on the device.
 #[derive(Clone, Copy, Debug)]
-pub struct Tracked {
+pub struct Tracked<X = ()> {
     /// Who is credited with the completion.
     pub owner: Owner,
     /// The PRP-list page it borrows from the queue's pool.
@@ -42,20 +44,29 @@ pub struct Tracked {
     /// When a timeout check first found it outstanding: stamped by the
     /// check, not at submission, so that no command pays a clock read.
     pub seen: Option<Instant>,
+    /// What the transport keeps besides.
+    pub extra: X,
 }
 
-const IDLE: Tracked = Tracked { owner: Owner::Own(0), prp_page: None, seen: None };
+impl<X: Default> Tracked<X> {
+    fn idle() -> Tracked<X> {
+        Tracked { owner: Owner::Own(0), prp_page: None, seen: None, extra: X::default() }
+    }
+}
 
 /// The commands of one queue pair; see the module docs.
-pub struct Tracker {
+pub struct Tracker<X = ()> {
     cids: CidAllocator,
-    entries: Box<[Tracked]>,
+    entries: Box<[Tracked<X>]>,
 }
 
-impl Tracker {
+impl<X: Copy + Default> Tracker<X> {
     /// A tracker for up to `capacity` commands at once.
-    pub fn new(capacity: u16) -> Tracker {
-        Tracker { cids: CidAllocator::new(capacity), entries: vec![IDLE; capacity as usize].into_boxed_slice() }
+    pub fn new(capacity: u16) -> Tracker<X> {
+        Tracker {
+            cids: CidAllocator::new(capacity),
+            entries: vec![Tracked::idle(); capacity as usize].into_boxed_slice(),
+        }
     }
 
     /// Commands it can hold at once.
@@ -78,22 +89,39 @@ impl Tracker {
     /// Starts tracking a command: its CID, or `None` when every one is taken.
     #[inline]
     pub fn begin(&mut self, owner: Owner, prp_page: Option<u16>) -> Option<Cid> {
+        self.begin_with(owner, prp_page, X::default())
+    }
+
+    /// As [`begin`](Self::begin), with the transport's `extra`.
+    #[inline]
+    pub fn begin_with(&mut self, owner: Owner, prp_page: Option<u16>, extra: X) -> Option<Cid> {
         let cid = self.cids.alloc()?;
-        self.entries[self.cids.index(cid)] = Tracked { owner, prp_page, seen: None };
+        self.entries[self.cids.index(cid)] = Tracked { owner, prp_page, seen: None, extra };
         Some(cid)
+    }
+
+    /// The entry of an outstanding command; `None` when no command with
+    /// that CID and generation is outstanding.
+    #[inline]
+    pub fn get_mut(&mut self, cid: Cid) -> Option<&mut Tracked<X>> {
+        if self.cids.is_allocated(cid) {
+            Some(&mut self.entries[self.cids.index(cid)])
+        } else {
+            None
+        }
     }
 
     /// Ends a command whose completion names `cid`: its entry, or an error
     /// when no command with that CID and generation is outstanding (a
     /// duplicate, a stale generation, a CID never handed out).
     #[inline]
-    pub fn end(&mut self, cid: Cid) -> Result<Tracked, NotAllocated> {
+    pub fn end(&mut self, cid: Cid) -> Result<Tracked<X>, NotAllocated> {
         self.cids.free(cid)?;
-        Ok(std::mem::replace(&mut self.entries[self.cids.index(cid)], IDLE))
+        Ok(std::mem::replace(&mut self.entries[self.cids.index(cid)], Tracked::idle()))
     }
 
     /// Every outstanding command.
-    pub fn outstanding_commands(&self) -> impl Iterator<Item = (Cid, &Tracked)> + '_ {
+    pub fn outstanding_commands(&self) -> impl Iterator<Item = (Cid, &Tracked<X>)> + '_ {
         (0..self.entries.len()).filter_map(|i| self.cids.current(i).map(|c| (c, &self.entries[i])))
     }
 
@@ -117,12 +145,12 @@ impl Tracker {
     pub fn forget_all(&mut self) -> Vec<u16> {
         let pages = self.outstanding_commands().filter_map(|(_, t)| t.prp_page).collect();
         self.cids = CidAllocator::new(self.cids.capacity());
-        self.entries.fill(IDLE);
+        self.entries.fill(Tracked::idle());
         pages
     }
 }
 
-impl std::fmt::Debug for Tracker {
+impl<X> std::fmt::Debug for Tracker<X> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tracker")
             .field("capacity", &self.cids.capacity())
@@ -137,7 +165,7 @@ mod tests {
 
     #[test]
     fn an_entry_lives_from_begin_to_end() {
-        let mut t = Tracker::new(4);
+        let mut t: Tracker = Tracker::new(4);
         let a = t.begin(Owner::Sync(3), Some(7)).unwrap();
         let b = t.begin(Owner::Batch { ctx: 1, req: 2 }, None).unwrap();
         assert_eq!(t.outstanding(), 2);
@@ -149,7 +177,7 @@ mod tests {
 
     #[test]
     fn a_reused_cid_is_not_ended_by_its_old_generation() {
-        let mut t = Tracker::new(1);
+        let mut t: Tracker = Tracker::new(1);
         let old = t.begin(Owner::Own(1), None).unwrap();
         t.end(old).unwrap();
         let new = t.begin(Owner::Own(2), None).unwrap();
@@ -160,7 +188,7 @@ mod tests {
 
     #[test]
     fn full_when_every_cid_is_taken() {
-        let mut t = Tracker::new(2);
+        let mut t: Tracker = Tracker::new(2);
         t.begin(Owner::Own(0), None).unwrap();
         assert!(!t.is_full());
         t.begin(Owner::Own(1), None).unwrap();
@@ -170,7 +198,7 @@ mod tests {
 
     #[test]
     fn late_counts_from_the_first_check() {
-        let mut t = Tracker::new(4);
+        let mut t: Tracker = Tracker::new(4);
         let a = t.begin(Owner::Own(0), None).unwrap();
         let t0 = Instant::now();
         assert!(t.late(t0, Duration::from_secs(1)).is_empty(), "stamped, not late");
@@ -184,8 +212,19 @@ mod tests {
     }
 
     #[test]
+    fn the_transports_extra_lives_with_the_entry() {
+        let mut t: Tracker<u32> = Tracker::new(2);
+        let a = t.begin_with(Owner::Own(0), None, 7).unwrap();
+        t.get_mut(a).unwrap().extra += 1;
+        assert_eq!(t.end(a).unwrap().extra, 8);
+        assert!(t.get_mut(a).is_none(), "ended");
+        let b = t.begin(Owner::Own(1), None).unwrap();
+        assert_eq!(t.get_mut(b).unwrap().extra, 0, "a new entry starts from the default");
+    }
+
+    #[test]
     fn forgetting_returns_the_borrowed_pages() {
-        let mut t = Tracker::new(4);
+        let mut t: Tracker = Tracker::new(4);
         t.begin(Owner::Own(0), Some(1)).unwrap();
         t.begin(Owner::Own(1), None).unwrap();
         t.begin(Owner::Own(2), Some(3)).unwrap();

@@ -1,0 +1,186 @@
+//! The kernel path: a file on any filesystem, or a block device the kernel
+//! keeps, reached through io_uring instead of a controller's queues.
+//!
+//! There is no controller here: the engine drives a ring per queue (see
+//! `ugds::engine::uring`) on the descriptors this platform opened, and the
+//! kernel moves the data (its page cache, or straight to the device with
+//! `O_DIRECT` where the memory, offset and size are aligned as the file
+//! needs). User buffers are "mapped" at their own addresses: the kernel
+//! reaches them by virtual address, and pins them per I/O itself.
+//! Interrupt vectors are eventfds a ring signals on each completion.
+
+use crate::device::DeviceMemory;
+use crate::dma::{DmaBuffer, DmaRegion, DmaRelease};
+use crate::sys::uring::direct_io_alignment;
+use crate::sys::{Anonymous, EventFd, PAGE_SIZE};
+use crate::{Error, HostMapping, Platform, Result};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use ugds_nvme::{regs, Iova};
+
+/// The alignment assumed for direct I/O when the kernel does not say
+/// (`statx` without `STATX_DIOALIGN`): a page, which every device takes.
+const DEFAULT_DIRECT_ALIGN: u32 = 4096;
+
+/// Interrupt vectors (eventfds) a kernel-path handle has.
+const VECTORS: u16 = 64;
+
+/// A file or block device opened for the kernel path.
+pub struct KernelPlatform {
+    path: PathBuf,
+    /// Opened with `O_DIRECT`, when the file takes it.
+    direct: Option<OwnedFd>,
+    buffered: OwnedFd,
+    /// Memory and offset/size alignment of direct I/O.
+    direct_align: (u32, u32),
+    size: u64,
+    writable: bool,
+    vectors: Box<[EventFd]>,
+}
+
+impl std::fmt::Debug for KernelPlatform {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelPlatform")
+            .field("path", &self.path)
+            .field("direct", &self.direct.is_some())
+            .field("size", &self.size)
+            .field("writable", &self.writable)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KernelPlatform {
+    /// Opens `path` for reading and writing, or for reading only when
+    /// writing is not allowed (writes then fail with a clear error).
+    pub fn open(path: impl AsRef<Path>) -> Result<KernelPlatform> {
+        let path = path.as_ref();
+        let (buffered, writable) = match crate::sys::open_file(path, true, false) {
+            Ok(fd) => (fd, true),
+            Err(Error::Os { errno: libc::EACCES | libc::EROFS | libc::EPERM, .. }) => {
+                (crate::sys::open_file(path, false, false)?, false)
+            }
+            Err(e) => return Err(e),
+        };
+        KernelPlatform::from_parts(path.to_path_buf(), buffered, writable)
+    }
+
+    /// The kernel path on a descriptor the caller opened (a duplicate is
+    /// kept); `O_DIRECT` is tried on `/proc/self/fd/N`, as the descriptor's
+    /// own flags are the caller's.
+    pub fn from_fd(fd: BorrowedFd<'_>) -> Result<KernelPlatform> {
+        let dup = fd.try_clone_to_owned().map_err(|e| Error::io("dup", e))?;
+        let mode = crate::sys::access_mode(dup.as_fd())?;
+        if mode == libc::O_WRONLY {
+            return Err(Error::InvalidArgument("the descriptor is open for writing only; ugds needs to read".into()));
+        }
+        let path = PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&dup)));
+        KernelPlatform::from_parts(path, dup, mode == libc::O_RDWR)
+    }
+
+    fn from_parts(path: PathBuf, buffered: OwnedFd, writable: bool) -> Result<KernelPlatform> {
+        let size = crate::sys::file_size(buffered.as_fd())?;
+        let direct = match crate::sys::open_file(&path, writable, true) {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                tracing::info!(path = %path.display(), "no direct I/O on this file ({e}); the page cache serves it");
+                None
+            }
+        };
+        let direct_align = direct
+            .as_ref()
+            .and_then(|d| direct_io_alignment(d.as_fd()))
+            .unwrap_or((DEFAULT_DIRECT_ALIGN, DEFAULT_DIRECT_ALIGN));
+        let vectors = (0..VECTORS).map(|_| EventFd::new()).collect::<Result<Vec<_>>>()?.into_boxed_slice();
+        Ok(KernelPlatform { path, direct, buffered, direct_align, size, writable, vectors })
+    }
+
+    /// The file's path (for a descriptor, its `/proc/self/fd` name).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Its size in bytes when it was opened.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Whether it was opened for writing.
+    pub fn writable(&self) -> bool {
+        self.writable
+    }
+
+    /// The descriptor for direct I/O, when the file takes it.
+    pub fn direct_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.direct.as_ref().map(|d| d.as_fd())
+    }
+
+    /// The descriptor through the page cache.
+    pub fn buffered_fd(&self) -> BorrowedFd<'_> {
+        self.buffered.as_fd()
+    }
+
+    /// Memory and offset/size alignment that direct I/O needs.
+    pub fn direct_alignment(&self) -> (u32, u32) {
+        self.direct_align
+    }
+}
+
+/// Memory the kernel path hands out for queues: plain anonymous memory at
+/// its own address (nothing but the kernel reaches it).
+struct Owned(#[allow(dead_code)] Anonymous);
+
+impl DmaRelease for Owned {
+    fn release(&self, _region: &DmaRegion) {}
+}
+
+impl Platform for KernelPlatform {
+    fn describe(&self) -> String {
+        let how = if self.direct.is_some() { "O_DIRECT where aligned, else the page cache" } else { "the page cache" };
+        format!("{} through the kernel (io_uring, {how})", self.path.display())
+    }
+
+    /// There are no registers: CSTS reads as a ready controller (so the
+    /// engine's health checks pass), everything else as zero.
+    fn read32(&self, off: usize) -> u32 {
+        if off == regs::CSTS {
+            1
+        } else {
+            0
+        }
+    }
+
+    fn write32(&self, _off: usize, _val: u32) {}
+
+    fn alloc_dma(&self, len: usize) -> Result<DmaBuffer> {
+        let mem = Anonymous::populated(len)?;
+        let (ptr, len) = (mem.as_ptr(), mem.len());
+        // SAFETY: `mem` is `len` bytes, page-aligned, and lives as long as
+        // the buffer's owner, which the DmaBuffer built here keeps.
+        let region = unsafe { DmaRegion::new(NonNull::new(ptr).expect("mmap is not null"), len, Iova(ptr as u64)) };
+        Ok(DmaBuffer::new(region, std::sync::Arc::new(Owned(mem))))
+    }
+
+    unsafe fn map_host(&self, vaddr: *mut u8, len: usize) -> Result<HostMapping> {
+        let span = HostMapping::span(vaddr, len)?;
+        Ok(HostMapping::contiguous(vaddr, span, span.0 as u64))
+    }
+
+    unsafe fn map_device(&self, _mem: &DeviceMemory) -> Result<HostMapping> {
+        Err(Error::Unsupported("GPU memory through the kernel path (register host memory, pinned or not)".into()))
+    }
+
+    fn unmap_host(&self, _mapping: &HostMapping) -> Result<()> {
+        Ok(())
+    }
+
+    fn interrupt(&self, vector: u16) -> Result<Option<&EventFd>> {
+        Ok(self.vectors.get(vector as usize))
+    }
+
+    fn interrupt_vectors(&self) -> u16 {
+        self.vectors.len() as u16
+    }
+}
+
+const _: () = assert!(PAGE_SIZE == 4096);

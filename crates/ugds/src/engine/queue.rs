@@ -1,0 +1,203 @@
+//! A queue pair of either transport: a controller's (rings in memory,
+//! doorbell registers) or the kernel path's (an io_uring ring). The engine
+//! above (synchronous queues, batch contexts, lent queues) uses this type
+//! and does not know which.
+
+use super::qpair::{CqView, Full, NvmeQueue, Owner};
+use super::uring::UringQueue;
+use std::time::Duration;
+use ugds_nvme::prp::PrpPlan;
+use ugds_nvme::{Cid, Cqe, Qid, Sqe};
+
+/// A queue pair; see the module docs.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum QueuePair {
+    /// A controller's.
+    Nvme(NvmeQueue),
+    /// The kernel path's.
+    Uring(UringQueue),
+}
+
+impl From<NvmeQueue> for QueuePair {
+    fn from(q: NvmeQueue) -> QueuePair {
+        QueuePair::Nvme(q)
+    }
+}
+
+impl From<UringQueue> for QueuePair {
+    fn from(q: UringQueue) -> QueuePair {
+        QueuePair::Uring(q)
+    }
+}
+
+impl QueuePair {
+    /// Queue identifier.
+    pub fn qid(&self) -> Qid {
+        match self {
+            QueuePair::Nvme(q) => q.qid(),
+            QueuePair::Uring(q) => q.qid(),
+        }
+    }
+
+    /// Entries per ring.
+    pub fn entries(&self) -> u16 {
+        match self {
+            QueuePair::Nvme(q) => q.entries(),
+            QueuePair::Uring(q) => q.entries(),
+        }
+    }
+
+    /// The interrupt vector of its completions, when it has one.
+    pub fn vector(&self) -> Option<u16> {
+        match self {
+            QueuePair::Nvme(q) => q.vector(),
+            QueuePair::Uring(q) => q.vector(),
+        }
+    }
+
+    /// Commands that may be submitted now without waiting for completions.
+    #[inline]
+    pub fn free_slots(&self) -> usize {
+        match self {
+            QueuePair::Nvme(q) => q.free_slots(),
+            QueuePair::Uring(q) => q.free_slots(),
+        }
+    }
+
+    /// Size of the PRP-list page pool (the kernel path needs none: as many
+    /// as it has command identifiers).
+    pub fn prp_pool_size(&self) -> usize {
+        match self {
+            QueuePair::Nvme(q) => q.prp_pool_size(),
+            QueuePair::Uring(q) => q.entries() as usize - 1,
+        }
+    }
+
+    /// Commands submitted and not yet completed.
+    #[inline]
+    pub fn outstanding(&self) -> usize {
+        match self {
+            QueuePair::Nvme(q) => q.outstanding(),
+            QueuePair::Uring(q) => q.outstanding(),
+        }
+    }
+
+    /// Completions that named no command in flight (or, on a controller,
+    /// an SQ head outside the ring).
+    pub fn protocol_errors(&self) -> u64 {
+        match self {
+            QueuePair::Nvme(q) => q.protocol_errors(),
+            QueuePair::Uring(q) => q.protocol_errors(),
+        }
+    }
+
+    /// Every outstanding command of `owner`.
+    pub fn outstanding_cids_of(&self, owner: Owner) -> Vec<Cid> {
+        match self {
+            QueuePair::Nvme(q) => q.outstanding_cids_of(owner),
+            QueuePair::Uring(q) => {
+                q.tracker_ref().outstanding_commands().filter(|(_, t)| t.owner == owner).map(|(c, _)| c).collect()
+            }
+        }
+    }
+
+    /// One outstanding command of `owner`, for error reports.
+    pub fn outstanding_cid_of(&self, owner: Owner) -> Option<Cid> {
+        match self {
+            QueuePair::Nvme(q) => q.outstanding_cid_of(owner),
+            QueuePair::Uring(q) => {
+                q.tracker_ref().outstanding_commands().find(|(_, t)| t.owner == owner).map(|(c, _)| c)
+            }
+        }
+    }
+
+    /// Outstanding commands a timeout check first found more than `limit`
+    /// ago, with their owners.
+    pub fn late_commands(&mut self, limit: Duration) -> Vec<(Cid, Owner)> {
+        match self {
+            QueuePair::Nvme(q) => q.late_commands(limit),
+            QueuePair::Uring(q) => {
+                let t = q.tracker();
+                if t.outstanding() == 0 {
+                    return Vec::new();
+                }
+                t.late(std::time::Instant::now(), limit)
+            }
+        }
+    }
+
+    /// Stages `sqe` with its data; not seen by the device (or the kernel)
+    /// until [`ring_sq_doorbell`](Self::ring_sq_doorbell).
+    #[inline]
+    pub fn submit(&mut self, sqe: Sqe, data: Option<PrpPlan<'_>>, owner: Owner) -> Result<Cid, Full> {
+        match self {
+            QueuePair::Nvme(q) => q.submit(sqe, data, owner),
+            QueuePair::Uring(q) => {
+                let addr = data.map(|p| match p {
+                    PrpPlan::One { prp1 } | PrpPlan::Two { prp1, .. } | PrpPlan::List { prp1, .. } => prp1,
+                });
+                q.submit(sqe, addr, owner)
+            }
+        }
+    }
+
+    /// Tells the device (or the kernel) about every entry staged since the
+    /// last call.
+    #[inline]
+    pub fn ring_sq_doorbell(&mut self) {
+        match self {
+            QueuePair::Nvme(q) => q.ring_sq_doorbell(),
+            QueuePair::Uring(q) => q.ring_sq_doorbell(),
+        }
+    }
+
+    /// A lock-free view of the completion ring (see [`CqView`]).
+    pub fn cq_view(&self) -> CqView {
+        match self {
+            QueuePair::Nvme(q) => q.cq_view(),
+            QueuePair::Uring(q) => q.cq_view(),
+        }
+    }
+
+    /// Where the next completion will appear: (head, expected phase); the
+    /// kernel path's view does not read it.
+    pub fn cq_cursor(&self) -> (u32, bool) {
+        match self {
+            QueuePair::Nvme(q) => q.cq_cursor(),
+            QueuePair::Uring(_) => (0, false),
+        }
+    }
+
+    /// Whether a new completion is waiting.
+    #[inline]
+    pub fn completion_pending(&mut self) -> bool {
+        match self {
+            QueuePair::Nvme(q) => q.completion_pending(),
+            QueuePair::Uring(q) => q.completion_pending(),
+        }
+    }
+
+    /// Consumes up to `max` completions, calling `f(owner, cqe)` for each.
+    #[inline]
+    pub fn process_completions(&mut self, max: usize, f: impl FnMut(Owner, &Cqe)) -> usize {
+        match self {
+            QueuePair::Nvme(q) => q.process_completions(max, f),
+            QueuePair::Uring(q) => q.process_completions(max, f),
+        }
+    }
+
+    /// Forgets every outstanding command: only when none can complete.
+    pub fn forget_outstanding(&mut self) -> usize {
+        match self {
+            QueuePair::Nvme(q) => q.forget_outstanding(),
+            QueuePair::Uring(q) => q.forget_outstanding(),
+        }
+    }
+
+    /// Whether it uses shadow doorbells.
+    #[cfg_attr(not(feature = "engine-internals"), allow(dead_code))]
+    pub fn shadow_doorbells(&self) -> bool {
+        matches!(self, QueuePair::Nvme(q) if q.shadow_doorbells())
+    }
+}

@@ -1,0 +1,436 @@
+//! The kernel path's queue: an io_uring ring standing where a controller's
+//! queue pair stands, so that every API above (synchronous, lent queues,
+//! batches, stream-ordered I/O) runs on it unchanged.
+//!
+//! The engine hands it the same commands it hands a controller: a Read or
+//! Write of blocks at an LBA with its PRPs, a Flush, a Write Zeroes. The
+//! kernel path's platform maps user memory at its own address, so PRP1 is
+//! the virtual address of the command's first byte, and a command's data is
+//! contiguous there. Each command becomes one io_uring operation on the
+//! file: through the `O_DIRECT` descriptor when the memory, offset and size
+//! are aligned as the file needs, else through the page cache (cuFile's
+//! compatibility mode does the same). Completions come back as NVMe
+//! completion entries, with the errno mapped to the nearest NVMe status
+//! (ENOSPC to Capacity Exceeded, a write to a read-only file to Namespace
+//! Write Protected, a read past end of file to LBA Out of Range, other
+//! errors to a media or internal error). A transfer the kernel did in part
+//! (a short read or write, EINTR, EAGAIN) is resubmitted for the rest under
+//! the same CID; one that `O_DIRECT` refused (EINVAL) goes through the page
+//! cache instead.
+
+use super::qpair::{CqView, Full, Owner};
+use super::tracker::Tracker;
+use crate::{Error, Result};
+use std::sync::Arc;
+use ugds_nvme::status::{generic, media};
+use ugds_nvme::{Cid, Cqe, NvmOpcode, Qid, Sqe, Status};
+use ugds_platform::kernel::KernelPlatform;
+use ugds_platform::sys::uring::{Op, Ring};
+use ugds_platform::sys::EventFd;
+
+/// Registered file indexes: the `O_DIRECT` descriptor (the buffered one
+/// again when the file takes no direct I/O), and the buffered one.
+const DIRECT: u32 = 0;
+const BUFFERED: u32 = 1;
+
+/// `FALLOC_FL_KEEP_SIZE | FALLOC_FL_ZERO_RANGE`.
+const ZERO_RANGE: i32 = 0x01 | 0x10;
+
+/// Namespace is Write Protected (generic command status 20h).
+const WRITE_PROTECTED: u8 = 0x20;
+/// Capacity Exceeded (generic command status 81h).
+const CAPACITY_EXCEEDED: u8 = 0x81;
+
+/// What a command is, for the ring.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Kind {
+    #[default]
+    Read,
+    Write,
+    Sync,
+    Zero,
+    /// Refused at submission with this status (sct << 8 | sc); completes
+    /// through a no-op.
+    Refused(u16),
+}
+
+/// What the queue keeps of each command besides the tracker's entry: the
+/// operation, to resume it after a partial transfer.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Transfer {
+    kind: Kind,
+    file: u32,
+    addr: usize,
+    len: u32,
+    offset: u64,
+    /// Bytes moved so far.
+    done: u32,
+}
+
+impl Transfer {
+    /// The operation for what is left of it.
+    fn op(&self) -> Op {
+        let (addr, len, offset) =
+            (self.addr + self.done as usize, self.len - self.done, self.offset + self.done as u64);
+        match self.kind {
+            Kind::Read => Op::Read { file: self.file, addr: addr as *mut u8, len, offset },
+            Kind::Write => Op::Write { file: self.file, addr: addr as *const u8, len, offset },
+            Kind::Sync => Op::Sync { file: BUFFERED, data_only: true },
+            Kind::Zero => Op::Allocate { file: BUFFERED, mode: ZERO_RANGE, offset, len: len as u64 },
+            Kind::Refused(_) => Op::Nop,
+        }
+    }
+}
+
+/// How a command that reached the kernel ended, as an NVMe status.
+fn status_of(kind: Kind, errno: i32) -> Status {
+    match errno {
+        libc::ENOSPC | libc::EDQUOT => Status::generic(CAPACITY_EXCEEDED),
+        libc::EROFS | libc::EBADF | libc::EACCES | libc::EPERM => Status::generic(WRITE_PROTECTED),
+        libc::EINVAL | libc::EOPNOTSUPP => Status::generic(generic::INVALID_FIELD),
+        libc::EFBIG => Status::generic(generic::LBA_OUT_OF_RANGE),
+        libc::EIO if kind == Kind::Read => Status::new(ugds_nvme::status::sct::MEDIA, media::UNRECOVERED_READ_ERROR),
+        libc::EIO => Status::new(ugds_nvme::status::sct::MEDIA, media::WRITE_FAULT),
+        _ => Status::generic(generic::INTERNAL_ERROR),
+    }
+}
+
+/// A ring on a kernel-path file; see the module docs.
+pub struct UringQueue {
+    ring: Ring,
+    tracker: Tracker<Transfer>,
+    platform: Arc<KernelPlatform>,
+    qid: Qid,
+    entries: u16,
+    vector: Option<u16>,
+    block_size: u32,
+    /// Alignment of memory and of offsets and sizes for `O_DIRECT` (none
+    /// when the file takes no direct I/O).
+    direct: Option<(usize, u64)>,
+    /// Commands to resubmit after a partial transfer (reused: no
+    /// allocation once grown).
+    retry: Vec<Cid>,
+    protocol_errors: u64,
+}
+
+impl std::fmt::Debug for UringQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UringQueue")
+            .field("qid", &self.qid.0)
+            .field("entries", &self.entries)
+            .field("outstanding", &self.tracker.outstanding())
+            .finish_non_exhaustive()
+    }
+}
+
+impl UringQueue {
+    /// A ring of `entries` on `platform`'s file, completions signalled on
+    /// `vector`'s eventfd when it has one.
+    pub fn new(
+        platform: Arc<KernelPlatform>,
+        interrupt: Option<(u16, &EventFd)>,
+        qid: u16,
+        entries: u16,
+        block_size: u32,
+    ) -> Result<UringQueue> {
+        let entries = entries.clamp(2, 4096);
+        let buffered = platform.buffered_fd();
+        let direct_fd = platform.direct_fd();
+        let ring = Ring::new(entries as u32, &[direct_fd.unwrap_or(buffered), buffered])?;
+        if let Some((_, efd)) = interrupt {
+            ring.register_eventfd(efd)?;
+        }
+        let direct = direct_fd.map(|_| {
+            let (mem, off) = platform.direct_alignment();
+            (mem.max(1) as usize, off.max(1) as u64)
+        });
+        // As many commands as a controller's queue of `entries` holds.
+        let tracker = Tracker::new(entries - 1);
+        Ok(UringQueue {
+            ring,
+            tracker,
+            platform,
+            qid: Qid(qid),
+            entries,
+            vector: interrupt.map(|(v, _)| v),
+            block_size,
+            direct,
+            retry: Vec::new(),
+            protocol_errors: 0,
+        })
+    }
+
+    /// Queue identifier.
+    pub fn qid(&self) -> Qid {
+        self.qid
+    }
+
+    /// Entries.
+    pub fn entries(&self) -> u16 {
+        self.entries
+    }
+
+    /// The eventfd vector completions are signalled on.
+    pub fn vector(&self) -> Option<u16> {
+        self.vector
+    }
+
+    /// Commands that may be submitted now.
+    pub fn free_slots(&self) -> usize {
+        self.tracker.capacity() as usize - self.tracker.outstanding()
+    }
+
+    /// Commands on the ring.
+    pub fn outstanding(&self) -> usize {
+        self.tracker.outstanding()
+    }
+
+    /// Completions that named no command in flight.
+    pub fn protocol_errors(&self) -> u64 {
+        self.protocol_errors
+    }
+
+    /// The commands in flight, for the queue pair's queries.
+    pub fn tracker(&mut self) -> &mut Tracker<Transfer> {
+        &mut self.tracker
+    }
+
+    /// The tracker, read only.
+    pub fn tracker_ref(&self) -> &Tracker<Transfer> {
+        &self.tracker
+    }
+
+    /// What a command becomes on the ring.
+    fn transfer(&self, sqe: &Sqe, addr: Option<u64>) -> Transfer {
+        let refused =
+            |s: Status| Transfer { kind: Kind::Refused((s.sct as u16) << 8 | s.sc as u16), ..Default::default() };
+        let Some(op) = NvmOpcode::from_u8(sqe.opcode()) else {
+            return refused(Status::generic(generic::INVALID_OPCODE));
+        };
+        let bs = self.block_size as u64;
+        let slba = sqe.cdw10 as u64 | (sqe.cdw11 as u64) << 32;
+        let nlb = (sqe.cdw12 & 0xffff) as u64 + 1;
+        let (offset, len) = (slba * bs, nlb * bs);
+        let writes = matches!(op, NvmOpcode::Write | NvmOpcode::WriteZeroes);
+        if writes && !self.platform.writable() {
+            return refused(Status::generic(WRITE_PROTECTED));
+        }
+        match op {
+            NvmOpcode::Read | NvmOpcode::Write => {
+                let Some(addr) = addr else { return refused(Status::generic(generic::INVALID_FIELD)) };
+                let aligned = self
+                    .direct
+                    .is_some_and(|(mem, off)| addr as usize % mem == 0 && offset % off == 0 && len % off == 0);
+                Transfer {
+                    kind: if op == NvmOpcode::Read { Kind::Read } else { Kind::Write },
+                    file: if aligned { DIRECT } else { BUFFERED },
+                    addr: addr as usize,
+                    len: len as u32,
+                    offset,
+                    done: 0,
+                }
+            }
+            NvmOpcode::Flush => Transfer { kind: Kind::Sync, ..Default::default() },
+            NvmOpcode::WriteZeroes => Transfer { kind: Kind::Zero, len: len as u32, offset, ..Default::default() },
+            _ => refused(Status::generic(generic::INVALID_OPCODE)),
+        }
+    }
+
+    /// Stages a command (its data at `addr`, PRP1 of its plan). Not seen by
+    /// the kernel until [`ring_sq_doorbell`](Self::ring_sq_doorbell).
+    pub fn submit(&mut self, sqe: Sqe, addr: Option<u64>, owner: Owner) -> std::result::Result<Cid, Full> {
+        if self.tracker.is_full() {
+            return Err(Full::Cid);
+        }
+        let t = self.transfer(&sqe, addr);
+        let cid = self.tracker.begin_with(owner, None, t).expect("a CID is free");
+        // SAFETY: the memory is the registered buffer's, which the request
+        // holds until this command's completion is consumed.
+        if !unsafe { self.ring.push(t.op(), cid.0 as u64) } {
+            self.tracker.end(cid).expect("just begun");
+            return Err(Full::Sq);
+        }
+        Ok(cid)
+    }
+
+    /// Hands the staged operations to the kernel (one `io_uring_enter`).
+    pub fn ring_sq_doorbell(&mut self) {
+        if self.ring.staged() > 0 {
+            if let Err(e) = self.ring.submit() {
+                tracing::error!(qid = self.qid.0, "io_uring submission failed: {e}; retried at the next look");
+            }
+        }
+    }
+
+    /// Whether a completion is waiting.
+    pub fn completion_pending(&mut self) -> bool {
+        self.ring.completion_pending()
+    }
+
+    /// A view for waiting without the lock: a polled ring is always worth
+    /// a look (the kernel's tail is behind the ring's lock); an
+    /// interrupt-driven one never is, and its eventfd says when.
+    pub fn cq_view(&self) -> CqView {
+        CqView::always(self.vector.is_none())
+    }
+
+    /// Consumes up to `max` completions, calling `f(owner, cqe)` for each
+    /// command that finished; partial transfers are resubmitted. Returns
+    /// how many commands finished.
+    pub fn process_completions(&mut self, max: usize, mut f: impl FnMut(Owner, &Cqe)) -> usize {
+        // A submission the kernel refused earlier (EAGAIN, EBUSY) goes now.
+        self.ring_sq_doorbell();
+        let mut n = 0;
+        let (tracker, retry, qid, errors) = (&mut self.tracker, &mut self.retry, self.qid, &mut self.protocol_errors);
+        let direct = self.direct;
+        let buffered_only = direct.is_none();
+        self.ring.reap(max, |user_data, res| {
+            let cid = Cid(user_data as u16);
+            let Some(e) = tracker.get_mut(cid) else {
+                *errors += 1;
+                tracing::error!(qid = qid.0, cid = cid.0, "io_uring completion for no command in flight; ignored");
+                return;
+            };
+            let t = &mut e.extra;
+            let status = match (t.kind, res) {
+                (Kind::Refused(s), _) => Status::new((s >> 8) as u8, s as u8),
+                (_, r) if r == -libc::EINTR || r == -libc::EAGAIN => {
+                    retry.push(cid);
+                    return;
+                }
+                (Kind::Read | Kind::Write, r) if r == -libc::EINVAL && t.file == DIRECT && !buffered_only => {
+                    // O_DIRECT refused this alignment after all.
+                    t.file = BUFFERED;
+                    retry.push(cid);
+                    return;
+                }
+                (k, r) if r < 0 => status_of(k, -r),
+                (Kind::Read | Kind::Write, 0) if t.done < t.len => {
+                    // Nothing more to read: the file ends before the range.
+                    Status::generic(generic::LBA_OUT_OF_RANGE)
+                }
+                (Kind::Read | Kind::Write, r) => {
+                    t.done += r as u32;
+                    if t.done < t.len {
+                        // A partial transfer: the rest through the page
+                        // cache when it is no longer aligned for O_DIRECT.
+                        let still_aligned = direct.is_some_and(|(mem, off)| {
+                            (t.addr + t.done as usize) % mem == 0 && t.done as u64 % off == 0
+                        });
+                        if t.file == DIRECT && !still_aligned {
+                            t.file = BUFFERED;
+                        }
+                        retry.push(cid);
+                        return;
+                    }
+                    Status::SUCCESS
+                }
+                _ => Status::SUCCESS,
+            };
+            let e = tracker.end(cid).expect("outstanding");
+            let cqe = Cqe { dw0: 0, dw1: 0, sqhd: 0, sqid: qid.0, cid: cid.0, status: status.to_field(false) };
+            f(e.owner, &cqe);
+            n += 1;
+        });
+        if !self.retry.is_empty() {
+            for cid in std::mem::take(&mut self.retry) {
+                let op = self.tracker.get_mut(cid).expect("outstanding").extra.op();
+                // SAFETY: as at submission; the command still holds its memory.
+                while !unsafe { self.ring.push(op, cid.0 as u64) } {
+                    // The ring is full of staged entries: hand them over.
+                    self.ring_sq_doorbell();
+                }
+            }
+            self.ring_sq_doorbell();
+        }
+        n
+    }
+
+    /// Forgets every command: only when none can complete any more (the
+    /// ring is being dropped).
+    pub fn forget_outstanding(&mut self) -> usize {
+        let n = self.tracker.outstanding();
+        self.tracker.forget_all();
+        n
+    }
+}
+
+/// The kernel path's stand-in for a controller: what it "identifies" is
+/// the file, and creating a queue pair makes a ring.
+pub struct KernelController {
+    platform: Arc<KernelPlatform>,
+    dyn_platform: Arc<dyn ugds_platform::Platform>,
+    info: super::ControllerInfo,
+    block_size: u32,
+}
+
+impl std::fmt::Debug for KernelController {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelController").field("platform", &self.platform).finish_non_exhaustive()
+    }
+}
+
+/// The largest transfer of one operation: a request above it becomes
+/// several operations in flight at once.
+const MAX_TRANSFER: usize = 1 << 20;
+
+/// Block size the kernel path presents: offsets and sizes are multiples
+/// of it (`O_DIRECT` is used where they are also multiples of what the file
+/// needs for it).
+pub const KERNEL_BLOCK_SIZE: u32 = 512;
+
+impl KernelController {
+    /// The file behind `platform` as a one-namespace controller granting
+    /// `want_io_queues` queues.
+    pub fn new(platform: Arc<KernelPlatform>, want_io_queues: u16) -> Result<KernelController> {
+        let block_size = KERNEL_BLOCK_SIZE;
+        let blocks = platform.size() / block_size as u64;
+        if blocks == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{} holds fewer than {block_size} bytes",
+                platform.path().display()
+            )));
+        }
+        let identify = ugds_nvme::IdentifyController {
+            mn: "Linux kernel (io_uring)".into(),
+            sn: platform.path().display().to_string(),
+            nn: 1,
+            ..Default::default()
+        };
+        let info = super::ControllerInfo {
+            // MQES 4095 (a ring of 4096), doorbell stride 4 bytes.
+            cap: ugds_nvme::regs::Cap(4095),
+            version: ugds_nvme::regs::Version(0),
+            identify,
+            namespaces: vec![super::NamespaceInfo { nsid: 1, block_size, blocks }],
+            io_queues: want_io_queues.clamp(1, 64),
+            max_transfer: Some(MAX_TRANSFER),
+            page_size: 4096,
+            platform: ugds_platform::Platform::describe(&*platform),
+        };
+        Ok(KernelController { dyn_platform: platform.clone(), platform, info, block_size })
+    }
+
+    /// What it presents.
+    pub fn info(&self) -> &super::ControllerInfo {
+        &self.info
+    }
+
+    /// The same, as the engine's platform.
+    pub fn dyn_platform(&self) -> &Arc<dyn ugds_platform::Platform> {
+        &self.dyn_platform
+    }
+
+    /// A ring of `entries` for queue `qid`, signalling `vector` when given.
+    pub fn create_ring(&self, qid: u16, entries: u16, vector: Option<u16>) -> Result<UringQueue> {
+        let interrupt = match vector {
+            Some(v) => {
+                let efd = ugds_platform::Platform::interrupt(&*self.platform, v)?
+                    .ok_or_else(|| Error::InvalidArgument(format!("no interrupt vector {v}")))?;
+                Some((v, efd))
+            }
+            None => None,
+        };
+        UringQueue::new(self.platform.clone(), interrupt, qid, entries, self.block_size)
+    }
+}
