@@ -41,8 +41,12 @@ pub mod generic {
     pub const COMMAND_SEQUENCE_ERROR: u8 = 0x0c;
     /// PRP Offset Invalid.
     pub const INVALID_PRP_OFFSET: u8 = 0x13;
+    /// Namespace is Write Protected.
+    pub const NAMESPACE_WRITE_PROTECTED: u8 = 0x20;
     /// LBA Out of Range.
     pub const LBA_OUT_OF_RANGE: u8 = 0x80;
+    /// Capacity Exceeded.
+    pub const CAPACITY_EXCEEDED: u8 = 0x81;
 }
 
 /// Command specific status codes (figure 95 and the admin commands' sections).

@@ -308,12 +308,23 @@ impl Error {
     }
 
     /// A positive errno for callers that report through an `ssize_t`, as
-    /// stream-ordered I/O does (it writes `-errno`): an OS error's own, else
-    /// one per [`ErrorKind`].
+    /// stream-ordered I/O does (it writes `-errno`): an OS error's own;
+    /// ENOSPC for Capacity Exceeded and EROFS for Namespace is Write
+    /// Protected; else one per [`ErrorKind`].
     pub fn errno(&self) -> i32 {
         use ErrorKind as K;
         if let Error::Os { errno, .. } = self {
             return *errno;
+        }
+        if let Error::Nvme { status, .. } = self {
+            // What the kernel path reports for a full filesystem and a file
+            // opened read-only; on a controller the same conditions.
+            use ugds_nvme::status::generic;
+            match (status.sct, status.sc) {
+                (0, generic::CAPACITY_EXCEEDED) => return libc::ENOSPC,
+                (0, generic::NAMESPACE_WRITE_PROTECTED) => return libc::EROFS,
+                _ => {}
+            }
         }
         match self.kind() {
             K::InvalidArgument
@@ -379,6 +390,9 @@ mod tests {
             (Error::DeviceGone, ErrorKind::Device, libc::EIO),
             (Error::GpuUnavailable("x".into()), ErrorKind::GpuUnavailable, libc::ENODEV),
             (Error::Unsupported("x".into()), ErrorKind::Unsupported, libc::EOPNOTSUPP),
+            (Error::Nvme { op: "Write", status: ugds_nvme::Status::generic(0x81) }, ErrorKind::Device, libc::ENOSPC),
+            (Error::Nvme { op: "Write", status: ugds_nvme::Status::generic(0x20) }, ErrorKind::Device, libc::EROFS),
+            (Error::Nvme { op: "Read", status: ugds_nvme::Status::generic(0x80) }, ErrorKind::Device, libc::EIO),
         ];
         for (e, kind, errno) in cases {
             assert_eq!((e.kind(), e.errno()), (kind, errno), "{e}");

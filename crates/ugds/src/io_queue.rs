@@ -33,6 +33,8 @@ struct Request {
     len: usize,
     /// First error, as the CQE status field.
     status: Option<u16>,
+    /// Bytes not moved (a read that met the end of a kernel-path file).
+    short: usize,
     op: NvmOpcode,
     guard: Option<BufGuard>,
 }
@@ -217,7 +219,7 @@ impl<'h> IoQueue<'h> {
         let idx = match self.free.pop() {
             Some(i) => i,
             None => {
-                self.reqs.push(Request { tag: 0, pending: 0, len: 0, status: None, op, guard: None });
+                self.reqs.push(Request { tag: 0, pending: 0, len: 0, status: None, short: 0, op, guard: None });
                 self.reqs.len() as u32 - 1
             }
         };
@@ -238,7 +240,7 @@ impl<'h> IoQueue<'h> {
             }
         }
         let r = &mut self.reqs[idx as usize];
-        (r.tag, r.pending, r.len, r.status, r.op) = (tag, n as u32, size, None, op);
+        (r.tag, r.pending, r.len, r.status, r.short, r.op) = (tag, n as u32, size, None, 0, op);
         // A free slot's guard went with its completion: nothing to drop
         // (checked, without the drop glue's call on the common path).
         if let Some(stale) = r.guard.replace(guard) {
@@ -334,6 +336,7 @@ impl<'h> IoQueue<'h> {
         let reqs = &mut self.reqs;
         let free = &mut self.free;
         let Some(qp) = self.qp.as_mut() else { return 0 };
+        let reports_short = qp.reports_short();
         qp.process_completions(usize::MAX, |owner, cqe| {
             let Owner::Own(idx) = owner else { unreachable!("a lent queue pair's commands are its own") };
             let r = &mut reqs[idx as usize];
@@ -346,11 +349,14 @@ impl<'h> IoQueue<'h> {
             if !cqe.status().is_success() && r.status.is_none() {
                 r.status = Some(cqe.status);
             }
+            if reports_short {
+                r.short += cqe.dw0 as usize;
+            }
             r.pending -= 1;
             if r.pending == 0 {
                 r.guard = None;
                 let res = match r.status {
-                    None => Ok(r.len),
+                    None => Ok(r.len.saturating_sub(r.short)),
                     Some(s) => Err(Error::Nvme {
                         op: if r.op == NvmOpcode::Read { "Read" } else { "Write" },
                         status: Status::from_field(s),

@@ -69,6 +69,8 @@ struct Req {
     cookie: u64,
     pending: u32,
     len: usize,
+    /// Bytes not moved (a read that met the end of a kernel-path file).
+    short: usize,
     status: Option<u16>,
     op: NvmOpcode,
     hold: Option<Hold>,
@@ -122,8 +124,9 @@ fn owner(ctx: u32, req: u32) -> Owner {
 }
 
 impl BatchTable {
-    /// Credits one completion to request `ri` of context `ci`.
-    pub(crate) fn credit(&mut self, ci: u32, ri: u32, cqe: &ugds_nvme::Cqe) {
+    /// Credits one completion to request `ri` of context `ci`; `short`
+    /// bytes of it were not moved.
+    pub(crate) fn credit(&mut self, ci: u32, ri: u32, cqe: &ugds_nvme::Cqe, short: u32) {
         let (ci, ri) = (ci as usize, ri as usize);
         let Some(Some(c)) = self.ctxs.get_mut(ci) else { return };
         let r = &mut c.reqs[ri];
@@ -133,12 +136,17 @@ impl BatchTable {
         if !cqe.status().is_success() && r.status.is_none() {
             r.status = Some(cqe.status);
         }
+        r.short += short as usize;
         r.pending -= 1;
         if r.pending == 0 {
             r.hold = None;
             let op = if r.op == NvmOpcode::Read { "Read" } else { "Write" };
             let event = match r.status {
-                None => BatchEvent { cookie: r.cookie, status: BatchStatus::Complete, result: Ok(r.len) },
+                None => BatchEvent {
+                    cookie: r.cookie,
+                    status: BatchStatus::Complete,
+                    result: Ok(r.len.saturating_sub(r.short)),
+                },
                 Some(f) => {
                     let status = Status::from_field(f);
                     let aborted = status.sct == 0 && status.sc == ugds_nvme::status::generic::ABORT_REQUESTED;
@@ -189,7 +197,7 @@ impl BatchQueue {
     pub fn open_context(&self, capacity: usize) -> u32 {
         let ctx = Ctx {
             reqs: (0..capacity)
-                .map(|_| Req { cookie: 0, pending: 0, len: 0, status: None, op: NvmOpcode::Read, hold: None })
+                .map(|_| Req { cookie: 0, pending: 0, len: 0, short: 0, status: None, op: NvmOpcode::Read, hold: None })
                 .collect(),
             free: (0..capacity as u32).rev().collect(),
             slots: Vec::with_capacity(capacity),
@@ -287,8 +295,15 @@ impl BatchQueue {
             for p in reqs.iter() {
                 let i = c.free.pop().expect("room checked");
                 let commands = p.chunks.commands() as u32;
-                c.reqs[i as usize] =
-                    Req { cookie: p.cookie, pending: commands, len: p.len, status: None, op: p.op, hold: None };
+                c.reqs[i as usize] = Req {
+                    cookie: p.cookie,
+                    pending: commands,
+                    len: p.len,
+                    short: 0,
+                    status: None,
+                    op: p.op,
+                    hold: None,
+                };
                 c.inflight += 1;
                 slots.push(i);
             }

@@ -65,6 +65,12 @@ impl QueuePair {
         }
     }
 
+    /// Whether its completions report bytes not moved in DW0 (the kernel
+    /// path: a read that met the end of the file).
+    pub fn reports_short(&self) -> bool {
+        matches!(self, QueuePair::Uring(_))
+    }
+
     /// Size of the PRP-list page pool (the kernel path needs none: as many
     /// as it has command identifiers).
     pub fn prp_pool_size(&self) -> usize {

@@ -66,6 +66,9 @@ struct Slot {
     pending: AtomicU32,
     /// First error status (the CQE status field with bit 31 set), or 0.
     status: AtomicU32,
+    /// Bytes the request's commands did not move (a read that met the end
+    /// of a kernel-path file).
+    short: AtomicU64,
 }
 
 const STATUS_SET: u32 = 1 << 31;
@@ -105,6 +108,9 @@ pub struct SyncQueue {
     /// completion may be waiting even where the ring cannot be looked at
     /// without the lock (the kernel path's).
     irq_hint: AtomicBool,
+    /// Whether completions report bytes not moved in DW0 (the kernel
+    /// path's; a controller's DW0 of a Read or Write says nothing).
+    reports_short: bool,
 }
 
 impl std::fmt::Debug for SyncQueue {
@@ -173,6 +179,7 @@ impl SyncQueue {
     pub fn new(qp: QueuePair, platform: Arc<dyn Platform>) -> Result<SyncQueue> {
         let n = qp.free_slots() as u32;
         let (vector, qid) = (qp.vector(), qp.qid().0);
+        let reports_short = qp.reports_short();
         let cq = qp.cq_view();
         let (head, phase) = qp.cq_cursor();
         let kick = match vector {
@@ -193,6 +200,7 @@ impl SyncQueue {
             siblings: OnceLock::new(),
             capped_waits: AtomicU64::new(0),
             irq_hint: AtomicBool::new(false),
+            reports_short,
         })
     }
 
@@ -231,18 +239,23 @@ impl SyncQueue {
             self.irq_hint.swap(false, Ordering::SeqCst);
         }
         let slots = &self.slots;
+        let reports_short = self.reports_short;
         let State { qp, batch, .. } = st;
         let n = qp.process_completions(usize::MAX, |owner, cqe| {
+            let short = if reports_short { cqe.dw0 } else { 0 };
             let slot = match owner {
                 Owner::Sync(slot) => slot,
                 Owner::Batch { ctx, req } => {
-                    batch.credit(ctx, req, cqe);
+                    batch.credit(ctx, req, cqe, short);
                     others = true;
                     return;
                 }
                 Owner::Own(_) => unreachable!("a shared queue pair's commands are synchronous or batch"),
             };
             let s = &slots[slot as usize];
+            if short != 0 {
+                s.short.fetch_add(short as u64, Ordering::Relaxed);
+            }
             let status = cqe.status();
             if !status.is_success() {
                 let _ =
@@ -384,7 +397,8 @@ impl SyncQueue {
     }
 
     /// Runs `cmds` as one request and waits for all of them; the first
-    /// error status (if any) is the result. `timeout` bounds the wait for
+    /// error status (if any) is the result, else the bytes the commands did
+    /// not move (0 but for a read that met the end of a kernel-path file). `timeout` bounds the wait for
     /// the device; when it passes, the request is stuck and its slot is kept.
     pub fn execute<'a>(
         &self,
@@ -392,7 +406,7 @@ impl SyncQueue {
         op: &'static str,
         mode: Completion,
         timeout: Duration,
-    ) -> Result<(), Failure> {
+    ) -> Result<u64, Failure> {
         let mut cmds = cmds.peekable();
         let mut deadline = Deadline::new(timeout);
         let mut spins = 0u32;
@@ -406,6 +420,7 @@ impl SyncQueue {
             if let Some(s) = st.free.pop() {
                 self.slots[s as usize].pending.store(0, Ordering::Relaxed);
                 self.slots[s as usize].status.store(0, Ordering::Relaxed);
+                self.slots[s as usize].short.store(0, Ordering::Relaxed);
                 self.stage(&mut st, s, &mut cmds);
                 break s;
             }
@@ -521,11 +536,11 @@ impl SyncQueue {
     }
 
     /// Frees a finished request's slot; its first error status, if any, is
-    /// the result.
-    fn release_slot(&self, st: &mut State, slot: u32, op: &'static str) -> Result<()> {
+    /// the result, else the bytes not moved.
+    fn release_slot(&self, st: &mut State, slot: u32, op: &'static str) -> Result<u64> {
         st.free.push(slot);
         match self.slots[slot as usize].status.load(Ordering::Relaxed) {
-            0 => Ok(()),
+            0 => Ok(self.slots[slot as usize].short.load(Ordering::Relaxed)),
             status => Err(Error::Nvme { op, status: Status::from_field(status as u16) }),
         }
     }
@@ -542,7 +557,7 @@ impl SyncQueue {
 
     /// One look for the late request in `slot` (after an Abort):
     /// `Some(result)` frees the slot once it is back; `None` leaves it taken.
-    pub fn settle_once(&self, slot: u32, op: &'static str) -> Option<Result<()>> {
+    pub fn settle_once(&self, slot: u32, op: &'static str) -> Option<Result<u64>> {
         let mut st = self.lock();
         self.reap(&mut st, slot);
         if self.slots[slot as usize].pending.load(Ordering::Acquire) == 0 {

@@ -12,11 +12,14 @@
 //! compatibility mode does the same). Completions come back as NVMe
 //! completion entries, with the errno mapped to the nearest NVMe status
 //! (ENOSPC to Capacity Exceeded, a write to a read-only file to Namespace
-//! Write Protected, a read past end of file to LBA Out of Range, other
-//! errors to a media or internal error). A transfer the kernel did in part
-//! (a short read or write, EINTR, EAGAIN) is resubmitted for the rest under
-//! the same CID; one that `O_DIRECT` refused (EINVAL) goes through the page
-//! cache instead.
+//! Write Protected, EFBIG or a write that makes no progress to LBA Out of
+//! Range, EIO to a media error, others to an internal error). A read that
+//! meets the end of the file completes successfully with the bytes it did
+//! not move in DW0 (which a controller leaves zero for a Read), so that a
+//! read across the end returns the bytes there were, as `pread` and cuFile
+//! do. A transfer the kernel did in part (a short read or write, EINTR,
+//! EAGAIN) is resubmitted for the rest under the same CID; one that
+//! `O_DIRECT` refused (EINVAL) goes through the page cache instead.
 
 use super::qpair::{CqView, Full, Owner};
 use super::tracker::Tracker;
@@ -36,10 +39,7 @@ const BUFFERED: u32 = 1;
 /// `FALLOC_FL_KEEP_SIZE | FALLOC_FL_ZERO_RANGE`.
 const ZERO_RANGE: i32 = 0x01 | 0x10;
 
-/// Namespace is Write Protected (generic command status 20h).
-const WRITE_PROTECTED: u8 = 0x20;
-/// Capacity Exceeded (generic command status 81h).
-const CAPACITY_EXCEEDED: u8 = 0x81;
+use generic::{CAPACITY_EXCEEDED, NAMESPACE_WRITE_PROTECTED as WRITE_PROTECTED};
 
 /// What a command is, for the ring.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -286,6 +286,7 @@ impl UringQueue {
         let buffered_only = direct.is_none();
         self.ring.reap(max, |user_data, res| {
             let cid = Cid(user_data as u16);
+            let mut short = 0;
             let Some(e) = tracker.get_mut(cid) else {
                 *errors += 1;
                 tracing::error!(qid = qid.0, cid = cid.0, "io_uring completion for no command in flight; ignored");
@@ -305,8 +306,14 @@ impl UringQueue {
                     return;
                 }
                 (k, r) if r < 0 => status_of(k, -r),
-                (Kind::Read | Kind::Write, 0) if t.done < t.len => {
-                    // Nothing more to read: the file ends before the range.
+                (Kind::Read, 0) => {
+                    // The file ends inside the range: the read is short,
+                    // and says by how much (DW0, see the module docs).
+                    short = t.len - t.done;
+                    Status::SUCCESS
+                }
+                (Kind::Write, 0) => {
+                    // Nothing written and no error: the file cannot grow.
                     Status::generic(generic::LBA_OUT_OF_RANGE)
                 }
                 (Kind::Read | Kind::Write, r) => {
@@ -328,7 +335,7 @@ impl UringQueue {
                 _ => Status::SUCCESS,
             };
             let e = tracker.end(cid).expect("outstanding");
-            let cqe = Cqe { dw0: 0, dw1: 0, sqhd: 0, sqid: qid.0, cid: cid.0, status: status.to_field(false) };
+            let cqe = Cqe { dw0: short, dw1: 0, sqhd: 0, sqid: qid.0, cid: cid.0, status: status.to_field(false) };
             f(e.owner, &cqe);
             n += 1;
         });
@@ -384,12 +391,10 @@ impl KernelController {
     /// `want_io_queues` queues.
     pub fn new(platform: Arc<KernelPlatform>, want_io_queues: u16) -> Result<KernelController> {
         let block_size = KERNEL_BLOCK_SIZE;
-        let blocks = platform.size() / block_size as u64;
+        // The last block may be partial: a read of it returns what there is.
+        let blocks = platform.size().div_ceil(block_size as u64);
         if blocks == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "{} holds fewer than {block_size} bytes",
-                platform.path().display()
-            )));
+            return Err(Error::InvalidArgument(format!("{} is empty", platform.path().display())));
         }
         let identify = ugds_nvme::IdentifyController {
             mn: "Linux kernel (io_uring)".into(),

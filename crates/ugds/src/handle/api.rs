@@ -82,8 +82,10 @@ impl Handle {
     }
 
     /// Reads `size` bytes at `file_offset` of the namespace into the
-    /// registered buffer, `buf_offset` bytes in. Returns the bytes read
-    /// (always `size`) once all of them are in the buffer.
+    /// registered buffer, `buf_offset` bytes in. Returns the bytes read once
+    /// all of them are in the buffer: `size`, or fewer on the kernel path
+    /// when the file ends first (the buffer past the bytes read may then
+    /// be written: direct I/O moves whole blocks, with zeroes past the end).
     pub fn read(&self, buf: &BufferToken, size: usize, file_offset: u64, buf_offset: usize) -> Result<usize> {
         self.rw(NvmOpcode::Read, buf, size, file_offset, buf_offset)
     }
@@ -131,8 +133,8 @@ impl Handle {
         };
         RECENT.set(recent);
         match r {
-            Ok(()) => Ok(size),
-            failed => h.finish(q, failed, name, Some(guard)).map(|()| size),
+            Ok(0) => Ok(size),
+            r => h.finish(q, r, name, Some(guard)).map(|short| size.saturating_sub(short as usize)),
         }
     }
 
@@ -143,7 +145,7 @@ impl Handle {
         let q = h.next_sync_queue();
         let cmd = Cmd { sqe: Sqe::flush(Cid(0), Nsid(h.ns.nsid)), prp: None };
         let r = q.execute(std::iter::once(cmd), "Flush", h.opts.completion, h.opts.timeout);
-        h.finish(q, r, "Flush", None)
+        h.finish(q, r, "Flush", None).map(drop)
     }
 
     /// Zeroes `size` bytes at `file_offset` (NVMe Write Zeroes).
@@ -159,7 +161,7 @@ impl Handle {
             prp: None,
         });
         let r = q.execute(cmds, "Write Zeroes", h.opts.completion, h.opts.timeout);
-        h.finish(q, r, "Write Zeroes", None)
+        h.finish(q, r, "Write Zeroes", None).map(drop)
     }
 
     /// Lends a queue pair for asynchronous submission from one thread.

@@ -383,12 +383,12 @@ impl HandleInner {
     pub fn finish(
         &self,
         q: &SyncQueue,
-        r: std::result::Result<(), Failure>,
+        r: std::result::Result<u64, Failure>,
         op: &'static str,
         guard: Option<BufGuard>,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         match r {
-            Ok(()) => Ok(()),
+            Ok(short) => Ok(short),
             Err(Failure::Error(e)) => Err(e),
             Err(Failure::Stuck(e)) => {
                 self.wedge(guard);
