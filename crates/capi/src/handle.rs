@@ -16,9 +16,19 @@ pub(crate) fn dup(fd: c_int) -> Result<OwnedFd, uGDSError_t> {
     borrowed.try_clone_to_owned().map_err(|e| fail(op::GETNEWFD_FAILED, format!("dup of fd {fd}: {e}")))
 }
 
-/// Opens the platform for `fd`: a ugds_drv character device, or (with
-/// UGDS_EMULATE=1) an emulated controller over a regular file.
-pub(crate) fn platform_for(fd: c_int) -> Result<Arc<dyn ugds::platform::Platform>, uGDSError_t> {
+/// What a registered fd is served by.
+pub(crate) enum Target {
+    /// A controller: through ugds_drv, or emulated (UGDS_EMULATE=1).
+    Controller(Arc<dyn ugds::platform::Platform>),
+    /// The kernel path: a regular file or a block device (cuFile's
+    /// behaviour; the existing uGDS refuses them).
+    Kernel,
+}
+
+/// What serves `fd`: a ugds_drv character device; a regular file or block
+/// device through the kernel path, or (with UGDS_EMULATE=1) a regular file
+/// through an emulated controller.
+pub(crate) fn target_for(fd: c_int) -> Result<Target, uGDSError_t> {
     // SAFETY: fstat writes one struct; an invalid fd is an error.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
@@ -35,7 +45,7 @@ pub(crate) fn platform_for(fd: c_int) -> Result<Arc<dyn ugds::platform::Platform
             let owned = dup(fd)?;
             let name = fd_path(fd).map(|p| p.display().to_string()).unwrap_or_else(|| format!("fd {fd}"));
             ugds::platform::ugds_drv::UgdsDrvPlatform::from_fd(owned, &name)
-                .map(|p| Arc::new(p) as Arc<dyn ugds::platform::Platform>)
+                .map(|p| Target::Controller(Arc::new(p)))
                 .map_err(from_error)
         }
         libc::S_IFREG if std::env::var("UGDS_EMULATE").is_ok_and(|v| v == "1") => {
@@ -48,18 +58,20 @@ pub(crate) fn platform_for(fd: c_int) -> Result<Arc<dyn ugds::platform::Platform
             // descriptor: never reopened by name (the name may be gone).
             let owned = dup(fd)?;
             EmuPlatform::new(EmuConfig::default().namespaces(vec![NamespaceConfig::descriptor(owned, size, block)]))
-                .map(|p| Arc::new(p) as Arc<dyn ugds::platform::Platform>)
+                .map(|p| Target::Controller(Arc::new(p)))
                 .map_err(from_error)
         }
-        libc::S_IFREG => Err(fail(
+        libc::S_IFREG | libc::S_IFBLK => Ok(Target::Kernel),
+        _ => Err(fail(
             op::INVALID_FILE_TYPE,
-            "a regular file needs UGDS_EMULATE=1 (an emulated controller over the file)",
+            format!("fd {fd} is neither /dev/ugds_drvN, a regular file nor a block device"),
         )),
-        _ => Err(fail(op::INVALID_FILE_TYPE, format!("fd {fd} is neither /dev/ugds_drvN nor a regular file"))),
     }
 }
 
-/// Brings up the controller behind `descr`'s fd: `/dev/ugds_drvN`, or a regular file with `UGDS_EMULATE=1`.
+/// Opens a handle on `descr`'s fd: the controller behind `/dev/ugds_drvN`;
+/// a regular file or block device through the kernel path (io_uring); or,
+/// with `UGDS_EMULATE=1`, a regular file through an emulated controller.
 ///
 /// # Safety
 /// Each pointer argument is null (refused with an error) or valid for the
@@ -84,15 +96,24 @@ pub unsafe extern "C" fn uGDSHandleRegister(fh: *mut *mut c_void, descr: *mut ab
             return fail(op::HANDLE_ALREADY_REGISTERED, format!("fd {fd} is registered already"));
         }
         // Device work (bring-up) without the table's lock.
-        let platform = match platform_for(fd) {
-            Ok(p) => p,
+        let target = match target_for(fd) {
+            Ok(t) => t,
             Err(e) => return e,
         };
         let driver = match state().as_ref() {
             Some(s) => s.driver.clone(),
             None => return fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed"),
         };
-        let handle = match driver.open_handle(platform, HandleOptions::from_env()) {
+        let opened = match target {
+            Target::Controller(platform) => driver.open_handle(platform, HandleOptions::from_env()),
+            Target::Kernel => {
+                // SAFETY: fstat found `fd` open; it is borrowed for the call
+                // (the handle keeps a duplicate).
+                let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+                driver.open_fd(borrowed, HandleOptions::from_env())
+            }
+        };
+        let handle = match opened {
             Ok(h) => Arc::new(h),
             Err(e) => return from_error(e),
         };

@@ -6,7 +6,10 @@
 #define SZ 8192
 
 int main(void) {
-    setenv("UGDS_EMULATE", "1", 1);
+    /* The emulated controller over the file, or (UGDS_TEST_KERNEL_PATH=1)
+     * the kernel path on it. */
+    if (!getenv("UGDS_TEST_KERNEL_PATH"))
+        setenv("UGDS_EMULATE", "1", 1);
     setenv("UGDS_EMULATE_BLOCK_SIZE", "4096", 1);
     char path[256];
     int fd = temp_file(path, sizeof path, 8u << 20);

@@ -31,7 +31,16 @@ int main(void) {
     CHECK_ERR(uGDSHandleRegister(&fh, &d), UGDS_INVALID_FILE_TYPE);
     d.type = UGDS_HANDLE_TYPE_OPAQUE_FD;
     unsetenv("UGDS_EMULATE");
-    CHECK_ERR(uGDSHandleRegister(&fh, &d), UGDS_INVALID_FILE_TYPE); /* a regular file */
+    int null_fd = open("/dev/null", O_RDWR);
+    d.handle.fd = null_fd;
+    CHECK_ERR(uGDSHandleRegister(&fh, &d), UGDS_INVALID_FILE_TYPE); /* a character device not ugds_drv */
+    close(null_fd);
+    /* A regular file without UGDS_EMULATE: the kernel path (cuFile's
+     * behaviour; the existing uGDS refuses it). */
+    d.handle.fd = fd;
+    CHECK_ERR(uGDSHandleRegister(&fh, &d), UGDS_SUCCESS);
+    CHECK_ERR(uGDSHandleDeregisterEx(fh, 0), UGDS_SUCCESS);
+    fh = NULL;
     d.handle.fd = 0x7ffff;
     CHECK_ERR(uGDSHandleRegister(&fh, &d), UGDS_INVALID_VALUE); /* not an open fd */
     d.handle.fd = fd;
