@@ -276,6 +276,52 @@ def gpu_or_skip():
     raise unittest.SkipTest(why)
 
 
+class KernelPath(unittest.TestCase):
+    """A file through the kernel (io_uring): `Driver.open_file`."""
+
+    def setUp(self):
+        import tempfile
+
+        fd, self.path = tempfile.mkstemp(prefix="ugds-py-", dir=os.environ.get("TMPDIR", "/tmp"))
+        os.write(fd, pattern(3, 10000))
+        os.close(fd)
+        self.drv = ugds.Driver()
+
+    def tearDown(self):
+        os.unlink(self.path)
+
+    def test_read_write_and_the_end_of_the_file(self):
+        h = self.drv.open_file(self.path)
+        self.assertEqual(h.capacity, 10240)
+        mem = bytearray(8192)
+        buf = self.drv.register(mem)
+        self.assertEqual(h.read(buf, 8192, 0), 8192)
+        self.assertEqual(bytes(mem), pattern(3, 10000)[:8192])
+        # Into the last, partial block: the bytes there are.
+        self.assertEqual(h.read(buf, 2048, 8192), 10000 - 8192)
+        self.assertEqual(bytes(mem[: 10000 - 8192]), pattern(3, 10000)[8192:])
+        mem[:4096] = b"\x5a" * 4096
+        self.assertEqual(h.write(buf, 4096, 4096), 4096)
+        h.flush()
+        with open(self.path, "rb") as f:
+            f.seek(4096)
+            self.assertEqual(f.read(4096), b"\x5a" * 4096)
+        h.close()
+        self.drv.deregister(buf)
+
+    def test_bad_input_is_a_typed_error(self):
+        h = self.drv.open_file(self.path)
+        buf = self.drv.register(bytearray(4096))
+        with self.assertRaises(ugds.InvalidArgument):
+            h.read(buf, 100, 0)
+        with self.assertRaises(ugds.InvalidArgument):
+            h.read(buf, 512, 10240)
+        with self.assertRaises(ugds.Error):
+            self.drv.open_file(self.path + ".missing")
+        h.close()
+        self.drv.deregister(buf)
+
+
 class Cuda(unittest.TestCase):
     def setUp(self):
         gpu_or_skip()

@@ -72,7 +72,7 @@ fn run(t: &TargetOpts, per_size: Duration, compute_us: u64) -> ugds::Result<()> 
     let target = target::open(t).map_err(ugds::Error::Platform)?;
     let driver = Driver::open();
     let t_open = t0.elapsed();
-    let h = driver.open_handle(target.platform.clone(), HandleOptions::default())?;
+    let h = target.open_handle(&driver, HandleOptions::default())?;
     let t_handle = t0.elapsed();
     // SAFETY: `gpu` outlives the registration (deregistered at the end).
     let tok = unsafe { driver.register_cuda(gpu.ptr(), gpu.len())? };

@@ -153,9 +153,8 @@ fn identify(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     }
     let target = target::open(&t)?;
     let driver = Driver::open();
-    let platform = target.platform.clone();
     let opts = HandleOptions::default().nsid(t.nsid).sync_queues(1).async_queues(0);
-    let h = driver.open_handle(platform, opts).map_err(|e| e.to_string())?;
+    let h = target.open_handle(&driver, opts).map_err(|e| e.to_string())?;
     let c = h.controller();
     let id = &c.identify;
     println!("target       {}", target.description);

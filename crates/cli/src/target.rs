@@ -45,6 +45,8 @@ pub struct TargetOpts {
     pub vfio: ugds::platform::vfio::VfioInterface,
     /// A controller bound to the ugds_drv module: its character device.
     pub drv: Option<String>,
+    /// A file or block device through the kernel path (io_uring).
+    pub kernel_file: Option<PathBuf>,
 }
 
 impl Default for TargetOpts {
@@ -69,6 +71,7 @@ impl Default for TargetOpts {
             pci: None,
             vfio: Default::default(),
             drv: None,
+            kernel_file: None,
         }
     }
 }
@@ -96,6 +99,7 @@ pub fn parse_long(t: &mut TargetOpts, name: &str, p: &mut lexopt::Parser) -> Res
         "pci" => t.pci = Some(p.value()?.string()?),
         "vfio" => t.vfio = p.value()?.parse()?,
         "drv" => t.drv = Some(p.value()?.string()?),
+        "file" => t.kernel_file = Some(p.value()?.into()),
         _ => return Ok(false),
     }
     Ok(true)
@@ -110,6 +114,10 @@ Target (default: an emulated controller whose namespace is a temporary file):
                               IOMMU group in a type1 container [auto: cdev where
                               the kernel has it]
       --drv PATH              the controller behind ugds_drv's /dev/ugds_drvN
+      --file PATH             a file (any filesystem) or block device through the
+                              kernel: io_uring, O_DIRECT where aligned, else the
+                              page cache; its size is the capacity; the --emu-*
+                              flags are ignored
       --emu-file PATH         back the namespace with PATH (kept afterwards)
       --emu-memory            back the namespace with memory
       --emu-direct            read and write the backing file with O_DIRECT (no page cache)
@@ -213,11 +221,19 @@ pub fn describe(t: &TargetOpts, tmp: &Option<TempFile>) -> String {
     )
 }
 
-/// An opened target: the platform, the emulator's controls when emulated,
-/// and the temporary files to remove afterwards.
+/// Where a target's handles come from.
+pub enum Source {
+    /// A controller on a platform.
+    Controller(std::sync::Arc<dyn ugds::platform::Platform>),
+    /// A file through the kernel path.
+    File(PathBuf),
+}
+
+/// An opened target: what handles are opened on, the emulator's controls
+/// when emulated, and the temporary files to remove afterwards.
 pub struct Target {
-    /// Where the controller is.
-    pub platform: std::sync::Arc<dyn ugds::platform::Platform>,
+    /// Where the handles come from.
+    pub source: Source,
     /// Counters and faults, for an emulated controller.
     pub emu: Option<ugds_emu::EmuControl>,
     /// One line for the report.
@@ -226,8 +242,27 @@ pub struct Target {
     _more: Vec<TempFile>,
 }
 
+impl Target {
+    /// Opens a handle on the target.
+    pub fn open_handle(&self, driver: &ugds::Driver, opts: ugds::HandleOptions) -> ugds::Result<ugds::Handle> {
+        match &self.source {
+            Source::Controller(p) => driver.open_handle(p.clone(), opts),
+            Source::File(path) => driver.open_file(path, opts),
+        }
+    }
+
+    /// Whether it is the kernel path.
+    pub fn is_kernel_path(&self) -> bool {
+        matches!(self.source, Source::File(_))
+    }
+}
+
 /// Opens the target the flags name.
 pub fn open(t: &TargetOpts) -> Result<Target, String> {
+    if let Some(path) = &t.kernel_file {
+        let description = format!("{} through the kernel path (io_uring)", path.display());
+        return Ok(Target { source: Source::File(path.clone()), emu: None, description, _tmp: None, _more: vec![] });
+    }
     if let Some(path) = &t.drv {
         let p = ugds::platform::ugds_drv::UgdsDrvPlatform::open(path).map_err(|e| e.to_string())?;
         let c = p.counters().map_err(|e| e.to_string())?;
@@ -235,7 +270,8 @@ pub fn open(t: &TargetOpts) -> Result<Target, String> {
             "controller behind {path} (module-wide before this run: {} pinned pages, {} ledger entries)",
             c.total_pinned_pages, c.total_mappings
         );
-        return Ok(Target { platform: std::sync::Arc::new(p), emu: None, description, _tmp: None, _more: vec![] });
+        let source = Source::Controller(std::sync::Arc::new(p));
+        return Ok(Target { source, emu: None, description, _tmp: None, _more: vec![] });
     }
     if let Some(bdf) = &t.pci {
         let p = ugds::platform::vfio::VfioPlatform::open_with(bdf, t.vfio).map_err(|e| e.to_string())?;
@@ -244,12 +280,13 @@ pub fn open(t: &TargetOpts) -> Result<Target, String> {
             _ => "vfio group and type1 container",
         };
         let description = format!("controller at {bdf} through vfio-pci ({via})");
-        return Ok(Target { platform: std::sync::Arc::new(p), emu: None, description, _tmp: None, _more: vec![] });
+        let source = Source::Controller(std::sync::Arc::new(p));
+        return Ok(Target { source, emu: None, description, _tmp: None, _more: vec![] });
     }
     let (cfg, tmp) = emu_config(t);
     let more = extra_temp_files(t);
     let description = describe(t, &tmp);
     let p = ugds_emu::EmuPlatform::new(cfg).map_err(|e| e.to_string())?;
     let emu = Some(p.control());
-    Ok(Target { platform: std::sync::Arc::new(p), emu, description, _tmp: tmp, _more: more })
+    Ok(Target { source: Source::Controller(std::sync::Arc::new(p)), emu, description, _tmp: tmp, _more: more })
 }

@@ -137,6 +137,17 @@ impl Driver {
         self.open_on(py, interrupt, || Ok(Arc::new(EmuPlatform::new(cfg)?)))
     }
 
+    /// Opens a handle on a file (on any filesystem) or a block device
+    /// through the kernel: io_uring, O_DIRECT where memory, offset and size
+    /// are aligned for it, the page cache otherwise. Offsets and sizes are
+    /// multiples of 512; the file's size is the handle's capacity; a read
+    /// into its last, partial block returns the bytes there are. Host
+    /// memory (GPU memory: not yet on this path).
+    #[pyo3(signature = (path, interrupt=false))]
+    fn open_file(&self, py: Python<'_>, path: std::path::PathBuf, interrupt: bool) -> PyResult<Handle> {
+        py.allow_threads(|| self.inner.open_file(&path, options(interrupt))).map(Handle::from).map_err(err)
+    }
+
     /// Opens a handle on a controller bound to the ugds_drv module
     /// (`/dev/ugds_drvN`).
     #[pyo3(signature = (path, interrupt=false))]

@@ -319,7 +319,6 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     let max_size = *o.sizes.iter().max().expect("at least one size");
     let t_setup = Instant::now();
     let driver = Driver::open();
-    let platform = target.platform.clone();
     let control = target.emu.clone();
     // Deep enough for qd requests of the largest size, each split by MDTS.
     // (For a PCI target MDTS is known only after bring-up: assume the
@@ -328,7 +327,9 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     // QEMU's TCG a 1024-entry queue at depth 1 gave about 20% fewer IOPS
     // than a 64-entry one, medians of four alternations in one boot), and a
     // tiny one reports every completion to the controller.
-    let per_req = if o.target.pci.is_some() || o.target.drv.is_some() {
+    let per_req = if target.is_kernel_path() {
+        max_size.div_ceil(1 << 20)
+    } else if o.target.pci.is_some() || o.target.drv.is_some() {
         max_size.div_ceil(4096)
     } else if o.target.mdts == 0 {
         1
@@ -346,7 +347,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         // Queue mode needs lendable queues more than a batch queue (few queues: QEMU max_ioqpairs=2).
         .batch_queue(!o.batches.is_empty() || o.stream)
         .shadow_doorbells(o.shadow_doorbells);
-    let mut handle = driver.open_handle(platform.clone(), opts.clone()).map_err(|e| e.to_string())?;
+    let mut handle = target.open_handle(&driver, opts.clone()).map_err(|e| e.to_string())?;
     let mut shared_note = "";
     if lent && handle.queue_counts().1 < o.threads {
         // Too few queue pairs to lend one per thread: every thread's queue
@@ -356,7 +357,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         opts.async_queues = 0;
         opts.batch_queue = true;
         opts.queue_depth = opts.queue_depth.max(opts.batch_depth);
-        handle = driver.open_handle(platform, opts).map_err(|e| e.to_string())?;
+        handle = target.open_handle(&driver, opts).map_err(|e| e.to_string())?;
         shared_note = "; too few to lend one per thread: each thread's queue is a context on the batch queue";
     }
     let setup = t_setup.elapsed();
@@ -371,8 +372,13 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     let (nsync, nasync) = handle.queue_counts();
     println!("target   {}", target.description);
     println!(
-        "setup    {:.2} ms (controller enabled, identified, {} sync + {} lent queue pairs of {} entries{}{})",
+        "setup    {:.2} ms ({}, {} sync + {} lent queue pairs of {} entries{}{})",
         setup.as_secs_f64() * 1e3,
+        if target.is_kernel_path() {
+            "file opened, one io_uring ring per queue"
+        } else {
+            "controller enabled, identified"
+        },
         nsync,
         nasync,
         depth,
