@@ -8,15 +8,25 @@
 //! needs). User buffers are "mapped" at their own addresses: the kernel
 //! reaches them by virtual address, and pins them per I/O itself.
 //! Interrupt vectors are eventfds a ring signals on each completion.
+//!
+//! GPU memory is mapped at addresses from [`DEVICE_IOVA_BASE`] up, far
+//! above any user address: a command whose data lies there moves through a
+//! pinned host bounce buffer and the runtime's copy engine (the kernel
+//! reads into the bounce buffer, the runtime copies it on; the reverse for
+//! writes), several commands in flight at once, so that a large request's
+//! disk reads overlap its copies.
 
-use crate::device::DeviceMemory;
+use crate::device::{DeviceMemory, DeviceRuntime};
 use crate::dma::{DmaBuffer, DmaRegion, DmaRelease};
 use crate::sys::uring::direct_io_alignment;
 use crate::sys::{Anonymous, EventFd, PAGE_SIZE};
 use crate::{Error, HostMapping, Platform, Result};
+use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use ugds_nvme::{regs, Iova};
 
 /// The alignment assumed for direct I/O when the kernel does not say
@@ -25,6 +35,18 @@ const DEFAULT_DIRECT_ALIGN: u32 = 4096;
 
 /// Interrupt vectors (eventfds) a kernel-path handle has.
 const VECTORS: u16 = 64;
+
+/// Where registered GPU memory appears to the kernel path's queues
+/// (above the 57-bit user address space of any x86-64 or arm64 kernel).
+pub const DEVICE_IOVA_BASE: u64 = 1 << 62;
+
+/// GPU memory mapped for the kernel path: its first page's device address
+/// and the runtime that copies to and from it.
+struct DeviceRange {
+    len: usize,
+    device: u64,
+    runtime: Arc<dyn DeviceRuntime>,
+}
 
 /// A file or block device opened for the kernel path.
 pub struct KernelPlatform {
@@ -37,6 +59,9 @@ pub struct KernelPlatform {
     size: u64,
     writable: bool,
     vectors: Box<[EventFd]>,
+    /// GPU memory mapped, by its address here.
+    devices: RwLock<BTreeMap<u64, DeviceRange>>,
+    next_device: AtomicU64,
 }
 
 impl std::fmt::Debug for KernelPlatform {
@@ -92,7 +117,30 @@ impl KernelPlatform {
             .and_then(|d| direct_io_alignment(d.as_fd()))
             .unwrap_or((DEFAULT_DIRECT_ALIGN, DEFAULT_DIRECT_ALIGN));
         let vectors = (0..VECTORS).map(|_| EventFd::new()).collect::<Result<Vec<_>>>()?.into_boxed_slice();
-        Ok(KernelPlatform { path, direct, buffered, direct_align, size, writable, vectors })
+        Ok(KernelPlatform {
+            path,
+            direct,
+            buffered,
+            direct_align,
+            size,
+            writable,
+            vectors,
+            devices: RwLock::default(),
+            next_device: AtomicU64::new(DEVICE_IOVA_BASE),
+        })
+    }
+
+    /// The GPU memory at `addr` (an address this platform mapped it at)
+    /// for `len` bytes: its device address and runtime. `None` when `addr`
+    /// is not GPU memory, or the range runs past the mapping.
+    pub fn device_at(&self, addr: u64, len: usize) -> Option<(u64, Arc<dyn DeviceRuntime>)> {
+        if addr < DEVICE_IOVA_BASE {
+            return None;
+        }
+        let devices = self.devices.read().unwrap_or_else(|p| p.into_inner());
+        let (&start, r) = devices.range(..=addr).next_back()?;
+        let off = addr - start;
+        (off + len as u64 <= r.len as u64).then(|| (r.device + off, r.runtime.clone()))
     }
 
     /// The file's path (for a descriptor, its `/proc/self/fd` name).
@@ -166,11 +214,23 @@ impl Platform for KernelPlatform {
         Ok(HostMapping::contiguous(vaddr, span, span.0 as u64))
     }
 
-    unsafe fn map_device(&self, _mem: &DeviceMemory) -> Result<HostMapping> {
-        Err(Error::Unsupported("GPU memory through the kernel path (register host memory, pinned or not)".into()))
+    unsafe fn map_device(&self, mem: &DeviceMemory) -> Result<HostMapping> {
+        let (start, len) = crate::device::page_span(mem.ptr, mem.len);
+        // A guard page between mappings: no command spans two of them.
+        let iova = self.next_device.fetch_add(len as u64 + PAGE_SIZE as u64, Ordering::Relaxed);
+        let range = DeviceRange { len, device: start, runtime: mem.runtime.clone() };
+        self.devices.write().unwrap_or_else(|p| p.into_inner()).insert(iova, range);
+        Ok(HostMapping::contiguous(mem.ptr as *const u8, (start as usize, len), iova))
     }
 
-    fn unmap_host(&self, _mapping: &HostMapping) -> Result<()> {
+    fn copies_device_memory(&self) -> bool {
+        true
+    }
+
+    fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
+        if mapping.cookie >= DEVICE_IOVA_BASE {
+            self.devices.write().unwrap_or_else(|p| p.into_inner()).remove(&mapping.cookie);
+        }
         Ok(())
     }
 

@@ -624,3 +624,71 @@ fn device_memory_through_emulator_io_workers() {
     drop(h);
     let _ = std::fs::remove_file(&path);
 }
+
+/// The kernel path (a file through io_uring) with GPU memory: reads land
+/// in pinned bounce buffers and the copy engine moves them on; writes the
+/// other way; synchronous, batch and stream-ordered.
+#[test]
+fn kernel_path_moves_gpu_memory() {
+    let Some(cuda) = cuda() else { return };
+    let path = std::env::temp_dir().join(format!("ugds-gpu-kernel-path-{}.img", std::process::id()));
+    std::fs::write(&path, pattern(11, 0, 16 << 20)).unwrap();
+    let d = ugds::Driver::open();
+    let h = d.open_file(&path, opts()).unwrap();
+    let gpu = kept(cuda.alloc(16 << 20).unwrap());
+    // SAFETY: `gpu` outlives the registration (deregistered below).
+    let t = unsafe { d.register_cuda(gpu.ptr(), gpu.len()) }.unwrap();
+    // Synchronous: sizes across the 1 MiB command limit, unaligned offsets
+    // into the GPU buffer.
+    for &(size, file_off, buf_off) in
+        &[(512usize, 0u64, 0usize), (4096, 4096, 512), (1 << 20, 1 << 20, 4096), (5 << 20, 3 << 20, 8192)]
+    {
+        assert_eq!(h.read(&t, size, file_off, buf_off).unwrap(), size);
+        assert!(download(&gpu, buf_off, size) == pattern(11, file_off, size), "read {size}@{file_off}");
+    }
+    let back = pattern(12, 0, 2 << 20);
+    gpu.upload(0, &back).unwrap();
+    assert_eq!(h.write(&t, 2 << 20, 8 << 20, 0).unwrap(), 2 << 20);
+    h.flush().unwrap();
+    let disk = std::fs::read(&path).unwrap();
+    assert!(disk[8 << 20..10 << 20] == back[..], "GPU write reached the file");
+    // A batch of 4 KiB reads into GPU memory.
+    let batch = h.batch(128).unwrap();
+    let ios: Vec<_> = (0..128u64)
+        .map(|i| BatchIo {
+            op: BatchOp::Read,
+            buf: t,
+            size: 4096,
+            file_offset: i * 65536,
+            buf_offset: (i * 4096) as usize,
+            cookie: i,
+        })
+        .collect();
+    batch.submit(&ios).unwrap();
+    let mut ev = Vec::new();
+    while ev.len() < 128 {
+        batch.get_status(1, 128, Some(Duration::from_secs(10)), &mut ev).unwrap();
+    }
+    assert!(ev.iter().all(|e| e.status == BatchStatus::Complete), "{ev:?}");
+    let got = download(&gpu, 0, 128 * 4096);
+    let want = disk_pattern_rows(&std::fs::read(&path).unwrap());
+    assert!(got == want, "batch reads into GPU memory");
+    drop(batch);
+    // Stream-ordered on a CUDA stream.
+    let raw = new_stream();
+    // SAFETY: `raw` outlives `s`.
+    let s = unsafe { cuda.stream(raw.raw(), StreamWait::DeviceSide) }.unwrap();
+    let (io, res) = StreamIo::new(1 << 20, 12 << 20, 1 << 20);
+    h.read_async(&t, io, &s).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(res.bytes(), 1 << 20, "{:?}", res.take_error());
+    assert!(download(&gpu, 1 << 20, 1 << 20) == pattern(11, 12 << 20, 1 << 20));
+    drop(s);
+    d.deregister(&t).unwrap();
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// The 4 KiB at each 64 KiB of `disk`, end to end.
+fn disk_pattern_rows(disk: &[u8]) -> Vec<u8> {
+    (0..128).flat_map(|i| disk[i * 65536..i * 65536 + 4096].to_vec()).collect()
+}

@@ -20,14 +20,24 @@
 //! do. A transfer the kernel did in part (a short read or write, EINTR,
 //! EAGAIN) is resubmitted for the rest under the same CID; one that
 //! `O_DIRECT` refused (EINVAL) goes through the page cache instead.
+//!
+//! A command on GPU memory (the platform maps it above
+//! [`DEVICE_IOVA_BASE`]) borrows a pinned host bounce buffer of its size
+//! class from a process-wide pool: a read lands there and is copied to the
+//! device when it completes, a write is copied from the device before it is
+//! submitted. The reaper copies one command's data while the kernel reads
+//! the next ones, so a large request moves at about the slower of the disk
+//! and the copy engine. Bounce buffers are pinned once and kept for the
+//! process (unpinning waits for the device).
 
 use super::qpair::{CqView, Full, Owner};
 use super::tracker::Tracker;
 use crate::{Error, Result};
 use std::sync::Arc;
+use std::sync::Mutex;
 use ugds_nvme::status::{generic, media};
 use ugds_nvme::{Cid, Cqe, NvmOpcode, Qid, Sqe, Status};
-use ugds_platform::kernel::KernelPlatform;
+use ugds_platform::kernel::{KernelPlatform, DEVICE_IOVA_BASE};
 use ugds_platform::sys::uring::{Op, Ring};
 use ugds_platform::sys::EventFd;
 
@@ -65,6 +75,42 @@ pub struct Transfer {
     offset: u64,
     /// Bytes moved so far.
     done: u32,
+    /// GPU memory the data goes to or comes from (`addr` is then a bounce
+    /// buffer of size class `class`), or 0.
+    device: u64,
+    class: u8,
+}
+
+/// Smallest and largest bounce buffer: 4 KiB << class, class 0..=8.
+const BOUNCE_CLASSES: usize = 9;
+
+/// Pinned host bounce buffers, by size class, free for any queue. Taken
+/// and given back on the GPU path only.
+static BOUNCE: Mutex<[Vec<usize>; BOUNCE_CLASSES]> = Mutex::new([const { Vec::new() }; BOUNCE_CLASSES]);
+
+/// A bounce buffer of at least `len` bytes (at most 1 MiB): from the pool,
+/// or made and pinned by `runtime`. Its address and class.
+fn bounce_take(len: usize, runtime: &dyn ugds_platform::device::DeviceRuntime) -> Result<(usize, u8)> {
+    let class = (len.max(4096).next_power_of_two().trailing_zeros() - 12) as usize;
+    if class >= BOUNCE_CLASSES {
+        return Err(Error::InvalidArgument(format!("a command of {len} bytes (the kernel path's limit is 1 MiB)")));
+    }
+    if let Some(p) = BOUNCE.lock().unwrap_or_else(|p| p.into_inner())[class].pop() {
+        return Ok((p, class as u8));
+    }
+    let mem = ugds_platform::sys::Anonymous::populated(4096 << class)?;
+    let ptr = mem.as_ptr();
+    // Kept for the process: the pool hands it out again, and unpinning
+    // would wait for the device.
+    std::mem::forget(mem);
+    if !runtime.host_register(ptr, 4096 << class) {
+        tracing::info!("bounce buffer not pinned: the runtime stages its copies");
+    }
+    Ok((ptr as usize, class as u8))
+}
+
+fn bounce_give(addr: usize, class: u8) {
+    BOUNCE.lock().unwrap_or_else(|p| p.into_inner())[class as usize].push(addr);
 }
 
 impl Transfer {
@@ -218,22 +264,56 @@ impl UringQueue {
         match op {
             NvmOpcode::Read | NvmOpcode::Write => {
                 let Some(addr) = addr else { return refused(Status::generic(generic::INVALID_FIELD)) };
-                let aligned = self
-                    .direct
-                    .is_some_and(|(mem, off)| addr as usize % mem == 0 && offset % off == 0 && len % off == 0);
+                let kind = if op == NvmOpcode::Read { Kind::Read } else { Kind::Write };
+                let (host, device, class) = if addr >= DEVICE_IOVA_BASE {
+                    match self.bounce_for(kind, addr, len as usize) {
+                        Ok((host, class)) => (host, addr, class),
+                        Err(s) => return refused(s),
+                    }
+                } else {
+                    (addr as usize, 0, 0)
+                };
+                let aligned =
+                    self.direct.is_some_and(|(mem, off)| host % mem == 0 && offset % off == 0 && len % off == 0);
                 Transfer {
-                    kind: if op == NvmOpcode::Read { Kind::Read } else { Kind::Write },
+                    kind,
                     file: if aligned { DIRECT } else { BUFFERED },
-                    addr: addr as usize,
+                    addr: host,
                     len: len as u32,
                     offset,
                     done: 0,
+                    device,
+                    class,
                 }
             }
             NvmOpcode::Flush => Transfer { kind: Kind::Sync, ..Default::default() },
             NvmOpcode::WriteZeroes => Transfer { kind: Kind::Zero, len: len as u32, offset, ..Default::default() },
             _ => refused(Status::generic(generic::INVALID_OPCODE)),
         }
+    }
+
+    /// A bounce buffer for a command on the GPU memory mapped at `iova`:
+    /// for a write, filled from the device now.
+    fn bounce_for(&self, kind: Kind, iova: u64, len: usize) -> std::result::Result<(usize, u8), Status> {
+        let transfer_error = Status::generic(generic::DATA_TRANSFER_ERROR);
+        let Some((dev, runtime)) = self.platform.device_at(iova, len) else { return Err(transfer_error) };
+        let (host, class) = bounce_take(len, &*runtime).map_err(|e| {
+            tracing::error!("no bounce buffer for a GPU transfer: {e}");
+            Status::generic(generic::INTERNAL_ERROR)
+        })?;
+        if kind == Kind::Write {
+            // SAFETY: the bounce buffer is this command's alone, `len` bytes
+            // of it (its class holds at least that); the device range lies
+            // in registered GPU memory, held by the request.
+            let dst = unsafe { std::slice::from_raw_parts_mut(host as *mut u8, len) };
+            // SAFETY: as above.
+            if let Err(e) = unsafe { runtime.copy_from_device(dst, dev) } {
+                tracing::error!("copy from GPU memory for a write failed: {e}");
+                bounce_give(host, class);
+                return Err(transfer_error);
+            }
+        }
+        Ok((host, class))
     }
 
     /// Stages a command (its data at `addr`, PRP1 of its plan). Not seen by
@@ -284,6 +364,7 @@ impl UringQueue {
         let (tracker, retry, qid, errors) = (&mut self.tracker, &mut self.retry, self.qid, &mut self.protocol_errors);
         let direct = self.direct;
         let buffered_only = direct.is_none();
+        let platform = &self.platform;
         self.ring.reap(max, |user_data, res| {
             let cid = Cid(user_data as u16);
             let mut short = 0;
@@ -335,6 +416,10 @@ impl UringQueue {
                 _ => Status::SUCCESS,
             };
             let e = tracker.end(cid).expect("outstanding");
+            let status = match e.extra {
+                t if t.device != 0 => finish_on_device(platform, &t, status),
+                _ => status,
+            };
             let cqe = Cqe { dw0: short, dw1: 0, sqhd: 0, sqid: qid.0, cid: cid.0, status: status.to_field(false) };
             f(e.owner, &cqe);
             n += 1;
@@ -360,6 +445,27 @@ impl UringQueue {
         self.tracker.forget_all();
         n
     }
+}
+
+/// The end of a command on GPU memory: a read's bytes copied on to the
+/// device; the bounce buffer back to the pool.
+fn finish_on_device(platform: &KernelPlatform, t: &Transfer, status: Status) -> Status {
+    let mut status = status;
+    if t.kind == Kind::Read && status.is_success() && t.done > 0 {
+        let copied = platform.device_at(t.device, t.done as usize).map(|(dev, runtime)| {
+            // SAFETY: the kernel is done with the bounce buffer (its
+            // completion is consumed); `done` bytes of it were read.
+            let src = unsafe { std::slice::from_raw_parts(t.addr as *const u8, t.done as usize) };
+            // SAFETY: the range lies in registered GPU memory the request holds.
+            unsafe { runtime.copy_to_device(dev, src) }
+        });
+        if !matches!(copied, Some(Ok(()))) {
+            tracing::error!(?copied, "copy of a read to GPU memory failed");
+            status = Status::generic(generic::DATA_TRANSFER_ERROR);
+        }
+    }
+    bounce_give(t.addr, t.class);
+    status
 }
 
 /// The kernel path's stand-in for a controller: what it "identifies" is
