@@ -104,6 +104,17 @@ lio_check() {
     [ $rc -ne 0 ] && echo "$out" | grep -q "the kernel holds /dev/$NS" && [ "$(driver)" = nvme ]
 }
 run bind-refuses-lio lio_check
+# The kernel path on the namespace while the kernel keeps it (nvme bound):
+# the conformance suite on its block device (io_uring, O_DIRECT), then on its
+# generic character device (NVMe commands passed through io_uring), polled
+# and with interrupts.
+NG=$(echo $NS | sed 's/^nvme/ng/')
+echo "UGDS-GUEST: kernel path on /dev/$NS and /dev/$NG"
+export RUST_BACKTRACE=1
+UGDS_TEST_KERNEL_DEV=/dev/$NS run kernel-path-block /bin/conformance --test-threads=1
+UGDS_TEST_KERNEL_DEV=/dev/$NG run kernel-path-passthrough /bin/conformance --test-threads=1
+UGDS_TEST_KERNEL_DEV=/dev/$NG UGDS_TEST_INTERRUPT=1 run kernel-path-passthrough-irq /bin/conformance --test-threads=1
+unset UGDS_TEST_KERNEL_DEV UGDS_TEST_INTERRUPT
 run bind-vfio /bin/ugds bind $BDF vfio-pci
 echo "UGDS-GUEST: driver $(driver)"
 export UGDS_TEST_PCI=$BDF RUST_BACKTRACE=1

@@ -58,6 +58,10 @@ pub struct KernelPlatform {
     direct_align: (u32, u32),
     size: u64,
     writable: bool,
+    /// A namespace's generic character device (`/dev/ngXnY`): its id, LBA
+    /// size and the controller's largest transfer; commands are passed
+    /// through as NVMe commands.
+    passthrough: Option<(u32, u32, Option<usize>)>,
     vectors: Box<[EventFd]>,
     /// GPU memory mapped, by its address here.
     devices: RwLock<BTreeMap<u64, DeviceRange>>,
@@ -80,6 +84,9 @@ impl KernelPlatform {
     /// writing is not allowed (writes then fail with a clear error).
     pub fn open(path: impl AsRef<Path>) -> Result<KernelPlatform> {
         let path = path.as_ref();
+        if is_nvme_generic(path) {
+            return KernelPlatform::passthrough(path);
+        }
         let (buffered, writable) = match crate::sys::open_file(path, true, false) {
             Ok(fd) => (fd, true),
             Err(Error::Os { errno: libc::EACCES | libc::EROFS | libc::EPERM, .. }) => {
@@ -103,6 +110,43 @@ impl KernelPlatform {
         KernelPlatform::from_parts(path, dup, mode == libc::O_RDWR)
     }
 
+    /// A namespace the kernel keeps, through its generic character device:
+    /// NVMe commands built here, passed through io_uring (the kernel builds
+    /// the PRPs and owns the queues).
+    fn passthrough(path: &Path) -> Result<KernelPlatform> {
+        let fd = crate::sys::open_file(path, true, false)?;
+        let nsid = crate::sys::uring::nvme_namespace_id(fd.as_fd())?;
+        let data = crate::sys::uring::nvme_identify_namespace(fd.as_fd(), nsid)?;
+        let id = ugds_nvme::IdentifyNamespace::parse(&data);
+        let bs = match (id.block_size(), id.lba_format()) {
+            (Some(bs), Some(f)) if f.ms == 0 => bs,
+            _ => return Err(Error::Unsupported(format!("{}: metadata or an unusable LBA format", path.display()))),
+        };
+        let size = id.nsze.checked_mul(bs as u64).ok_or_else(|| Error::InvalidArgument("namespace size".into()))?;
+        let ctrl = crate::sys::uring::nvme_identify_controller(fd.as_fd())?;
+        let mdts = ugds_nvme::IdentifyController::parse(&ctrl).max_transfer_bytes(crate::sys::PAGE_SIZE);
+        let vectors = (0..VECTORS).map(|_| EventFd::new()).collect::<Result<Vec<_>>>()?.into_boxed_slice();
+        Ok(KernelPlatform {
+            path: path.to_path_buf(),
+            direct: None,
+            buffered: fd,
+            direct_align: (1, 1),
+            size,
+            writable: true,
+            passthrough: Some((nsid, bs, mdts)),
+            vectors,
+            devices: RwLock::default(),
+            next_device: AtomicU64::new(DEVICE_IOVA_BASE),
+        })
+    }
+
+    /// For a namespace's generic character device: its namespace id, LBA
+    /// size and the controller's largest transfer (MDTS), if it sets one
+    /// (commands go through as NVMe commands).
+    pub fn passthrough_namespace(&self) -> Option<(u32, u32, Option<usize>)> {
+        self.passthrough
+    }
+
     fn from_parts(path: PathBuf, buffered: OwnedFd, writable: bool) -> Result<KernelPlatform> {
         let size = crate::sys::file_size(buffered.as_fd())?;
         let direct = match crate::sys::open_file(&path, writable, true) {
@@ -124,6 +168,7 @@ impl KernelPlatform {
             direct_align,
             size,
             writable,
+            passthrough: None,
             vectors,
             devices: RwLock::default(),
             next_device: AtomicU64::new(DEVICE_IOVA_BASE),
@@ -182,8 +227,26 @@ impl DmaRelease for Owned {
     fn release(&self, _region: &DmaRegion) {}
 }
 
+/// Whether `path` is an NVMe namespace's generic character device.
+fn is_nvme_generic(path: &Path) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(m) = std::fs::metadata(path) else { return false };
+    if !m.file_type().is_char_device() {
+        return false;
+    }
+    let (maj, min) = (libc::major(m.rdev()), libc::minor(m.rdev()));
+    std::fs::read_link(format!("/sys/dev/char/{maj}:{min}/subsystem"))
+        .is_ok_and(|p| p.file_name().is_some_and(|n| n == "nvme-generic"))
+}
+
 impl Platform for KernelPlatform {
     fn describe(&self) -> String {
+        if let Some((nsid, bs, _)) = self.passthrough {
+            return format!(
+                "{} through the kernel (io_uring NVMe passthrough, namespace {nsid}, {bs}-byte blocks)",
+                self.path.display()
+            );
+        }
         let how = if self.direct.is_some() { "O_DIRECT where aligned, else the page cache" } else { "the page cache" };
         format!("{} through the kernel (io_uring, {how})", self.path.display())
     }

@@ -8,7 +8,10 @@
 //! with `UGDS_TEST_FILE_DIR=<dir>` the kernel path (`Driver::open_file`) on
 //! a 64 MiB file of the test's process in that directory (`scripts/test`
 //! runs the suite so on a disk filesystem and on tmpfs, which takes no
-//! direct I/O).
+//! direct I/O); with `UGDS_TEST_KERNEL_DEV=<device>` the kernel path on a
+//! namespace the kernel keeps: its block device (`/dev/nvme0n1`) or its
+//! generic character device (`/dev/ng0n1`, NVMe passthrough through
+//! io_uring), in the QEMU guest (`scripts/qemu-conformance`).
 //!
 //! Run them one at a time (`--test-threads=1`) against a PCI device: each
 //! test opens it, and a device can be opened by one process user at a time.
@@ -61,7 +64,15 @@ fn emu_config() -> EmuConfig {
 }
 
 /// Opens the target for `nsid` (first namespace when `None`).
+/// `UGDS_TEST_KERNEL_DEV=<device>`: a namespace the kernel keeps.
+fn kernel_dev() -> Option<String> {
+    std::env::var("UGDS_TEST_KERNEL_DEV").ok().filter(|s| !s.is_empty())
+}
+
 fn target_ns(d: &Driver, nsid: Option<u32>) -> (Handle, Option<EmuControl>) {
+    if let Some(dev) = kernel_dev() {
+        return (d.open_file(&dev, test_opts(nsid)).expect("open a handle on the kernel's namespace"), None);
+    }
     if let Some(path) = file() {
         return (d.open_file(&path, test_opts(nsid)).expect("open a handle on the file"), None);
     }
@@ -184,7 +195,7 @@ fn data_survives_a_handle_reopen() {
     let off = 8 << 20;
     {
         let (h, _) = target(&d);
-        if pci().is_none() && file().is_none() {
+        if pci().is_none() && file().is_none() && kernel_dev().is_none() {
             return; // the emulator's memory namespaces live with their handle
         }
         b.mem.copy_from_slice(&pattern(77, off, 65536));

@@ -1,11 +1,170 @@
 //! io_uring, for the kernel path: one ring per queue, the file's
-//! descriptors registered (fixed files), and the four operations the
-//! kernel path needs.
+//! descriptors registered (fixed files), and the operations the kernel path
+//! needs: reads, writes, syncs, allocations, and NVMe commands passed
+//! through to a namespace the kernel keeps (`IORING_OP_URING_CMD` on its
+//! generic character device, in a ring of 128-byte submission and 32-byte
+//! completion entries).
 
 use super::EventFd;
 use crate::{Error, Result};
-use io_uring::{opcode, types, IoUring};
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::os::fd::{AsRawFd, BorrowedFd};
+
+/// `NVME_URING_CMD_IO`: `_IOWR('N', 0x80, struct nvme_uring_cmd)`.
+pub const NVME_URING_CMD_IO: u32 = 0xc048_4e80;
+
+/// Linux's `struct nvme_uring_cmd` (72 bytes, at the start of the 80-byte
+/// command area of a 128-byte submission entry).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct NvmeUringCmd {
+    /// Opcode.
+    pub opcode: u8,
+    /// Flags (none used).
+    pub flags: u8,
+    /// Reserved.
+    pub rsvd1: u16,
+    /// Namespace.
+    pub nsid: u32,
+    /// Command dwords 2 and 3.
+    pub cdw2: u32,
+    /// Command dword 3.
+    pub cdw3: u32,
+    /// Metadata buffer (none used).
+    pub metadata: u64,
+    /// Data buffer (a virtual address: the kernel builds the PRPs).
+    pub addr: u64,
+    /// Metadata length.
+    pub metadata_len: u32,
+    /// Data length in bytes.
+    pub data_len: u32,
+    /// Command dwords 10 to 15.
+    pub cdw10: u32,
+    /// Command dword 11.
+    pub cdw11: u32,
+    /// Command dword 12.
+    pub cdw12: u32,
+    /// Command dword 13.
+    pub cdw13: u32,
+    /// Command dword 14.
+    pub cdw14: u32,
+    /// Command dword 15.
+    pub cdw15: u32,
+    /// Timeout (0: the kernel's default).
+    pub timeout_ms: u32,
+    /// Reserved.
+    pub rsvd2: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<NvmeUringCmd>() == 72);
+
+/// `NVME_IOCTL_ID`: `_IO('N', 0x40)`, the namespace id of a namespace's device.
+const NVME_IOCTL_ID: libc::c_ulong = 0x4e40;
+/// `NVME_IOCTL_ADMIN_CMD`: `_IOWR('N', 0x41, struct nvme_admin_cmd)`.
+const NVME_IOCTL_ADMIN_CMD: libc::c_ulong = 0xc048_4e41;
+
+const _: () = assert!((NVME_IOCTL_ADMIN_CMD >> 16) & 0x3fff == std::mem::size_of::<NvmeUringCmd>() as libc::c_ulong);
+const _: () = assert!((NVME_URING_CMD_IO >> 16) & 0x3fff == std::mem::size_of::<NvmeUringCmd>() as u32);
+
+/// Identify Controller (CNS 1) through the kernel's admin passthrough
+/// (root): the 4 KiB data structure.
+pub fn nvme_identify_controller(fd: BorrowedFd<'_>) -> Result<Box<[u8; 4096]>> {
+    nvme_identify(fd, 0, 1)
+}
+
+/// The namespace id of an NVMe namespace's block or generic character device.
+pub fn nvme_namespace_id(fd: BorrowedFd<'_>) -> Result<u32> {
+    // SAFETY: NVME_IOCTL_ID takes no argument and returns the id.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), NVME_IOCTL_ID) };
+    if r <= 0 {
+        return Err(Error::os("ioctl(NVME_IOCTL_ID)"));
+    }
+    Ok(r as u32)
+}
+
+/// Identify Namespace (CNS 0) of `nsid` through the kernel's admin
+/// passthrough (root): the 4 KiB data structure.
+pub fn nvme_identify_namespace(fd: BorrowedFd<'_>, nsid: u32) -> Result<Box<[u8; 4096]>> {
+    nvme_identify(fd, nsid, 0)
+}
+
+fn nvme_identify(fd: BorrowedFd<'_>, nsid: u32, cns: u32) -> Result<Box<[u8; 4096]>> {
+    let mut data = Box::new([0u8; 4096]);
+    // `struct nvme_admin_cmd` has `struct nvme_uring_cmd`'s layout (its
+    // last field is the result).
+    let mut cmd = NvmeUringCmd {
+        opcode: 0x06,
+        nsid,
+        addr: data.as_mut_ptr() as u64,
+        data_len: 4096,
+        cdw10: cns,
+        ..Default::default()
+    };
+    // SAFETY: the kernel reads the 72-byte command (size checked above
+    // against the request number) and writes 4096 bytes at `addr`, which
+    // `data` holds for the call.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), NVME_IOCTL_ADMIN_CMD, &mut cmd as *mut NvmeUringCmd) };
+    match r {
+        0 => Ok(data),
+        r if r < 0 => Err(Error::os("ioctl(NVME_IOCTL_ADMIN_CMD, Identify)")),
+        status => Err(Error::Nvme { op: "Identify", status: ugds_nvme::Status::from_field((status as u16) << 1) }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_passthrough_command_is_laid_out_as_linux_reads_it() {
+        let c = NvmeUringCmd {
+            opcode: 2,
+            nsid: 7,
+            addr: 0x1122_3344_5566_7788,
+            data_len: 4096,
+            cdw10: 0xaabb_ccdd,
+            cdw11: 1,
+            cdw12: 7,
+            ..Default::default()
+        };
+        let b = c.bytes();
+        let word = |off: usize| u32::from_le_bytes(b[off..off + 4].try_into().unwrap());
+        assert_eq!((b[0], word(4)), (2, 7));
+        assert_eq!(u64::from_le_bytes(b[24..32].try_into().unwrap()), 0x1122_3344_5566_7788);
+        assert_eq!((word(36), word(40), word(44), word(48)), (4096, 0xaabb_ccdd, 1, 7));
+        assert!(b[72..].iter().all(|&x| x == 0));
+    }
+}
+
+impl NvmeUringCmd {
+    fn bytes(&self) -> [u8; 80] {
+        let mut out = [0u8; 80];
+        let words = [
+            self.opcode as u32 | (self.flags as u32) << 8 | (self.rsvd1 as u32) << 16,
+            self.nsid,
+            self.cdw2,
+            self.cdw3,
+            self.metadata as u32,
+            (self.metadata >> 32) as u32,
+            self.addr as u32,
+            (self.addr >> 32) as u32,
+            self.metadata_len,
+            self.data_len,
+            self.cdw10,
+            self.cdw11,
+            self.cdw12,
+            self.cdw13,
+            self.cdw14,
+            self.cdw15,
+            self.timeout_ms,
+            self.rsvd2,
+        ];
+        for (i, w) in words.iter().enumerate() {
+            out[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
+        }
+        out
+    }
+}
 
 /// One operation on a registered file (`file` is its index in the
 /// registration).
@@ -43,6 +202,16 @@ pub enum Op {
     /// Nothing (completes with 0): stands for a command refused at
     /// submission, so that its refusal arrives as a completion.
     Nop,
+    /// An NVMe I/O command passed through to the namespace behind a
+    /// generic character device (a passthrough ring only). Completes with
+    /// the NVMe status (0: success; positive: the status field without its
+    /// phase bit) or `-errno`, and DW0 as the extra result.
+    Nvme {
+        /// Registered file index.
+        file: u32,
+        /// The command.
+        cmd: NvmeUringCmd,
+    },
     /// `fallocate` with `mode` over `len` bytes at `offset`.
     Allocate {
         /// Registered file index.
@@ -56,35 +225,61 @@ pub enum Op {
     },
 }
 
-/// An io_uring instance.
+/// An io_uring instance: plain, or with big entries for NVMe passthrough.
 pub struct Ring {
-    ring: IoUring,
+    ring: Kind,
+}
+
+enum Kind {
+    Plain(IoUring),
+    Nvme(IoUring<squeue::Entry128, cqueue::Entry32>),
+}
+
+/// Calls `$f` on the ring whichever its entry size.
+macro_rules! with_ring {
+    ($r:expr, $ring:ident => $f:expr) => {
+        match $r {
+            Kind::Plain($ring) => $f,
+            Kind::Nvme($ring) => $f,
+        }
+    };
 }
 
 impl std::fmt::Debug for Ring {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Ring").field("entries", &self.ring.params().sq_entries()).finish_non_exhaustive()
+        f.debug_struct("Ring")
+            .field("entries", &self.entries())
+            .field("nvme", &matches!(self.ring, Kind::Nvme(_)))
+            .finish_non_exhaustive()
     }
 }
 
 impl Ring {
     /// A ring of `entries` submission entries (twice as many completion
-    /// entries), with `files` registered as fixed files 0, 1, ...
-    pub fn new(entries: u32, files: &[BorrowedFd<'_>]) -> Result<Ring> {
-        let ring = IoUring::builder().build(entries).map_err(|e| Error::io("io_uring_setup", e))?;
+    /// entries), with `files` registered as fixed files 0, 1, ...; with
+    /// `nvme`, of the big entries NVMe passthrough needs.
+    pub fn new(entries: u32, files: &[BorrowedFd<'_>], nvme: bool) -> Result<Ring> {
+        let setup = |e| Error::io("io_uring_setup", e);
+        let ring = if nvme {
+            Kind::Nvme(IoUring::builder().build(entries).map_err(setup)?)
+        } else {
+            Kind::Plain(IoUring::builder().build(entries).map_err(setup)?)
+        };
         let fds: Vec<i32> = files.iter().map(|f| f.as_raw_fd()).collect();
-        ring.submitter().register_files(&fds).map_err(|e| Error::io("io_uring_register(files)", e))?;
+        with_ring!(&ring, r => r.submitter().register_files(&fds))
+            .map_err(|e| Error::io("io_uring_register(files)", e))?;
         Ok(Ring { ring })
     }
 
     /// Signals `efd` for every completion posted from now on.
     pub fn register_eventfd(&self, efd: &EventFd) -> Result<()> {
-        self.ring.submitter().register_eventfd(efd.as_raw_fd()).map_err(|e| Error::io("io_uring_register(eventfd)", e))
+        with_ring!(&self.ring, r => r.submitter().register_eventfd(efd.as_raw_fd()))
+            .map_err(|e| Error::io("io_uring_register(eventfd)", e))
     }
 
     /// Submission entries.
     pub fn entries(&self) -> u32 {
-        self.ring.params().sq_entries()
+        with_ring!(&self.ring, r => r.params().sq_entries())
     }
 
     /// Stages `op` with `user_data`; false when the submission ring is full.
@@ -94,6 +289,13 @@ impl Ring {
     /// The memory `op` names must stay valid (and, for reads, not be used
     /// otherwise) until its completion is reaped.
     pub unsafe fn push(&mut self, op: Op, user_data: u64) -> bool {
+        if let Op::Nvme { file, cmd } = op {
+            let Kind::Nvme(r) = &mut self.ring else { return false };
+            let e = opcode::UringCmd80::new(types::Fixed(file), NVME_URING_CMD_IO).cmd(cmd.bytes()).build();
+            // SAFETY: as below; the command's data buffer is the caller's
+            // to keep valid (this function's contract).
+            return unsafe { r.submission().push(&e.user_data(user_data)).is_ok() };
+        }
         let entry = match op {
             Op::Read { file, addr, len, offset } => {
                 opcode::Read::new(types::Fixed(file), addr, len).offset(offset).build()
@@ -106,19 +308,26 @@ impl Ring {
                 opcode::Fsync::new(types::Fixed(file)).flags(flags).build()
             }
             Op::Nop => opcode::Nop::new().build(),
+            Op::Nvme { .. } => unreachable!("handled above"),
             Op::Allocate { file, mode, offset, len } => {
                 opcode::Fallocate::new(types::Fixed(file), len).offset(offset).mode(mode).build()
             }
         };
+        let entry = entry.user_data(user_data);
         // SAFETY: the caller keeps the memory valid until the completion
         // (this function's contract); the file is registered.
-        unsafe { self.ring.submission().push(&entry.user_data(user_data)).is_ok() }
+        unsafe {
+            match &mut self.ring {
+                Kind::Plain(r) => r.submission().push(&entry).is_ok(),
+                Kind::Nvme(r) => r.submission().push(&squeue::Entry128::from(entry)).is_ok(),
+            }
+        }
     }
 
     /// Tells the kernel about the staged entries (one `io_uring_enter`);
     /// how many it took. EINTR, EAGAIN and EBUSY take none: try again later.
     pub fn submit(&self) -> Result<usize> {
-        match self.ring.submit() {
+        match with_ring!(&self.ring, r => r.submit()) {
             Ok(n) => Ok(n),
             Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => Ok(0),
             Err(e) => Err(Error::io("io_uring_enter", e)),
@@ -127,25 +336,37 @@ impl Ring {
 
     /// Entries staged and not yet taken by the kernel.
     pub fn staged(&mut self) -> usize {
-        self.ring.submission().len()
+        with_ring!(&mut self.ring, r => r.submission().len())
     }
 
-    /// Consumes up to `max` completions, calling `f(user_data, result)`;
-    /// how many.
-    pub fn reap(&mut self, max: usize, mut f: impl FnMut(u64, i32)) -> usize {
+    /// Consumes up to `max` completions, calling `f(user_data, result,
+    /// extra)` (`extra`: an NVMe command's DW0, else 0); how many.
+    pub fn reap(&mut self, max: usize, mut f: impl FnMut(u64, i32, u64)) -> usize {
         let mut n = 0;
-        let mut cq = self.ring.completion();
-        while n < max {
-            let Some(c) = cq.next() else { break };
-            f(c.user_data(), c.result());
-            n += 1;
+        match &mut self.ring {
+            Kind::Plain(r) => {
+                let mut cq = r.completion();
+                while n < max {
+                    let Some(c) = cq.next() else { break };
+                    f(c.user_data(), c.result(), 0);
+                    n += 1;
+                }
+            }
+            Kind::Nvme(r) => {
+                let mut cq = r.completion();
+                while n < max {
+                    let Some(c) = cq.next() else { break };
+                    f(c.user_data(), c.result(), c.big_cqe()[0]);
+                    n += 1;
+                }
+            }
         }
         n
     }
 
     /// Whether a completion is waiting.
     pub fn completion_pending(&mut self) -> bool {
-        !self.ring.completion().is_empty()
+        with_ring!(&mut self.ring, r => !r.completion().is_empty())
     }
 }
 

@@ -38,7 +38,7 @@ use std::sync::Mutex;
 use ugds_nvme::status::{generic, media};
 use ugds_nvme::{Cid, Cqe, NvmOpcode, Qid, Sqe, Status};
 use ugds_platform::kernel::{KernelPlatform, DEVICE_IOVA_BASE};
-use ugds_platform::sys::uring::{Op, Ring};
+use ugds_platform::sys::uring::{NvmeUringCmd, Op, Ring};
 use ugds_platform::sys::EventFd;
 
 /// Registered file indexes: the `O_DIRECT` descriptor (the buffered one
@@ -79,6 +79,9 @@ pub struct Transfer {
     /// buffer of size class `class`), or 0.
     device: u64,
     class: u8,
+    /// NVMe passthrough: the namespace (0: a file) and log2 of its LBA size.
+    nsid: u32,
+    lba_shift: u8,
 }
 
 /// Smallest and largest bounce buffer: 4 KiB << class, class 0..=8.
@@ -116,6 +119,9 @@ fn bounce_give(addr: usize, class: u8) {
 impl Transfer {
     /// The operation for what is left of it.
     fn op(&self) -> Op {
+        if self.nsid != 0 {
+            return self.nvme_op();
+        }
         let (addr, len, offset) =
             (self.addr + self.done as usize, self.len - self.done, self.offset + self.done as u64);
         match self.kind {
@@ -126,6 +132,38 @@ impl Transfer {
             Kind::Refused(_) => Op::Nop,
         }
     }
+}
+
+impl Transfer {
+    /// The NVMe command that passes this transfer through (whole: the
+    /// kernel moves all of it or fails it).
+    fn nvme_op(&self) -> Op {
+        let slba = self.offset >> self.lba_shift;
+        let nlb = (self.len as u64 >> self.lba_shift).max(1) as u32 - 1;
+        let rw = |opcode: u8| NvmeUringCmd {
+            opcode,
+            nsid: self.nsid,
+            addr: self.addr as u64,
+            data_len: self.len,
+            cdw10: slba as u32,
+            cdw11: (slba >> 32) as u32,
+            cdw12: nlb,
+            ..Default::default()
+        };
+        let cmd = match self.kind {
+            Kind::Read => rw(NvmOpcode::Read as u8),
+            Kind::Write => rw(NvmOpcode::Write as u8),
+            Kind::Sync => NvmeUringCmd { opcode: NvmOpcode::Flush as u8, nsid: self.nsid, ..Default::default() },
+            Kind::Zero => NvmeUringCmd { addr: 0, data_len: 0, ..rw(NvmOpcode::WriteZeroes as u8) },
+            Kind::Refused(_) => return Op::Nop,
+        };
+        Op::Nvme { file: DIRECT, cmd }
+    }
+}
+
+/// A command refused at submission with `s`.
+fn refused(s: Status) -> Transfer {
+    Transfer { kind: Kind::Refused((s.sct as u16) << 8 | s.sc as u16), ..Default::default() }
 }
 
 /// How a command that reached the kernel ended, as an NVMe status.
@@ -156,6 +194,8 @@ pub struct UringQueue {
     /// Commands to resubmit after a partial transfer (reused: no
     /// allocation once grown).
     retry: Vec<Cid>,
+    /// NVMe passthrough: the namespace id and log2 of its LBA size.
+    passthrough: Option<(u32, u8)>,
     protocol_errors: u64,
 }
 
@@ -182,7 +222,8 @@ impl UringQueue {
         let entries = entries.clamp(2, 4096);
         let buffered = platform.buffered_fd();
         let direct_fd = platform.direct_fd();
-        let ring = Ring::new(entries as u32, &[direct_fd.unwrap_or(buffered), buffered])?;
+        let passthrough = platform.passthrough_namespace().map(|(nsid, bs, _)| (nsid, bs.trailing_zeros() as u8));
+        let ring = Ring::new(entries as u32, &[direct_fd.unwrap_or(buffered), buffered], passthrough.is_some())?;
         if let Some((_, efd)) = interrupt {
             ring.register_eventfd(efd)?;
         }
@@ -202,6 +243,7 @@ impl UringQueue {
             block_size,
             direct,
             retry: Vec::new(),
+            passthrough,
             protocol_errors: 0,
         })
     }
@@ -248,8 +290,6 @@ impl UringQueue {
 
     /// What a command becomes on the ring.
     fn transfer(&self, sqe: &Sqe, addr: Option<u64>) -> Transfer {
-        let refused =
-            |s: Status| Transfer { kind: Kind::Refused((s.sct as u16) << 8 | s.sc as u16), ..Default::default() };
         let Some(op) = NvmOpcode::from_u8(sqe.opcode()) else {
             return refused(Status::generic(generic::INVALID_OPCODE));
         };
@@ -261,6 +301,16 @@ impl UringQueue {
         if writes && !self.platform.writable() {
             return refused(Status::generic(WRITE_PROTECTED));
         }
+        let (nsid, lba_shift) = self.passthrough.unwrap_or((0, 0));
+        let t = self.transfer_of(op, addr, offset, len);
+        if matches!(t.kind, Kind::Refused(_)) {
+            return t;
+        }
+        Transfer { nsid, lba_shift, ..t }
+    }
+
+    /// The transfer of a command, the namespace aside.
+    fn transfer_of(&self, op: NvmOpcode, addr: Option<u64>, offset: u64, len: u64) -> Transfer {
         match op {
             NvmOpcode::Read | NvmOpcode::Write => {
                 let Some(addr) = addr else { return refused(Status::generic(generic::INVALID_FIELD)) };
@@ -284,6 +334,8 @@ impl UringQueue {
                     done: 0,
                     device,
                     class,
+                    nsid: 0,
+                    lba_shift: 0,
                 }
             }
             NvmOpcode::Flush => Transfer { kind: Kind::Sync, ..Default::default() },
@@ -365,7 +417,7 @@ impl UringQueue {
         let direct = self.direct;
         let buffered_only = direct.is_none();
         let platform = &self.platform;
-        self.ring.reap(max, |user_data, res| {
+        self.ring.reap(max, |user_data, res, _dw0| {
             let cid = Cid(user_data as u16);
             let mut short = 0;
             let Some(e) = tracker.get_mut(cid) else {
@@ -376,6 +428,13 @@ impl UringQueue {
             let t = &mut e.extra;
             let status = match (t.kind, res) {
                 (Kind::Refused(s), _) => Status::new((s >> 8) as u8, s as u8),
+                // Passed through: the NVMe status, or -errno.
+                (_, r) if t.nsid != 0 && r >= 0 => {
+                    if r == 0 {
+                        t.done = t.len;
+                    }
+                    Status::from_field((r as u16) << 1)
+                }
                 (_, r) if r == -libc::EINTR || r == -libc::EAGAIN => {
                     retry.push(cid);
                     return;
@@ -496,7 +555,13 @@ impl KernelController {
     /// The file behind `platform` as a one-namespace controller granting
     /// `want_io_queues` queues.
     pub fn new(platform: Arc<KernelPlatform>, want_io_queues: u16) -> Result<KernelController> {
-        let block_size = KERNEL_BLOCK_SIZE;
+        let pt = platform.passthrough_namespace();
+        let block_size = pt.map_or(KERNEL_BLOCK_SIZE, |(_, bs, _)| bs);
+        // Passed through, a command is the controller's: within its MDTS.
+        let max_transfer = match pt {
+            Some((_, _, Some(mdts))) => mdts.min(MAX_TRANSFER),
+            _ => MAX_TRANSFER,
+        };
         // The last block may be partial: a read of it returns what there is.
         let blocks = platform.size().div_ceil(block_size as u64);
         if blocks == 0 {
@@ -513,9 +578,9 @@ impl KernelController {
             cap: ugds_nvme::regs::Cap(4095),
             version: ugds_nvme::regs::Version(0),
             identify,
-            namespaces: vec![super::NamespaceInfo { nsid: 1, block_size, blocks }],
+            namespaces: vec![super::NamespaceInfo { nsid: pt.map_or(1, |(nsid, _, _)| nsid), block_size, blocks }],
             io_queues: want_io_queues.clamp(1, 64),
-            max_transfer: Some(MAX_TRANSFER),
+            max_transfer: Some(max_transfer),
             page_size: 4096,
             platform: ugds_platform::Platform::describe(&*platform),
         };
