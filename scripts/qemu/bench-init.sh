@@ -1,6 +1,8 @@
 #!/bin/sh
 # /init of the benchmark guest: the same random reads through the guest
-# kernel's nvme driver (pread O_DIRECT, io_uring with and without polling),
+# kernel's nvme driver (pread O_DIRECT, io_uring with and without polling,
+# and ugds's kernel path: io_uring on the block device, and NVMe commands
+# passed through io_uring on the generic character device),
 # then through ugds on vfio-pci (with and without shadow doorbells), and the
 # floor (examples/floor). ROUNDS times, alternating: the host's speed drifts
 # within a boot as well as between boots, and alternating lets the drift hit
@@ -26,6 +28,10 @@ kernel_round() {
         if [ "$2" = 1 ]; then /bin/ugds-kbench --dev $DEV --engine pread --size $1 --qd $2 --duration $D --range $R; fi
         /bin/ugds-kbench --dev $DEV --engine uring --size $1 --qd $2 --duration $D --range $R
         /bin/ugds-kbench --dev $DEV --engine uring-poll --size $1 --qd $2 --duration $D --range $R
+        echo "UGDS-BENCH-KP engine=ugds-kernel-path size=$1 qd=$2"
+        /bin/ugds bench --file $DEV -m randread -s $1 -q $2 -d $D --range $R --no-progress | grep randread
+        echo "UGDS-BENCH-KP engine=ugds-passthrough size=$1 qd=$2"
+        /bin/ugds bench --file /dev/$(echo $NS | sed 's/^nvme/ng/') -m randread -s $1 -q $2 -d $D --range $R --no-progress | grep randread
     done
 }
 ugds_round() {
