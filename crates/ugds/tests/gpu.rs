@@ -638,7 +638,7 @@ fn kernel_path_moves_gpu_memory() {
     let gpu = kept(cuda.alloc(16 << 20).unwrap());
     // SAFETY: `gpu` outlives the registration (deregistered below).
     let t = unsafe { d.register_cuda(gpu.ptr(), gpu.len()) }.unwrap();
-    // Synchronous: sizes across the 1 MiB command limit, unaligned offsets
+    // Synchronous: sizes across the command limit (512 KiB), unaligned offsets
     // into the GPU buffer.
     for &(size, file_off, buf_off) in
         &[(512usize, 0u64, 0usize), (4096, 4096, 512), (1 << 20, 1 << 20, 4096), (5 << 20, 3 << 20, 8192)]
