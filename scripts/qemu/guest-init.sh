@@ -109,7 +109,7 @@ run bind-refuses-lio lio_check
 # generic character device (NVMe commands passed through io_uring), polled
 # and with interrupts.
 NG=$(echo $NS | sed 's/^nvme/ng/')
-echo "UGDS-GUEST: kernel path on /dev/$NS and /dev/$NG"
+echo "UGDS-GUEST: kernel path on /dev/$NS and /dev/$NG (requests up to $(cat /sys/block/$NS/queue/max_hw_sectors_kb) KiB, $(cat /sys/block/$NS/queue/max_segments) segments)"
 export RUST_BACKTRACE=1
 UGDS_TEST_KERNEL_DEV=/dev/$NS run kernel-path-block /bin/conformance --test-threads=1
 UGDS_TEST_KERNEL_DEV=/dev/$NG run kernel-path-passthrough /bin/conformance --test-threads=1

@@ -125,6 +125,15 @@ impl KernelPlatform {
         let size = id.nsze.checked_mul(bs as u64).ok_or_else(|| Error::InvalidArgument("namespace size".into()))?;
         let ctrl = crate::sys::uring::nvme_identify_controller(fd.as_fd())?;
         let mdts = ugds_nvme::IdentifyController::parse(&ctrl).max_transfer_bytes(crate::sys::PAGE_SIZE);
+        // The kernel's own limits on one request (they can be below MDTS:
+        // a DMA mapping limit, the segment count), from the namespace's
+        // block device when it has one.
+        let limit = kernel_request_limit(path);
+        tracing::debug!(path = %path.display(), ?mdts, ?limit, "passthrough limits");
+        let mdts = match (mdts, limit) {
+            (Some(m), Some(l)) => Some(m.min(l)),
+            (m, l) => m.or(l),
+        };
         let vectors = (0..VECTORS).map(|_| EventFd::new()).collect::<Result<Vec<_>>>()?.into_boxed_slice();
         Ok(KernelPlatform {
             path: path.to_path_buf(),
@@ -225,6 +234,19 @@ struct Owned(#[allow(dead_code)] Anonymous);
 
 impl DmaRelease for Owned {
     fn release(&self, _region: &DmaRegion) {}
+}
+
+/// The largest request the kernel takes on the namespace behind the generic
+/// character device `path` (`/dev/ngXnY`): its block device's
+/// `max_hw_sectors_kb`, and `max_segments` pages less one (a buffer that
+/// does not start on a page spans one more).
+fn kernel_request_limit(path: &Path) -> Option<usize> {
+    let name = path.file_name()?.to_str()?.strip_prefix("ng")?;
+    let queue = format!("/sys/block/nvme{name}/queue");
+    let read = |f: &str| std::fs::read_to_string(format!("{queue}/{f}")).ok()?.trim().parse::<usize>().ok();
+    let bytes = read("max_hw_sectors_kb")? * 1024;
+    let segments = read("max_segments").map_or(usize::MAX, |s| s.saturating_sub(1) * PAGE_SIZE);
+    Some(bytes.min(segments).max(PAGE_SIZE))
 }
 
 /// Whether `path` is an NVMe namespace's generic character device.

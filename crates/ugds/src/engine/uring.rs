@@ -568,6 +568,9 @@ impl std::fmt::Debug for KernelController {
 /// alternating runs each); 128 and 256 KiB were not better.
 const DEFAULT_TRANSFER: usize = 512 << 10;
 
+/// The largest passed-through command (see `KernelController::new`).
+const PASSTHROUGH_TRANSFER: usize = 256 << 10;
+
 /// The largest transfer `UGDS_KERNEL_CHUNK` may set (the bounce buffers'
 /// largest size class).
 const MAX_TRANSFER: usize = 1 << 20;
@@ -591,9 +594,13 @@ impl KernelController {
             .and_then(|v| v.parse::<usize>().ok())
             .filter(|c| c.is_power_of_two() && (64 << 10..=MAX_TRANSFER).contains(c))
             .unwrap_or(DEFAULT_TRANSFER);
+        // Passed through, a command also meets the kernel's limits on one
+        // request: at most 127 segments on NVMe over PCIe (a 512 KiB buffer
+        // that does not start on a page spans 129 pages: EINVAL, seen on
+        // QEMU's controller), so at most 256 KiB.
         let max_transfer = match pt {
-            Some((_, _, Some(mdts))) => mdts.min(chunk),
-            _ => chunk,
+            Some((_, _, mdts)) => mdts.unwrap_or(PASSTHROUGH_TRANSFER).min(PASSTHROUGH_TRANSFER).min(chunk),
+            None => chunk,
         };
         // The last block may be partial: a read of it returns what there is.
         let blocks = platform.size().div_ceil(block_size as u64);
