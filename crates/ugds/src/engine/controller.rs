@@ -7,9 +7,9 @@
 //! queues, each completion queue before its submission queue. Admin commands
 //! are polled to a deadline, never slept on.
 
+use super::kernel::KernelController;
 use super::qpair::{NvmeQueue, Owner};
 use super::queue::QueuePair;
-use super::uring::KernelController;
 use crate::dma::DmaBuffer;
 use crate::platform::Platform;
 use crate::{Error, Result};

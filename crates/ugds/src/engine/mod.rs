@@ -3,8 +3,8 @@
 //!
 //! - [`controller`]: bring-up, admin commands, shutdown.
 //! - [`queue`]: a queue pair of either transport, used by one thread at a time:
-//!   [`qpair`] a controller's, [`uring`] the kernel path's (with its stand-in
-//!   for a controller).
+//!   [`qpair`] a controller's, [`uring`] the kernel path's; [`kernel`], the
+//!   kernel path's stand-in for a controller.
 //! - [`tracker`]: what a queue pair knows of each command on the device.
 //! - [`chunk`]: splitting a request by MDTS and PRP-list capacity.
 //! - [`sync`]: shared queue pairs for synchronous callers.
@@ -15,6 +15,7 @@ pub mod batch;
 pub mod chunk;
 pub mod controller;
 pub(crate) mod hold;
+pub mod kernel;
 pub mod qpair;
 pub mod queue;
 pub mod sync;
@@ -25,9 +26,11 @@ pub use batch::{BatchEvent, BatchStatus};
 #[cfg_attr(not(feature = "engine-internals"), allow(unused_imports))]
 pub use controller::{Controller, ControllerInfo, NamespaceInfo, NvmeController};
 #[cfg_attr(not(feature = "engine-internals"), allow(unused_imports))]
+pub use kernel::KernelController;
+#[cfg_attr(not(feature = "engine-internals"), allow(unused_imports))]
 pub use qpair::NvmeQueue;
 pub use queue::QueuePair;
 pub use sync::Completion;
 pub use tracker::Owner;
 #[cfg_attr(not(feature = "engine-internals"), allow(unused_imports))]
-pub use uring::{KernelController, UringQueue};
+pub use uring::UringQueue;

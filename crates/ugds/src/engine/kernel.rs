@@ -1,0 +1,114 @@
+//! The kernel path's stand-in for a controller: the file (or the namespace
+//! behind a generic character device) presented as one namespace, and a
+//! ring ([`UringQueue`]) for each queue pair asked for.
+
+use super::uring::UringQueue;
+use crate::{Error, Result};
+use std::sync::Arc;
+use ugds_platform::kernel::KernelPlatform;
+
+/// The kernel path's stand-in for a controller: what it "identifies" is
+/// the file, and creating a queue pair makes a ring.
+pub struct KernelController {
+    platform: Arc<KernelPlatform>,
+    dyn_platform: Arc<dyn ugds_platform::Platform>,
+    info: super::ControllerInfo,
+    block_size: u32,
+}
+
+impl std::fmt::Debug for KernelController {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelController").field("platform", &self.platform).finish_non_exhaustive()
+    }
+}
+
+/// The largest transfer of one operation by default: a request above it
+/// becomes several operations in flight at once, and a GPU request's copies
+/// overlap its later reads. Chosen by measurement on the H200 VM's virtio
+/// disk (docs/benchmarks.md): 512 KiB gave synchronous 1 MiB and 16 MiB
+/// reads into GPU memory 9-10% above 1 MiB commands (medians of five
+/// alternating runs each); 128 and 256 KiB were not better.
+const DEFAULT_TRANSFER: usize = 512 << 10;
+
+/// The largest passed-through command (see `KernelController::new`).
+const PASSTHROUGH_TRANSFER: usize = 256 << 10;
+
+/// The largest transfer `UGDS_KERNEL_CHUNK` may set (the bounce buffers'
+/// largest size class).
+const MAX_TRANSFER: usize = 1 << 20;
+
+/// Block size the kernel path presents: offsets and sizes are multiples
+/// of it (`O_DIRECT` is used where they are also multiples of what the file
+/// needs for it).
+pub const KERNEL_BLOCK_SIZE: u32 = 512;
+
+impl KernelController {
+    /// The file behind `platform` as a one-namespace controller granting
+    /// `want_io_queues` queues.
+    pub fn new(platform: Arc<KernelPlatform>, want_io_queues: u16) -> Result<KernelController> {
+        let pt = platform.passthrough_namespace();
+        let block_size = pt.map_or(KERNEL_BLOCK_SIZE, |(_, bs, _)| bs);
+        // Passed through, a command is the controller's: within its MDTS.
+        // `UGDS_KERNEL_CHUNK` (bytes, a power of two from 64 KiB to 1 MiB)
+        // sets a smaller largest command, to measure what suits a disk.
+        let chunk = std::env::var("UGDS_KERNEL_CHUNK")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|c| c.is_power_of_two() && (64 << 10..=MAX_TRANSFER).contains(c))
+            .unwrap_or(DEFAULT_TRANSFER);
+        // Passed through, a command also meets the kernel's limits on one
+        // request: at most 127 segments on NVMe over PCIe (a 512 KiB buffer
+        // that does not start on a page spans 129 pages: EINVAL, seen on
+        // QEMU's controller), so at most 256 KiB.
+        let max_transfer = match pt {
+            Some((_, _, mdts)) => mdts.unwrap_or(PASSTHROUGH_TRANSFER).min(PASSTHROUGH_TRANSFER).min(chunk),
+            None => chunk,
+        };
+        // The last block may be partial: a read of it returns what there is.
+        let blocks = platform.size().div_ceil(block_size as u64);
+        if blocks == 0 {
+            return Err(Error::InvalidArgument(format!("{} is empty", platform.path().display())));
+        }
+        let identify = ugds_nvme::IdentifyController {
+            mn: "Linux kernel (io_uring)".into(),
+            sn: platform.path().display().to_string(),
+            nn: 1,
+            ..Default::default()
+        };
+        let info = super::ControllerInfo {
+            // MQES 4095 (a ring of 4096), doorbell stride 4 bytes.
+            cap: ugds_nvme::regs::Cap(4095),
+            version: ugds_nvme::regs::Version(0),
+            identify,
+            namespaces: vec![super::NamespaceInfo { nsid: pt.map_or(1, |(nsid, _, _)| nsid), block_size, blocks }],
+            io_queues: want_io_queues.clamp(1, 64),
+            max_transfer: Some(max_transfer),
+            page_size: 4096,
+            platform: ugds_platform::Platform::describe(&*platform),
+        };
+        Ok(KernelController { dyn_platform: platform.clone(), platform, info, block_size })
+    }
+
+    /// What it presents.
+    pub fn info(&self) -> &super::ControllerInfo {
+        &self.info
+    }
+
+    /// The same, as the engine's platform.
+    pub fn dyn_platform(&self) -> &Arc<dyn ugds_platform::Platform> {
+        &self.dyn_platform
+    }
+
+    /// A ring of `entries` for queue `qid`, signalling `vector` when given.
+    pub fn create_ring(&self, qid: u16, entries: u16, vector: Option<u16>) -> Result<UringQueue> {
+        let interrupt = match vector {
+            Some(v) => {
+                let efd = ugds_platform::Platform::interrupt(&*self.platform, v)?
+                    .ok_or_else(|| Error::InvalidArgument(format!("no interrupt vector {v}")))?;
+                Some((v, efd))
+            }
+            None => None,
+        };
+        UringQueue::new(self.platform.clone(), interrupt, qid, entries, self.block_size)
+    }
+}
