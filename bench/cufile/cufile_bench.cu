@@ -150,6 +150,42 @@ int main(int argc, char **argv) {
         }
     }
 
+    // Synchronous writes from GPU memory, and reads into (pinned, registered)
+    // host memory, at the same sizes: one request at a time, random offsets
+    // aligned to the size.
+    void *host = nullptr;
+    check_rt(cudaMallocHost(&host, buf_len), "cudaMallocHost");
+    bool host_ok = cuFileBufRegister(host, buf_len, 0).err == CU_FILE_SUCCESS;
+    if (!host_ok) printf("host memory not registered with cuFile; host reads use it unregistered\n");
+    struct Case { const char *name; bool write; void *buf; };
+    Case cases[] = {{"sync_write", true, gpu}, {"host_read", false, host}};
+    for (const Case &c : cases) {
+        for (int k = 0; k < 4; k++) {
+            size_t size = sizes[k];
+            size_t n = 0;
+            double start = now_ms();
+            bool failed = false;
+            while (now_ms() - start < seconds * 1e3 || n < 4) {
+                off_t off = (rng() % (cap / size)) * size;
+                ssize_t got = c.write ? cuFileWrite(fh, c.buf, size, off, 0) : cuFileRead(fh, c.buf, size, off, 0);
+                if (got != (ssize_t)size) {
+                    fprintf(stderr, "%s %zu at %lld: %zd\n", c.name, size, (long long)off, got);
+                    failed = true;
+                    break;
+                }
+                n++;
+            }
+            if (failed) break;
+            double mibs = n * (double)size / ((now_ms() - start) / 1e3) / MIB;
+            printf("%s %8zu: %8.1f MiB/s (%zu)\n", c.name, size, mibs, n);
+            char key[64];
+            snprintf(key, sizeof key, "%s_%zuk_mibs", c.name, size / 1024);
+            result(key, mibs, "MiB/s");
+        }
+    }
+    if (host_ok) cuFileBufDeregister(host);
+    cudaFreeHost(host);
+
     // One stream against the same 16 MiB reads synchronously.
     cudaStream_t s;
     check_rt(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");

@@ -43,7 +43,7 @@ def drop_caches():
 def disk(path, secs):
     import cupy
 
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    fd = os.open(path, os.O_RDWR | os.O_DIRECT)
     cap = os.fstat(fd).st_size
     host = mmap.mmap(-1, 16 * MIB)  # page-aligned, as O_DIRECT needs
     pinned = cupy.cuda.alloc_pinned_memory(16 * MIB)
@@ -69,6 +69,14 @@ def disk(path, secs):
             result(f"{name}_{size // 1024}k_mibs", n * size / el / MIB, "MiB/s")
             if size == 4096:
                 result(f"{name}_4k_mean", lat / n * 1e6, "us")
+        # O_DIRECT pwrite of the same sizes: the disk's own write limit.
+        it, n = offsets(cap, size, seed=7), 0
+        start = time.perf_counter()
+        while time.perf_counter() - start < secs or n < 4:
+            got = os.pwritev(fd, [view[:size]], next(it))
+            assert got == size, got
+            n += 1
+        result(f"disk_write_{size // 1024}k_mibs", n * size / (time.perf_counter() - start) / MIB, "MiB/s")
     os.close(fd)
 
 
@@ -111,6 +119,23 @@ def kvikio_side(path, secs, cache):
         result(f"kvikio_{cache}_{size // 1024}k_mibs", n * size / el / MIB, "MiB/s")
         if size == 4096:
             result(f"kvikio_{cache}_4k_mean", lat / n * 1e6, "us")
+    f.close()
+    if cache != "cold":
+        return
+    # Writes from GPU memory (compatibility mode: into the page cache,
+    # then fsync'd once at the end of each size, so that they reach the disk).
+    f = kvikio.CuFile(path, "r+")
+    for size in SIZES:
+        it, n = offsets(cap, size, seed=7), 0
+        start = time.perf_counter()
+        while time.perf_counter() - start < secs or n < 4:
+            got = f.write(buf[:size], size, next(it))
+            assert got == size, got
+            n += 1
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+        result(f"kvikio_write_{size // 1024}k_mibs", n * size / (time.perf_counter() - start) / MIB, "MiB/s")
     f.close()
 
 

@@ -119,6 +119,31 @@ fn run(t: &TargetOpts, per_size: Duration, compute_us: u64) -> ugds::Result<()> 
         }
     }
 
+    // Synchronous writes from GPU memory, and reads into host memory, at the
+    // same sizes (as cufile_bench does).
+    let mut host = ugds::HostBuffer::new(64 * MIB)?;
+    // SAFETY: `host` outlives the registration (deregistered below).
+    let host_tok = unsafe { driver.register(host.as_mut_ptr(), host.len())? };
+    for (name, write, t) in [("sync_write", true, &tok), ("host_read", false, &host_tok)] {
+        for size in [4096usize, 65536, MIB, 16 * MIB] {
+            let (mut n, start) = (0u64, Instant::now());
+            while start.elapsed() < per_size || n < 4 {
+                let off = rng.next() % (cap / size as u64) * size as u64;
+                if write {
+                    h.write(t, size, off, 0)?;
+                } else {
+                    h.read(t, size, off, 0)?;
+                }
+                n += 1;
+            }
+            let mibs = (n * size as u64) as f64 / start.elapsed().as_secs_f64() / MIB as f64;
+            println!("{name} {:>6}: {mibs:>8.1} MiB/s ({n})", crate::fmt_bytes(size as u64));
+            result(&format!("{name}_{}k_mibs", size / 1024), mibs, "MiB/s");
+        }
+    }
+    driver.deregister(&host_tok)?;
+    drop(host);
+
     // One stream against the same 16 MiB reads done synchronously.
     let raw = cuda.create_stream()?;
     let reads = 32usize;
