@@ -76,7 +76,9 @@ impl Driver {
     }
 
     fn open_kernel(&self, platform: Arc<ugds_platform::kernel::KernelPlatform>, opts: HandleOptions) -> Result<Handle> {
-        let ctrl = crate::engine::KernelController::new(platform, Self::queues_wanted(&opts))?;
+        let polled = opts.completion == crate::Completion::Poll;
+        let ctrl =
+            crate::engine::KernelController::new(platform, Self::queues_wanted(&opts), opts.kernel_ring, polled)?;
         self.open_controller(Controller::Kernel(Box::new(ctrl)), opts)
     }
 

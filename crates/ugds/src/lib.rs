@@ -64,6 +64,7 @@ use ugds_platform::{barrier, dma, sys};
 pub use batch::{Batch, BatchIo, BatchOp};
 pub use buffer::HostBuffer;
 pub use driver::Driver;
+pub use engine::KernelRing;
 pub use engine::{BatchEvent, BatchStatus, Completion, ControllerInfo, NamespaceInfo};
 pub use handle::{Drain, Handle, HandleOptions, HandleState, QueueInfo, QueueRole};
 pub use io_queue::IoQueue;

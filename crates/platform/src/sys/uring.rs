@@ -257,13 +257,29 @@ impl std::fmt::Debug for Ring {
 impl Ring {
     /// A ring of `entries` submission entries (twice as many completion
     /// entries), with `files` registered as fixed files 0, 1, ...; with
-    /// `nvme`, of the big entries NVMe passthrough needs.
-    pub fn new(entries: u32, files: &[BorrowedFd<'_>], nvme: bool) -> Result<Ring> {
+    /// `nvme`, of the big entries NVMe passthrough needs; with `sqpoll`, a
+    /// kernel thread polls its submissions; with `iopoll`, its completions
+    /// are polled from the device.
+    pub fn new(entries: u32, files: &[BorrowedFd<'_>], nvme: bool, sqpoll: bool, iopoll: bool) -> Result<Ring> {
         let setup = |e| Error::io("io_uring_setup", e);
+        macro_rules! build {
+            ($b:expr) => {{
+                let mut b = $b;
+                if sqpoll {
+                    // The thread sleeps after 100 ms without work; a
+                    // submission then wakes it (io_uring_enter).
+                    b.setup_sqpoll(100);
+                }
+                if iopoll {
+                    b.setup_iopoll();
+                }
+                b.build(entries).map_err(setup)?
+            }};
+        }
         let ring = if nvme {
-            Kind::Nvme(IoUring::builder().build(entries).map_err(setup)?)
+            Kind::Nvme(build!(IoUring::<squeue::Entry128, cqueue::Entry32>::builder()))
         } else {
-            Kind::Plain(IoUring::builder().build(entries).map_err(setup)?)
+            Kind::Plain(build!(IoUring::builder()))
         };
         let fds: Vec<i32> = files.iter().map(|f| f.as_raw_fd()).collect();
         with_ring!(&ring, r => r.submitter().register_files(&fds))
@@ -362,6 +378,12 @@ impl Ring {
             }
         }
         n
+    }
+
+    /// Whether completions are polled from the device (IOPOLL): they are
+    /// found only by entering the kernel ([`submit`](Self::submit) does).
+    pub fn polls_device(&self) -> bool {
+        with_ring!(&self.ring, r => r.params().is_setup_iopoll())
     }
 
     /// Whether a completion is waiting.

@@ -7,6 +7,23 @@ use crate::{Error, Result};
 use std::sync::Arc;
 use ugds_platform::kernel::KernelPlatform;
 
+/// How the kernel path's io_uring rings run (the kernel path only).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KernelRing {
+    /// Submissions by `io_uring_enter`, completions by interrupt (the
+    /// default).
+    #[default]
+    Plain,
+    /// A kernel thread polls each ring's submissions (`IORING_SETUP_SQPOLL`):
+    /// no system call per submission while it is awake.
+    SqPoll,
+    /// Completions are polled from the device (`IORING_SETUP_IOPOLL`): for
+    /// direct I/O on block devices (and files on them) with poll queues;
+    /// needs polled completion. Refused at open where the file cannot.
+    IoPoll,
+}
+
 /// The kernel path's stand-in for a controller: what it "identifies" is
 /// the file, and creating a queue pair makes a ring.
 pub struct KernelController {
@@ -14,6 +31,7 @@ pub struct KernelController {
     dyn_platform: Arc<dyn ugds_platform::Platform>,
     info: super::ControllerInfo,
     block_size: u32,
+    ring: KernelRing,
 }
 
 impl std::fmt::Debug for KernelController {
@@ -44,8 +62,33 @@ pub const KERNEL_BLOCK_SIZE: u32 = 512;
 
 impl KernelController {
     /// The file behind `platform` as a one-namespace controller granting
-    /// `want_io_queues` queues.
-    pub fn new(platform: Arc<KernelPlatform>, want_io_queues: u16) -> Result<KernelController> {
+    /// `want_io_queues` queues, whose rings run as `ring` says. IOPOLL needs
+    /// polled completion (`polled`) and a file that takes it: a direct read
+    /// is tried on such a ring first, and a file that refuses is a clear
+    /// error here rather than at the first I/O.
+    pub fn new(
+        platform: Arc<KernelPlatform>,
+        want_io_queues: u16,
+        ring: KernelRing,
+        polled: bool,
+    ) -> Result<KernelController> {
+        if ring == KernelRing::IoPoll {
+            if !polled {
+                return Err(Error::InvalidArgument("IOPOLL rings have no interrupts: use polled completion".into()));
+            }
+            if platform.direct_fd().is_none() && platform.passthrough_namespace().is_none() {
+                return Err(Error::Unsupported(format!(
+                    "IOPOLL on {}: it takes no direct I/O",
+                    platform.path().display()
+                )));
+            }
+            UringQueue::new(platform.clone(), None, 0, 2, KERNEL_BLOCK_SIZE, ring)?.probe().map_err(|e| {
+                Error::Unsupported(format!(
+                    "IOPOLL on {}: a direct read on a polled ring failed ({e})",
+                    platform.path().display()
+                ))
+            })?;
+        }
         let pt = platform.passthrough_namespace();
         let block_size = pt.map_or(KERNEL_BLOCK_SIZE, |(_, bs, _)| bs);
         // Passed through, a command is the controller's: within its MDTS.
@@ -86,7 +129,7 @@ impl KernelController {
             page_size: 4096,
             platform: ugds_platform::Platform::describe(&*platform),
         };
-        Ok(KernelController { dyn_platform: platform.clone(), platform, info, block_size })
+        Ok(KernelController { dyn_platform: platform.clone(), platform, info, block_size, ring })
     }
 
     /// What it presents.
@@ -101,6 +144,8 @@ impl KernelController {
 
     /// A ring of `entries` for queue `qid`, signalling `vector` when given.
     pub fn create_ring(&self, qid: u16, entries: u16, vector: Option<u16>) -> Result<UringQueue> {
+        // IOPOLL rings take no interrupts (their queues poll).
+        let vector = vector.filter(|_| self.ring != KernelRing::IoPoll);
         let interrupt = match vector {
             Some(v) => {
                 let efd = ugds_platform::Platform::interrupt(&*self.platform, v)?
@@ -109,6 +154,6 @@ impl KernelController {
             }
             None => None,
         };
-        UringQueue::new(self.platform.clone(), interrupt, qid, entries, self.block_size)
+        UringQueue::new(self.platform.clone(), interrupt, qid, entries, self.block_size, self.ring)
     }
 }

@@ -31,6 +31,7 @@
 //! and the copy engine. Bounce buffers are pinned once and kept for the
 //! process (unpinning waits for the device).
 
+use super::kernel::KernelRing;
 use super::qpair::{CqView, Full, Owner};
 use super::tracker::Tracker;
 use crate::{Error, Result};
@@ -226,12 +227,15 @@ impl UringQueue {
         qid: u16,
         entries: u16,
         block_size: u32,
+        mode: KernelRing,
     ) -> Result<UringQueue> {
         let entries = entries.clamp(2, 4096);
         let buffered = platform.buffered_fd();
         let direct_fd = platform.direct_fd();
         let passthrough = platform.passthrough_namespace().map(|(nsid, bs, _)| (nsid, bs.trailing_zeros() as u8));
-        let ring = Ring::new(entries as u32, &[direct_fd.unwrap_or(buffered), buffered], passthrough.is_some())?;
+        let files = [direct_fd.unwrap_or(buffered), buffered];
+        let (sqpoll, iopoll) = (mode == KernelRing::SqPoll, mode == KernelRing::IoPoll);
+        let ring = Ring::new(entries as u32, &files, passthrough.is_some(), sqpoll, iopoll)?;
         if let Some((_, efd)) = interrupt {
             ring.register_eventfd(efd)?;
         }
@@ -394,6 +398,44 @@ impl UringQueue {
         Ok(cid)
     }
 
+    /// One direct read of a block at offset 0 into memory of its own,
+    /// waited for: whether this ring can read the file at all.
+    pub fn probe(mut self) -> Result<()> {
+        let (_, off_align) = self.platform.direct_alignment();
+        let len = (off_align as usize).clamp(4096, 1 << 20);
+        let mem = ugds_platform::sys::Anonymous::populated(len)?;
+        let t = Transfer {
+            kind: Kind::Read,
+            file: DIRECT,
+            addr: mem.as_ptr() as usize,
+            len: len as u32,
+            ..Default::default()
+        };
+        let op = match self.passthrough {
+            Some((nsid, shift)) => Transfer { nsid, lba_shift: shift, ..t }.op(),
+            None => t.op(),
+        };
+        // SAFETY: `mem` outlives the operation: this function waits for its
+        // completion (or leaks `mem` if it does not come).
+        if !unsafe { self.ring.push(op, 0) } {
+            return Err(Error::QueueFull);
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut got = None;
+        while got.is_none() {
+            self.ring.submit()?;
+            self.ring.reap(1, |_, res, _| got = Some(res));
+            if std::time::Instant::now() > deadline {
+                std::mem::forget(mem);
+                return Err(Error::Platform("no completion within 5 s".into()));
+            }
+        }
+        match got.expect("set above") {
+            r if r >= 0 => Ok(()),
+            r => Err(Error::io("read", std::io::Error::from_raw_os_error(-r))),
+        }
+    }
+
     /// Hands the staged operations to the kernel (one `io_uring_enter`).
     pub fn ring_sq_doorbell(&mut self) {
         if self.ring.staged() > 0 {
@@ -419,8 +461,15 @@ impl UringQueue {
     /// command that finished; partial transfers are resubmitted. Returns
     /// how many commands finished.
     pub fn process_completions(&mut self, max: usize, mut f: impl FnMut(Owner, &Cqe)) -> usize {
-        // A submission the kernel refused earlier (EAGAIN, EBUSY) goes now.
-        self.ring_sq_doorbell();
+        // A submission the kernel refused earlier (EAGAIN, EBUSY) goes now;
+        // a device-polled ring finds its completions only by entering.
+        if self.ring.polls_device() {
+            if let Err(e) = self.ring.submit() {
+                tracing::error!(qid = self.qid.0, "io_uring enter failed: {e}");
+            }
+        } else {
+            self.ring_sq_doorbell();
+        }
         let mut n = 0;
         let (tracker, retry, qid, errors) = (&mut self.tracker, &mut self.retry, self.qid, &mut self.protocol_errors);
         let direct = self.direct;

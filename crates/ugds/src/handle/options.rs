@@ -1,7 +1,7 @@
 //! How a handle is set up, and what it reports about itself: its options,
 //! close modes, states and queues.
 
-use crate::engine::Completion;
+use crate::engine::{Completion, KernelRing};
 use std::time::Duration;
 
 /// How a handle is set up.
@@ -37,6 +37,9 @@ pub struct HandleOptions {
     /// offers them, as virtual controllers in VMs do: most doorbell MMIO
     /// writes, each a VM exit there, are replaced by memory writes.
     pub shadow_doorbells: bool,
+    /// The kernel path only: how its rings hand work to the kernel and take
+    /// completions (see [`KernelRing`]).
+    pub kernel_ring: KernelRing,
 }
 
 impl Default for HandleOptions {
@@ -52,6 +55,7 @@ impl Default for HandleOptions {
             batch_depth: 1024,
             batch_prp_pages: 128,
             shadow_doorbells: true,
+            kernel_ring: KernelRing::Plain,
         }
     }
 }
@@ -114,6 +118,12 @@ impl HandleOptions {
     /// Sets whether to use shadow doorbells.
     pub fn shadow_doorbells(mut self, shadow_doorbells: bool) -> Self {
         self.shadow_doorbells = shadow_doorbells;
+        self
+    }
+
+    /// Sets how the kernel path's rings run (ignored elsewhere).
+    pub fn kernel_ring(mut self, kernel_ring: KernelRing) -> Self {
+        self.kernel_ring = kernel_ring;
         self
     }
 }
