@@ -309,6 +309,17 @@ class KernelPath(unittest.TestCase):
         h.close()
         self.drv.deregister(buf)
 
+    def test_sqpoll_ring(self):
+        h = self.drv.open_file(self.path, ring="sqpoll")
+        mem = bytearray(8192)
+        buf = self.drv.register(mem)
+        self.assertEqual(h.read(buf, 8192, 0), 8192)
+        self.assertEqual(bytes(mem), pattern(3, 10000)[:8192])
+        h.close()
+        self.drv.deregister(buf)
+        with self.assertRaises(ugds.InvalidArgument):
+            self.drv.open_file(self.path, ring="fast")
+
     def test_bad_input_is_a_typed_error(self):
         h = self.drv.open_file(self.path)
         buf = self.drv.register(bytearray(4096))

@@ -141,11 +141,20 @@ impl Driver {
     /// through the kernel: io_uring, O_DIRECT where memory, offset and size
     /// are aligned for it, the page cache otherwise. Offsets and sizes are
     /// multiples of 512; the file's size is the handle's capacity; a read
-    /// into its last, partial block returns the bytes there are. Host
-    /// memory (GPU memory: not yet on this path).
-    #[pyo3(signature = (path, interrupt=false))]
-    fn open_file(&self, py: Python<'_>, path: std::path::PathBuf, interrupt: bool) -> PyResult<Handle> {
-        py.allow_threads(|| self.inner.open_file(&path, options(interrupt))).map(Handle::from).map_err(err)
+    /// into its last, partial block returns the bytes there are. Host and
+    /// GPU memory (through pinned bounce buffers). `ring`: "plain",
+    /// "sqpoll" (a kernel thread takes submissions) or "iopoll"
+    /// (completions polled from the device, where the file allows).
+    #[pyo3(signature = (path, interrupt=false, ring="plain"))]
+    fn open_file(&self, py: Python<'_>, path: std::path::PathBuf, interrupt: bool, ring: &str) -> PyResult<Handle> {
+        let ring = match ring {
+            "plain" => ugds::KernelRing::Plain,
+            "sqpoll" => ugds::KernelRing::SqPoll,
+            "iopoll" => ugds::KernelRing::IoPoll,
+            r => return Err(err(ugds::Error::InvalidArgument(format!("ring {r:?}: plain, sqpoll or iopoll")))),
+        };
+        let opts = options(interrupt).kernel_ring(ring);
+        py.allow_threads(|| self.inner.open_file(&path, opts)).map(Handle::from).map_err(err)
     }
 
     /// Opens a handle on a controller bound to the ugds_drv module

@@ -346,7 +346,8 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         .queue_depth(depth)
         // Queue mode needs lendable queues more than a batch queue (few queues: QEMU max_ioqpairs=2).
         .batch_queue(!o.batches.is_empty() || o.stream)
-        .shadow_doorbells(o.shadow_doorbells);
+        .shadow_doorbells(o.shadow_doorbells)
+        .kernel_ring(o.kernel_ring);
     let mut handle = target.open_handle(&driver, opts.clone()).map_err(|e| e.to_string())?;
     let mut shared_note = "";
     if lent && handle.queue_counts().1 < o.threads {

@@ -29,6 +29,9 @@ Options:
                           than synchronous calls
       --no-shadow-doorbells  MMIO doorbells even where the controller offers
                           Doorbell Buffer Config
+      --kernel-ring plain|sqpoll|iopoll  with --file: how its io_uring rings
+                          run (sqpoll: a kernel thread takes submissions;
+                          iopoll: completions polled from the device) [plain]
 
 ";
 
@@ -82,6 +85,7 @@ pub(super) struct Opts {
     pub(super) batches: Vec<usize>,
     pub(super) stream: bool,
     pub(super) shadow_doorbells: bool,
+    pub(super) kernel_ring: ugds::KernelRing,
     pub(super) force_queue: bool,
     pub(super) target: TargetOpts,
 }
@@ -103,6 +107,7 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
         batches: Vec::new(),
         stream: false,
         shadow_doorbells: true,
+        kernel_ring: ugds::KernelRing::Plain,
         force_queue: false,
         target: TargetOpts::default(),
     };
@@ -136,6 +141,14 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
             }
             Long("stream") => o.stream = true,
             Long("no-shadow-doorbells") => o.shadow_doorbells = false,
+            Long("kernel-ring") => {
+                o.kernel_ring = match p.value().map_err(err)?.string().map_err(err)?.as_str() {
+                    "plain" => ugds::KernelRing::Plain,
+                    "sqpoll" => ugds::KernelRing::SqPoll,
+                    "iopoll" => ugds::KernelRing::IoPoll,
+                    v => return Err(format!("--kernel-ring {v}: plain, sqpoll or iopoll")),
+                }
+            }
             Long("queue") => o.force_queue = true,
             Long("interrupt") => o.interrupt = true,
             Long("no-progress") => o.progress = false,
