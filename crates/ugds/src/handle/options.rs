@@ -129,11 +129,17 @@ impl HandleOptions {
 }
 
 impl HandleOptions {
-    /// Interrupt completion when `UGDS_INTERRUPT_MODE=1`, as in the paper.
+    /// Interrupt completion when `UGDS_INTERRUPT_MODE=1`, as in the paper;
+    /// the kernel path's ring mode from `UGDS_KERNEL_RING` (`sqpoll`, `iopoll`).
     pub fn from_env() -> Self {
         let mut o = HandleOptions::default();
         if std::env::var("UGDS_INTERRUPT_MODE").is_ok_and(|v| v == "1") {
             o.completion = Completion::Interrupt;
+        }
+        match std::env::var("UGDS_KERNEL_RING").as_deref() {
+            Ok("sqpoll") => o.kernel_ring = KernelRing::SqPoll,
+            Ok("iopoll") => o.kernel_ring = KernelRing::IoPoll,
+            _ => {}
         }
         o
     }
