@@ -301,7 +301,7 @@ fn batches_larger_than_the_queue() {
     batch.submit(&writes).unwrap();
     let mut ev = Vec::new();
     assert_eq!(batch.get_status(n, n, None, &mut ev).unwrap(), n);
-    assert!(ev.iter().all(|e| e.status == BatchStatus::Complete));
+    assert!(ev.iter().all(|e| e.status == BatchStatus::Complete), "{ev:?}");
     // Read back in one batch, mixed with writes of a second region.
     let mut mixed = Vec::new();
     for i in 0..n {

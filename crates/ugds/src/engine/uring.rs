@@ -165,6 +165,26 @@ impl Transfer {
     }
 }
 
+/// Faults in every page of `len` bytes at `addr`, for writing with `write`.
+///
+/// # Safety
+/// The range must be mapped memory no one else accesses meanwhile.
+unsafe fn fault_in(addr: usize, len: usize, write: bool) {
+    let page = ugds_platform::sys::PAGE_SIZE;
+    let mut p = addr;
+    while p < addr + len {
+        let b = p as *mut u8;
+        // SAFETY: within the range (the caller's contract).
+        unsafe {
+            let v = b.read_volatile();
+            if write {
+                b.write_volatile(v);
+            }
+        }
+        p = (p & !(page - 1)) + page;
+    }
+}
+
 /// A command refused at submission with `s`.
 fn refused(s: Status) -> Transfer {
     Transfer { kind: Kind::Refused((s.sct as u16) << 8 | s.sc as u16), ..Default::default() }
@@ -497,12 +517,24 @@ impl UringQueue {
                     retry.push(cid);
                     return;
                 }
-                // Seen from passthrough on Linux 6.12 (QEMU guest) under
-                // load, for memory that a resubmission then reaches: EFAULT
-                // now and then. Resubmitted up to three times.
-                (_, r) if r == -libc::EFAULT && t.nsid != 0 && t.faults < 3 => {
+                // Seen from passthrough on Linux 6.12 (QEMU guest): EFAULT
+                // for buffer pages not yet faulted in (the kernel's
+                // non-blocking first attempt does not fault them, and does
+                // not retry). The pages are faulted in here and the command
+                // resubmitted, up to three times.
+                (k, r) if r == -libc::EFAULT && t.nsid != 0 && t.faults < 3 => {
                     t.faults += 1;
-                    tracing::info!(cid = cid.0, "passthrough command failed with EFAULT; resubmitted");
+                    tracing::info!(
+                        cid = cid.0,
+                        "passthrough command failed with EFAULT; pages faulted in, resubmitted"
+                    );
+                    // SAFETY: the command's buffer is the registered memory
+                    // its request holds, and nothing else uses it during
+                    // the I/O (the API's contract); the kernel has finished
+                    // with it (this completion). A read's pages are written
+                    // back with their own bytes (a write fault), a write's
+                    // only read.
+                    unsafe { fault_in(t.addr, t.len as usize, k == Kind::Read) };
                     retry.push(cid);
                     return;
                 }
