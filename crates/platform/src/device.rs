@@ -45,6 +45,38 @@ pub trait DeviceRuntime: Send + Sync {
     /// context) that stays allocated for the call.
     unsafe fn copy_from_device(&self, dst: &mut [u8], src: u64) -> Result<()>;
 
+    /// Starts copying `len` bytes at host `src` to device memory at `dst`
+    /// and returns without waiting; [`copy_finished`](Self::copy_finished)
+    /// says when it is done. The default copies and waits.
+    ///
+    /// # Safety
+    /// As for [`copy_to_device`](Self::copy_to_device), and `src..src+len`
+    /// must stay readable and unchanged until `copy_finished` has said
+    /// `Ok(true)` or `Err` for the returned ticket.
+    unsafe fn copy_to_device_start(&self, dst: u64, src: *const u8, len: usize) -> Result<CopyTicket> {
+        // SAFETY: the caller's contract covers this call's.
+        unsafe { self.copy_to_device(dst, std::slice::from_raw_parts(src, len)) }.map(|()| CopyTicket::DONE)
+    }
+
+    /// Starts copying `len` bytes of device memory at `src` into host
+    /// memory at `dst`; as [`copy_to_device_start`](Self::copy_to_device_start).
+    ///
+    /// # Safety
+    /// As for [`copy_from_device`](Self::copy_from_device), and nothing may
+    /// touch `dst..dst+len` until `copy_finished` has answered for the ticket.
+    unsafe fn copy_from_device_start(&self, dst: *mut u8, src: u64, len: usize) -> Result<CopyTicket> {
+        // SAFETY: the caller's contract covers this call's.
+        unsafe { self.copy_from_device(std::slice::from_raw_parts_mut(dst, len), src) }.map(|()| CopyTicket::DONE)
+    }
+
+    /// Whether a started copy is done: `Ok(true)` (the ticket is spent),
+    /// `Ok(false)` (still running: ask again), or the error that ended it
+    /// (the ticket is spent).
+    fn copy_finished(&self, ticket: CopyTicket) -> Result<bool> {
+        debug_assert_eq!(ticket, CopyTicket::DONE, "a runtime that starts copies answers for them");
+        Ok(true)
+    }
+
     /// Page-locks host memory for faster copies; false if the runtime
     /// refused (copies from it then still work, staged by the runtime).
     fn host_register(&self, ptr: *mut u8, len: usize) -> bool;
@@ -55,6 +87,29 @@ pub trait DeviceRuntime: Send + Sync {
 
     /// Exports the pages spanning `ptr..ptr+len` as a dma-buf.
     fn export_dmabuf(&self, ptr: u64, len: usize) -> Result<DmabufExport>;
+}
+
+/// A copy a runtime started and has not yet answered for (see
+/// [`DeviceRuntime::copy_finished`]). What the number means is the
+/// runtime's (CUDA: an event recorded after the copy).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a started copy must be asked about until it is done"]
+pub struct CopyTicket(usize);
+
+impl CopyTicket {
+    /// A copy that was done before its start returned.
+    pub const DONE: CopyTicket = CopyTicket(0);
+
+    /// A runtime's own ticket (not 0).
+    pub fn new(raw: usize) -> CopyTicket {
+        debug_assert_ne!(raw, 0, "0 is DONE");
+        CopyTicket(raw)
+    }
+
+    /// The runtime's number.
+    pub fn raw(self) -> usize {
+        self.0
+    }
 }
 
 /// Registered device memory: where it is and which runtime owns it.

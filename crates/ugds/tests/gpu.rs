@@ -639,16 +639,20 @@ fn kernel_path_moves_gpu_memory() {
     // SAFETY: `gpu` outlives the registration (deregistered below).
     let t = unsafe { d.register_cuda(gpu.ptr(), gpu.len()) }.unwrap();
     // Synchronous: sizes across the command limit (512 KiB), unaligned offsets
-    // into the GPU buffer.
+    // into the GPU buffer. The copies run on this thread: its context is
+    // left as it was.
+    let ctx = cuda.current_context().unwrap();
     for &(size, file_off, buf_off) in
         &[(512usize, 0u64, 0usize), (4096, 4096, 512), (1 << 20, 1 << 20, 4096), (5 << 20, 3 << 20, 8192)]
     {
         assert_eq!(h.read(&t, size, file_off, buf_off).unwrap(), size);
+        assert_eq!(cuda.current_context().unwrap(), ctx, "the caller's context after a read");
         assert!(download(&gpu, buf_off, size) == pattern(11, file_off, size), "read {size}@{file_off}");
     }
     let back = pattern(12, 0, 2 << 20);
     gpu.upload(0, &back).unwrap();
     assert_eq!(h.write(&t, 2 << 20, 8 << 20, 0).unwrap(), 2 << 20);
+    assert_eq!(cuda.current_context().unwrap(), ctx, "the caller's context after a write");
     h.flush().unwrap();
     let disk = std::fs::read(&path).unwrap();
     assert!(disk[8 << 20..10 << 20] == back[..], "GPU write reached the file");
@@ -684,6 +688,42 @@ fn kernel_path_moves_gpu_memory() {
     assert_eq!(res.bytes(), 1 << 20, "{:?}", res.take_error());
     assert!(download(&gpu, 1 << 20, 1 << 20) == pattern(11, 12 << 20, 1 << 20));
     drop(s);
+    d.deregister(&t).unwrap();
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// Four threads reading a file into one GPU buffer with interrupt
+/// completion: each read completes only when its copy to the device is
+/// done, which no interrupt announces; no waiter may sleep through it.
+#[test]
+fn kernel_path_gpu_reads_with_interrupts_from_several_threads() {
+    let Some(cuda) = cuda() else { return };
+    let path = std::env::temp_dir().join(format!("ugds-gpu-kernel-irq-{}.img", std::process::id()));
+    std::fs::write(&path, pattern(13, 0, 8 << 20)).unwrap();
+    let d = ugds::Driver::open();
+    let h = d.open_file(&path, opts().completion(ugds::Completion::Interrupt)).unwrap();
+    let gpu = kept(cuda.alloc(8 << 20).unwrap());
+    // SAFETY: `gpu` outlives the registration (deregistered below).
+    let t = unsafe { d.register_cuda(gpu.ptr(), gpu.len()) }.unwrap();
+    std::thread::scope(|s| {
+        for th in 0..4u64 {
+            let (h, t, cuda) = (&h, &t, &cuda);
+            s.spawn(move || {
+                cuda.use_device(0).unwrap();
+                for i in 0..16u64 {
+                    // Each thread its own 2 MiB of the buffer; sizes 4 KiB to 2 MiB.
+                    let size = 4096usize << (i % 10);
+                    let off = ((th * 16 + i) * 4096) % (6 << 20);
+                    assert_eq!(h.read(t, size, off, (th as usize) << 21).unwrap(), size);
+                }
+            });
+        }
+    });
+    for th in 0..4u64 {
+        let (size, off) = (4096usize << 5, ((th * 16 + 15) * 4096) % (6 << 20));
+        assert!(download(&gpu, (th as usize) << 21, size) == pattern(13, off, size), "thread {th}'s last read");
+    }
+    assert_eq!(h.interrupt_waits_capped(), 0, "no waiter slept through a finished copy");
     d.deregister(&t).unwrap();
     std::fs::remove_file(&path).unwrap();
 }

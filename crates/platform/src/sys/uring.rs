@@ -180,6 +180,9 @@ pub enum Op {
         len: u32,
         /// File offset.
         offset: u64,
+        /// The registered buffer holding `addr..addr + len`, if one does
+        /// (see [`Ring::fixed_buffer`]): the kernel then pins nothing.
+        buffer: Option<u16>,
     },
     /// Writes `len` bytes from `addr` at `offset`.
     Write {
@@ -191,6 +194,8 @@ pub enum Op {
         len: u32,
         /// File offset.
         offset: u64,
+        /// As for `Read`.
+        buffer: Option<u16>,
     },
     /// `fdatasync` (or `fsync` without `data_only`).
     Sync {
@@ -228,7 +233,13 @@ pub enum Op {
 /// An io_uring instance: plain, or with big entries for NVMe passthrough.
 pub struct Ring {
     ring: Kind,
+    /// Which slots of the sparse registered-buffer table hold a buffer
+    /// (a bit each); `None` where the kernel has no such table (before 5.19).
+    fixed: Option<Box<[u64]>>,
 }
+
+/// Slots in each ring's registered-buffer table.
+pub const FIXED_BUFFERS: u16 = 1024;
 
 enum Kind {
     Plain(IoUring),
@@ -284,7 +295,51 @@ impl Ring {
         let fds: Vec<i32> = files.iter().map(|f| f.as_raw_fd()).collect();
         with_ring!(&ring, r => r.submitter().register_files(&fds))
             .map_err(|e| Error::io("io_uring_register(files)", e))?;
-        Ok(Ring { ring })
+        let fixed = match with_ring!(&ring, r => r.submitter().register_buffers_sparse(FIXED_BUFFERS as u32)) {
+            Ok(()) => Some(vec![0u64; FIXED_BUFFERS as usize / 64].into_boxed_slice()),
+            Err(e) => {
+                tracing::debug!("no registered buffers on this kernel ({e}): the kernel pins pages per I/O");
+                None
+            }
+        };
+        Ok(Ring { ring, fixed })
+    }
+
+    /// How many slots of the registered-buffer table hold a buffer.
+    pub fn fixed_buffers(&self) -> usize {
+        self.fixed.as_ref().map_or(0, |b| b.iter().map(|w| w.count_ones() as usize).sum())
+    }
+
+    /// Makes slot `index` of the registered-buffer table hold `len` bytes
+    /// at `addr` (a system call the first time, nothing after); false where
+    /// it cannot (no table, index out of range, the kernel refused), and
+    /// operations on that memory then name no buffer.
+    ///
+    /// # Safety
+    /// The memory must stay mapped, and slot `index` mean only it, for the
+    /// ring's life: the kernel keeps it pinned and uses it for any
+    /// operation that names the slot.
+    pub unsafe fn fixed_buffer(&mut self, index: u16, addr: *mut u8, len: usize) -> bool {
+        let Some(bits) = &mut self.fixed else { return false };
+        let (word, bit) = (index as usize / 64, 1u64 << (index % 64));
+        match bits.get(word) {
+            None => return false,
+            Some(w) if w & bit != 0 => return true,
+            Some(_) => {}
+        }
+        let iov = [libc::iovec { iov_base: addr.cast(), iov_len: len }];
+        // SAFETY: the caller keeps the memory mapped for the ring's life.
+        let r = with_ring!(&self.ring, r => unsafe { r.submitter().register_buffers_update(index as u32, &iov, None) });
+        match r {
+            Ok(()) => {
+                bits[word] |= bit;
+                true
+            }
+            Err(e) => {
+                tracing::debug!(index, "buffer not registered with the ring ({e}): the kernel pins it per I/O");
+                false
+            }
+        }
     }
 
     /// Signals `efd` for every completion posted from now on.
@@ -313,11 +368,17 @@ impl Ring {
             return unsafe { r.submission().push(&e.user_data(user_data)).is_ok() };
         }
         let entry = match op {
-            Op::Read { file, addr, len, offset } => {
+            Op::Read { file, addr, len, offset, buffer: None } => {
                 opcode::Read::new(types::Fixed(file), addr, len).offset(offset).build()
             }
-            Op::Write { file, addr, len, offset } => {
+            Op::Read { file, addr, len, offset, buffer: Some(i) } => {
+                opcode::ReadFixed::new(types::Fixed(file), addr, len, i).offset(offset).build()
+            }
+            Op::Write { file, addr, len, offset, buffer: None } => {
                 opcode::Write::new(types::Fixed(file), addr, len).offset(offset).build()
+            }
+            Op::Write { file, addr, len, offset, buffer: Some(i) } => {
+                opcode::WriteFixed::new(types::Fixed(file), addr, len, i).offset(offset).build()
             }
             Op::Sync { file, data_only } => {
                 let flags = if data_only { types::FsyncFlags::DATASYNC } else { types::FsyncFlags::empty() };

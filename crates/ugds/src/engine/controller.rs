@@ -145,7 +145,7 @@ impl Controller {
     ) -> Result<QueuePair> {
         match self {
             Controller::Nvme(c) => c.create_io_qpair_with(qid, entries, vector, prp_pages).map(QueuePair::Nvme),
-            Controller::Kernel(c) => c.create_ring(qid, entries, vector).map(QueuePair::Uring),
+            Controller::Kernel(c) => c.create_ring(qid, entries, vector).map(QueuePair::from),
         }
     }
 

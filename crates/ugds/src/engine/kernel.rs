@@ -53,7 +53,7 @@ const PASSTHROUGH_TRANSFER: usize = 256 << 10;
 
 /// The largest transfer `UGDS_KERNEL_CHUNK` may set (the bounce buffers'
 /// largest size class).
-const MAX_TRANSFER: usize = 1 << 20;
+const MAX_TRANSFER: usize = 4 << 20;
 
 /// Block size the kernel path presents: offsets and sizes are multiples
 /// of it (`O_DIRECT` is used where they are also multiples of what the file
@@ -92,7 +92,7 @@ impl KernelController {
         let pt = platform.passthrough_namespace();
         let block_size = pt.map_or(KERNEL_BLOCK_SIZE, |(_, bs, _)| bs);
         // Passed through, a command is the controller's: within its MDTS.
-        // `UGDS_KERNEL_CHUNK` (bytes, a power of two from 64 KiB to 1 MiB)
+        // `UGDS_KERNEL_CHUNK` (bytes, a power of two from 64 KiB to 4 MiB)
         // sets a smaller largest command, to measure what suits a disk.
         let chunk = std::env::var("UGDS_KERNEL_CHUNK")
             .ok()

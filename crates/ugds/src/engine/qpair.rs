@@ -18,6 +18,7 @@ use crate::dma::DmaBuffer;
 use crate::platform::Platform;
 use crate::sys::PAGE_SIZE;
 use crate::{Error, Result};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use ugds_nvme::prp::PrpPlan;
 use ugds_nvme::ring::{CqCursor, Ring};
@@ -35,6 +36,9 @@ pub struct CqView {
     ring: Option<Arc<DmaBuffer>>,
     entries: u32,
     assume: bool,
+    /// Without a ring: work in flight that only a look finishes (the
+    /// kernel path's copies to and from GPU memory), while non-zero.
+    busy: Option<Arc<AtomicU32>>,
 }
 
 impl std::fmt::Debug for CqView {
@@ -44,16 +48,24 @@ impl std::fmt::Debug for CqView {
 }
 
 impl CqView {
-    /// A view that answers every look with `new`.
-    pub fn always(new: bool) -> CqView {
-        CqView { ring: None, entries: 0, assume: new }
+    /// A view with no ring to read: it answers `new`, or true while
+    /// `busy` is non-zero.
+    pub fn kernel(new: bool, busy: Arc<AtomicU32>) -> CqView {
+        CqView { ring: None, entries: 0, assume: new, busy: Some(busy) }
+    }
+
+    /// The work in flight that only a look finishes (0 with a ring).
+    pub fn busy(&self) -> u32 {
+        self.busy.as_ref().map_or(0, |b| b.load(Ordering::Acquire))
     }
 
     /// Whether the entry at `head` carries phase `phase` (is new). Panics
     /// if `head` is outside the ring.
     #[inline]
     pub fn is_new(&self, head: u32, phase: bool) -> bool {
-        let Some(ring) = &self.ring else { return self.assume };
+        let Some(ring) = &self.ring else {
+            return self.assume || self.busy.as_ref().is_some_and(|b| b.load(Ordering::Acquire) != 0);
+        };
         assert!(head < self.entries, "completion entry {head} outside a ring of {}", self.entries);
         let dw3 = ring.load_u32_acquire(head as usize * Cqe::SIZE + 12);
         (dw3 >> 16) & 1 == phase as u32
@@ -367,7 +379,7 @@ impl NvmeQueue {
 
     /// A lock-free view of the completion ring (see [`CqView`]).
     pub fn cq_view(&self) -> CqView {
-        CqView { ring: Some(self.cq.clone()), entries: self.cq_ring.size(), assume: false }
+        CqView { ring: Some(self.cq.clone()), entries: self.cq_ring.size(), assume: false, busy: None }
     }
 
     /// Where the next completion will appear: (head, expected phase).

@@ -275,8 +275,11 @@ impl SyncQueue {
     /// request (batch contexts): synchronous waiters asleep on this queue
     /// are woken when any was consumed.
     pub(crate) fn reap_all(&self, st: &mut State) -> usize {
+        let copies = self.cq.busy();
         let (n, _) = self.reap(st, u32::MAX);
-        if n > 0 && self.vector.is_some() {
+        // Copies started here (the kernel path's GPU commands) finish only
+        // by looking: a synchronous waiter asleep on the eventfd must look.
+        if (n > 0 || self.cq.busy() > copies) && self.vector.is_some() {
             self.wake_sleepers(Completion::Interrupt);
         }
         n

@@ -24,6 +24,6 @@ pub use stream::{GpuStream, StreamWait};
 pub(crate) use stream::{StageLease, StageMark};
 #[cfg(feature = "gpu")]
 pub(crate) use ugds_platform::device::page_span;
-pub use ugds_platform::device::{dmabuf, DeviceMemory, DeviceRuntime, DmabufExport};
+pub use ugds_platform::device::{dmabuf, CopyTicket, DeviceMemory, DeviceRuntime, DmabufExport};
 #[cfg(feature = "gpu")]
 pub(crate) use ugds_platform::sys::dl;

@@ -7,12 +7,15 @@ use std::ffi::{c_char, c_void};
 pub(super) type Res = i32;
 pub(super) type Ctx = *mut c_void;
 pub(super) type RawStream = *mut c_void;
+pub(super) type Event = *mut c_void;
 pub(super) type HostFn = unsafe extern "C" fn(*mut c_void);
 
 pub(super) const SUCCESS: Res = 0;
 pub(super) const ERROR_INVALID_VALUE: Res = 1;
 pub(super) const ERROR_INVALID_CONTEXT: Res = 201;
 pub(super) const ERROR_NOT_SUPPORTED: Res = 801;
+pub(super) const ERROR_NOT_READY: Res = 600;
+pub(super) const EVENT_DISABLE_TIMING: u32 = 2;
 
 pub(super) const POINTER_ATTRIBUTE_CONTEXT: i32 = 1;
 pub(super) const POINTER_ATTRIBUTE_MEMORY_TYPE: i32 = 2;
@@ -61,6 +64,9 @@ pub(super) struct Api {
     pub(super) stream_wait_value32: unsafe extern "C" fn(RawStream, u64, u32, u32) -> Res,
     pub(super) stream_write_value32: unsafe extern "C" fn(RawStream, u64, u32, u32) -> Res,
     pub(super) ctx_pop_current: unsafe extern "C" fn(*mut Ctx) -> Res,
+    pub(super) event_create: unsafe extern "C" fn(*mut Event, u32) -> Res,
+    pub(super) event_record: unsafe extern "C" fn(Event, RawStream) -> Res,
+    pub(super) event_query: unsafe extern "C" fn(Event) -> Res,
     /// Optional (for tests): a context other than the primary one.
     pub(super) ctx_create: Option<unsafe extern "C" fn(*mut Ctx, u32, i32) -> Res>,
     pub(super) ctx_destroy: unsafe extern "C" fn(Ctx) -> Res,
@@ -119,6 +125,9 @@ impl Api {
                 stream_wait_value32: lib.sym_any(&[c"cuStreamWaitValue32_v2", c"cuStreamWaitValue32"])?,
                 stream_write_value32: lib.sym_any(&[c"cuStreamWriteValue32_v2", c"cuStreamWriteValue32"])?,
                 ctx_pop_current: lib.sym(c"cuCtxPopCurrent_v2")?,
+                event_create: lib.sym(c"cuEventCreate")?,
+                event_record: lib.sym(c"cuEventRecord")?,
+                event_query: lib.sym(c"cuEventQuery")?,
                 ctx_create: lib.sym(c"cuCtxCreate_v2").ok(),
                 ctx_destroy: lib.sym(c"cuCtxDestroy_v2")?,
                 module_load_data: lib.sym(c"cuModuleLoadData")?,

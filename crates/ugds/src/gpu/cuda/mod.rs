@@ -19,7 +19,7 @@ use stream::CudaStreamBackend;
 
 use super::dl::Library;
 use super::stream::{GpuStream, StagePool, StreamBackend, WordPool, STAGE_HEADER, WORD_PAGE};
-use super::{page_span, DeviceMemory, DeviceRuntime, DmabufExport};
+use super::{page_span, CopyTicket, DeviceMemory, DeviceRuntime, DmabufExport};
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
@@ -213,7 +213,13 @@ impl Cuda {
             // SAFETY: writes one int.
             self.check("cuCtxGetDevice", unsafe { (self.api.ctx_get_device)(&mut device) })
         })?;
-        let c = Arc::new(CudaContext { cuda: self.clone(), ctx, device, copy: OnceLock::new() });
+        let c = Arc::new(CudaContext {
+            cuda: self.clone(),
+            ctx,
+            device,
+            copy: OnceLock::new(),
+            events: Mutex::new(Vec::new()),
+        });
         // The copy engine is made now, at the first registration, rather
         // than at the first copy: creating a context may wait for the
         // device under the driver's lock, which must not happen while a
@@ -363,11 +369,18 @@ pub enum Memory {
 /// stream created before it). Another context has its own queues, and the
 /// driver time-slices contexts, so the copy runs while the caller's streams
 /// wait. With a real controller there is no copy: the SSD writes GPU memory.
+///
+/// The kernel path copies on the caller's thread: every copy leaves the
+/// thread's current context as it found it, and its asynchronous copies
+/// ([`DeviceRuntime::copy_to_device_start`]) record an event of a pool
+/// (created in the copy engine's context, kept for the process) that
+/// [`DeviceRuntime::copy_finished`] queries.
 pub struct CudaContext {
     cuda: Arc<Cuda>,
     ctx: usize,
     device: i32,
     copy: OnceLock<std::result::Result<CopyEngine, String>>,
+    events: Mutex<Vec<usize>>,
 }
 
 impl std::fmt::Debug for CudaContext {
@@ -377,21 +390,58 @@ impl std::fmt::Debug for CudaContext {
 }
 
 impl CudaContext {
-    fn copy(&self, f: impl FnOnce(RawStream) -> (Res, &'static str)) -> Result<()> {
+    /// Runs `f` with the copy engine's context current and its stream,
+    /// restoring the thread's context after.
+    fn on_engine<T>(&self, f: impl FnOnce(RawStream) -> Result<T>) -> Result<T> {
         let engine = self
             .copy
             .get_or_init(|| self.cuda.copy_engine(self.device).map_err(|e| e.to_string()))
             .clone()
             .map_err(Error::GpuUnavailable)?;
-        // The emulator's thread makes the copy context current once and keeps it.
-        if self.cuda.current()? as usize != engine.ctx {
-            self.cuda.set_current(engine.ctx as Ctx)?;
-        }
-        let stream = engine.stream as RawStream;
-        let (r, call) = f(stream);
-        self.cuda.check(call, r)?;
-        // SAFETY: the copy engine's own stream.
-        self.cuda.check("cuStreamSynchronize", unsafe { (self.cuda.api.stream_synchronize)(stream) })
+        self.cuda.with_context(engine.ctx as Ctx, || f(engine.stream as RawStream))
+    }
+
+    /// A copy on the engine's stream, waited for.
+    fn copy(&self, f: impl FnOnce(RawStream) -> (Res, &'static str)) -> Result<()> {
+        self.on_engine(|stream| {
+            let (r, call) = f(stream);
+            self.cuda.check(call, r)?;
+            // SAFETY: the copy engine's own stream.
+            self.cuda.check("cuStreamSynchronize", unsafe { (self.cuda.api.stream_synchronize)(stream) })
+        })
+    }
+
+    /// A copy on the engine's stream, not waited for: the event recorded
+    /// after it is the ticket.
+    fn start(&self, f: impl FnOnce(RawStream) -> (Res, &'static str)) -> Result<CopyTicket> {
+        self.on_engine(|stream| {
+            let pooled = self.events.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            let event = match pooled {
+                Some(e) => e as Event,
+                None => {
+                    let mut e: Event = std::ptr::null_mut();
+                    // SAFETY: writes one event handle, in the engine's
+                    // context (current here); kept for the process.
+                    let r = unsafe { (self.cuda.api.event_create)(&mut e, EVENT_DISABLE_TIMING) };
+                    self.cuda.check("cuEventCreate", r)?;
+                    e
+                }
+            };
+            let (r, call) = f(stream);
+            let recorded = self.cuda.check(call, r).and_then(|()| {
+                // SAFETY: our event and the engine's stream, one context.
+                self.cuda.check("cuEventRecord", unsafe { (self.cuda.api.event_record)(event, stream) })
+            });
+            if let Err(e) = recorded {
+                // The copy may be queued without its event: wait for it
+                // before the caller takes its memory back.
+                // SAFETY: the copy engine's own stream.
+                let _ = unsafe { (self.cuda.api.stream_synchronize)(stream) };
+                self.events.lock().unwrap_or_else(|p| p.into_inner()).push(event as usize);
+                return Err(e);
+            }
+            Ok(CopyTicket::new(event as usize))
+        })
     }
 }
 
@@ -419,6 +469,38 @@ impl DeviceRuntime for CudaContext {
             let r = unsafe { (self.cuda.api.memcpy_dtoh_async)(dst.as_mut_ptr().cast(), src, dst.len(), s) };
             (r, "cuMemcpyDtoHAsync")
         })
+    }
+
+    unsafe fn copy_to_device_start(&self, dst: u64, src: *const u8, len: usize) -> Result<CopyTicket> {
+        self.start(|s| {
+            // SAFETY: the caller keeps `src..src+len` until the ticket is
+            // answered; `dst` lies in a registered allocation.
+            let r = unsafe { (self.cuda.api.memcpy_htod_async)(dst, src.cast(), len, s) };
+            (r, "cuMemcpyHtoDAsync")
+        })
+    }
+
+    unsafe fn copy_from_device_start(&self, dst: *mut u8, src: u64, len: usize) -> Result<CopyTicket> {
+        self.start(|s| {
+            // SAFETY: as for copy_to_device_start, the other way.
+            let r = unsafe { (self.cuda.api.memcpy_dtoh_async)(dst.cast(), src, len, s) };
+            (r, "cuMemcpyDtoHAsync")
+        })
+    }
+
+    fn copy_finished(&self, ticket: CopyTicket) -> Result<bool> {
+        if ticket == CopyTicket::DONE {
+            return Ok(true);
+        }
+        let event = ticket.raw() as Event;
+        // SAFETY: an event of our pool, recorded by `start` (a query needs
+        // no particular context current).
+        let r = unsafe { (self.cuda.api.event_query)(event) };
+        if r == ERROR_NOT_READY {
+            return Ok(false);
+        }
+        self.events.lock().unwrap_or_else(|p| p.into_inner()).push(event as usize);
+        self.cuda.check("cuEventQuery", r).map(|()| true)
     }
 
     fn host_register(&self, ptr: *mut u8, len: usize) -> bool {

@@ -30,6 +30,12 @@ impl Cuda {
         Ok(OwnedContext { cuda: self.clone(), ctx: ctx as usize })
     }
 
+    /// The calling thread's current context (0: none), to check that the
+    /// library leaves it as it was.
+    pub fn current_context(&self) -> Result<usize> {
+        self.current().map(|c| c as usize)
+    }
+
     /// Page-locked host memory from `cuMemHostAlloc`, freed on drop.
     pub fn alloc_pinned(self: &Arc<Self>, len: usize) -> Result<PinnedBuffer> {
         let mut p: *mut c_void = std::ptr::null_mut();

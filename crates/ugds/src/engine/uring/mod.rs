@@ -24,189 +24,39 @@
 //!
 //! A command on GPU memory (the platform maps it above
 //! [`DEVICE_IOVA_BASE`]) borrows a pinned host bounce buffer of its size
-//! class from a process-wide pool: a read lands there and is copied to the
-//! device when it completes, a write is copied from the device before it is
-//! submitted. The reaper copies one command's data while the kernel reads
-//! the next ones, so a large request moves at about the slower of the disk
-//! and the copy engine. Bounce buffers are pinned once and kept for the
-//! process (unpinning waits for the device).
+//! class from a process-wide pool. The copies between bounce buffer and
+//! device are started, never waited for, under the queue's lock: a read's
+//! copy starts when the kernel's part completes and the command completes
+//! when the runtime says the copy is done; a write's copy from the device
+//! starts at submission and the command goes to the ring when it is done.
+//! So the kernel reads the next commands of a request while earlier ones
+//! are copied, a large request moves at about the slower of the disk and
+//! the copy engine, and no thread waits for the device while it holds the
+//! queue. Waiters poll while copies are in flight (an interrupt-driven
+//! ring's eventfd says nothing about them; see [`UringQueue::cq_view`]).
+//! Bounce buffers are pinned once and kept for the process (unpinning waits
+//! for the device).
+
+mod bounce;
+mod copy;
+mod transfer;
 
 use super::kernel::KernelRing;
 use super::qpair::{CqView, Full, Owner};
 use super::tracker::Tracker;
 use crate::{Error, Result};
+use bounce::Bounce;
+use copy::Copying;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::sync::Mutex;
-use ugds_nvme::status::{generic, media};
+pub use transfer::Transfer;
+use transfer::{fault_in, refusal, refused, status_of, Kind, BUFFERED, DIRECT, WRITE_PROTECTED};
+use ugds_nvme::status::generic;
 use ugds_nvme::{Cid, Cqe, NvmOpcode, Qid, Sqe, Status};
 use ugds_platform::kernel::{KernelPlatform, DEVICE_IOVA_BASE};
-use ugds_platform::sys::uring::{NvmeUringCmd, Op, Ring};
+use ugds_platform::sys::uring::Ring;
 use ugds_platform::sys::EventFd;
-
-/// Registered file indexes: the `O_DIRECT` descriptor (the buffered one
-/// again when the file takes no direct I/O), and the buffered one.
-const DIRECT: u32 = 0;
-const BUFFERED: u32 = 1;
-
-/// `FALLOC_FL_KEEP_SIZE | FALLOC_FL_ZERO_RANGE`.
-const ZERO_RANGE: i32 = 0x01 | 0x10;
-
-use generic::{CAPACITY_EXCEEDED, NAMESPACE_WRITE_PROTECTED as WRITE_PROTECTED};
-
-/// What a command is, for the ring.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-enum Kind {
-    #[default]
-    Read,
-    Write,
-    Sync,
-    Zero,
-    /// Refused at submission with this status (sct << 8 | sc); completes
-    /// through a no-op.
-    Refused(u16),
-}
-
-/// What the queue keeps of each command besides the tracker's entry: the
-/// operation, to resume it after a partial transfer.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Transfer {
-    kind: Kind,
-    file: u32,
-    addr: usize,
-    len: u32,
-    offset: u64,
-    /// Bytes moved so far.
-    done: u32,
-    /// GPU memory the data goes to or comes from (`addr` is then a bounce
-    /// buffer of size class `class`), or 0.
-    device: u64,
-    class: u8,
-    /// NVMe passthrough: the namespace (0: a file) and log2 of its LBA size.
-    nsid: u32,
-    lba_shift: u8,
-    /// Passthrough resubmissions after EFAULT (see `process_completions`).
-    faults: u8,
-}
-
-/// Smallest and largest bounce buffer: 4 KiB << class, class 0..=8.
-const BOUNCE_CLASSES: usize = 9;
-
-/// Pinned host bounce buffers, by size class, free for any queue. Taken
-/// and given back on the GPU path only.
-static BOUNCE: Mutex<[Vec<usize>; BOUNCE_CLASSES]> = Mutex::new([const { Vec::new() }; BOUNCE_CLASSES]);
-
-/// A bounce buffer of at least `len` bytes (at most 1 MiB): from the pool,
-/// or made and pinned by `runtime`. Its address and class.
-fn bounce_take(len: usize, runtime: &dyn ugds_platform::device::DeviceRuntime) -> Result<(usize, u8)> {
-    let class = (len.max(4096).next_power_of_two().trailing_zeros() - 12) as usize;
-    if class >= BOUNCE_CLASSES {
-        return Err(Error::InvalidArgument(format!("a command of {len} bytes (the kernel path's limit is 1 MiB)")));
-    }
-    if let Some(p) = BOUNCE.lock().unwrap_or_else(|p| p.into_inner())[class].pop() {
-        return Ok((p, class as u8));
-    }
-    let mem = ugds_platform::sys::Anonymous::populated(4096 << class)?;
-    let ptr = mem.as_ptr();
-    // Kept for the process: the pool hands it out again, and unpinning
-    // would wait for the device.
-    std::mem::forget(mem);
-    if !runtime.host_register(ptr, 4096 << class) {
-        tracing::info!("bounce buffer not pinned: the runtime stages its copies");
-    }
-    Ok((ptr as usize, class as u8))
-}
-
-fn bounce_give(addr: usize, class: u8) {
-    BOUNCE.lock().unwrap_or_else(|p| p.into_inner())[class as usize].push(addr);
-}
-
-impl Transfer {
-    /// The operation for what is left of it.
-    fn op(&self) -> Op {
-        if self.nsid != 0 {
-            return self.nvme_op();
-        }
-        let (addr, len, offset) =
-            (self.addr + self.done as usize, self.len - self.done, self.offset + self.done as u64);
-        match self.kind {
-            Kind::Read => Op::Read { file: self.file, addr: addr as *mut u8, len, offset },
-            Kind::Write => Op::Write { file: self.file, addr: addr as *const u8, len, offset },
-            Kind::Sync => Op::Sync { file: BUFFERED, data_only: true },
-            Kind::Zero => Op::Allocate { file: BUFFERED, mode: ZERO_RANGE, offset, len: len as u64 },
-            Kind::Refused(_) => Op::Nop,
-        }
-    }
-}
-
-impl Transfer {
-    /// The NVMe command that passes this transfer through (whole: the
-    /// kernel moves all of it or fails it).
-    fn nvme_op(&self) -> Op {
-        let slba = self.offset >> self.lba_shift;
-        let nlb = (self.len as u64 >> self.lba_shift).max(1) as u32 - 1;
-        let rw = |opcode: u8| NvmeUringCmd {
-            opcode,
-            nsid: self.nsid,
-            addr: self.addr as u64,
-            data_len: self.len,
-            cdw10: slba as u32,
-            cdw11: (slba >> 32) as u32,
-            cdw12: nlb,
-            ..Default::default()
-        };
-        let cmd = match self.kind {
-            Kind::Read => rw(NvmOpcode::Read as u8),
-            Kind::Write => rw(NvmOpcode::Write as u8),
-            Kind::Sync => NvmeUringCmd { opcode: NvmOpcode::Flush as u8, nsid: self.nsid, ..Default::default() },
-            Kind::Zero => NvmeUringCmd { addr: 0, data_len: 0, ..rw(NvmOpcode::WriteZeroes as u8) },
-            Kind::Refused(_) => return Op::Nop,
-        };
-        Op::Nvme { file: DIRECT, cmd }
-    }
-}
-
-/// Faults in every page of `len` bytes at `addr`, for writing with `write`.
-///
-/// # Safety
-/// The range must be mapped memory no one else accesses meanwhile.
-unsafe fn fault_in(addr: usize, len: usize, write: bool) {
-    let page = ugds_platform::sys::PAGE_SIZE;
-    let mut p = addr;
-    while p < addr + len {
-        let b = p as *mut u8;
-        // SAFETY: within the range (the caller's contract).
-        unsafe {
-            let v = b.read_volatile();
-            if write {
-                b.write_volatile(v);
-            }
-        }
-        p = (p & !(page - 1)) + page;
-    }
-}
-
-/// A command refused at submission with `s`.
-fn refused(s: Status) -> Transfer {
-    Transfer { kind: Kind::Refused((s.sct as u16) << 8 | s.sc as u16), ..Default::default() }
-}
-
-/// How a command that reached the kernel ended, as an NVMe status.
-fn status_of(kind: Kind, errno: i32) -> Status {
-    match errno {
-        libc::ENOSPC | libc::EDQUOT => Status::generic(CAPACITY_EXCEEDED),
-        libc::EROFS | libc::EBADF | libc::EACCES | libc::EPERM => Status::generic(WRITE_PROTECTED),
-        libc::EINVAL | libc::EOPNOTSUPP => Status::generic(generic::INVALID_FIELD),
-        libc::EFBIG => Status::generic(generic::LBA_OUT_OF_RANGE),
-        libc::EIO if kind == Kind::Read => Status::new(ugds_nvme::status::sct::MEDIA, media::UNRECOVERED_READ_ERROR),
-        libc::EIO => Status::new(ugds_nvme::status::sct::MEDIA, media::WRITE_FAULT),
-        // Any other errno as a vendor-specific status whose code is the
-        // errno (so the error message names it).
-        _ => {
-            tracing::warn!(errno, ?kind, "kernel-path command failed: {}", std::io::Error::from_raw_os_error(errno));
-            Status::new(ugds_nvme::status::sct::VENDOR, errno.clamp(1, 255) as u8)
-        }
-    }
-}
 
 /// A ring on a kernel-path file; see the module docs.
 pub struct UringQueue {
@@ -226,6 +76,14 @@ pub struct UringQueue {
     /// NVMe passthrough: the namespace id and log2 of its LBA size.
     passthrough: Option<(u32, u8)>,
     protocol_errors: u64,
+    /// GPU reads whose bytes are on their way to the device, in the order
+    /// their copies were started (each runtime finishes its copies in order).
+    landing: VecDeque<Copying>,
+    /// GPU writes whose bytes are on their way from the device; each goes
+    /// to the ring when they are here.
+    staging: VecDeque<Copying>,
+    /// `landing` and `staging` together, for waiters without the lock.
+    copies: Arc<AtomicU32>,
 }
 
 impl std::fmt::Debug for UringQueue {
@@ -277,6 +135,9 @@ impl UringQueue {
             retry: Vec::new(),
             passthrough,
             protocol_errors: 0,
+            landing: VecDeque::new(),
+            staging: VecDeque::new(),
+            copies: Arc::new(AtomicU32::new(0)),
         })
     }
 
@@ -347,13 +208,13 @@ impl UringQueue {
             NvmOpcode::Read | NvmOpcode::Write => {
                 let Some(addr) = addr else { return refused(Status::generic(generic::INVALID_FIELD)) };
                 let kind = if op == NvmOpcode::Read { Kind::Read } else { Kind::Write };
-                let (host, device, class) = if addr >= DEVICE_IOVA_BASE {
-                    match self.bounce_for(kind, addr, len as usize) {
-                        Ok((host, class)) => (host, addr, class),
+                let (host, device, bounce) = if addr >= DEVICE_IOVA_BASE {
+                    match self.bounce_for(addr, len as usize) {
+                        Ok(b) => (b.addr, addr, Some(b)),
                         Err(s) => return refused(s),
                     }
                 } else {
-                    (addr as usize, 0, 0)
+                    (addr as usize, 0, None)
                 };
                 let aligned =
                     self.direct.is_some_and(|(mem, off)| host % mem == 0 && offset % off == 0 && len % off == 0);
@@ -365,7 +226,8 @@ impl UringQueue {
                     offset,
                     done: 0,
                     device,
-                    class,
+                    bounce,
+                    fixed: None,
                     nsid: 0,
                     lba_shift: 0,
                     faults: 0,
@@ -377,42 +239,57 @@ impl UringQueue {
         }
     }
 
-    /// A bounce buffer for a command on the GPU memory mapped at `iova`:
-    /// for a write, filled from the device now.
-    fn bounce_for(&self, kind: Kind, iova: u64, len: usize) -> std::result::Result<(usize, u8), Status> {
-        let transfer_error = Status::generic(generic::DATA_TRANSFER_ERROR);
-        let Some((dev, runtime)) = self.platform.device_at(iova, len) else { return Err(transfer_error) };
-        let (host, class) = bounce_take(len, &*runtime).map_err(|e| {
+    /// A bounce buffer for a command on the GPU memory mapped at `iova`.
+    fn bounce_for(&self, iova: u64, len: usize) -> std::result::Result<Bounce, Status> {
+        let Some((_, runtime)) = self.platform.device_at(iova, len) else {
+            return Err(Status::generic(generic::DATA_TRANSFER_ERROR));
+        };
+        bounce::take(len, &*runtime).map_err(|e| {
             tracing::error!("no bounce buffer for a GPU transfer: {e}");
             Status::generic(generic::INTERNAL_ERROR)
-        })?;
-        if kind == Kind::Write {
-            // SAFETY: the bounce buffer is this command's alone, `len` bytes
-            // of it (its class holds at least that); the device range lies
-            // in registered GPU memory, held by the request.
-            let dst = unsafe { std::slice::from_raw_parts_mut(host as *mut u8, len) };
-            // SAFETY: as above.
-            if let Err(e) = unsafe { runtime.copy_from_device(dst, dev) } {
-                tracing::error!("copy from GPU memory for a write failed: {e}");
-                bounce_give(host, class);
-                return Err(transfer_error);
-            }
-        }
-        Ok((host, class))
+        })
     }
 
     /// Stages a command (its data at `addr`, PRP1 of its plan). Not seen by
-    /// the kernel until [`ring_sq_doorbell`](Self::ring_sq_doorbell).
+    /// the kernel until [`ring_sq_doorbell`](Self::ring_sq_doorbell); a
+    /// write from GPU memory not before its bytes are copied off the device
+    /// (see [`process_completions`](Self::process_completions)).
     pub fn submit(&mut self, sqe: Sqe, addr: Option<u64>, owner: Owner) -> std::result::Result<Cid, Full> {
         if self.tracker.is_full() {
             return Err(Full::Cid);
         }
-        let t = self.transfer(&sqe, addr);
+        let mut t = self.transfer(&sqe, addr);
+        if let Some(b @ Bounce { index: Some(i), .. }) = t.bounce {
+            // SAFETY: bounce buffers are mapped for the process's life and
+            // their slot numbers are theirs alone.
+            if unsafe { self.ring.fixed_buffer(i, b.addr as *mut u8, b.len()) } {
+                t.fixed = Some(i);
+            }
+        }
+        if t.kind == Kind::Write && t.device != 0 {
+            match self.start_copy_from_device(&t) {
+                Ok((ticket, runtime)) => {
+                    let cid = self.tracker.begin_with(owner, None, t).expect("a CID is free");
+                    self.staging.push_back(Copying { cid, ticket, runtime, short: 0 });
+                    self.copies.fetch_add(1, Ordering::Release);
+                    return Ok(cid);
+                }
+                Err(e) => {
+                    // Completes with the error (the bounce buffer goes back then).
+                    tracing::error!("copy from GPU memory for a write failed: {e}");
+                    t.kind = refusal(Status::generic(generic::DATA_TRANSFER_ERROR));
+                }
+            }
+        }
         let cid = self.tracker.begin_with(owner, None, t).expect("a CID is free");
-        // SAFETY: the memory is the registered buffer's, which the request
-        // holds until this command's completion is consumed.
+        // SAFETY: the memory is the registered buffer's (or the command's
+        // bounce buffer), which the request holds until this command's
+        // completion is consumed.
         if !unsafe { self.ring.push(t.op(), cid.0 as u64) } {
             self.tracker.end(cid).expect("just begun");
+            if let Some(b) = t.bounce {
+                bounce::give(b);
+            }
             return Err(Full::Sq);
         }
         Ok(cid)
@@ -465,22 +342,32 @@ impl UringQueue {
         }
     }
 
-    /// Whether a completion is waiting.
+    /// Whether a completion is waiting (or a copy to or from the GPU is
+    /// in flight, which only a look finishes).
     pub fn completion_pending(&mut self) -> bool {
-        self.ring.completion_pending()
+        !self.landing.is_empty() || !self.staging.is_empty() || self.ring.completion_pending()
     }
 
     /// A view for waiting without the lock: a polled ring is always worth
     /// a look (the kernel's tail is behind the ring's lock); an
-    /// interrupt-driven one never is, and its eventfd says when.
+    /// interrupt-driven one is while copies to or from the GPU are in
+    /// flight (nothing signals their end), else its eventfd says when.
     pub fn cq_view(&self) -> CqView {
-        CqView::always(self.vector.is_none())
+        CqView::kernel(self.vector.is_none(), self.copies.clone())
+    }
+
+    fn cqe(&self, cid: Cid, status: Status, short: u32) -> Cqe {
+        Cqe { dw0: short, dw1: 0, sqhd: 0, sqid: self.qid.0, cid: cid.0, status: status.to_field(false) }
     }
 
     /// Consumes up to `max` completions, calling `f(owner, cqe)` for each
     /// command that finished; partial transfers are resubmitted. Returns
     /// how many commands finished.
     pub fn process_completions(&mut self, max: usize, mut f: impl FnMut(Owner, &Cqe)) -> usize {
+        let mut n = 0;
+        if !self.landing.is_empty() || !self.staging.is_empty() {
+            n += self.advance_copies(&mut f);
+        }
         // A submission the kernel refused earlier (EAGAIN, EBUSY) goes now;
         // a device-polled ring finds its completions only by entering.
         if self.ring.polls_device() {
@@ -490,12 +377,12 @@ impl UringQueue {
         } else {
             self.ring_sq_doorbell();
         }
-        let mut n = 0;
         let (tracker, retry, qid, errors) = (&mut self.tracker, &mut self.retry, self.qid, &mut self.protocol_errors);
+        let (landing, copies) = (&mut self.landing, &self.copies);
         let direct = self.direct;
         let buffered_only = direct.is_none();
         let platform = &self.platform;
-        self.ring.reap(max, |user_data, res, _dw0| {
+        self.ring.reap(max.saturating_sub(n), |user_data, res, _dw0| {
             let cid = Cid(user_data as u16);
             let mut short = 0;
             let Some(e) = tracker.get_mut(cid) else {
@@ -573,11 +460,27 @@ impl UringQueue {
                 }
                 _ => Status::SUCCESS,
             };
+            let mut status = status;
+            if t.device != 0 && t.kind == Kind::Read && status.is_success() && t.done > 0 {
+                // On to the device; completes when the copy is done.
+                match Self::start_copy_to_device(platform, t) {
+                    Ok((ticket, runtime)) => {
+                        landing.push_back(Copying { cid, ticket, runtime, short });
+                        copies.fetch_add(1, Ordering::Release);
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::error!("copy of a read to GPU memory failed: {e}");
+                        status = Status::generic(generic::DATA_TRANSFER_ERROR);
+                    }
+                }
+            }
             let e = tracker.end(cid).expect("outstanding");
-            let status = match e.extra {
-                t if t.device != 0 => finish_on_device(platform, &t, status),
-                _ => status,
-            };
+            if e.extra.device != 0 {
+                if let Some(b) = e.extra.bounce {
+                    bounce::give(b);
+                }
+            }
             let cqe = Cqe { dw0: short, dw1: 0, sqhd: 0, sqid: qid.0, cid: cid.0, status: status.to_field(false) };
             f(e.owner, &cqe);
             n += 1;
@@ -597,31 +500,27 @@ impl UringQueue {
     }
 
     /// Forgets every command: only when none can complete any more (the
-    /// ring is being dropped).
+    /// ring is being dropped). Copies to or from GPU memory still running
+    /// are waited for (up to 10 s each; a copy engine that does not finish
+    /// then is left its bounce buffer), since the memory goes back to its
+    /// owner after this.
     pub fn forget_outstanding(&mut self) -> usize {
         let n = self.tracker.outstanding();
+        for c in self.landing.drain(..).chain(self.staging.drain(..)) {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while matches!(c.runtime.copy_finished(c.ticket), Ok(false)) {
+                if std::time::Instant::now() > deadline {
+                    tracing::error!(cid = c.cid.0, "a copy to or from GPU memory did not finish in 10 s");
+                    break;
+                }
+                std::thread::yield_now();
+            }
+        }
+        self.copies.store(0, Ordering::Release);
         self.tracker.forget_all();
         n
     }
 }
 
-/// The end of a command on GPU memory: a read's bytes copied on to the
-/// device; the bounce buffer back to the pool.
-fn finish_on_device(platform: &KernelPlatform, t: &Transfer, status: Status) -> Status {
-    let mut status = status;
-    if t.kind == Kind::Read && status.is_success() && t.done > 0 {
-        let copied = platform.device_at(t.device, t.done as usize).map(|(dev, runtime)| {
-            // SAFETY: the kernel is done with the bounce buffer (its
-            // completion is consumed); `done` bytes of it were read.
-            let src = unsafe { std::slice::from_raw_parts(t.addr as *const u8, t.done as usize) };
-            // SAFETY: the range lies in registered GPU memory the request holds.
-            unsafe { runtime.copy_to_device(dev, src) }
-        });
-        if !matches!(copied, Some(Ok(()))) {
-            tracing::error!(?copied, "copy of a read to GPU memory failed");
-            status = Status::generic(generic::DATA_TRANSFER_ERROR);
-        }
-    }
-    bounce_give(t.addr, t.class);
-    status
-}
+#[cfg(test)]
+mod tests;

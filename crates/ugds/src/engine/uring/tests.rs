@@ -1,0 +1,248 @@
+//! The GPU path of the kernel path's queue, against a runtime whose copies
+//! take several looks to finish (and move their bytes only then): a read
+//! completes only after its copy to the device, a write reaches the file
+//! only after its copy from the device, and a failed copy fails its command
+//! alone.
+
+use super::*;
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::Mutex;
+use ugds_nvme::{Lba, Nsid};
+use ugds_platform::device::{CopyTicket, DeviceMemory, DeviceRuntime, DmabufExport};
+use ugds_platform::Platform;
+
+const BLOCK: u32 = 512;
+
+/// A copy in flight: bytes move when `left` looks have been spent.
+struct Job {
+    left: u32,
+    to_device: bool,
+    host: usize,
+    dev: u64,
+    len: usize,
+    fail: bool,
+}
+
+/// GPU memory in a vector, behind copies that finish on their third look.
+struct SlowGpu {
+    base: u64,
+    mem: Mutex<Vec<u8>>,
+    jobs: Mutex<HashMap<usize, Job>>,
+    next: AtomicU32,
+    fail: AtomicBool,
+}
+
+impl SlowGpu {
+    fn new(len: usize) -> Arc<SlowGpu> {
+        Arc::new(SlowGpu {
+            base: 0x7000_0000_0000,
+            mem: Mutex::new(vec![0; len]),
+            jobs: Mutex::new(HashMap::new()),
+            next: AtomicU32::new(1),
+            fail: AtomicBool::new(false),
+        })
+    }
+
+    fn start(&self, to_device: bool, host: usize, dev: u64, len: usize) -> CopyTicket {
+        let t = self.next.fetch_add(1, Ordering::Relaxed) as usize;
+        let fail = self.fail.load(Ordering::Relaxed);
+        self.jobs.lock().unwrap().insert(t, Job { left: 3, to_device, host, dev, len, fail });
+        CopyTicket::new(t)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.jobs.lock().unwrap().len()
+    }
+}
+
+impl DeviceRuntime for SlowGpu {
+    fn name(&self) -> &'static str {
+        "slow"
+    }
+    unsafe fn copy_to_device(&self, _: u64, _: &[u8]) -> Result<()> {
+        panic!("the kernel path starts its copies and does not wait for them");
+    }
+    unsafe fn copy_from_device(&self, _: &mut [u8], _: u64) -> Result<()> {
+        panic!("the kernel path starts its copies and does not wait for them");
+    }
+    unsafe fn copy_to_device_start(&self, dst: u64, src: *const u8, len: usize) -> Result<CopyTicket> {
+        Ok(self.start(true, src as usize, dst, len))
+    }
+    unsafe fn copy_from_device_start(&self, dst: *mut u8, src: u64, len: usize) -> Result<CopyTicket> {
+        Ok(self.start(false, dst as usize, src, len))
+    }
+    fn copy_finished(&self, ticket: CopyTicket) -> Result<bool> {
+        let mut jobs = self.jobs.lock().unwrap();
+        let j = jobs.get_mut(&ticket.raw()).expect("a ticket of ours, not yet answered");
+        j.left -= 1;
+        if j.left > 0 {
+            return Ok(false);
+        }
+        let j = jobs.remove(&ticket.raw()).expect("looked at");
+        if j.fail {
+            return Err(Error::Platform("copy engine fault (injected)".into()));
+        }
+        let off = (j.dev - self.base) as usize;
+        let mut mem = self.mem.lock().unwrap();
+        // SAFETY: the queue keeps the bounce buffer's `len` bytes for this
+        // copy until it is answered (what this test checks).
+        let host = unsafe { std::slice::from_raw_parts_mut(j.host as *mut u8, j.len) };
+        if j.to_device {
+            mem[off..off + j.len].copy_from_slice(host);
+        } else {
+            host.copy_from_slice(&mem[off..off + j.len]);
+        }
+        Ok(true)
+    }
+    fn host_register(&self, _: *mut u8, _: usize) -> bool {
+        false
+    }
+    fn host_unregister(&self, _: *mut u8) {}
+    fn export_dmabuf(&self, _: u64, _: usize) -> Result<DmabufExport> {
+        Err(Error::Unsupported("a test runtime".into()))
+    }
+}
+
+fn pattern(i: usize) -> u8 {
+    (i * 7 + i / 4096) as u8
+}
+
+struct Fixture {
+    dir: std::path::PathBuf,
+    gpu: Arc<SlowGpu>,
+    q: UringQueue,
+    /// Where the GPU memory is mapped for the queue.
+    iova: u64,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A queue on a 1 MiB file and 256 KiB of fake GPU memory; with
+/// `interrupt`, completions signalled on the platform's vector 0.
+fn fixture(name: &str, interrupt: bool) -> Fixture {
+    let dir = std::env::temp_dir().join(format!("ugds-uring-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("data");
+    std::fs::write(&file, (0..1 << 20).map(pattern).collect::<Vec<u8>>()).unwrap();
+    let platform = Arc::new(KernelPlatform::open(&file).unwrap());
+    let gpu = SlowGpu::new(256 << 10);
+    let mem = DeviceMemory { ptr: gpu.base, len: 256 << 10, runtime: gpu.clone() };
+    // SAFETY: the fake GPU memory lives as long as `gpu`, which the fixture keeps.
+    let mapping = unsafe { platform.map_device(&mem) }.unwrap();
+    let efd = interrupt.then(|| (0, platform.interrupt(0).unwrap().expect("vector 0")));
+    let q = UringQueue::new(platform.clone(), efd, 1, 64, BLOCK, KernelRing::Plain).unwrap();
+    Fixture { dir, gpu, q, iova: mapping.pages[0] }
+}
+
+fn rw(op: NvmOpcode, offset: u64, len: usize, addr: u64) -> Sqe {
+    Sqe::rw(op, Cid(0), Nsid(1), Lba(offset / BLOCK as u64), len as u32 / BLOCK, addr, 0)
+}
+
+/// Runs `cmds` (with owners 0..) to completion: their statuses by owner.
+fn run(q: &mut UringQueue, cmds: &[(Sqe, u64)]) -> Vec<Status> {
+    run_dw0(q, cmds).into_iter().map(|(s, _)| s).collect()
+}
+
+/// As `run`, with each completion's DW0 (the bytes a read did not move).
+fn run_dw0(q: &mut UringQueue, cmds: &[(Sqe, u64)]) -> Vec<(Status, u32)> {
+    let mut out = vec![None; cmds.len()];
+    for (i, &(sqe, addr)) in cmds.iter().enumerate() {
+        q.submit(sqe, Some(addr), Owner::Own(i as u32)).unwrap();
+    }
+    q.ring_sq_doorbell();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while out.iter().any(Option::is_none) {
+        assert!(std::time::Instant::now() < deadline, "completions within 10 s: {out:?}");
+        q.process_completions(usize::MAX, |owner, cqe| {
+            let Owner::Own(i) = owner else { panic!("{owner:?}") };
+            assert!(out[i as usize].replace((cqe.status(), cqe.dw0)).is_none(), "one completion per command");
+        });
+    }
+    assert_eq!(q.outstanding(), 0);
+    assert_eq!(q.copies.load(Ordering::Relaxed), 0, "no copy left counted");
+    out.into_iter().map(Option::unwrap).collect()
+}
+
+#[test]
+fn gpu_reads_complete_after_their_copy_to_the_device() {
+    let mut f = fixture("read", true);
+    let cmds: Vec<_> = (0..4).map(|i| (rw(NvmOpcode::Read, i * 65536 + 4096, 65536, f.iova + i * 65536), 0)).collect();
+    let cmds: Vec<_> = cmds.into_iter().map(|(s, _)| (s, s.prp1)).collect();
+    // Submitted and looked at once: whatever the kernel finished is only
+    // now on its way to the device, so nothing has completed.
+    for (i, &(sqe, addr)) in cmds.iter().enumerate() {
+        f.q.submit(sqe, Some(addr), Owner::Own(i as u32)).unwrap();
+    }
+    f.q.ring_sq_doorbell();
+    let mut done = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while f.gpu.in_flight() == 0 && std::time::Instant::now() < deadline {
+        done += f.q.process_completions(usize::MAX, |_, _| {});
+    }
+    assert_eq!(done, 0, "a read completes only when its bytes are on the device");
+    assert!(f.q.cq_view().is_new(0, false), "waiters keep looking while copies are in flight");
+    assert!(f.q.completion_pending());
+    let mut statuses = vec![None; 4];
+    while statuses.iter().any(Option::is_none) {
+        assert!(std::time::Instant::now() < deadline);
+        f.q.process_completions(usize::MAX, |owner, cqe| {
+            let Owner::Own(i) = owner else { panic!() };
+            statuses[i as usize] = Some(cqe.status());
+        });
+    }
+    assert!(statuses.iter().all(|s| s.unwrap().is_success()), "{statuses:?}");
+    let mem = f.gpu.mem.lock().unwrap();
+    assert!(mem.iter().enumerate().all(|(i, &b)| b == pattern(4096 + i)), "the device got the file's bytes");
+    assert!(!f.q.cq_view().is_new(0, false), "an interrupt-driven ring's view is quiet again");
+    assert!(f.q.ring.fixed_buffers() > 0, "bounce buffers are registered with the ring (Linux 5.19 and later)");
+}
+
+#[test]
+fn a_gpu_read_across_the_end_of_the_file_moves_what_there_is() {
+    let mut f = fixture("eof", false);
+    f.gpu.mem.lock().unwrap().fill(0xee);
+    let end = 1 << 20;
+    let got = run_dw0(&mut f.q, &[(rw(NvmOpcode::Read, end - 4096, 16384, f.iova), f.iova)]);
+    assert_eq!(got[0], (Status::SUCCESS, 12288), "success, 12 KiB short");
+    let mem = f.gpu.mem.lock().unwrap();
+    assert!((0..4096).all(|i| mem[i] == pattern(end as usize - 4096 + i)), "the last 4 KiB on the device");
+    assert!(mem[4096..16384].iter().all(|&b| b == 0xee), "nothing copied past what was read");
+}
+
+#[test]
+fn gpu_writes_reach_the_file_only_after_their_copy_from_the_device() {
+    let mut f = fixture("write", false);
+    f.gpu.mem.lock().unwrap().iter_mut().enumerate().for_each(|(i, b)| *b = !(i as u8));
+    let cmds = [
+        (rw(NvmOpcode::Write, 8192, 131072, f.iova), f.iova),
+        (rw(NvmOpcode::Write, 524288, 4096, f.iova + 131072), f.iova + 131072),
+    ];
+    let statuses = run(&mut f.q, &cmds);
+    assert!(statuses.iter().all(|s| s.is_success()), "{statuses:?}");
+    let file = std::fs::read(f.dir.join("data")).unwrap();
+    assert!((0..131072).all(|i| file[8192 + i] == !(i as u8)), "the first write's bytes are the device's");
+    assert!((0..4096).all(|i| file[524288 + i] == !((131072 + i) as u8)), "the second write's bytes are the device's");
+    assert_eq!(file[8191], pattern(8191), "nothing before it changed");
+}
+
+#[test]
+fn a_failed_copy_fails_its_command_and_nothing_else() {
+    let mut f = fixture("fail", false);
+    f.gpu.fail.store(true, Ordering::Relaxed);
+    let failed = run(&mut f.q, &[(rw(NvmOpcode::Read, 0, 4096, f.iova), f.iova)]);
+    assert_eq!(failed[0], Status::generic(generic::DATA_TRANSFER_ERROR));
+    let failed = run(&mut f.q, &[(rw(NvmOpcode::Write, 0, 4096, f.iova), f.iova)]);
+    assert_eq!(failed[0], Status::generic(generic::DATA_TRANSFER_ERROR));
+    let file = std::fs::read(f.dir.join("data")).unwrap();
+    assert!((0..4096).all(|i| file[i] == pattern(i)), "a write whose copy failed wrote nothing");
+    // The queue goes on.
+    f.gpu.fail.store(false, Ordering::Relaxed);
+    let ok = run(&mut f.q, &[(rw(NvmOpcode::Read, 4096, 4096, f.iova), f.iova)]);
+    assert!(ok[0].is_success());
+    assert!(f.gpu.mem.lock().unwrap()[..4096].iter().enumerate().all(|(i, &b)| b == pattern(4096 + i)));
+}
