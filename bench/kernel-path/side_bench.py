@@ -6,12 +6,18 @@ aligned to the size, as `ugds gpu-bench` and `cufile_bench` do. Every figure
 is printed as `RESULT key value unit`.
 
     python3 side_bench.py disk FILE SECONDS
-    python3 side_bench.py kvikio FILE SECONDS [cold|warm]
+    python3 side_bench.py kvikio FILE SECONDS [cold|warm|threads]
 
 kvikio: KvikIO's `CuFile.read` into a CuPy buffer, in compatibility mode
 (POSIX reads through a bounce buffer; set KVIKIO_COMPAT_MODE=ON), which
 reads through the page cache: `cold` drops the cache before each size
-(root), `warm` reads the file once first.
+(root), `warm` reads the file once first. `cold` also reads into host
+memory (a page-aligned NumPy array), writes from GPU memory, and runs a
+batch of 128 x 4 KiB reads as KvikIO would (128 `pread` futures, then
+waiting for all: it has no batch call). `threads` is `cold`'s GPU reads
+with the thread pool KVIKIO_NTHREADS sets (KvikIO splits a read into tasks
+of 4 MiB across it). KvikIO's stream calls (`raw_read_async`) need cuFile's
+stream support, which compatibility mode does not give: no stream figures.
 """
 
 import mmap
@@ -93,6 +99,10 @@ def kvikio_side(path, secs, cache):
 
     cap = os.stat(path).st_size
     buf = cupy.empty(64 * MIB, dtype=cupy.uint8)
+    if cache == "threads":
+        import kvikio.defaults
+
+        result("kvikio_threads_n", float(kvikio.defaults.get("num_threads")), "threads")
     if cache == "warm":
         with open(path, "rb") as f:
             while f.read(64 * MIB):
@@ -104,7 +114,7 @@ def kvikio_side(path, secs, cache):
     f.read(buf[:4096], 4096, 0)
     result(f"kvikio_{cache}_setup", (time.perf_counter() - t0) * 1e3, "ms")
     for size in SIZES:
-        if cache == "cold":
+        if cache != "warm":
             drop_caches()
         it, n, lat = offsets(cap, size), 0, 0.0
         start = time.perf_counter()
@@ -119,9 +129,35 @@ def kvikio_side(path, secs, cache):
         result(f"kvikio_{cache}_{size // 1024}k_mibs", n * size / el / MIB, "MiB/s")
         if size == 4096:
             result(f"kvikio_{cache}_4k_mean", lat / n * 1e6, "us")
-    f.close()
     if cache != "cold":
+        f.close()
         return
+    # Host memory, page-aligned (a slice of an anonymous mapping).
+    import numpy
+
+    host_map = mmap.mmap(-1, 16 * MIB)
+    host = numpy.frombuffer(host_map, dtype=numpy.uint8)
+    for size in SIZES:
+        drop_caches()
+        it, n = offsets(cap, size, seed=11), 0
+        start = time.perf_counter()
+        while time.perf_counter() - start < secs or n < 4:
+            got = f.read(host[:size], size, next(it))
+            assert got == size, got
+            n += 1
+        result(f"kvikio_host_{size // 1024}k_mibs", n * size / (time.perf_counter() - start) / MIB, "MiB/s")
+    # A batch of 128 x 4 KiB reads into GPU memory: 128 futures, then all
+    # waited for; the first batch and the median of the next 20.
+    it = offsets(cap, 4096, seed=13)
+    times = []
+    for _ in range(21):
+        t = time.perf_counter()
+        futs = [f.pread(buf[i * 4096:(i + 1) * 4096], 4096, next(it)) for i in range(128)]
+        assert all(x.get() == 4096 for x in futs)
+        times.append((time.perf_counter() - t) * 1e3)
+    result("kvikio_batch_first", times[0], "ms")
+    result("kvikio_batch_steady", sorted(times[1:])[10], "ms")
+    f.close()
     # Writes from GPU memory (compatibility mode: into the page cache,
     # then fsync'd once at the end of each size, so that they reach the disk).
     f = kvikio.CuFile(path, "r+")
