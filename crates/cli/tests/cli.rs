@@ -148,3 +148,42 @@ fn library_messages_go_to_stderr_at_the_asked_level() {
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("controller up"));
 }
+
+/// Collapses runs of spaces, so that checks read the words, not the layout.
+fn words(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The messages a newcomer meets first say what is wrong with what they
+/// typed, and the set-up line says what the device granted.
+#[test]
+fn messages_name_what_was_asked_for_and_what_was_granted() {
+    // A PCI address with no function behind it.
+    let (ok, _, err) = ugds(&["bench", "--pci", "0000:7f:1f.7"]);
+    assert!(!ok);
+    let err = words(&err);
+    assert!(err.contains("no PCI function 0000:7f:1f.7"), "{err}");
+    assert!(!err.contains("bound to"), "not a binding problem: {err}");
+    // A ugds_drv node that does not exist: the path is named.
+    let (ok, _, err) = ugds(&["bench", "--drv", "/dev/ugds_drv_nonexistent"]);
+    assert!(!ok);
+    let err = words(&err);
+    assert!(err.contains("/dev/ugds_drv_nonexistent") && err.contains("No such file"), "{err}");
+    // A file that does not exist, likewise.
+    let (ok, _, err) = ugds(&["bench", "--file", "/nonexistent/ugds.img"]);
+    assert!(!ok);
+    assert!(words(&err).contains("/nonexistent/ugds.img"), "{err}");
+    // Queue depth beyond the controller's MQES: the granted entries, and what was asked.
+    let (ok, out, err) = ugds(&["bench", "--emu-null", "-d", "0.2", "-q", "64", "--emu-mqes", "15"]);
+    assert!(ok, "{err}");
+    let out = words(&out);
+    assert!(out.contains("queue pairs of 16 entries (asked for 65"), "{out}");
+    // Interrupt completion asked for where the controller has only the
+    // admin queue's vector: the lent queue polls, and the line says so.
+    let (ok, out, err) = ugds(&["bench", "--emu-null", "-d", "0.2", "--interrupt", "--emu-vectors", "1"]);
+    assert!(ok, "{err}");
+    let out = words(&out);
+    assert!(out.contains("q2 lendable polled"), "{out}");
+    let line = out.split("randread").nth(1).unwrap_or_else(|| panic!("{out}"));
+    assert!(line.contains("qd 32 poll"), "the run's label is the queues' mode: {line}");
+}

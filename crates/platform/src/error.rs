@@ -198,8 +198,8 @@ pub enum Error {
     /// An operating system call failed.
     #[error("{op}: {}", std::io::Error::from_raw_os_error(*errno))]
     Os {
-        /// What was being done.
-        op: &'static str,
+        /// What was being done (and on what, where it says).
+        op: std::borrow::Cow<'static, str>,
         /// The `errno` it failed with.
         errno: i32,
     },
@@ -349,12 +349,12 @@ impl Error {
     }
 
     /// An I/O error from `op`, by its errno (EIO when it has none).
-    pub fn io(op: &'static str, e: std::io::Error) -> Error {
-        Error::Os { op, errno: e.raw_os_error().unwrap_or(libc::EIO) }
+    pub fn io(op: impl Into<std::borrow::Cow<'static, str>>, e: std::io::Error) -> Error {
+        Error::Os { op: op.into(), errno: e.raw_os_error().unwrap_or(libc::EIO) }
     }
 
     /// The calling thread's last OS error (`errno`), from `op`.
-    pub fn os(op: &'static str) -> Error {
+    pub fn os(op: impl Into<std::borrow::Cow<'static, str>>) -> Error {
         Error::io(op, std::io::Error::last_os_error())
     }
 }

@@ -178,6 +178,11 @@ impl VfioPlatform {
         if !valid {
             return Err(Error::InvalidArgument(format!("{bdf:?} is not a PCI address like 0000:01:00.0")));
         }
+        if !std::path::Path::new(&format!("/sys/bus/pci/devices/{bdf}")).exists() {
+            return Err(Error::Platform(format!(
+                "no PCI function {bdf} on this machine (`ugds list` shows the NVMe functions there are)"
+            )));
+        }
         let driver = std::fs::read_link(sysfs(bdf, "driver")).ok();
         let driver = driver.as_ref().and_then(|p| p.file_name()).map(|s| s.to_string_lossy().into_owned());
         if driver.as_deref() != Some("vfio-pci") {

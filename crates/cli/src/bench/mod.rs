@@ -15,7 +15,7 @@ mod sync;
 
 pub use options::HELP;
 use options::{parse, Mode, Opts};
-use report::{completion_label, describe_queues, fmt_count, progress_bar, us};
+use report::{completion_label, describe_queues, fmt_count, granted_entries, progress_bar, us};
 
 use crate::histogram::Histogram;
 use crate::target::{self, TargetOpts};
@@ -373,7 +373,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     let (nsync, nasync) = handle.queue_counts();
     println!("target   {}", target.description);
     println!(
-        "setup    {:.2} ms ({}, {} sync + {} lent queue pairs of {} entries{}{})",
+        "setup    {:.2} ms ({}, {} sync + {} lent queue pairs of {}{}{})",
         setup.as_secs_f64() * 1e3,
         if target.is_kernel_path() {
             "file opened, one io_uring ring per queue"
@@ -382,7 +382,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         },
         nsync,
         nasync,
-        depth,
+        granted_entries(&handle, depth),
         if handle.shadow_doorbells() { ", shadow doorbells" } else { "" },
         shared_note
     );

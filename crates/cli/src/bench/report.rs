@@ -83,6 +83,18 @@ pub(super) fn completion_label(handle: &Handle, roles: &[QueueRole]) -> &'static
     }
 }
 
+/// The entries the queues were granted: "N entries", with what was asked
+/// for when the controller gave fewer (its MQES), or a range when they differ.
+pub(super) fn granted_entries(handle: &Handle, asked: u16) -> String {
+    let (lo, hi) = handle.queues().iter().fold((u16::MAX, 0), |(lo, hi), q| (lo.min(q.entries), hi.max(q.entries)));
+    match (lo, hi) {
+        (u16::MAX, _) => format!("{asked} entries"),
+        (lo, hi) if lo != hi => format!("{lo} to {hi} entries (asked for {asked})"),
+        (n, _) if n < asked => format!("{n} entries (asked for {asked}: the controller's limit)"),
+        (n, _) => format!("{n} entries"),
+    }
+}
+
 /// One line per queue: what it is for and how it learns of completions.
 pub(super) fn describe_queues(handle: &Handle) -> String {
     let mut out = Vec::new();

@@ -235,7 +235,7 @@ pub fn open_file(path: &std::path::Path, write: bool, direct: bool) -> Result<Ow
     if direct {
         o.custom_flags(libc::O_DIRECT);
     }
-    o.open(path).map(OwnedFd::from).map_err(|e| Error::io("open", e))
+    o.open(path).map(OwnedFd::from).map_err(|e| Error::io(format!("open {}", path.display()), e))
 }
 
 /// The size of a file, or of a block device (`BLKGETSIZE64`). The file

@@ -355,7 +355,7 @@ pub fn open_rw(path: &str) -> Result<OwnedFd> {
     // SAFETY: a NUL-terminated path that outlives the call.
     let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
     if fd < 0 {
-        return Err(Error::os("open"));
+        return Err(Error::os(format!("open {path}")));
     }
     // SAFETY: a fresh descriptor we own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })

@@ -151,7 +151,7 @@ impl HandleInner {
                     q if nbatch == 1 && q == batch_qid => QueueRole::Batch,
                     _ => QueueRole::Lendable,
                 };
-                QueueInfo { qid, role, vector: qp.vector(), vector_shared_with: 0 }
+                QueueInfo { qid, role, vector: qp.vector(), entries: qp.entries(), vector_shared_with: 0 }
             })
             .collect();
         for i in 0..queues.len() {

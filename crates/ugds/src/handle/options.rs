@@ -195,6 +195,9 @@ pub struct QueueInfo {
     pub role: QueueRole,
     /// Its interrupt vector; `None`: its completion queue is polled.
     pub vector: Option<u16>,
+    /// Entries the controller granted (its submission queue's size; at
+    /// most MQES + 1, whatever was asked for).
+    pub entries: u16,
     /// Other I/O queues on the same vector (vector 0 is also the admin
     /// queue's).
     pub vector_shared_with: u16,
