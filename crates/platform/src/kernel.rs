@@ -19,6 +19,7 @@
 use crate::device::{DeviceMemory, DeviceRuntime};
 use crate::dma::{DmaBuffer, DmaRegion, DmaRelease};
 use crate::sys::uring::direct_io_alignment;
+use crate::sys::uring::{BOUNCE_BUFFERS, FIXED_BUFFERS, FIXED_BUFFER_MAX};
 use crate::sys::{Anonymous, EventFd, PAGE_SIZE};
 use crate::{Error, HostMapping, Platform, Result};
 use std::collections::BTreeMap;
@@ -26,7 +27,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use ugds_nvme::{regs, Iova};
 
 /// The alignment assumed for direct I/O when the kernel does not say
@@ -48,6 +49,40 @@ struct DeviceRange {
     runtime: Arc<dyn DeviceRuntime>,
 }
 
+/// Host memory registered on the kernel path: its slot in the rings'
+/// registered-buffer tables and that slot's generation.
+#[derive(Clone, Copy, Debug)]
+struct HostRange {
+    len: usize,
+    slot: u16,
+    generation: u32,
+}
+
+/// The rings' registered-buffer slots for host memory
+/// (`BOUNCE_BUFFERS..FIXED_BUFFERS`): which are free, and the generation
+/// each was last given.
+#[derive(Debug)]
+struct HostSlots {
+    free: Vec<u16>,
+    generation: Box<[u32]>,
+    next_generation: u32,
+}
+
+impl HostSlots {
+    fn new() -> HostSlots {
+        let n = (FIXED_BUFFERS - BOUNCE_BUFFERS) as usize;
+        // Handed out lowest first.
+        HostSlots {
+            free: (BOUNCE_BUFFERS..FIXED_BUFFERS).rev().collect(),
+            generation: vec![0; n].into(),
+            next_generation: 1,
+        }
+    }
+}
+
+/// A host buffer as the rings register it: slot, generation, first byte, length.
+pub type FixedHost = (u16, u32, *mut u8, usize);
+
 /// A file or block device opened for the kernel path.
 pub struct KernelPlatform {
     path: PathBuf,
@@ -66,6 +101,12 @@ pub struct KernelPlatform {
     /// GPU memory mapped, by its address here.
     devices: RwLock<BTreeMap<u64, DeviceRange>>,
     next_device: AtomicU64,
+    /// Registered host memory, by its first page's address.
+    hosts: RwLock<BTreeMap<usize, HostRange>>,
+    slots: Mutex<HostSlots>,
+    /// Bumped when a host range is unmapped: rings then release the slots
+    /// they hold for memory no longer registered.
+    host_epoch: AtomicU64,
 }
 
 impl std::fmt::Debug for KernelPlatform {
@@ -146,6 +187,9 @@ impl KernelPlatform {
             vectors,
             devices: RwLock::default(),
             next_device: AtomicU64::new(DEVICE_IOVA_BASE),
+            hosts: RwLock::new(BTreeMap::new()),
+            slots: Mutex::new(HostSlots::new()),
+            host_epoch: AtomicU64::new(0),
         })
     }
 
@@ -181,6 +225,9 @@ impl KernelPlatform {
             vectors,
             devices: RwLock::default(),
             next_device: AtomicU64::new(DEVICE_IOVA_BASE),
+            hosts: RwLock::new(BTreeMap::new()),
+            slots: Mutex::new(HostSlots::new()),
+            host_epoch: AtomicU64::new(0),
         })
     }
 
@@ -195,6 +242,25 @@ impl KernelPlatform {
         let (&start, r) = devices.range(..=addr).next_back()?;
         let off = addr - start;
         (off + len as u64 <= r.len as u64).then(|| (r.device + off, r.runtime.clone()))
+    }
+
+    /// The registered host buffer holding `addr..addr + len`, if it has a
+    /// slot in the rings' registered-buffer tables.
+    pub fn host_buffer(&self, addr: usize, len: usize) -> Option<FixedHost> {
+        let hosts = self.hosts.read().unwrap_or_else(|p| p.into_inner());
+        let (&start, r) = hosts.range(..=addr).next_back()?;
+        (addr + len <= start + r.len).then_some((r.slot, r.generation, start as *mut u8, r.len))
+    }
+
+    /// Changes each time registered host memory is unmapped.
+    pub fn host_epoch(&self) -> u64 {
+        self.host_epoch.load(Ordering::Acquire)
+    }
+
+    /// The generation each host slot names now (0: free), from slot
+    /// `BOUNCE_BUFFERS` on.
+    pub fn host_slot_generations(&self) -> Box<[u32]> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner()).generation.clone()
     }
 
     /// The file's path (for a descriptor, its `/proc/self/fd` name).
@@ -296,6 +362,18 @@ impl Platform for KernelPlatform {
 
     unsafe fn map_host(&self, vaddr: *mut u8, len: usize) -> Result<HostMapping> {
         let span = HostMapping::span(vaddr, len)?;
+        // A slot in the rings' registered-buffer tables, where one is free:
+        // the rings register the memory when they first use it.
+        if span.1 <= FIXED_BUFFER_MAX {
+            let mut s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(slot) = s.free.pop() {
+                s.next_generation = s.next_generation.checked_add(1).unwrap_or(2);
+                let generation = s.next_generation;
+                s.generation[(slot - BOUNCE_BUFFERS) as usize] = generation;
+                let r = HostRange { len: span.1, slot, generation };
+                self.hosts.write().unwrap_or_else(|p| p.into_inner()).insert(span.0, r);
+            }
+        }
         Ok(HostMapping::contiguous(vaddr, span, span.0 as u64))
     }
 
@@ -315,6 +393,12 @@ impl Platform for KernelPlatform {
     fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
         if mapping.cookie >= DEVICE_IOVA_BASE {
             self.devices.write().unwrap_or_else(|p| p.into_inner()).remove(&mapping.cookie);
+        } else if let Some(r) = self.hosts.write().unwrap_or_else(|p| p.into_inner()).remove(&(mapping.cookie as usize))
+        {
+            let mut s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            s.generation[(r.slot - BOUNCE_BUFFERS) as usize] = 0;
+            s.free.push(r.slot);
+            self.host_epoch.fetch_add(1, Ordering::Release);
         }
         Ok(())
     }

@@ -233,13 +233,22 @@ pub enum Op {
 /// An io_uring instance: plain, or with big entries for NVMe passthrough.
 pub struct Ring {
     ring: Kind,
-    /// Which slots of the sparse registered-buffer table hold a buffer
-    /// (a bit each); `None` where the kernel has no such table (before 5.19).
-    fixed: Option<Box<[u64]>>,
+    /// What each slot of the sparse registered-buffer table holds: the
+    /// generation of the buffer registered there (0: nothing); `None`
+    /// where the kernel has no such table (before 5.19).
+    fixed: Option<Box<[u32]>>,
 }
 
-/// Slots in each ring's registered-buffer table.
-pub const FIXED_BUFFERS: u16 = 1024;
+/// Slots in each ring's registered-buffer table: the kernel path's bounce
+/// buffers take `0..BOUNCE_BUFFERS`, the caller's registered host memory
+/// the rest.
+pub const FIXED_BUFFERS: u16 = 2048;
+
+/// Slots for bounce buffers (see [`FIXED_BUFFERS`]).
+pub const BOUNCE_BUFFERS: u16 = 1024;
+
+/// The largest buffer io_uring registers.
+pub const FIXED_BUFFER_MAX: usize = 1 << 30;
 
 enum Kind {
     Plain(IoUring),
@@ -296,7 +305,7 @@ impl Ring {
         with_ring!(&ring, r => r.submitter().register_files(&fds))
             .map_err(|e| Error::io("io_uring_register(files)", e))?;
         let fixed = match with_ring!(&ring, r => r.submitter().register_buffers_sparse(FIXED_BUFFERS as u32)) {
-            Ok(()) => Some(vec![0u64; FIXED_BUFFERS as usize / 64].into_boxed_slice()),
+            Ok(()) => Some(vec![0u32; FIXED_BUFFERS as usize].into_boxed_slice()),
             Err(e) => {
                 tracing::debug!("no registered buffers on this kernel ({e}): the kernel pins pages per I/O");
                 None
@@ -307,37 +316,66 @@ impl Ring {
 
     /// How many slots of the registered-buffer table hold a buffer.
     pub fn fixed_buffers(&self) -> usize {
-        self.fixed.as_ref().map_or(0, |b| b.iter().map(|w| w.count_ones() as usize).sum())
+        self.fixed.as_ref().map_or(0, |s| s.iter().filter(|&&g| g != 0).count())
+    }
+
+    /// The generation of the buffer slot `index` holds (0: none).
+    pub fn fixed_generation(&self, index: u16) -> u32 {
+        self.fixed.as_ref().and_then(|s| s.get(index as usize).copied()).unwrap_or(0)
     }
 
     /// Makes slot `index` of the registered-buffer table hold `len` bytes
-    /// at `addr` (a system call the first time, nothing after); false where
-    /// it cannot (no table, index out of range, the kernel refused), and
-    /// operations on that memory then name no buffer.
+    /// at `addr`, generation `generation` (not 0) of what the slot names:
+    /// a system call when the slot held something else, nothing when it
+    /// holds this. False where it cannot (no table, index out of range, a
+    /// buffer over [`FIXED_BUFFER_MAX`], the kernel refused: pinned memory
+    /// is accounted to `RLIMIT_MEMLOCK` without `CAP_IPC_LOCK`), and
+    /// operations on that memory then name no buffer. The kernel pins the
+    /// pages until the slot is replaced or released or the ring closes.
     ///
     /// # Safety
-    /// The memory must stay mapped, and slot `index` mean only it, for the
-    /// ring's life: the kernel keeps it pinned and uses it for any
-    /// operation that names the slot.
-    pub unsafe fn fixed_buffer(&mut self, index: u16, addr: *mut u8, len: usize) -> bool {
-        let Some(bits) = &mut self.fixed else { return false };
-        let (word, bit) = (index as usize / 64, 1u64 << (index % 64));
-        match bits.get(word) {
+    /// The memory must stay mapped while operations that name the slot may
+    /// run (until their completions are reaped), and a slot's generation
+    /// must name one buffer only.
+    pub unsafe fn fixed_buffer(&mut self, index: u16, generation: u32, addr: *mut u8, len: usize) -> bool {
+        let Some(slots) = &mut self.fixed else { return false };
+        match slots.get(index as usize) {
             None => return false,
-            Some(w) if w & bit != 0 => return true,
+            Some(&g) if g == generation => return true,
+            Some(_) if len > FIXED_BUFFER_MAX => return false,
             Some(_) => {}
         }
         let iov = [libc::iovec { iov_base: addr.cast(), iov_len: len }];
-        // SAFETY: the caller keeps the memory mapped for the ring's life.
+        // SAFETY: the caller keeps the memory mapped while operations name
+        // the slot; the kernel drops the slot's previous buffer once the
+        // operations that use it are done.
         let r = with_ring!(&self.ring, r => unsafe { r.submitter().register_buffers_update(index as u32, &iov, None) });
         match r {
             Ok(()) => {
-                bits[word] |= bit;
+                slots[index as usize] = generation;
                 true
             }
             Err(e) => {
                 tracing::debug!(index, "buffer not registered with the ring ({e}): the kernel pins it per I/O");
                 false
+            }
+        }
+    }
+
+    /// Empties slot `index` (its pages are unpinned once the operations
+    /// that use it are done).
+    pub fn release_fixed(&mut self, index: u16) {
+        let Some(slots) = &mut self.fixed else { return };
+        if slots.get(index as usize).is_none_or(|&g| g == 0) {
+            return;
+        }
+        let iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }];
+        // SAFETY: an empty entry registers no memory.
+        let r = with_ring!(&self.ring, r => unsafe { r.submitter().register_buffers_update(index as u32, &iov, None) });
+        match r {
+            Ok(()) => slots[index as usize] = 0,
+            Err(e) => {
+                tracing::warn!(index, "registered buffer not released ({e}); it stays pinned until the ring closes")
             }
         }
     }

@@ -1,6 +1,6 @@
 //! Pinned host bounce buffers for the kernel path's commands on GPU memory:
 //! by size class, shared by every queue of the process, and kept for its
-//! life (unpinning waits for the device). The first [`FIXED_BUFFERS`] made
+//! life (unpinning waits for the device). The first [`BOUNCE_BUFFERS`] made
 //! also have a slot number in every ring's registered-buffer table, which
 //! each ring fills the first time it meets the buffer: the kernel then
 //! pins nothing per I/O.
@@ -9,7 +9,7 @@ use crate::{Error, Result};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Mutex;
 use ugds_platform::device::DeviceRuntime;
-use ugds_platform::sys::uring::FIXED_BUFFERS;
+use ugds_platform::sys::uring::BOUNCE_BUFFERS;
 
 /// Smallest and largest bounce buffer: 4 KiB << class, class 0..=10.
 const CLASSES: usize = 11;
@@ -57,7 +57,7 @@ pub(super) fn take(len: usize, runtime: &dyn DeviceRuntime) -> Result<Bounce> {
         tracing::info!("bounce buffer not pinned: the runtime stages its copies");
     }
     let index =
-        NEXT_INDEX.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |i| (i < FIXED_BUFFERS).then_some(i + 1)).ok();
+        NEXT_INDEX.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |i| (i < BOUNCE_BUFFERS).then_some(i + 1)).ok();
     Ok(Bounce { addr: ptr as usize, class: class as u8, index })
 }
 

@@ -55,7 +55,7 @@ use transfer::{fault_in, refusal, refused, status_of, Kind, BUFFERED, DIRECT, WR
 use ugds_nvme::status::generic;
 use ugds_nvme::{Cid, Cqe, NvmOpcode, Qid, Sqe, Status};
 use ugds_platform::kernel::{KernelPlatform, DEVICE_IOVA_BASE};
-use ugds_platform::sys::uring::Ring;
+use ugds_platform::sys::uring::{Ring, BOUNCE_BUFFERS};
 use ugds_platform::sys::EventFd;
 
 /// A ring on a kernel-path file; see the module docs.
@@ -84,6 +84,8 @@ pub struct UringQueue {
     staging: VecDeque<Copying>,
     /// `landing` and `staging` together, for waiters without the lock.
     copies: Arc<AtomicU32>,
+    /// The platform's host epoch this ring's registered slots reflect.
+    host_epoch: u64,
 }
 
 impl std::fmt::Debug for UringQueue {
@@ -138,6 +140,7 @@ impl UringQueue {
             landing: VecDeque::new(),
             staging: VecDeque::new(),
             copies: Arc::new(AtomicU32::new(0)),
+            host_epoch: 0,
         })
     }
 
@@ -261,10 +264,12 @@ impl UringQueue {
         let mut t = self.transfer(&sqe, addr);
         if let Some(b @ Bounce { index: Some(i), .. }) = t.bounce {
             // SAFETY: bounce buffers are mapped for the process's life and
-            // their slot numbers are theirs alone.
-            if unsafe { self.ring.fixed_buffer(i, b.addr as *mut u8, b.len()) } {
+            // their slot numbers are theirs alone (generation 1).
+            if unsafe { self.ring.fixed_buffer(i, 1, b.addr as *mut u8, b.len()) } {
                 t.fixed = Some(i);
             }
+        } else if t.device == 0 && t.nsid == 0 && matches!(t.kind, Kind::Read | Kind::Write) {
+            t.fixed = self.fixed_host(t.addr, t.len as usize);
         }
         if t.kind == Kind::Write && t.device != 0 {
             match self.start_copy_from_device(&t) {
@@ -354,6 +359,29 @@ impl UringQueue {
     /// flight (nothing signals their end), else its eventfd says when.
     pub fn cq_view(&self) -> CqView {
         CqView::kernel(self.vector.is_none(), self.copies.clone())
+    }
+
+    /// The registered-buffer slot of the caller's host memory at
+    /// `addr..addr + len`, registered with this ring if it was not yet;
+    /// first, slots of memory no longer registered are released.
+    fn fixed_host(&mut self, addr: usize, len: usize) -> Option<u16> {
+        let epoch = self.platform.host_epoch();
+        if epoch != self.host_epoch {
+            self.host_epoch = epoch;
+            let now = self.platform.host_slot_generations();
+            for (i, &g) in now.iter().enumerate() {
+                let slot = BOUNCE_BUFFERS + i as u16;
+                let held = self.ring.fixed_generation(slot);
+                if held != 0 && held != g {
+                    self.ring.release_fixed(slot);
+                }
+            }
+        }
+        let (slot, generation, base, blen) = self.platform.host_buffer(addr, len)?;
+        // SAFETY: the registration maps the memory until it is unmapped,
+        // which the registry refuses while I/O on it is in flight; a
+        // generation names one registration.
+        unsafe { self.ring.fixed_buffer(slot, generation, base, blen) }.then_some(slot)
     }
 
     fn cqe(&self, cid: Cid, status: Status, short: u32) -> Cqe {

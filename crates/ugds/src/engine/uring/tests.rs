@@ -246,3 +246,41 @@ fn a_failed_copy_fails_its_command_and_nothing_else() {
     assert!(ok[0].is_success());
     assert!(f.gpu.mem.lock().unwrap()[..4096].iter().enumerate().all(|(i, &b)| b == pattern(4096 + i)));
 }
+
+/// The caller's registered host memory is a registered buffer of the ring
+/// from its first I/O, and released by the ring once it is unregistered.
+#[test]
+fn registered_host_memory_is_a_ring_buffer_until_unmapped() {
+    use ugds_platform::sys::uring::BOUNCE_BUFFERS;
+    let mut f = fixture("host", false);
+    let p = f.q.platform.clone();
+    let (a, b) = (
+        ugds_platform::sys::Anonymous::populated(1 << 20).unwrap(),
+        ugds_platform::sys::Anonymous::populated(1 << 20).unwrap(),
+    );
+    // SAFETY: both mappings outlive theirs (unmapped below, or at the end).
+    let (ma, mb) = unsafe { (p.map_host(a.as_ptr(), 1 << 20).unwrap(), p.map_host(b.as_ptr(), 1 << 20).unwrap()) };
+    let (sa, ga, ..) = p.host_buffer(a.as_ptr() as usize, 1).expect("a slot");
+    let (sb, gb, ..) = p.host_buffer(b.as_ptr() as usize, 1).expect("a slot");
+    assert!(sa >= BOUNCE_BUFFERS && sb >= BOUNCE_BUFFERS && sa != sb);
+    let addr = a.as_ptr() as u64 + 4096;
+    let got = run(&mut f.q, &[(rw(NvmOpcode::Read, 65536, 131072, addr), addr)]);
+    assert!(got[0].is_success());
+    // SAFETY: the 128 KiB just read, inside `a`.
+    let data = unsafe { std::slice::from_raw_parts(addr as *const u8, 131072) };
+    assert!(data.iter().enumerate().all(|(i, &x)| x == pattern(65536 + i)), "the file's bytes, read through the slot");
+    assert_eq!(f.q.ring.fixed_generation(sa), ga, "registered with the ring at its first use");
+    assert_eq!(f.q.ring.fixed_generation(sb), 0, "not before");
+    // `a` unregistered: the ring lets its slot go at its next use of host memory.
+    p.unmap_host(&ma).unwrap();
+    let addr = b.as_ptr() as u64;
+    let got = run(&mut f.q, &[(rw(NvmOpcode::Write, 0, 4096, addr), addr)]);
+    assert!(got[0].is_success());
+    assert_eq!(f.q.ring.fixed_generation(sa), 0, "the unregistered memory's slot is released");
+    assert_eq!(f.q.ring.fixed_generation(sb), gb);
+    // Memory that is not registered goes without a slot.
+    let c = ugds_platform::sys::Anonymous::populated(4096).unwrap();
+    let got = run(&mut f.q, &[(rw(NvmOpcode::Read, 0, 4096, c.as_ptr() as u64), c.as_ptr() as u64)]);
+    assert!(got[0].is_success());
+    p.unmap_host(&mb).unwrap();
+}
