@@ -11,122 +11,13 @@
 //!   (a VM on the raw device), loop devices, nvmet exports and LIO backstores
 //!   on them, a process that has the function's `/dev/ugds_drvN` open.
 
+use crate::sysfs::{self, Sys, PCI};
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
-const PCI: &str = "/sys/bus/pci/devices";
-
 /// The drivers a function can be moved to.
 const DRIVERS: [&str; 3] = ["nvme", "vfio-pci", "ugds_drv"];
-
-fn read(p: impl AsRef<Path>) -> String {
-    fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default()
-}
-
-fn driver_of(bdf: &str) -> Option<String> {
-    fs::read_link(format!("{PCI}/{bdf}/driver")).ok()?.file_name().map(|s| s.to_string_lossy().into_owned())
-}
-
-/// NVMe functions (class 0x010802), sorted.
-fn functions() -> Vec<String> {
-    let mut v: Vec<String> = fs::read_dir(PCI)
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|b| read(format!("{PCI}/{b}/class")) == "0x010802")
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
-}
-
-/// Block devices of the function's namespaces (and their partitions), by
-/// name, with their device numbers.
-fn block_devices(bdf: &str) -> Vec<(String, u64)> {
-    let mut out = Vec::new();
-    let Ok(ctrls) = fs::read_dir(format!("{PCI}/{bdf}/nvme")) else { return out };
-    for c in ctrls.flatten() {
-        let Ok(entries) = fs::read_dir(c.path()) else { continue };
-        for e in entries.flatten() {
-            let mut name = e.file_name().to_string_lossy().into_owned();
-            if !(name.starts_with("nvme") && name[4..].contains('n')) {
-                continue;
-            }
-            // With native multipath the controller holds the hidden path
-            // device (nvme0c0n1); the namespace is used through its head
-            // (nvme0n1).
-            if name[4..].contains('c') {
-                match head_of(&name) {
-                    Some(h) => name = h,
-                    None => continue,
-                }
-            }
-            if !Path::new(&format!("/sys/block/{name}")).exists() || out.iter().any(|(n, _)| *n == name) {
-                continue;
-            }
-            out.push((name.clone(), devnum(&format!("/sys/block/{name}/dev"))));
-            if let Ok(parts) = fs::read_dir(format!("/sys/block/{name}")) {
-                for p in parts.flatten() {
-                    let pn = p.file_name().to_string_lossy().into_owned();
-                    if pn.starts_with(&name) && p.path().join("partition").exists() {
-                        out.push((pn.clone(), devnum(&format!("/sys/block/{name}/{pn}/dev"))));
-                    }
-                }
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
-/// The namespace head of a path device: `nvme<S>c<C>n<N>` is controller
-/// C's path to namespace head `nvme<S>n<N>` of subsystem S (the names the
-/// kernel's nvme multipath code gives).
-fn head_of(path_dev: &str) -> Option<String> {
-    let rest = path_dev.strip_prefix("nvme")?;
-    let (subsys, rest) = rest.split_once('c')?;
-    let (_, ns) = rest.split_once('n')?;
-    Some(format!("nvme{subsys}n{ns}"))
-}
-
-fn devnum(path: &str) -> u64 {
-    let s = read(path);
-    let mut it = s.split(':').map(|x| x.parse::<u64>().unwrap_or(0));
-    let (maj, min) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
-    libc::makedev(maj as u32, min as u32)
-}
-
-/// What uses a block device: mounts, swap, holders.
-fn uses(name: &str, dev: u64) -> Vec<String> {
-    let mut u = Vec::new();
-    for line in read("/proc/self/mountinfo").lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() > 4 && devnum_from(f[2]) == dev {
-            u.push(format!("/dev/{name} is mounted on {}", f[4]));
-        }
-    }
-    for line in read("/proc/swaps").lines().skip(1) {
-        if let Some(p) = line.split_whitespace().next() {
-            if fs::metadata(p).map(|m| m.rdev()).ok() == Some(dev) {
-                u.push(format!("/dev/{name} is used as swap"));
-            }
-        }
-    }
-    let holders = if Path::new(&format!("/sys/block/{name}")).exists() {
-        format!("/sys/block/{name}/holders")
-    } else {
-        let disk: String = name.trim_end_matches(|c: char| c.is_ascii_digit()).trim_end_matches('p').to_string();
-        format!("/sys/block/{disk}/{name}/holders")
-    };
-    if let Ok(h) = fs::read_dir(holders) {
-        for e in h.flatten() {
-            u.push(format!("/dev/{name} is held by {} (dm/md)", e.file_name().to_string_lossy()));
-        }
-    }
-    u
-}
 
 /// Kernel users that hold a device without claiming it exclusively: a loop
 /// device backed by it, an NVMe-oF export (nvmet), a LIO backstore.
@@ -205,23 +96,28 @@ fn drv_nodes_busy(bdf: &str) -> Vec<String> {
         .collect()
 }
 
+fn read(p: impl AsRef<Path>) -> String {
+    fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
 fn devnum_from(majmin: &str) -> u64 {
     let mut it = majmin.split(':').map(|x| x.parse::<u32>().unwrap_or(0));
     libc::makedev(it.next().unwrap_or(0), it.next().unwrap_or(0))
 }
 
 pub fn list() -> Result<(), String> {
-    let fns = functions();
+    let sys = Sys::live();
+    let fns = sysfs::nvme_functions(&sys);
     if fns.is_empty() {
         println!("no NVMe functions");
         return Ok(());
     }
     for bdf in fns {
         let ids = format!("{}:{}", read(format!("{PCI}/{bdf}/vendor")), read(format!("{PCI}/{bdf}/device")));
-        let drv = driver_of(&bdf).unwrap_or_else(|| "(none)".into());
+        let drv = sysfs::driver_of(&sys, &bdf).unwrap_or_else(|| "(none)".into());
         println!("{bdf}  {ids}  driver {drv}");
-        for (name, dev) in block_devices(&bdf) {
-            let u = uses(&name, dev);
+        for (name, dev) in sysfs::block_devices(&sys, &bdf) {
+            let u = sysfs::uses(&sys, &name, &dev);
             println!("    /dev/{name}{}", if u.is_empty() { String::new() } else { format!("  ({})", u.join("; ")) });
         }
         let drvdev = format!("{PCI}/{bdf}/ugds_drv");
@@ -240,13 +136,14 @@ fn write(path: &str, what: &str) -> Result<(), String> {
 
 /// Moves `bdf` to `target` (nvme, vfio-pci, ugds_drv; "none" leaves it unbound).
 pub fn bind(bdf: &str, target: &str, force: bool) -> Result<(), String> {
-    if !functions().iter().any(|f| f == bdf) {
+    let sys = Sys::live();
+    if !sysfs::nvme_functions(&sys).iter().any(|f| f == bdf) {
         return Err(format!("{bdf} is not an NVMe function (see `ugds list`)"));
     }
     if target != "none" && !DRIVERS.contains(&target) {
         return Err(format!("unknown driver {target:?}: nvme, vfio-pci or ugds_drv"));
     }
-    let current = driver_of(bdf);
+    let current = sysfs::driver_of(&sys, bdf);
     if current.as_deref() == Some(target) {
         println!("{bdf} is bound to {target} already");
         return Ok(());
@@ -256,8 +153,9 @@ pub fn bind(bdf: &str, target: &str, force: bool) -> Result<(), String> {
     }
     let from = current.as_deref().unwrap_or("its driver");
     let (mut held, mut in_use) = (Vec::new(), Vec::new());
-    for (name, dev) in block_devices(bdf) {
-        let named = uses(&name, dev);
+    for (name, majmin) in sysfs::block_devices(&sys, bdf) {
+        let named = sysfs::uses(&sys, &name, &majmin);
+        let dev = devnum_from(&majmin);
         if claimed(&name) {
             held.push(if named.is_empty() {
                 format!(
@@ -301,7 +199,7 @@ pub fn bind(bdf: &str, target: &str, force: bool) -> Result<(), String> {
     write(&format!("{PCI}/{bdf}/driver_override"), over)?;
     if target != "none" {
         write("/sys/bus/pci/drivers_probe", bdf)?;
-        let now = driver_of(bdf);
+        let now = sysfs::driver_of(&sys, bdf);
         if now.as_deref() != Some(target) {
             return Err(format!("{bdf} did not bind to {target} (now: {})", now.as_deref().unwrap_or("no driver")));
         }
@@ -341,13 +239,3 @@ pub const HELP: &str = "\
                                        namespaces are mounted, swap or dm/md-held
   ugds unbind BDF [--force]            leave a function without a driver
 ";
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn path_devices_map_to_their_heads() {
-        assert_eq!(super::head_of("nvme0c0n1").as_deref(), Some("nvme0n1"));
-        assert_eq!(super::head_of("nvme2c5n13").as_deref(), Some("nvme2n13"));
-        assert_eq!(super::head_of("nvme0n1"), None);
-    }
-}

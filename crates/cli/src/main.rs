@@ -5,9 +5,11 @@
 
 mod bench;
 mod bind;
+mod doctor;
 mod gpubench;
 mod hist;
 mod histogram;
+mod sysfs;
 mod target;
 
 use std::process::ExitCode;
@@ -21,6 +23,7 @@ Usage:
   ugds bench [OPTIONS] [TARGET]   throughput, IOPS and latency
   ugds gpu-bench [OPTIONS] [TARGET]
                                   the same with CUDA device memory (GPU 0)
+  ugds doctor [--json] [--mode M] what will work on this machine, and why not
   ugds list | bind | unbind       NVMe functions and their drivers (ugds help bind)
   ugds hist [QUANTILE...]         percentiles of latencies (us) read from stdin
   ugds help [COMMAND]
@@ -71,12 +74,20 @@ fn main() -> ExitCode {
         Some("bench") => bench::main(rest),
         Some("gpu-bench") => gpubench::main(rest),
         Some("hist") => hist::main(rest),
+        Some("doctor") => match doctor::main(rest) {
+            Ok(code) => return code,
+            Err(e) => {
+                eprintln!("ugds: {e}");
+                return ExitCode::from(2);
+            }
+        },
         Some(c @ ("list" | "bind" | "unbind")) => bind::main(c, rest),
         Some("help") | Some("-h") | Some("--help") => {
             match rest.first().map(|a| a.to_string_lossy().into_owned()).as_deref() {
                 Some("bench") => print!("{}", bench::HELP),
                 Some("gpu-bench") => print!("{}{}", gpubench::HELP, target::HELP),
                 Some("hist") => print!("{}", hist::HELP),
+                Some("doctor") => print!("{}", doctor::HELP),
                 Some("identify") => print!("Usage: ugds identify [TARGET]\n\n{}", target::HELP),
                 Some("bind" | "unbind" | "list") => print!("{}", bind::HELP),
                 _ => print!("{USAGE}"),

@@ -10,6 +10,7 @@
 
 use crate::dma::{DmaBuffer, DmaRegion, DmaRelease};
 use crate::sys::ugds_drv as k;
+pub use crate::sys::ugds_drv::ABI_VERSION;
 use crate::sys::vfio::{open_rw, Mmio};
 use crate::sys::{EventFd, PAGE_SIZE};
 use crate::{Error, Result};

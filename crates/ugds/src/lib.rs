@@ -72,3 +72,6 @@ pub use registry::BufferToken;
 pub use stream::{HostStream, Stream, StreamIo, StreamResult, StreamSignal};
 pub use ugds_nvme as nvme;
 pub use ugds_platform::{Error, ErrorKind, Result};
+
+/// The ugds_drv ioctl ABI version this library speaks.
+pub const UGDS_DRV_ABI_VERSION: u32 = ugds_platform::ugds_drv::ABI_VERSION;

@@ -3,6 +3,7 @@
 use crate::{Error, Result};
 use std::os::fd::{AsRawFd, OwnedFd};
 
+/// The ioctl ABI this library speaks (`UGDS_DRV_ABI_VERSION` in kmod/ugds_drv_uapi.h).
 pub const ABI_VERSION: u32 = 2;
 
 /// `Map::flags`: map GPU memory by CUDA virtual address with nvidia_p2p.

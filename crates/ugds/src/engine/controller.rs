@@ -22,7 +22,7 @@ use ugds_nvme::regs::{self, Aqa, Cap, Cc, Csts};
 use ugds_nvme::{Cid, Cqe, Nsid, Qid, Sqe, IDENTIFY_LEN};
 
 /// Entries in each admin queue.
-const ADMIN_ENTRIES: u16 = 32;
+pub(crate) const ADMIN_ENTRIES: u16 = 32;
 
 /// How long an admin command may take before the controller is given up.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);

@@ -61,6 +61,27 @@ impl Default for HandleOptions {
 }
 
 impl HandleOptions {
+    /// About how many bytes of DMA memory a handle with these options
+    /// allocates on a controller for its queues (submission and completion
+    /// rings, PRP-list pages, the admin queue, Identify buffers), registered
+    /// buffers not counted: what vfio-pci and ugds_drv pin besides them
+    /// (the engine's own figures; a controller with a smaller MQES gives
+    /// smaller queues).
+    pub fn queue_memory(&self) -> usize {
+        const PAGE: usize = 4096;
+        let queue = |entries: u16, prp_pages: u16| {
+            let e = entries.max(2) as usize;
+            (e * 64).next_multiple_of(PAGE)
+                + (e * 16).next_multiple_of(PAGE)
+                + (prp_pages as usize).clamp(1, e - 1) * PAGE
+        };
+        let admin = crate::engine::controller::ADMIN_ENTRIES;
+        let io = (self.sync_queues + self.async_queues) as usize
+            * queue(self.queue_depth, self.queue_depth.saturating_sub(1));
+        let batch = if self.batch_queue { queue(self.batch_depth, self.batch_prp_pages) } else { 0 };
+        io + batch + queue(admin, admin - 1) + 3 * ugds_nvme::IDENTIFY_LEN
+    }
+
     /// Sets the namespace to use (`None`: the first active one).
     pub fn nsid(mut self, nsid: Option<u32>) -> Self {
         self.nsid = nsid;

@@ -258,6 +258,33 @@ impl Cuda {
         Ok(e)
     }
 
+    /// Device `ordinal`'s name.
+    pub fn device_name(&self, ordinal: usize) -> Result<String> {
+        self.device_string(ordinal, "cuDeviceGetName", self.api.device_get_name)
+    }
+
+    /// Device `ordinal`'s PCI address (`0000:01:00.0`, lower case).
+    pub fn pci_bus_id(&self, ordinal: usize) -> Result<String> {
+        self.device_string(ordinal, "cuDeviceGetPCIBusId", self.api.device_get_pci_bus_id)
+            .map(|s| s.to_ascii_lowercase())
+    }
+
+    fn device_string(
+        &self,
+        ordinal: usize,
+        call: &'static str,
+        f: unsafe extern "C" fn(*mut c_char, i32, i32) -> Res,
+    ) -> Result<String> {
+        let mut dev = 0;
+        // SAFETY: writes one CUdevice.
+        self.check("cuDeviceGet", unsafe { (self.api.device_get)(&mut dev, ordinal as i32) })?;
+        let mut buf = [0 as c_char; 128];
+        // SAFETY: writes a NUL-terminated string of at most `buf.len()` bytes.
+        self.check(call, unsafe { f(buf.as_mut_ptr(), buf.len() as i32, dev) })?;
+        // SAFETY: NUL-terminated within `buf` (the call's contract; the last byte is never written past).
+        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
+    }
+
     /// Whether device `ordinal` can export dma-bufs.
     pub fn dmabuf_supported(&self, ordinal: usize) -> Result<bool> {
         let (mut dev, mut v) = (0, 0);
