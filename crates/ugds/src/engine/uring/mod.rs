@@ -263,9 +263,9 @@ impl UringQueue {
         }
         let mut t = self.transfer(&sqe, addr);
         if let Some(b @ Bounce { index: Some(i), .. }) = t.bounce {
-            // SAFETY: bounce buffers are mapped for the process's life and
+            // SAFETY: bounce slabs are mapped for the process's life and
             // their slot numbers are theirs alone (generation 1).
-            if unsafe { self.ring.fixed_buffer(i, 1, b.addr as *mut u8, b.len()) } {
+            if unsafe { self.ring.fixed_buffer(i, 1, b.slab.0 as *mut u8, b.slab.1) } {
                 t.fixed = Some(i);
             }
         } else if t.device == 0 && t.nsid == 0 && matches!(t.kind, Kind::Read | Kind::Write) {
