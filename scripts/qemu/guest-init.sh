@@ -17,6 +17,16 @@ refuse_check() {
     [ $rc -ne 0 ] && echo "$out" | grep -q "is mounted on /mnt" && [ "$(driver)" = nvme ]
 }
 run bind-refuses-mounted refuse_check
+# `ugds doctor` sees the mount: the kernel path only, and says why.
+doctor_mounted() {
+    out=$(/bin/ugds doctor 2>&1); echo "$out"
+    echo "$out" | grep -q "^nvme $BDF .*driver nvme" &&
+        echo "$out" | grep -q "^  user    no: its namespaces are in use (/dev/$NS is mounted on /mnt)" &&
+        echo "$out" | grep -q "^  kernel  yes: io_uring on /dev/$NS" &&
+        echo "$out" | grep -q "^iommu        on" &&
+        ! /bin/ugds doctor --mode user > /dev/null && /bin/ugds doctor --mode kernel > /dev/null
+}
+run doctor-mounted doctor_mounted
 umount /mnt
 # A file system mounted in another mount namespace (invisible in ours): the
 # kernel refuses an exclusive open, and --force does not override that.
@@ -117,6 +127,14 @@ UGDS_TEST_KERNEL_DEV=/dev/$NG UGDS_TEST_INTERRUPT=1 run kernel-path-passthrough-
 unset UGDS_TEST_KERNEL_DEV UGDS_TEST_INTERRUPT
 run bind-vfio /bin/ugds bind $BDF vfio-pci
 echo "UGDS-GUEST: driver $(driver)"
+# Bound to vfio-pci: doctor says the user-space driver is ready (exit 0).
+doctor_vfio() {
+    out=$(/bin/ugds doctor --json 2>&1); echo "$out"
+    echo "$out" | grep -q "\"driver\": \"vfio-pci\"" &&
+        echo "$out" | grep -q "ugds bench --pci $BDF" &&
+        /bin/ugds doctor --mode user > /dev/null && ! /bin/ugds doctor --mode p2p > /dev/null
+}
+run doctor-vfio doctor_vfio
 export UGDS_TEST_PCI=$BDF RUST_BACKTRACE=1
 run conformance-poll /bin/conformance --test-threads=1
 UGDS_TEST_INTERRUPT=1 run conformance-irq /bin/conformance --test-threads=1
