@@ -82,9 +82,17 @@ impl Sys {
     }
 
     /// The names in directory `p`, sorted (none when it cannot be read).
+    /// Dot names are skipped: sysfs and procfs have none, and a recorded
+    /// tree keeps its empty directories with a `.keep` file (git keeps no
+    /// empty directory).
     pub fn list(&self, p: &str) -> Vec<String> {
         let mut v: Vec<String> = fs::read_dir(self.path(p))
-            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| !n.starts_with('.'))
+                    .collect()
+            })
             .unwrap_or_default();
         v.sort();
         if self.record.is_some() {
@@ -148,6 +156,14 @@ impl Sys {
         let under = |p: &Path| dir.join(p.strip_prefix("/").unwrap_or(p));
         for d in &r.dirs {
             fs::create_dir_all(under(d))?;
+        }
+        // Empty directories survive a git checkout with a file in them.
+        for d in &r.dirs {
+            let at = under(d);
+            let empty = !r.files.keys().chain(r.links.keys()).chain(r.dirs.iter()).any(|p| p.parent() == Some(d.as_path()));
+            if empty {
+                fs::write(at.join(".keep"), "")?;
+            }
         }
         for (p, s) in &r.files {
             let at = under(p);
