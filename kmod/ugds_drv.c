@@ -64,6 +64,7 @@
 #include <linux/pci.h>
 #include <linux/sched/mm.h>
 #include <linux/slab.h>
+#include <linux/stringify.h>
 #include <linux/uaccess.h>
 #include <linux/xarray.h>
 
@@ -1381,6 +1382,13 @@ static void __exit ugds_exit(void)
 
 module_init(ugds_init);
 module_exit(ugds_exit);
+/*
+ * The module's version: the ioctl ABI it speaks, then a revision for changes
+ * that keep that ABI. kmod/dkms.conf's PACKAGE_VERSION is the same string
+ * (scripts/test checks).
+ */
+#define UGDS_DRV_REVISION 0
+MODULE_VERSION(__stringify(UGDS_DRV_ABI_VERSION) "." __stringify(UGDS_DRV_REVISION));
 MODULE_LICENSE("GPL");
 MODULE_DESCRIPTION("ugds kernel helper: BAR, DMA and interrupt set-up for user-space NVMe");
 MODULE_IMPORT_NS(DMA_BUF);

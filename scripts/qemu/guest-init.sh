@@ -146,6 +146,11 @@ run identify /bin/ugds identify --pci $BDF
 # The same controller through our kernel module.
 insmod /bin/ugds_drv.ko || echo "UGDS-GUEST: insmod ugds_drv failed"
 run bind-ugds_drv /bin/ugds bind $BDF ugds_drv
+doctor_drv() {
+    out=$(/bin/ugds doctor 2>&1); echo "$out"
+    echo "$out" | grep -q "^ugds_drv     loaded, version 2\." && echo "$out" | grep -q "^nvme $BDF .*driver ugds_drv"
+}
+run doctor-drv doctor_drv
 echo "UGDS-GUEST: driver $(driver), $(ls /dev/ugds_drv*)"
 DRV=/dev/ugds_drv0
 unset UGDS_TEST_PCI

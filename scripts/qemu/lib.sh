@@ -67,6 +67,26 @@ build_module() {
     echo "$W/kmod/ugds_drv.ko"
 }
 
+# Builds and installs ugds_drv for the guest kernel through DKMS, as on a
+# user's machine (`scripts/install --module`, against the guest kernel's
+# headers); prints the installed module's path (decompressed where DKMS
+# compressed it as the kernel's configuration asks).
+dkms_module() {
+    if ! command -v dkms >/dev/null; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends dkms >/dev/null
+    fi
+    # The guest kernel as installed on a machine: its modules directory
+    # with the headers at `build` (where DKMS looks for them).
+    mkdir -p "/lib/modules/$KV" && ln -sfn "$K/usr/src/linux-headers-$KV" "/lib/modules/$KV/build"
+    "$ROOT/scripts/install" --module "$KV" >&2 || return 1
+    local ko=/lib/modules/$KV/updates/dkms/ugds_drv.ko
+    if [ ! -e "$ko" ] && [ -e "$ko.xz" ]; then
+        xz -dc "$ko.xz" >"$W/ugds_drv-dkms.ko" && ko=$W/ugds_drv-dkms.ko
+    fi
+    [ -e "$ko" ] || { echo "DKMS installed no ugds_drv.ko for $KV" >&2; return 1; }
+    echo "$ko"
+}
+
 # Builds kmod/ugds_drv.ko once more with its nvidia_p2p option, against the
 # headers of NVIDIA's open kernel modules from Debian's contrib archive (a
 # compile check: there is no NVIDIA driver to link against or load here, so
