@@ -160,7 +160,8 @@ impl Sys {
         // Empty directories survive a git checkout with a file in them.
         for d in &r.dirs {
             let at = under(d);
-            let empty = !r.files.keys().chain(r.links.keys()).chain(r.dirs.iter()).any(|p| p.parent() == Some(d.as_path()));
+            let empty =
+                !r.files.keys().chain(r.links.keys()).chain(r.dirs.iter()).any(|p| p.parent() == Some(d.as_path()));
             if empty {
                 fs::write(at.join(".keep"), "")?;
             }
