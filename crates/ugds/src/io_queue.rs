@@ -22,7 +22,7 @@ use crate::sys::PAGE_SIZE;
 use crate::{Error, Result};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use ugds_nvme::{prp, Cid, Lba, Nsid, NvmOpcode, Sqe, Status};
+use ugds_nvme::{prp, Cid, Cqe, Lba, Nsid, NvmOpcode, Sqe, Status};
 
 /// Polls between two looks at the outstanding requests' age.
 const TIMEOUT_CHECK_POLLS: u32 = 1024;
@@ -333,40 +333,19 @@ impl<'h> IoQueue<'h> {
     #[inline]
     fn reap(&mut self, f: &mut impl FnMut(u64, Result<usize>)) -> usize {
         let mut done = 0;
-        let reqs = &mut self.reqs;
-        let free = &mut self.free;
-        let Some(qp) = self.qp.as_mut() else { return 0 };
-        let reports_short = qp.reports_short();
-        qp.process_completions(usize::MAX, |owner, cqe| {
-            let Owner::Own(idx) = owner else { unreachable!("a lent queue pair's commands are its own") };
-            let r = &mut reqs[idx as usize];
-            if r.pending == 0 {
-                // Reported timed out already (the queue is dead): a late
-                // completion is not reported again.
-                tracing::warn!(cid = cqe.cid, "completion of a request reported timed out; ignored");
-                return;
-            }
-            if !cqe.status().is_success() && r.status.is_none() {
-                r.status = Some(cqe.status);
-            }
-            if reports_short {
-                r.short += cqe.dw0 as usize;
-            }
-            r.pending -= 1;
-            if r.pending == 0 {
-                r.guard = None;
-                let res = match r.status {
-                    None => Ok(r.len.saturating_sub(r.short)),
-                    Some(s) => Err(Error::Nvme {
-                        op: if r.op == NvmOpcode::Read { "Read" } else { "Write" },
-                        status: Status::from_field(s),
-                    }),
-                };
-                f(r.tag, res);
-                free.push(idx);
-                done += 1;
-            }
-        });
+        let (reqs, free) = (&mut self.reqs, &mut self.free);
+        // One closure per transport, each inlined into its reaping loop (a
+        // closure shared by both is not: measured, about 20 instructions a
+        // completion); only the kernel path's completions report bytes short.
+        match self.qp.as_mut() {
+            None => return 0,
+            Some(QueuePair::Nvme(q)) => q.process_completions(usize::MAX, |owner, cqe| {
+                complete(reqs, free, &mut done, f, owner, cqe, false)
+            }),
+            Some(QueuePair::Uring(q)) => q.process_completions(usize::MAX, |owner, cqe| {
+                complete(reqs, free, &mut done, f, owner, cqe, true)
+            }),
+        };
         self.outstanding -= done;
         done
     }
@@ -487,3 +466,47 @@ impl Drop for IoQueue<'_> {
         h.inflight.fetch_sub(1, Ordering::SeqCst);
     }
 }
+
+/// Credits one completion to its request; reports the request (`f`) and
+/// frees its entry when it was the last command. `short`: DW0 says how
+/// many bytes a read did not move (the kernel path's completions).
+#[inline(always)]
+fn complete(
+    reqs: &mut [Request],
+    free: &mut Vec<u32>,
+    done: &mut usize,
+    f: &mut impl FnMut(u64, Result<usize>),
+    owner: Owner,
+    cqe: &Cqe,
+    short: bool,
+) {
+    let Owner::Own(idx) = owner else { unreachable!("a lent queue pair's commands are its own") };
+    let r = &mut reqs[idx as usize];
+    if r.pending == 0 {
+        // Reported timed out already (the queue is dead): a late
+        // completion is not reported again.
+        tracing::warn!(cid = cqe.cid, "completion of a request reported timed out; ignored");
+        return;
+    }
+    if !cqe.status().is_success() && r.status.is_none() {
+        r.status = Some(cqe.status);
+    }
+    if short {
+        r.short += cqe.dw0 as usize;
+    }
+    r.pending -= 1;
+    if r.pending == 0 {
+        r.guard = None;
+        let res = match r.status {
+            None => Ok(r.len.saturating_sub(r.short)),
+            Some(s) => Err(Error::Nvme {
+                op: if r.op == NvmOpcode::Read { "Read" } else { "Write" },
+                status: Status::from_field(s),
+            }),
+        };
+        f(r.tag, res);
+        free.push(idx);
+        *done += 1;
+    }
+}
+
