@@ -9,6 +9,7 @@ mod doctor;
 mod gpubench;
 mod hist;
 mod histogram;
+mod report;
 mod sysfs;
 mod target;
 
@@ -26,6 +27,7 @@ Usage:
   ugds doctor [--json] [--mode M] what will work on this machine, and why not
   ugds list | bind | unbind       NVMe functions and their drivers (ugds help bind)
   ugds hist [QUANTILE...]         percentiles of latencies (us) read from stdin
+  ugds report [-o SVG] JSON...    draws `ugds bench --json` files: bandwidth, latency CDFs
   ugds help [COMMAND]
 
   -v, --verbose   more messages on standard error (-vv, -vvv); without it,
@@ -74,6 +76,7 @@ fn main() -> ExitCode {
         Some("bench") => bench::main(rest),
         Some("gpu-bench") => gpubench::main(rest),
         Some("hist") => hist::main(rest),
+        Some("report") => report::main(rest),
         Some("doctor") => match doctor::main(rest) {
             Ok(code) => return code,
             Err(e) => {
@@ -88,6 +91,7 @@ fn main() -> ExitCode {
                 Some("gpu-bench") => print!("{}{}", gpubench::HELP, target::HELP),
                 Some("hist") => print!("{}", hist::HELP),
                 Some("doctor") => print!("{}", doctor::HELP),
+                Some("report") => print!("{}", report::HELP),
                 Some("identify") => print!("Usage: ugds identify [TARGET]\n\n{}", target::HELP),
                 Some("bind" | "unbind" | "list") => print!("{}", bind::HELP),
                 _ => print!("{USAGE}"),
@@ -111,6 +115,24 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// What a benchmark ran on, for its JSON: host name, kernel, CPU, memory.
+pub fn machine() -> serde_json::Value {
+    let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string()).unwrap_or_default();
+    let cpuinfo = read("/proc/cpuinfo");
+    let cpu =
+        cpuinfo.lines().find_map(|l| l.strip_prefix("model name")?.split_once(':').map(|(_, v)| v.trim().to_string()));
+    let mem_kib: Option<u64> = read("/proc/meminfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:")?.split_whitespace().next()?.parse().ok());
+    serde_json::json!({
+        "hostname": read("/proc/sys/kernel/hostname"),
+        "kernel": read("/proc/sys/kernel/osrelease"),
+        "cpu": cpu,
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "memory_bytes": mem_kib.map(|k| k * 1024),
+    })
 }
 
 /// Parses "4096", "4k", "4KiB", "1m", "2G".

@@ -187,3 +187,39 @@ fn messages_name_what_was_asked_for_and_what_was_granted() {
     let line = out.split("randread").nth(1).unwrap_or_else(|| panic!("{out}"));
     assert!(line.contains("qd 32 poll"), "the run's label is the queues' mode: {line}");
 }
+
+/// `bench --json` writes every run's figures, the configuration and the
+/// machine; `report` draws several such files into one SVG.
+#[test]
+fn bench_json_and_the_report_drawn_from_it() {
+    let dir = std::env::temp_dir().join(format!("ugds-report-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (a, b, svg) = (dir.join("qd1.json"), dir.join("qd8.json"), dir.join("r.svg"));
+    for (qd, path) in [("1", &a), ("8", &b)] {
+        let p = path.to_str().unwrap();
+        let (ok, _, err) = ugds(&["bench", "--emu-null", "-s", "4k,64k", "-q", qd, "-d", "0.2", "--json", p]);
+        assert!(ok, "{err}");
+    }
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&a).unwrap()).unwrap();
+    let runs = doc["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[1]["size"], 65536);
+    assert!(runs[0]["iops"].as_f64().unwrap() > 0.0 && runs[0]["latency_us"]["p99"].as_f64().unwrap() > 0.0);
+    assert_eq!(runs[0]["latency_us"]["cdf"].as_array().unwrap().last().unwrap()[1], 1.0);
+    assert!(doc["command"].as_str().unwrap().contains("--json"), "{doc}");
+    assert!(doc["machine"]["cpus"].as_u64().unwrap() >= 1);
+    assert!(doc["target"].as_str().unwrap().contains("emulated controller"));
+    let (ok, _, err) = ugds(&["report", "-o", svg.to_str().unwrap(), a.to_str().unwrap(), b.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
+    // Two bandwidth lines and four CDF curves, labelled by file.
+    assert_eq!(s.matches("<polyline").count(), 6, "{s}");
+    assert!(s.contains("qd1 randread queue qd 1") && s.contains("qd8 randread queue qd 8"), "{s}");
+    assert!(s.contains(">64 KiB<"), "{s}");
+    // Not bench output: refused with the file named.
+    std::fs::write(dir.join("bad.json"), "{}").unwrap();
+    let (ok, _, err) = ugds(&["report", "-o", svg.to_str().unwrap(), dir.join("bad.json").to_str().unwrap()]);
+    assert!(!ok && err.contains("bad: no \"runs\""), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -339,12 +339,12 @@ impl<'h> IoQueue<'h> {
         // completion); only the kernel path's completions report bytes short.
         match self.qp.as_mut() {
             None => return 0,
-            Some(QueuePair::Nvme(q)) => q.process_completions(usize::MAX, |owner, cqe| {
-                complete(reqs, free, &mut done, f, owner, cqe, false)
-            }),
-            Some(QueuePair::Uring(q)) => q.process_completions(usize::MAX, |owner, cqe| {
-                complete(reqs, free, &mut done, f, owner, cqe, true)
-            }),
+            Some(QueuePair::Nvme(q)) => {
+                q.process_completions(usize::MAX, |owner, cqe| complete(reqs, free, &mut done, f, owner, cqe, false))
+            }
+            Some(QueuePair::Uring(q)) => {
+                q.process_completions(usize::MAX, |owner, cqe| complete(reqs, free, &mut done, f, owner, cqe, true))
+            }
         };
         self.outstanding -= done;
         done
@@ -509,4 +509,3 @@ fn complete(
         *done += 1;
     }
 }
-

@@ -164,6 +164,7 @@ fn run_one(
     size: usize,
     range: u64,
     engine: Engine,
+    runs: &mut Vec<serde_json::Value>,
 ) -> Result<(u64, u64), String> {
     let stop = AtomicBool::new(false);
     let finished = AtomicBool::new(false);
@@ -300,6 +301,29 @@ fn run_one(
             "          (null emulator: no data was moved; MiB/s is requests x size, the cost of the driver alone)"
         );
     }
+    if o.json.is_some() {
+        let us_of = |ns: f64| (ns / 10.0).round() / 100.0;
+        // The latency distribution at 1% steps and the tail, for CDFs.
+        let cdf: Vec<serde_json::Value> = (1..100)
+            .map(|i| i as f64 / 100.0)
+            .chain([0.995, 0.999, 0.9999, 1.0])
+            .map(|q| serde_json::json!([us_of(hist.quantile(q) as f64), q]))
+            .collect();
+        runs.push(serde_json::json!({
+            "mode": o.mode.name(), "size": size, "threads": o.threads, "qd": o.qd,
+            "engine": match engine { Engine::Batch(n) => format!("batch {n}"), Engine::Stream => "stream".into(), Engine::Queue => "queue".into() },
+            "completion": mode, "seconds": secs, "ios": ios, "bytes": bytes,
+            "mib_s": bytes as f64 / secs / (1 << 20) as f64, "iops": ios as f64 / secs,
+            "latency_us": {
+                "what": lat, "mean": us_of(hist.mean()), "p50": us_of(hist.quantile(0.5) as f64),
+                "p99": us_of(hist.quantile(0.99) as f64), "p999": us_of(hist.quantile(0.999) as f64),
+                "max": us_of(hist.max() as f64), "cdf": cdf,
+            },
+            "first_batch_us": first_batch.map(|f| us_of(f.as_nanos() as f64)),
+            "doorbells_per_batch": (batches > 0).then(|| doorbells as f64 / batches as f64),
+            "errors": errors, "null": o.target.null,
+        }));
+    }
     if errors > 0 {
         return Err(format!("{errors} I/O errors; first: {}", first_error.unwrap_or_default()));
     }
@@ -307,6 +331,7 @@ fn run_one(
 }
 
 pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
+    let command: Vec<String> = args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
     let Some(mut o) = parse(args)? else { return Ok(()) };
     // An SSD does not fall asleep between commands: keep the emulated
     // controller's thread awake across the short gaps of a run (it otherwise
@@ -414,6 +439,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         println!("prefill  {} written with the verify pattern in {:.2} s", fmt_bytes(range), t.elapsed().as_secs_f64());
     }
     let (mut checked, mut mismatches) = (0, 0);
+    let mut runs = Vec::new();
     let before = control.as_ref().map(|c| c.stats());
     let mut result = Ok(());
     let engines: Vec<Engine> = if o.stream {
@@ -425,7 +451,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     };
     'runs: for &engine in &engines {
         for &size in &o.sizes {
-            match run_one(&o, &handle, &slots, size, range, engine) {
+            match run_one(&o, &handle, &slots, size, range, engine, &mut runs) {
                 Ok((c, m)) => {
                     checked += c;
                     mismatches += m;
@@ -457,6 +483,24 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     }
     if o.verify {
         println!("verify   {checked} I/Os checked, {mismatches} mismatched 8-byte words");
+    }
+    if let Some(path) = &o.json {
+        let doc = serde_json::json!({
+            "ugds_version": env!("CARGO_PKG_VERSION"),
+            "command": std::iter::once("ugds bench".to_string()).chain(command).collect::<Vec<_>>().join(" "),
+            "target": target.description, "setup_ms": setup.as_secs_f64() * 1e3,
+            "queues": handle.queues().iter().map(|q| serde_json::json!({
+                "qid": q.qid, "role": format!("{:?}", q.role), "entries": q.entries, "vector": q.vector,
+            })).collect::<Vec<_>>(),
+            "shadow_doorbells": handle.shadow_doorbells(),
+            "verify": o.verify.then(|| serde_json::json!({"checked": checked, "mismatched_words": mismatches})),
+            "interrupt_waits_capped": o.interrupt.then(|| handle.interrupt_waits_capped()),
+            "protocol_errors": handle.protocol_errors(),
+            "machine": crate::machine(),
+            "runs": runs,
+        });
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+        std::fs::write(path, text + "\n").map_err(|e| format!("--json {}: {e}", path.display()))?;
     }
     for s in &slots {
         driver.deregister(&s.token).map_err(|e| e.to_string())?;

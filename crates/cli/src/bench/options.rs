@@ -21,6 +21,8 @@ Options:
       --stream            stream mode: each thread enqueues stream-ordered
                           requests on a host stream, qd of them ahead
       --verify            write a pattern, check every byte read against it
+      --json FILE         also write every figure, the configuration and the
+                          machine as JSON to FILE (`ugds report` draws them)
       --interrupt         interrupt completion instead of polling
       --no-progress       no progress bar, even on a terminal
       --progress-lines    progress as a line a second (for logs: I/Os done,
@@ -88,6 +90,8 @@ pub(super) struct Opts {
     pub(super) kernel_ring: ugds::KernelRing,
     pub(super) force_queue: bool,
     pub(super) target: TargetOpts,
+    /// Where to write every figure as JSON (`--json FILE`).
+    pub(super) json: Option<std::path::PathBuf>,
 }
 
 pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, String> {
@@ -110,6 +114,7 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
         kernel_ring: ugds::KernelRing::Plain,
         force_queue: false,
         target: TargetOpts::default(),
+        json: None,
     };
     let mut p = lexopt::Parser::from_args(args);
     let err = |e: lexopt::Error| e.to_string();
@@ -129,6 +134,7 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
             Short('b') | Long("bytes") => o.bytes = Some(parse_size(&p.value().map_err(err)?.string().map_err(err)?)?),
             Short('r') | Long("range") => o.range = Some(parse_size(&p.value().map_err(err)?.string().map_err(err)?)?),
             Long("verify") => o.verify = true,
+            Long("json") => o.json = Some(p.value().map_err(err)?.into()),
             Long("batch") => {
                 let v = p.value().map_err(err)?.string().map_err(err)?;
                 o.batches = v

@@ -1,0 +1,270 @@
+//! `ugds report`: one SVG from the JSON that `ugds bench --json` writes
+//! (several runs or several machines overlaid): bandwidth by request size,
+//! and the latency distribution (CDF) of each size.
+
+use serde_json::Value;
+use std::fmt::Write;
+
+pub const HELP: &str = "\
+Usage: ugds report [-o FILE] [--title TEXT] BENCH.json...
+
+Draws `ugds bench --json` files into one SVG (FILE, default report.svg):
+bandwidth (MiB/s) by request size, one line per file and mode, and the
+latency CDF of each run. Each file is labelled by its name without .json.
+";
+
+const PALETTE: [&str; 8] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+
+/// One line of the bandwidth panel: a file's runs of one mode and engine.
+struct Series {
+    label: String,
+    /// (request size, MiB/s, latency CDF as (us, fraction)).
+    points: Vec<(f64, f64, Vec<(f64, f64)>)>,
+}
+
+fn series(name: &str, doc: &Value) -> Result<Vec<Series>, String> {
+    let runs = doc["runs"].as_array().ok_or_else(|| format!("{name}: no \"runs\" (not `ugds bench --json` output)"))?;
+    let mut out: Vec<Series> = Vec::new();
+    for r in runs {
+        let key = format!(
+            "{} {} {} qd {}",
+            name,
+            r["mode"].as_str().unwrap_or("?"),
+            r["engine"].as_str().unwrap_or("?"),
+            r["qd"]
+        );
+        let (Some(size), Some(mibs)) = (r["size"].as_f64(), r["mib_s"].as_f64()) else {
+            return Err(format!("{name}: a run without size or mib_s"));
+        };
+        let cdf = r["latency_us"]["cdf"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|p| Some((p[0].as_f64()?, p[1].as_f64()?))).collect())
+            .unwrap_or_default();
+        match out.iter_mut().find(|s| s.label == key) {
+            Some(s) => s.points.push((size, mibs, cdf)),
+            None => out.push(Series { label: key, points: vec![(size, mibs, cdf)] }),
+        }
+    }
+    for s in &mut out {
+        s.points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    Ok(out)
+}
+
+/// A panel's frame: where it is, and how values map into it.
+struct Panel {
+    x0: f64,
+    y0: f64,
+    w: f64,
+    h: f64,
+}
+
+impl Panel {
+    fn at(&self, fx: f64, fy: f64) -> (f64, f64) {
+        (self.x0 + fx.clamp(0.0, 1.0) * self.w, self.y0 + self.h - fy.clamp(0.0, 1.0) * self.h)
+    }
+
+    fn frame(&self, svg: &mut String, title: &str, xlabel: &str, ylabel: &str) {
+        let _ = writeln!(
+            svg,
+            r##"<rect x="{}" y="{}" width="{}" height="{}" fill="none" stroke="#888"/>"##,
+            self.x0, self.y0, self.w, self.h
+        );
+        let _ = writeln!(
+            svg,
+            r#"<text x="{}" y="{}" font-size="14" text-anchor="middle">{}</text>"#,
+            self.x0 + self.w / 2.0,
+            self.y0 - 8.0,
+            esc(title)
+        );
+        let _ = writeln!(
+            svg,
+            r#"<text x="{}" y="{}" font-size="12" text-anchor="middle">{}</text>"#,
+            self.x0 + self.w / 2.0,
+            self.y0 + self.h + 34.0,
+            esc(xlabel)
+        );
+        let _ = writeln!(
+            svg,
+            r#"<text x="{x}" y="{y}" font-size="12" text-anchor="middle" transform="rotate(-90 {x} {y})">{}</text>"#,
+            esc(ylabel),
+            x = self.x0 - 46.0,
+            y = self.y0 + self.h / 2.0
+        );
+    }
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+/// The SVG of `files` (name, parsed JSON).
+pub fn draw(title: &str, files: &[(String, Value)]) -> Result<String, String> {
+    let mut all = Vec::new();
+    for (name, doc) in files {
+        all.extend(series(name, doc)?);
+    }
+    if all.is_empty() {
+        return Err("no runs to draw".into());
+    }
+    let (w, h) = (1000.0, 520.0);
+    let mut svg = String::new();
+    let _ =
+        writeln!(svg, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif">"#);
+    let _ = writeln!(svg, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(svg, r#"<text x="{}" y="24" font-size="16" text-anchor="middle">{}</text>"#, w / 2.0, esc(title));
+    // Bandwidth by size: log2 x, linear y from 0.
+    let bw = Panel { x0: 70.0, y0: 60.0, w: 380.0, h: 280.0 };
+    bw.frame(&mut svg, "bandwidth by request size", "request size", "MiB/s");
+    let sizes: Vec<f64> = {
+        let mut v: Vec<f64> = all.iter().flat_map(|s| s.points.iter().map(|p| p.0)).collect();
+        v.sort_by(f64::total_cmp);
+        v.dedup();
+        v
+    };
+    let (lo, hi) = (sizes[0].log2(), sizes[sizes.len() - 1].log2());
+    let fx = |size: f64| if hi > lo { (size.log2() - lo) / (hi - lo) } else { 0.5 };
+    let ymax = all.iter().flat_map(|s| s.points.iter().map(|p| p.1)).fold(0.0, f64::max) * 1.1;
+    for &s in &sizes {
+        let (x, y) = bw.at(fx(s), 0.0);
+        let _ = writeln!(
+            svg,
+            r#"<text x="{x}" y="{}" font-size="11" text-anchor="middle">{}</text>"#,
+            y + 16.0,
+            crate::fmt_bytes(s as u64)
+        );
+    }
+    for i in 0..=4 {
+        let v = ymax * i as f64 / 4.0;
+        let (x, y) = bw.at(0.0, i as f64 / 4.0);
+        let _ =
+            writeln!(svg, r#"<text x="{}" y="{}" font-size="11" text-anchor="end">{v:.0}</text>"#, x - 4.0, y + 4.0);
+    }
+    for (i, s) in all.iter().enumerate() {
+        let color = PALETTE[i % PALETTE.len()];
+        let pts: Vec<String> = s
+            .points
+            .iter()
+            .map(|p| {
+                let (x, y) = bw.at(fx(p.0), if ymax > 0.0 { p.1 / ymax } else { 0.0 });
+                format!("{x:.1},{y:.1}")
+            })
+            .collect();
+        let _ =
+            writeln!(svg, r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#, pts.join(" "));
+        for p in &pts {
+            let (x, y) = p.split_once(',').expect("x,y");
+            let _ = writeln!(svg, r#"<circle cx="{x}" cy="{y}" r="3" fill="{color}"/>"#);
+        }
+    }
+    // Latency CDFs: log10 x over every run's range, fraction y.
+    let cdf = Panel { x0: 560.0, y0: 60.0, w: 400.0, h: 280.0 };
+    cdf.frame(&mut svg, "latency distribution (CDF)", "latency, us (log scale)", "fraction of I/Os");
+    let lats: Vec<f64> =
+        all.iter().flat_map(|s| s.points.iter().flat_map(|p| p.2.iter().map(|c| c.0))).filter(|&u| u > 0.0).collect();
+    let (llo, lhi) = lats.iter().fold((f64::MAX, 0.0f64), |(a, b), &u| (a.min(u), b.max(u)));
+    let (llo, lhi) =
+        (llo.max(0.01).log10().floor(), lhi.max(0.01).log10().ceil().max(llo.max(0.01).log10().floor() + 1.0));
+    let lx = |us: f64| (us.max(0.01).log10() - llo) / (lhi - llo);
+    for d in llo as i32..=lhi as i32 {
+        let (x, y) = cdf.at(lx(10f64.powi(d)), 0.0);
+        let _ = writeln!(
+            svg,
+            r#"<text x="{x}" y="{}" font-size="11" text-anchor="middle">{}</text>"#,
+            y + 16.0,
+            10f64.powi(d)
+        );
+    }
+    for i in 0..=4 {
+        let (x, y) = cdf.at(0.0, i as f64 / 4.0);
+        let _ = writeln!(
+            svg,
+            r#"<text x="{}" y="{}" font-size="11" text-anchor="end">{:.2}</text>"#,
+            x - 4.0,
+            y + 4.0,
+            i as f64 / 4.0
+        );
+    }
+    let mut legend = Vec::new();
+    let mut n = 0;
+    for (i, s) in all.iter().enumerate() {
+        let color = PALETTE[i % PALETTE.len()];
+        legend.push((color, s.label.clone(), ""));
+        for (j, p) in s.points.iter().enumerate() {
+            if p.2.is_empty() {
+                continue;
+            }
+            // Sizes of one series: the same colour, a dash pattern each.
+            let dash = ["", "6,3", "2,2", "8,3,2,3"][j % 4];
+            let pts: Vec<String> =
+                p.2.iter()
+                    .map(|&(us, q)| {
+                        let (x, y) = cdf.at(lx(us), q);
+                        format!("{x:.1},{y:.1}")
+                    })
+                    .collect();
+            let _ = writeln!(
+                svg,
+                r#"<polyline fill="none" stroke="{color}" stroke-width="1.5" stroke-dasharray="{dash}" points="{}"><title>{} {}</title></polyline>"#,
+                pts.join(" "),
+                esc(&s.label),
+                crate::fmt_bytes(p.0 as u64)
+            );
+            n += 1;
+        }
+    }
+    // Legend: one line per series; dash patterns name the sizes in order.
+    let mut y = 390.0;
+    for (color, label, _) in &legend {
+        let _ = writeln!(svg, r#"<line x1="70" y1="{y}" x2="100" y2="{y}" stroke="{color}" stroke-width="3"/>"#);
+        let _ = writeln!(svg, r#"<text x="108" y="{}" font-size="12">{}</text>"#, y + 4.0, esc(label));
+        y += 18.0;
+    }
+    let sizes_text: Vec<String> = sizes.iter().map(|&s| crate::fmt_bytes(s as u64)).collect();
+    let _ = writeln!(
+        svg,
+        r#"<text x="560" y="394" font-size="11">CDF: a series' colour; solid, dashed, dotted, dash-dot: its sizes</text>"#
+    );
+    let _ = writeln!(
+        svg,
+        r#"<text x="560" y="410" font-size="11">in order ({}); {n} curves</text>"#,
+        esc(&sizes_text.join(", "))
+    );
+    svg.push_str("</svg>\n");
+    Ok(svg)
+}
+
+pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
+    use lexopt::prelude::*;
+    let mut p = lexopt::Parser::from_args(args);
+    let (mut out, mut title, mut inputs) =
+        (std::path::PathBuf::from("report.svg"), "ugds bench".to_string(), Vec::new());
+    while let Some(a) = p.next().map_err(|e| e.to_string())? {
+        match a {
+            Short('o') | Long("output") => out = p.value().map_err(|e| e.to_string())?.into(),
+            Long("title") => {
+                title = p.value().map_err(|e| e.to_string())?.string().map_err(|_| "--title: not UTF-8")?
+            }
+            Value(v) => inputs.push(std::path::PathBuf::from(v)),
+            Short('h') | Long("help") => {
+                print!("{HELP}");
+                return Ok(());
+            }
+            _ => return Err(a.unexpected().to_string()),
+        }
+    }
+    if inputs.is_empty() {
+        return Err(format!("no input files\n{HELP}"));
+    }
+    let mut files = Vec::new();
+    for path in &inputs {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let doc: serde_json::Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        let name = path.file_stem().map_or("?".into(), |s| s.to_string_lossy().into_owned());
+        files.push((name, doc));
+    }
+    let svg = draw(&title, &files)?;
+    std::fs::write(&out, svg).map_err(|e| format!("{}: {e}", out.display()))?;
+    println!("wrote {}", out.display());
+    Ok(())
+}
