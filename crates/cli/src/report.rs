@@ -15,11 +15,14 @@ latency CDF of each run. Each file is labelled by its name without .json.
 
 const PALETTE: [&str; 8] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
 
+/// A run's latency distribution: (us, fraction of I/Os at or below).
+type Cdf = Vec<(f64, f64)>;
+
 /// One line of the bandwidth panel: a file's runs of one mode and engine.
 struct Series {
     label: String,
-    /// (request size, MiB/s, latency CDF as (us, fraction)).
-    points: Vec<(f64, f64, Vec<(f64, f64)>)>,
+    /// (request size, MiB/s, latency CDF).
+    points: Vec<(f64, f64, Cdf)>,
 }
 
 fn series(name: &str, doc: &Value) -> Result<Vec<Series>, String> {
