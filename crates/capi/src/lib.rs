@@ -35,6 +35,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 use ugds::gpu::{GpuStream, StreamWait};
+use ugds::platform::Recover;
 use ugds::{BatchIo, BatchOp, BatchStatus, BufferToken, Drain, Error, Handle, HandleOptions, StreamIo};
 use ugds_emu::{EmuConfig, EmuPlatform, NamespaceConfig};
 
@@ -68,11 +69,11 @@ thread_local! {
 }
 
 fn state() -> RwLockReadGuard<'static, Option<State>> {
-    STATE.read().unwrap_or_else(|p| p.into_inner())
+    STATE.read().recover()
 }
 
 fn state_mut() -> RwLockWriteGuard<'static, Option<State>> {
-    STATE.write().unwrap_or_else(|p| p.into_inner())
+    STATE.write().recover()
 }
 
 fn ok() -> uGDSError_t {

@@ -27,6 +27,7 @@ pub use config::{Backing, EmuConfig, LatencyModel, NamespaceConfig, SharedFd};
 pub use fault::{Fault, FaultAction, FaultTarget, IdentifyLies};
 pub use stats::EmuStats;
 use stats::{Counters, DriverCounters};
+use ugds_platform::Recover;
 
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
@@ -151,7 +152,7 @@ impl Shared {
 
 impl DmaRelease for Shared {
     fn release(&self, region: &DmaRegion) {
-        self.iova.write().unwrap_or_else(|p| p.into_inner()).remove(region.iova(0));
+        self.iova.write().recover().remove(region.iova(0));
     }
 }
 
@@ -175,7 +176,7 @@ impl EmuControl {
 
     /// Arms a fault.
     pub fn inject(&self, fault: Fault) {
-        let mut f = self.shared.faults.lock().unwrap_or_else(|p| p.into_inner());
+        let mut f = self.shared.faults.lock().recover();
         f.push(fault);
         self.shared.faults_armed.store(true, Ordering::Release);
     }
@@ -190,7 +191,7 @@ impl EmuControl {
 
     /// Disarms every fault not yet used up.
     pub fn clear_faults(&self) {
-        self.shared.faults.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.shared.faults.lock().recover().clear();
         self.shared.faults_armed.store(false, Ordering::Release);
     }
 }
@@ -303,7 +304,7 @@ impl Platform for EmuPlatform {
     fn alloc_dma(&self, len: usize) -> Result<DmaBuffer> {
         let mem = Anonymous::populated(len)?;
         let (host, len) = (mem.as_ptr(), mem.len());
-        let iova = self.shared.iova.write().unwrap_or_else(|p| p.into_inner()).insert(host as usize, len, Some(mem));
+        let iova = self.shared.iova.write().recover().insert(host as usize, len, Some(mem));
         // SAFETY: `mem` is page-aligned, `len` bytes long, and is owned by the
         // IOVA table entry until `release` removes it, which only the drop of
         // the DmaBuffer built here does.
@@ -313,14 +314,14 @@ impl Platform for EmuPlatform {
 
     unsafe fn map_host(&self, vaddr: *mut u8, len: usize) -> Result<HostMapping> {
         let span = HostMapping::span(vaddr, len)?;
-        let iova = self.shared.iova.write().unwrap_or_else(|p| p.into_inner()).insert(span.0, span.1, None);
+        let iova = self.shared.iova.write().recover().insert(span.0, span.1, None);
         Ok(HostMapping::contiguous(vaddr, span, iova))
     }
 
     unsafe fn map_device(&self, mem: &DeviceMemory) -> Result<HostMapping> {
         let (start, len) = ugds_platform::device::page_span(mem.ptr, mem.len);
         let entry = IovaEntry { len, host: start as usize, device: Some(mem.runtime.clone()), _owned: None };
-        let iova = self.shared.iova.write().unwrap_or_else(|p| p.into_inner()).insert_entry(entry);
+        let iova = self.shared.iova.write().recover().insert_entry(entry);
         Ok(HostMapping::contiguous(mem.ptr as *const u8, (start as usize, len), iova))
     }
 
@@ -329,7 +330,7 @@ impl Platform for EmuPlatform {
     }
 
     fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
-        if self.shared.iova.write().unwrap_or_else(|p| p.into_inner()).remove(mapping.cookie) {
+        if self.shared.iova.write().recover().remove(mapping.cookie) {
             Ok(())
         } else {
             Err(Error::Platform(format!("no mapping at IOVA {:#x}", mapping.cookie)))

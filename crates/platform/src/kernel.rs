@@ -21,6 +21,7 @@ use crate::dma::{DmaBuffer, DmaRegion, DmaRelease};
 use crate::sys::uring::direct_io_alignment;
 use crate::sys::uring::{BOUNCE_BUFFERS, FIXED_BUFFERS, FIXED_BUFFER_MAX};
 use crate::sys::{Anonymous, EventFd, PAGE_SIZE};
+use crate::Recover;
 use crate::{Error, HostMapping, Platform, Result};
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -238,7 +239,7 @@ impl KernelPlatform {
         if addr < DEVICE_IOVA_BASE {
             return None;
         }
-        let devices = self.devices.read().unwrap_or_else(|p| p.into_inner());
+        let devices = self.devices.read().recover();
         let (&start, r) = devices.range(..=addr).next_back()?;
         let off = addr - start;
         (off + len as u64 <= r.len as u64).then(|| (r.device + off, r.runtime.clone()))
@@ -247,7 +248,7 @@ impl KernelPlatform {
     /// The registered host buffer holding `addr..addr + len`, if it has a
     /// slot in the rings' registered-buffer tables.
     pub fn host_buffer(&self, addr: usize, len: usize) -> Option<FixedHost> {
-        let hosts = self.hosts.read().unwrap_or_else(|p| p.into_inner());
+        let hosts = self.hosts.read().recover();
         let (&start, r) = hosts.range(..=addr).next_back()?;
         (addr + len <= start + r.len).then_some((r.slot, r.generation, start as *mut u8, r.len))
     }
@@ -260,7 +261,7 @@ impl KernelPlatform {
     /// The generation each host slot names now (0: free), from slot
     /// `BOUNCE_BUFFERS` on.
     pub fn host_slot_generations(&self) -> Box<[u32]> {
-        self.slots.lock().unwrap_or_else(|p| p.into_inner()).generation.clone()
+        self.slots.lock().recover().generation.clone()
     }
 
     /// The file's path (for a descriptor, its `/proc/self/fd` name).
@@ -365,13 +366,13 @@ impl Platform for KernelPlatform {
         // A slot in the rings' registered-buffer tables, where one is free:
         // the rings register the memory when they first use it.
         if span.1 <= FIXED_BUFFER_MAX {
-            let mut s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            let mut s = self.slots.lock().recover();
             if let Some(slot) = s.free.pop() {
                 s.next_generation = s.next_generation.checked_add(1).unwrap_or(2);
                 let generation = s.next_generation;
                 s.generation[(slot - BOUNCE_BUFFERS) as usize] = generation;
                 let r = HostRange { len: span.1, slot, generation };
-                self.hosts.write().unwrap_or_else(|p| p.into_inner()).insert(span.0, r);
+                self.hosts.write().recover().insert(span.0, r);
             }
         }
         Ok(HostMapping::contiguous(vaddr, span, span.0 as u64))
@@ -382,7 +383,7 @@ impl Platform for KernelPlatform {
         // A guard page between mappings: no command spans two of them.
         let iova = self.next_device.fetch_add(len as u64 + PAGE_SIZE as u64, Ordering::Relaxed);
         let range = DeviceRange { len, device: start, runtime: mem.runtime.clone() };
-        self.devices.write().unwrap_or_else(|p| p.into_inner()).insert(iova, range);
+        self.devices.write().recover().insert(iova, range);
         Ok(HostMapping::contiguous(mem.ptr as *const u8, (start as usize, len), iova))
     }
 
@@ -392,10 +393,9 @@ impl Platform for KernelPlatform {
 
     fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
         if mapping.cookie >= DEVICE_IOVA_BASE {
-            self.devices.write().unwrap_or_else(|p| p.into_inner()).remove(&mapping.cookie);
-        } else if let Some(r) = self.hosts.write().unwrap_or_else(|p| p.into_inner()).remove(&(mapping.cookie as usize))
-        {
-            let mut s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            self.devices.write().recover().remove(&mapping.cookie);
+        } else if let Some(r) = self.hosts.write().recover().remove(&(mapping.cookie as usize)) {
+            let mut s = self.slots.lock().recover();
             s.generation[(r.slot - BOUNCE_BUFFERS) as usize] = 0;
             s.free.push(r.slot);
             self.host_epoch.fetch_add(1, Ordering::Release);

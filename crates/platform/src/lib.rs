@@ -132,3 +132,30 @@ pub trait Platform: Send + Sync {
     /// Number of interrupt vectors available (0: polling only).
     fn interrupt_vectors(&self) -> u16;
 }
+
+/// The one way ugds takes a lock: a lock whose holder panicked is used as
+/// it is. Every critical section in ugds leaves its state consistent at
+/// each step a panic can interrupt (a request's slot, a queue's tracker, a
+/// registry entry), and refusing the lock forever would leave memory under
+/// DMA unaccounted for; so poisoning is not an error here.
+///
+/// ```
+/// use ugds_platform::Recover;
+/// let m = std::sync::Mutex::new(1);
+/// let _ = std::panic::catch_unwind(|| {
+///     let _g = m.lock().recover();
+///     panic!("while holding it");
+/// });
+/// assert_eq!(*m.lock().recover(), 1);
+/// ```
+pub trait Recover<G> {
+    /// The guard, poisoned or not.
+    fn recover(self) -> G;
+}
+
+impl<G> Recover<G> for std::sync::LockResult<G> {
+    #[inline]
+    fn recover(self) -> G {
+        self.unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}

@@ -13,6 +13,7 @@ use crate::sys::ugds_drv as k;
 pub use crate::sys::ugds_drv::ABI_VERSION;
 use crate::sys::vfio::{open_rw, Mmio};
 use crate::sys::{EventFd, PAGE_SIZE};
+use crate::Recover;
 use crate::{Error, Result};
 use crate::{HostMapping, Platform};
 use std::collections::HashMap;
@@ -31,8 +32,7 @@ struct File {
 
 impl DmaRelease for File {
     fn release(&self, region: &DmaRegion) {
-        let Some((handle, host, len)) = self.dma.lock().unwrap_or_else(|p| p.into_inner()).remove(&region.iova(0))
-        else {
+        let Some((handle, host, len)) = self.dma.lock().recover().remove(&region.iova(0)) else {
             return;
         };
         // SAFETY: our own mapping of the coherent memory, no longer used.
@@ -176,11 +176,7 @@ impl Platform for UgdsDrvPlatform {
             }
         };
         // dma_alloc_coherent memory is zeroed; the rings rely on that.
-        self.file
-            .dma
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(d.bus_addr, (d.handle, p.as_ptr() as usize, len));
+        self.file.dma.lock().recover().insert(d.bus_addr, (d.handle, p.as_ptr() as usize, len));
         // SAFETY: the mapping is `len` bytes, page aligned, and stays until
         // `release` (run by the DmaBuffer's drop) unmaps it.
         let region = unsafe { DmaRegion::new(p, len, Iova(d.bus_addr)) };

@@ -14,6 +14,7 @@
 use crate::dma::{DmaBuffer, DmaRegion, DmaRelease};
 use crate::sys::vfio::{self as v, Mmio};
 use crate::sys::{Anonymous, EventFd, PAGE_SIZE};
+use crate::Recover;
 use crate::{Error, Result};
 use crate::{HostMapping, Platform};
 use std::collections::BTreeMap;
@@ -89,7 +90,7 @@ impl Container {
     /// The memory must stay allocated until [`unmap`](Self::unmap) of the
     /// returned IOVA (memory in `owned` is kept here until then).
     unsafe fn map(&self, vaddr: usize, len: usize, owned: Option<Anonymous>) -> Result<u64> {
-        let mut sp = self.iova.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sp = self.iova.lock().recover();
         let iova = sp.next;
         match &self.ctx {
             IommuCtx::Type1 { container, .. } => {
@@ -108,7 +109,7 @@ impl Container {
     }
 
     fn unmap(&self, iova: u64) -> Result<()> {
-        let mut sp = self.iova.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sp = self.iova.lock().recover();
         let Some(&(len, _)) = sp.live.get(&iova) else {
             return Err(Error::Platform(format!("no VFIO mapping at IOVA {iova:#x}")));
         };
@@ -132,7 +133,7 @@ impl DmaRelease for Container {
             // Not unmapped: the memory stays allocated (leaked) rather than
             // freed under a live IOMMU entry.
             tracing::error!("VFIO unmap of DMA memory failed, memory kept: {e}");
-            let mut sp = self.iova.lock().unwrap_or_else(|p| p.into_inner());
+            let mut sp = self.iova.lock().recover();
             if let Some((_, owned)) = sp.live.remove(&region.iova(0)) {
                 std::mem::forget(owned);
             }

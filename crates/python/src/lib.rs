@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use ugds::gpu::StreamWait;
+use ugds::platform::Recover;
 use ugds::{BatchIo, BatchOp, BufferToken, Completion, Drain, HandleOptions, HostStream, StreamIo};
 use ugds_emu::{EmuConfig, EmuPlatform, NamespaceConfig};
 
@@ -76,7 +77,7 @@ type Graveyard = Arc<Mutex<Vec<(BufferToken, PyObject)>>>;
 /// Called with the GIL held (owners are dropped here).
 fn sweep(driver: &ugds::Driver, graveyard: &Graveyard) {
     let released: Vec<(BufferToken, PyObject)> = {
-        let mut g = graveyard.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = graveyard.lock().recover();
         let (busy, done) = std::mem::take(&mut *g)
             .into_iter()
             .partition(|(t, _)| matches!(driver.deregister(t), Err(ugds::Error::Busy { .. })));
@@ -219,7 +220,7 @@ impl Driver {
     fn deregister(&self, buf: &Buffer) -> PyResult<()> {
         sweep(&self.inner, &self.graveyard);
         self.inner.deregister(&buf.token).map_err(err)?;
-        buf.owner.lock().unwrap_or_else(|p| p.into_inner()).take();
+        buf.owner.lock().recover().take();
         Ok(())
     }
 
@@ -228,7 +229,7 @@ impl Driver {
     #[getter]
     fn pending_releases(&self) -> usize {
         sweep(&self.inner, &self.graveyard);
-        self.graveyard.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.graveyard.lock().recover().len()
     }
 
     /// Exports registered GPU memory as a dma-buf: `(fd, offset, length)`.
@@ -278,13 +279,11 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        let owner = self.owner.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        let owner = self.owner.get_mut().recover().take();
         // Ok: deregistered now. NotRegistered or StaleToken: deregistered
         // before (this token, or this memory since). Busy: I/O holds it.
         match (self.driver.deregister(&self.token), owner) {
-            (Err(ugds::Error::Busy { .. }), Some(o)) => {
-                self.graveyard.lock().unwrap_or_else(|p| p.into_inner()).push((self.token, o))
-            }
+            (Err(ugds::Error::Busy { .. }), Some(o)) => self.graveyard.lock().recover().push((self.token, o)),
             // Dropped here, without any lock held (see `sweep`).
             (_, o) => drop(o),
         }

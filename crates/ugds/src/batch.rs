@@ -17,6 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ugds_nvme::{Cid, NvmOpcode, Qid, Sqe};
+use ugds_platform::Recover;
 
 /// Direction of a batch request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,7 +121,7 @@ impl Batch {
         let _in = h.enter()?;
         let q = self.queue();
         q.check_room(self.ctx, ios.len())?;
-        let mut reqs = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let mut reqs = self.scratch.lock().recover();
         reqs.clear();
         let mut recent = None;
         for io in ios {

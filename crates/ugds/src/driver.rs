@@ -10,6 +10,7 @@ use crate::registry::{BufferToken, Registry, Visibility};
 use crate::{Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use ugds_platform::Recover;
 
 /// Library state: the buffer registry and the open handles. Opening it does
 /// no device work (the paper's `uGDSDriverOpen`); handles do.
@@ -91,7 +92,7 @@ impl Driver {
         let inner = HandleInner::new(id, self.inner.clone(), ctrl, opts)?;
         let inner = Arc::new(inner);
         inner.start_stream_engine()?;
-        let mut handles = self.inner.handles.lock().unwrap_or_else(|p| p.into_inner());
+        let mut handles = self.inner.handles.lock().recover();
         let platform = inner.platform().clone();
         let mapped = self.inner.registry.for_each(|e| e.map_for(id, &platform));
         if let Err(e) = mapped {
@@ -158,7 +159,7 @@ impl Driver {
                 crate::sys::physical_memory()
             )));
         }
-        let handles = self.inner.handles.lock().unwrap_or_else(|p| p.into_inner());
+        let handles = self.inner.handles.lock().recover();
         let live: Vec<_> =
             handles.iter().filter_map(|(id, w)| w.upgrade().map(|h| (*id, h.platform().clone()))).collect();
         self.inner.registry.insert(base, len, device, &live, v)
@@ -222,7 +223,7 @@ impl Driver {
     /// Deregisters a buffer: refused (and nothing changed) while I/O is in
     /// flight on it or when the token is stale.
     pub fn deregister(&self, token: &BufferToken) -> Result<()> {
-        let _handles = self.inner.handles.lock().unwrap_or_else(|p| p.into_inner());
+        let _handles = self.inner.handles.lock().recover();
         self.inner.registry.remove(token)
     }
 

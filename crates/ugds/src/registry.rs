@@ -25,6 +25,7 @@ use crate::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, Weak};
+use ugds_platform::Recover;
 
 /// Names one registration: the base address, its length, and the
 /// generation that tells it from earlier registrations of the same address.
@@ -59,7 +60,7 @@ pub(crate) struct BufEntry {
 
 impl BufEntry {
     pub fn mappings(&self) -> RwLockReadGuard<'_, Vec<Mapping>> {
-        self.mappings.read().unwrap_or_else(|p| p.into_inner())
+        self.mappings.read().recover()
     }
 
     /// Maps this buffer for one more handle.
@@ -72,17 +73,13 @@ impl BufEntry {
                 Some(d) => platform.map_device(d)?,
             }
         };
-        self.mappings.write().unwrap_or_else(|p| p.into_inner()).push(Mapping {
-            handle_id,
-            platform: platform.clone(),
-            map,
-        });
+        self.mappings.write().recover().push(Mapping { handle_id, platform: platform.clone(), map });
         Ok(())
     }
 
     /// Removes the mapping of one handle.
     pub fn unmap_for(&self, handle_id: u64) {
-        let mut m = self.mappings.write().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.mappings.write().recover();
         m.retain(|x| {
             if x.handle_id == handle_id {
                 if let Err(e) = x.platform.unmap_host(&x.map) {
@@ -177,7 +174,7 @@ impl Registry {
         }
         let end =
             base.checked_add(len).ok_or_else(|| Error::InvalidArgument("buffer wraps the address space".into()))?;
-        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.map.write().recover();
         if visibility == Visibility::Public {
             if map.contains_key(&base) {
                 return Err(Error::AlreadyRegistered { base });
@@ -211,7 +208,7 @@ impl Registry {
                 map.insert(base, entry);
             }
             Visibility::Private => {
-                self.private.write().unwrap_or_else(|p| p.into_inner()).insert(generation, entry);
+                self.private.write().recover().insert(generation, entry);
             }
         }
         Ok(BufferToken { base, len, generation })
@@ -219,7 +216,7 @@ impl Registry {
 
     /// The private entry `token` names, if any.
     fn private_entry(&self, token: &BufferToken) -> Option<Arc<BufEntry>> {
-        let p = self.private.read().unwrap_or_else(|p| p.into_inner());
+        let p = self.private.read().recover();
         p.get(&token.generation).filter(|e| e.base == token.base).cloned()
     }
 
@@ -247,7 +244,7 @@ impl Registry {
 
     /// Removes a registration; refuses a stale token or one with I/O in flight.
     pub fn remove(&self, token: &BufferToken) -> Result<()> {
-        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.map.write().recover();
         match map.get(&token.base) {
             Some(e) if e.generation == token.generation => {
                 Self::retire(e)?;
@@ -256,7 +253,7 @@ impl Registry {
                 Ok(())
             }
             public => {
-                let mut p = self.private.write().unwrap_or_else(|p| p.into_inner());
+                let mut p = self.private.write().recover();
                 if let Some(e) = p.get(&token.generation).filter(|e| e.base == token.base) {
                     Self::retire(e)?;
                     let e = p.remove(&token.generation).expect("looked up above");
@@ -273,13 +270,13 @@ impl Registry {
 
     /// The current registration at `base`.
     pub fn token_at(&self, base: usize) -> Option<BufferToken> {
-        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        let map = self.map.read().recover();
         map.get(&base).map(|e| BufferToken { base, len: e.len, generation: e.generation })
     }
 
     /// The registration whose range holds `addr`.
     pub fn containing(&self, addr: usize) -> Option<BufferToken> {
-        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        let map = self.map.read().recover();
         let (&base, e) = map.range(..=addr).next_back()?;
         (addr < base + e.len).then_some(BufferToken { base, len: e.len, generation: e.generation })
     }
@@ -289,7 +286,7 @@ impl Registry {
     /// the slow path of [`acquire_recent`](Self::acquire_recent).)
     #[inline(never)]
     pub fn acquire(&self, token: &BufferToken, offset: u64, len: u64) -> Result<BufGuard> {
-        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        let map = self.map.read().recover();
         let e = match map.get(&token.base) {
             Some(e) if e.generation == token.generation => e.clone(),
             public => match self.private_entry(token) {
@@ -334,7 +331,7 @@ impl Registry {
 
     /// The device memory registered at `token`, checked.
     pub fn device_memory(&self, token: &BufferToken) -> Result<Option<DeviceMemory>> {
-        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        let map = self.map.read().recover();
         match map.get(&token.base) {
             Some(e) if e.generation == token.generation => Ok(e.device.clone()),
             public => match (self.private_entry(token), public) {
@@ -350,15 +347,15 @@ impl Registry {
     /// Every entry, public and private, for mapping them on a new handle or
     /// unmapping on close.
     pub fn for_each(&self, mut f: impl FnMut(&Arc<BufEntry>) -> Result<()>) -> Result<()> {
-        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        let map = self.map.read().recover();
         map.values().try_for_each(&mut f)?;
-        let p = self.private.read().unwrap_or_else(|p| p.into_inner());
+        let p = self.private.read().recover();
         p.values().try_for_each(&mut f)
     }
 
     /// Private registrations, and how many of them have I/O in flight.
     pub fn private_count(&self) -> (usize, usize) {
-        let p = self.private.read().unwrap_or_else(|p| p.into_inner());
+        let p = self.private.read().recover();
         (p.len(), p.values().filter(|e| e.inflight.load(Ordering::Acquire) != 0).count())
     }
 }

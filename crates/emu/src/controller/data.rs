@@ -2,6 +2,7 @@
 //! worker threads, and bounce buffers for GPU memory.
 
 use super::*;
+use ugds_platform::Recover;
 
 pub(super) fn translate_region(table: &IovaTable, iova: u64, len: usize) -> Option<DmaRegion> {
     let host = table.translate(iova, len)?;
@@ -130,12 +131,12 @@ impl Workers {
                     .spawn(move || {
                         let mut staging = None;
                         loop {
-                            let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                            let job = rx.lock().recover().recv();
                             let Ok(mut job) = job else { break };
                             {
                                 // Held for the copy: unmapping waits for it.
                                 let host = job.segs.iter().any(|s| s.2.is_none());
-                                let _table = host.then(|| shared.iova.read().unwrap_or_else(|p| p.into_inner()));
+                                let _table = host.then(|| shared.iova.read().recover());
                                 // SAFETY: translated by the controller; the
                                 // driver unmaps a buffer only after its
                                 // commands completed, and a reset waits for
@@ -147,7 +148,7 @@ impl Workers {
                                     job.c.status = s;
                                 }
                             }
-                            done.lock().unwrap_or_else(|p| p.into_inner()).push(job);
+                            done.lock().recover().push(job);
                             shared.wake();
                         }
                     })
@@ -161,7 +162,7 @@ impl Workers {
     pub(super) fn drain(&mut self) -> Vec<Job> {
         let mut all = Vec::new();
         while all.len() < self.inflight {
-            all.append(&mut self.done.lock().unwrap_or_else(|p| p.into_inner()));
+            all.append(&mut self.done.lock().recover());
             if all.len() < self.inflight {
                 std::thread::yield_now();
             }
@@ -207,7 +208,7 @@ impl Drop for Bounce {
         // SAFETY: taken once, here; `mem` is not used after.
         let mem = unsafe { std::mem::ManuallyDrop::take(&mut self.mem) };
         match self.pinned_by.take() {
-            Some(rt) => PINNED_BOUNCE.lock().unwrap_or_else(|p| p.into_inner()).push((mem, rt)),
+            Some(rt) => PINNED_BOUNCE.lock().recover().push((mem, rt)),
             None => drop(mem),
         }
     }
@@ -232,7 +233,7 @@ pub(super) fn bounce<'a>(
         let size = staging.as_ref().map_or(0, |b| b.mem.len()).max(len.next_power_of_two()).max(4 << 20);
         *staging = None;
         let parked = rt.and_then(|r| {
-            let mut pool = PINNED_BOUNCE.lock().unwrap_or_else(|p| p.into_inner());
+            let mut pool = PINNED_BOUNCE.lock().recover();
             let i = pool.iter().position(|(m, p)| m.len() >= size && Arc::ptr_eq(r, p))?;
             Some(pool.swap_remove(i))
         });

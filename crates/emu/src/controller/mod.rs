@@ -11,6 +11,7 @@ use completion::{Completion, Delayed, Lie};
 use data::*;
 pub(super) use namespace::Namespace;
 use namespace::Store;
+use ugds_platform::Recover;
 
 use super::{EmuConfig, Fault, FaultAction, FaultTarget, IovaTable, Shared};
 use std::cmp::Reverse;
@@ -236,7 +237,7 @@ impl Controller {
             return did;
         }
         let shared = self.shared.clone();
-        let table = shared.iova.read().unwrap_or_else(|p| p.into_inner());
+        let table = shared.iova.read().recover();
         if table.version != self.table_version {
             self.revalidate(&table);
             if self.fatal {
@@ -477,7 +478,7 @@ impl Controller {
         let mut jobs = Vec::new();
         for w in [self.workers.as_mut(), self.gpu_copies.as_mut()].into_iter().flatten() {
             if w.inflight > 0 {
-                let done = std::mem::take(&mut *w.done.lock().unwrap_or_else(|p| p.into_inner()));
+                let done = std::mem::take(&mut *w.done.lock().recover());
                 w.inflight -= done.len();
                 jobs.extend(done);
             }
@@ -503,7 +504,7 @@ impl Controller {
     }
 
     fn take_fault(&mut self, qid: u16, opcode: u8) -> Option<FaultAction> {
-        let mut faults = self.shared.faults.lock().unwrap_or_else(|p| p.into_inner());
+        let mut faults = self.shared.faults.lock().recover();
         let hit = faults.iter_mut().position(|f: &mut Fault| {
             let matches = match f.target {
                 FaultTarget::Io(op) => qid != 0 && op.is_none_or(|o| o == opcode),

@@ -20,6 +20,7 @@ use ugds_nvme::cmd::cns;
 use ugds_nvme::identify::{parse_active_ns_list, IdentifyController, IdentifyNamespace};
 use ugds_nvme::regs::{self, Aqa, Cap, Cc, Csts};
 use ugds_nvme::{Cid, Cqe, Nsid, Qid, Sqe, IDENTIFY_LEN};
+use ugds_platform::Recover;
 
 /// Entries in each admin queue.
 pub(crate) const ADMIN_ENTRIES: u16 = 32;
@@ -328,7 +329,7 @@ impl NvmeController {
     }
 
     fn identify(&self, cns: u8, nsid: u32) -> Result<[u8; IDENTIFY_LEN]> {
-        let mut admin = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        let mut admin = self.admin.lock().recover();
         let prp1 = admin.data.iova(0);
         let sqe = Sqe::identify(Cid(0), cns, Nsid(nsid), prp1);
         run_admin(&mut admin.qp, &*self.platform, sqe, "Identify")?;
@@ -339,7 +340,7 @@ impl NvmeController {
 
     /// Runs an admin command to completion (polled) and returns its entry.
     pub fn admin_command(&self, sqe: Sqe, op: &'static str) -> Result<Cqe> {
-        let mut admin = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        let mut admin = self.admin.lock().recover();
         run_admin(&mut admin.qp, &*self.platform, sqe, op)
     }
 

@@ -33,6 +33,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use ugds_nvme::prp::PrpPlan;
 use ugds_nvme::{regs, Sqe, Status};
+use ugds_platform::Recover;
 
 /// How completions are waited for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -221,7 +222,7 @@ impl SyncQueue {
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock().recover()
     }
 
     /// The queue pair, for teardown (locks it).
@@ -336,13 +337,13 @@ impl SyncQueue {
             (Completion::Interrupt, Some(v)) => {
                 if let Ok(Some(efd)) = self.platform.interrupt(v) {
                     let left = deadline.at().saturating_duration_since(Instant::now()).min(WAIT_CAP);
-                    let mut sl = self.sleep.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut sl = self.sleep.lock().recover();
                     if sl.epoch != *seen || self.completion_waiting() {
                         *seen = sl.epoch;
                         return;
                     }
                     let capped = if sl.leader {
-                        let (g, t) = self.woken.wait_timeout(sl, left).unwrap_or_else(|p| p.into_inner());
+                        let (g, t) = self.woken.wait_timeout(sl, left).recover();
                         sl = g;
                         t.timed_out() && sl.epoch == *seen
                     } else {
@@ -360,7 +361,7 @@ impl SyncQueue {
                             self.kick.as_ref().map(EventFd::drain);
                         }
                         let signalled = irq || kicked;
-                        sl = self.sleep.lock().unwrap_or_else(|p| p.into_inner());
+                        sl = self.sleep.lock().recover();
                         sl.leader = false;
                         if signalled {
                             // An interrupt (or a kick): everyone looks.
@@ -375,7 +376,7 @@ impl SyncQueue {
                             // shares the vector: it looks too.
                             drop(sl);
                             self.wake_siblings();
-                            sl = self.sleep.lock().unwrap_or_else(|p| p.into_inner());
+                            sl = self.sleep.lock().recover();
                         }
                         capped
                     };
@@ -414,7 +415,7 @@ impl SyncQueue {
         let mut deadline = Deadline::new(timeout);
         let mut spins = 0u32;
         let mut seen = match mode {
-            Completion::Interrupt => self.sleep.lock().unwrap_or_else(|p| p.into_inner()).epoch,
+            Completion::Interrupt => self.sleep.lock().recover().epoch,
             Completion::Poll => 0,
         };
         // Take a slot; when every slot is in use, help the others finish.
@@ -490,7 +491,7 @@ impl SyncQueue {
         if mode != Completion::Interrupt {
             return;
         }
-        let mut sl = self.sleep.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sl = self.sleep.lock().recover();
         sl.epoch = sl.epoch.wrapping_add(1);
         self.woken.notify_all();
         let leader = sl.leader;

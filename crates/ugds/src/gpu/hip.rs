@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, OnceLock};
+use ugds_platform::Recover;
 
 type Res = i32;
 type RawStream = *mut c_void;
@@ -179,7 +180,7 @@ impl Hip {
     }
 
     fn device(self: &Arc<Self>, device: i32) -> Result<Arc<HipDevice>> {
-        let mut map = self.devices.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.devices.lock().recover();
         if let Some(d) = map.get(&device) {
             return Ok(d.clone());
         }

@@ -20,6 +20,7 @@ mod options;
 
 pub use api::Handle;
 pub use options::{Drain, HandleOptions, HandleState, QueueInfo, QueueRole};
+use ugds_platform::Recover;
 
 use crate::driver::DriverInner;
 use crate::engine::batch::BatchQueue;
@@ -287,7 +288,7 @@ impl HandleInner {
     /// the handle closes: for this handle only, found only by its token.
     /// Never made or removed on the completion path.
     pub fn staging_token(&self, base: *mut u8, len: usize) -> Result<BufferToken> {
-        let mut map = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.staging.lock().recover();
         if let Some(t) = map.get(&(base as usize)) {
             return Ok(*t);
         }
@@ -300,7 +301,7 @@ impl HandleInner {
     /// Removes the staging registrations (nothing is in flight); one that
     /// a timed-out command still holds stays.
     fn release_staging(&self) {
-        let mut map = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.staging.lock().recover();
         map.retain(|_, t| self.driver.registry.remove(t).is_err());
     }
 
@@ -327,7 +328,7 @@ impl HandleInner {
     /// keep what it holds.
     pub fn wedge<G: Into<Hold>>(&self, guards: impl IntoIterator<Item = G>) {
         self.state.store(WEDGED, Ordering::SeqCst);
-        self.quarantine.lock().unwrap_or_else(|p| p.into_inner()).extend(guards.into_iter().map(Into::into));
+        self.quarantine.lock().recover().extend(guards.into_iter().map(Into::into));
     }
 
     /// Starts the stream engine (at open, so the first stream operation
@@ -335,14 +336,14 @@ impl HandleInner {
     pub fn start_stream_engine(self: &Arc<Self>) -> Result<()> {
         if let Some(b) = self.batch.as_ref() {
             let e = StreamEngine::start(b.clone(), Arc::downgrade(self))?;
-            *self.stream.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+            *self.stream.lock().recover() = Some(e);
         }
         Ok(())
     }
 
     /// The stream engine, if the handle has one.
     pub fn stream_engine(&self) -> Option<std::sync::MutexGuard<'_, Option<StreamEngine>>> {
-        let g = self.stream.lock().unwrap_or_else(|p| p.into_inner());
+        let g = self.stream.lock().recover();
         g.is_some().then_some(g)
     }
 
@@ -355,7 +356,7 @@ impl HandleInner {
     }
 
     fn stop_stream_engine(&self) {
-        if let Some(mut e) = self.stream.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(mut e) = self.stream.lock().recover().take() {
             e.stop();
         }
     }
@@ -489,15 +490,15 @@ impl HandleInner {
     }
 
     pub fn take_async_queue(&self) -> Option<QueuePair> {
-        self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop()
+        self.pool.lock().recover().pop()
     }
 
     pub fn return_async_queue(&self, qp: QueuePair) {
-        self.pool.lock().unwrap_or_else(|p| p.into_inner()).push(qp);
+        self.pool.lock().recover().push(qp);
     }
 
     fn unmap_buffers(&self) {
-        let mut handles = self.driver.handles.lock().unwrap_or_else(|p| p.into_inner());
+        let mut handles = self.driver.handles.lock().recover();
         handles.retain(|(id, _)| *id != self.id);
         let _ = self.driver.registry.for_each(|e| {
             e.unmap_for(self.id);
@@ -514,7 +515,7 @@ impl HandleInner {
         for q in self.sync.iter() {
             clean &= q.with_qp(|qp| self.ctrl.delete_io_qpair(qp)).is_ok();
         }
-        for qp in self.pool.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        for qp in self.pool.lock().recover().iter() {
             clean &= self.ctrl.delete_io_qpair(qp).is_ok();
         }
         if let Some(b) = self.batch.as_ref().filter(|b| !b.is_shared()) {
@@ -544,7 +545,7 @@ impl HandleInner {
         if let Some(b) = self.batch.as_ref() {
             b.forget_outstanding();
         }
-        self.quarantine.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.quarantine.lock().recover().clear();
         self.release_staging();
         self.unmap_buffers();
         self.released.store(true, Ordering::SeqCst);
@@ -605,7 +606,7 @@ impl Drop for HandleInner {
                 handle = self.id,
                 "dropping a wedged handle without a forced teardown: its queues, DMA memory and buffer references are leaked on purpose"
             );
-            let q = std::mem::take(&mut *self.quarantine.lock().unwrap_or_else(|p| p.into_inner()));
+            let q = std::mem::take(&mut *self.quarantine.lock().recover());
             std::mem::forget(q);
             self.unmap_buffers_leaving_quarantined();
         }
@@ -616,7 +617,7 @@ impl HandleInner {
     /// On a leaked handle: keep the mappings of buffers a stuck command
     /// may still write (the device may DMA there), drop the others.
     fn unmap_buffers_leaving_quarantined(&self) {
-        let mut handles = self.driver.handles.lock().unwrap_or_else(|p| p.into_inner());
+        let mut handles = self.driver.handles.lock().recover();
         handles.retain(|(id, _)| *id != self.id);
         let _ = self.driver.registry.for_each(|e| {
             if e.inflight.load(Ordering::Acquire) == 0 {

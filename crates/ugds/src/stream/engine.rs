@@ -12,6 +12,7 @@ use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use ugds_platform::Recover;
 
 enum Msg {
     Job(Job),
@@ -41,14 +42,14 @@ impl StreamEngine {
     }
 
     pub(super) fn send(&self, job: Job) -> Result<()> {
-        self.tx.lock().unwrap_or_else(|p| p.into_inner()).send(Msg::Job(job)).map_err(|_| Error::Closed)
+        self.tx.lock().recover().send(Msg::Job(job)).map_err(|_| Error::Closed)
     }
 
     /// Stops the thread (nothing is in flight: the handle checked). When
     /// the engine itself drops the last reference to its handle, it is told
     /// to stop and not waited for (it exits right after).
     pub(crate) fn stop(&mut self) {
-        let _ = self.tx.lock().unwrap_or_else(|p| p.into_inner()).send(Msg::Stop);
+        let _ = self.tx.lock().recover().send(Msg::Stop);
         if let Some(t) = self.thread.take() {
             if t.thread().id() != std::thread::current().id() {
                 let _ = t.join();

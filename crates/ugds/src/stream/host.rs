@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use ugds_platform::Recover;
 
 enum Item {
     Host(Box<dyn FnOnce() + Send>),
@@ -67,7 +68,7 @@ impl HostStream {
     fn run(s: &HostStreamShared) {
         loop {
             let item = {
-                let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
+                let mut st = s.state.lock().recover();
                 loop {
                     if let Some(i) = st.queue.pop_front() {
                         break i;
@@ -75,7 +76,7 @@ impl HostStream {
                     if st.stop {
                         return;
                     }
-                    st = s.work.wait(st).unwrap_or_else(|p| p.into_inner());
+                    st = s.work.wait(st).recover();
                 }
             };
             match item {
@@ -84,7 +85,7 @@ impl HostStream {
                     let gate = Arc::new((Mutex::new(false), Condvar::new()));
                     let g = gate.clone();
                     let signal = StreamSignal::new(move || {
-                        *g.0.lock().unwrap_or_else(|p| p.into_inner()) = true;
+                        *g.0.lock().recover() = true;
                         g.1.notify_all();
                     });
                     let t0 = Instant::now();
@@ -92,20 +93,20 @@ impl HostStream {
                     let took = t0.elapsed().as_nanos() as u64;
                     s.longest_callback_ns.fetch_max(took, Ordering::Relaxed);
                     // The stream (not the callback) waits for the signal.
-                    let mut set = gate.0.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut set = gate.0.lock().recover();
                     while !*set {
-                        set = gate.1.wait(set).unwrap_or_else(|p| p.into_inner());
+                        set = gate.1.wait(set).recover();
                     }
                 }
             }
-            let mut st = s.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = s.state.lock().recover();
             st.completed += 1;
             s.idle.notify_all();
         }
     }
 
     fn push(&self, item: Item) {
-        let mut st = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.shared.state.lock().recover();
         st.queue.push_back(item);
         st.enqueued += 1;
         self.shared.work.notify_one();
@@ -118,10 +119,10 @@ impl HostStream {
 
     /// Waits until everything enqueued so far has run.
     pub fn synchronize(&self) {
-        let mut st = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.shared.state.lock().recover();
         let target = st.enqueued;
         while st.completed < target {
-            st = self.shared.idle.wait(st).unwrap_or_else(|p| p.into_inner());
+            st = self.shared.idle.wait(st).recover();
         }
     }
 
@@ -142,7 +143,7 @@ impl Stream for HostStream {
 impl Drop for HostStream {
     fn drop(&mut self) {
         self.synchronize();
-        self.shared.state.lock().unwrap_or_else(|p| p.into_inner()).stop = true;
+        self.shared.state.lock().recover().stop = true;
         self.shared.work.notify_all();
         if let Some(t) = self.thread.take() {
             let _ = t.join();

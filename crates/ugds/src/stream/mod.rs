@@ -26,6 +26,7 @@ use crate::{Error, Result};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use ugds_nvme::NvmOpcode;
+use ugds_platform::Recover;
 
 /// Sets a stream free to run the work after an operation. Setting it is the
 /// operation's last act; dropping it unset sets it (a stream never hangs on
@@ -126,7 +127,7 @@ impl StreamResult {
 
     /// The error, if the operation failed (taken once).
     pub fn take_error(&self) -> Option<Error> {
-        self.error.lock().unwrap_or_else(|p| p.into_inner()).take()
+        self.error.lock().recover().take()
     }
 }
 
@@ -144,7 +145,7 @@ impl Sink {
                     Err(e) => -(e.errno() as i64),
                 };
                 if let Err(e) = r {
-                    *s.error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                    *s.error.lock().recover() = Some(e);
                 }
                 s.bytes.store(v, Ordering::Release);
                 s.done.store(true, Ordering::Release);
@@ -356,9 +357,9 @@ impl Handle {
         h.inflight.fetch_add(1, Ordering::SeqCst);
         let href = HandleRef(h.clone());
         let h2 = h.clone();
-        let bind_fn = Box::new(move || *c.lock().unwrap_or_else(|p| p.into_inner()) = Some(bind(&h2, pending)));
+        let bind_fn = Box::new(move || *c.lock().recover() = Some(bind(&h2, pending)));
         let op = Box::new(move |signal| {
-            let bound = cell.lock().unwrap_or_else(|p| p.into_inner()).take().unwrap_or_default();
+            let bound = cell.lock().recover().take().unwrap_or_default();
             send(href, bound, signal)
         });
         g.launch_staged(bind_fn, op, before, &after, mark.as_ref().expect("made with gpu"))

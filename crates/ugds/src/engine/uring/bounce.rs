@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Mutex;
 use ugds_platform::device::DeviceRuntime;
 use ugds_platform::sys::uring::BOUNCE_BUFFERS;
+use ugds_platform::Recover;
 
 /// Smallest and largest bounce buffer: 4 KiB << class, class 0..=10.
 const CLASSES: usize = 11;
@@ -45,7 +46,7 @@ pub(super) fn take(len: usize, runtime: &dyn DeviceRuntime) -> Result<Bounce> {
     if class >= CLASSES {
         return Err(Error::InvalidArgument(format!("a command of {len} bytes (the kernel path's limit is 4 MiB)")));
     }
-    let mut free = FREE.lock().unwrap_or_else(|p| p.into_inner());
+    let mut free = FREE.lock().recover();
     if let Some(b) = free[class].pop() {
         return Ok(b);
     }
@@ -74,7 +75,7 @@ pub(super) fn take(len: usize, runtime: &dyn DeviceRuntime) -> Result<Bounce> {
 
 /// Gives `b` back to the pool.
 pub(super) fn give(b: Bounce) {
-    FREE.lock().unwrap_or_else(|p| p.into_inner())[b.class as usize].push(b);
+    FREE.lock().recover()[b.class as usize].push(b);
 }
 
 #[cfg(test)]

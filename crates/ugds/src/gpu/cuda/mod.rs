@@ -10,6 +10,7 @@
 mod tools;
 #[cfg(feature = "gpu-tools")]
 pub use tools::{DeviceBuffer, Gate, OwnedContext, OwnedStream, PinnedBuffer, SpinKernel};
+use ugds_platform::Recover;
 
 mod api;
 mod stream;
@@ -204,7 +205,7 @@ impl Cuda {
     }
 
     fn context(self: &Arc<Self>, ctx: usize) -> Result<Arc<CudaContext>> {
-        let mut map = self.contexts.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.contexts.lock().recover();
         if let Some(c) = map.get(&ctx) {
             return Ok(c.clone());
         }
@@ -233,7 +234,7 @@ impl Cuda {
     /// ugds's own (`cuCtxCreate`) and a stream in it. Leaves the calling
     /// thread's current context as it was.
     fn copy_engine(&self, device: i32) -> Result<CopyEngine> {
-        let mut map = self.copy_engines.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.copy_engines.lock().recover();
         if let Some(e) = map.get(&device) {
             return Ok(*e);
         }
@@ -310,7 +311,7 @@ impl Cuda {
         let backend = self
             .stream_backends
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .recover()
             .entry(ctx as usize)
             .or_insert_with(|| Arc::new(CudaStreamBackend::new(self.clone(), ctx as usize)))
             .clone();
@@ -348,7 +349,7 @@ impl Cuda {
     #[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]
     fn upload_stream(&self) -> Result<RawStream> {
         let ctx = self.current()? as usize;
-        let mut map = self.upload_streams.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.upload_streams.lock().recover();
         if let Some(&s) = map.get(&ctx) {
             return Ok(s as RawStream);
         }
@@ -442,7 +443,7 @@ impl CudaContext {
     /// after it is the ticket.
     fn start(&self, f: impl FnOnce(RawStream) -> (Res, &'static str)) -> Result<CopyTicket> {
         self.on_engine(|stream| {
-            let pooled = self.events.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            let pooled = self.events.lock().recover().pop();
             let event = match pooled {
                 Some(e) => e as Event,
                 None => {
@@ -464,7 +465,7 @@ impl CudaContext {
                 // before the caller takes its memory back.
                 // SAFETY: the copy engine's own stream.
                 let _ = unsafe { (self.cuda.api.stream_synchronize)(stream) };
-                self.events.lock().unwrap_or_else(|p| p.into_inner()).push(event as usize);
+                self.events.lock().recover().push(event as usize);
                 return Err(e);
             }
             Ok(CopyTicket::new(event as usize))
@@ -526,7 +527,7 @@ impl DeviceRuntime for CudaContext {
         if r == ERROR_NOT_READY {
             return Ok(false);
         }
-        self.events.lock().unwrap_or_else(|p| p.into_inner()).push(event as usize);
+        self.events.lock().recover().push(event as usize);
         self.cuda.check("cuEventQuery", r).map(|()| true)
     }
 

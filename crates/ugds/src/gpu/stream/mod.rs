@@ -37,6 +37,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Once, OnceLock};
 use std::time::{Duration, Instant};
+use ugds_platform::Recover;
 mod staging;
 #[cfg(test)]
 mod tests;
@@ -178,14 +179,14 @@ static FALLBACK_LOGGED: Once = Once::new();
 
 impl GpuStream {
     pub(crate) fn new(backend: Arc<dyn StreamBackend>, raw: usize, wait: StreamWait) -> Result<GpuStream> {
-        let slot = backend.pool().lock().unwrap_or_else(|p| p.into_inner()).take(&*backend)?;
+        let slot = backend.pool().lock().recover().take(&*backend)?;
         let timing = Arc::new(Timing::default());
         let seq = Mutex::new(Seq { last: 0, passed: None, lost: false });
         let mut s = GpuStream { backend, raw, slot, wait, seq, timing };
         if wait == StreamWait::DeviceSide {
             // The word is 0, so waiting for >= 0 passes at once: a probe of
             // both memory operations, which also makes `passed` 0.
-            let seq = s.seq.get_mut().unwrap_or_else(|p| p.into_inner());
+            let seq = s.seq.get_mut().recover();
             let supported = match s.backend.wait_value32(raw, slot.dev, 0)? {
                 false => false,
                 true => {
@@ -272,9 +273,9 @@ unsafe extern "C" fn host_call(data: *mut c_void) {
         tracing::error!("stream operation panicked");
     }
     if let Some(g) = gate {
-        let mut done = g.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut done = g.0.lock().recover();
         while !*done {
-            done = g.1.wait(done).unwrap_or_else(|p| p.into_inner());
+            done = g.1.wait(done).recover();
         }
     }
 }
@@ -369,7 +370,7 @@ impl GpuStream {
         after: &[u64],
         mark: Option<&StageMark>,
     ) -> Result<()> {
-        let mut seq = self.seq.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seq = self.seq.lock().recover();
         let next = seq.last.wrapping_add(1);
         if let Some(m) = mark {
             // Before anything is enqueued: the operation's I/O may complete
@@ -421,7 +422,7 @@ impl GpuStream {
                 let t = timing.clone();
                 let signal = StreamSignal::new(move || {
                     t.signalled();
-                    *g.0.lock().unwrap_or_else(|p| p.into_inner()) = true;
+                    *g.0.lock().recover() = true;
                     g.1.notify_all();
                 });
                 (signal, Some(gate))
@@ -484,7 +485,7 @@ impl GpuStream {
         let deadline = Instant::now() + BUDGET_PATIENCE;
         let mut pause = Duration::from_micros(5);
         loop {
-            let mut pool = self.backend.pool().lock().unwrap_or_else(|p| p.into_inner());
+            let mut pool = self.backend.pool().lock().recover();
             if pool.pending_waits() < MAX_PENDING_WAITS || Instant::now() >= deadline {
                 pool.pending.push((self.slot, value));
                 return;
@@ -496,15 +497,15 @@ impl GpuStream {
     }
 
     fn unreserve_wait(&self, value: u32) {
-        let mut pool = self.backend.pool().lock().unwrap_or_else(|p| p.into_inner());
+        let mut pool = self.backend.pool().lock().recover();
         pool.pending.retain(|(s, v)| !(*s == self.slot && *v == value));
     }
 }
 
 impl Drop for GpuStream {
     fn drop(&mut self) {
-        let seq = self.seq.get_mut().unwrap_or_else(|p| p.into_inner());
-        let mut pool = self.backend.pool().lock().unwrap_or_else(|p| p.into_inner());
+        let seq = self.seq.get_mut().recover();
+        let mut pool = self.backend.pool().lock().recover();
         match (seq.lost, seq.passed) {
             (true, _) => tracing::warn!(
                 "{}: an operation was enqueued without its wait or its completion write; its word is kept",

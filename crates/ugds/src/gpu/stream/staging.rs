@@ -5,6 +5,7 @@ use super::words::{has_passed, Slot};
 use super::StreamBackend;
 use crate::Result;
 use std::sync::{Arc, Mutex, OnceLock};
+use ugds_platform::Recover;
 
 /// Bytes at the start of a staging block that hold its copy's parameters
 /// (`dst`, `src`, `len`: device addresses and a byte count, 64-bit each);
@@ -58,12 +59,12 @@ impl StagePool {
     /// takes that lock to give blocks back, and a runtime call may wait
     /// for the device, which may be waiting for that completion.
     fn take(pool: &Mutex<StagePool>, backend: &dyn StreamBackend, want: usize) -> Result<Block> {
-        if let Some(b) = pool.lock().unwrap_or_else(|p| p.into_inner()).take_free(want) {
+        if let Some(b) = pool.lock().recover().take_free(want) {
             return Ok(b);
         }
         let cap = want.next_power_of_two().clamp(STAGE_MIN, STAGE_MAX);
         let (host, dev) = backend.alloc_stage(STAGE_HEADER + cap)?;
-        pool.lock().unwrap_or_else(|p| p.into_inner()).bytes += STAGE_HEADER + cap;
+        pool.lock().recover().bytes += STAGE_HEADER + cap;
         Ok(Block { host, dev, cap })
     }
 }
@@ -135,7 +136,7 @@ impl StageLease {
     pub(crate) fn give_back(self) {
         let Some(&(slot, v)) = self.mark.0.get() else { return };
         let mut pool = match self.backend.stage_pool() {
-            Some(p) => p.lock().unwrap_or_else(|p| p.into_inner()),
+            Some(p) => p.lock().recover(),
             None => return,
         };
         pool.retired.push((self.block, slot, v));
