@@ -110,7 +110,11 @@ pub fn draw(title: &str, files: &[(String, Value)]) -> Result<String, String> {
     if all.is_empty() {
         return Err("no runs to draw".into());
     }
-    let (w, h) = (1000.0, 520.0);
+    let lats: Vec<f64> =
+        all.iter().flat_map(|s| s.points.iter().flat_map(|p| p.2.iter().map(|c| c.0))).filter(|&u| u > 0.0).collect();
+    // Without latency distributions (medians from another tool) the CDF
+    // panel is left out.
+    let (w, h) = (if lats.is_empty() { 520.0 } else { 1000.0 }, 520.0);
     let mut svg = String::new();
     let _ =
         writeln!(svg, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif">"#);
@@ -162,14 +166,14 @@ pub fn draw(title: &str, files: &[(String, Value)]) -> Result<String, String> {
     }
     // Latency CDFs: log10 x over every run's range, fraction y.
     let cdf = Panel { x0: 560.0, y0: 60.0, w: 400.0, h: 280.0 };
-    cdf.frame(&mut svg, "latency distribution (CDF)", "latency, us (log scale)", "fraction of I/Os");
-    let lats: Vec<f64> =
-        all.iter().flat_map(|s| s.points.iter().flat_map(|p| p.2.iter().map(|c| c.0))).filter(|&u| u > 0.0).collect();
-    let (llo, lhi) = lats.iter().fold((f64::MAX, 0.0f64), |(a, b), &u| (a.min(u), b.max(u)));
+    let (llo, lhi) = lats.iter().fold((1.0f64, 10.0f64), |(a, b), &u| (a.min(u), b.max(u)));
     let (llo, lhi) =
         (llo.max(0.01).log10().floor(), lhi.max(0.01).log10().ceil().max(llo.max(0.01).log10().floor() + 1.0));
     let lx = |us: f64| (us.max(0.01).log10() - llo) / (lhi - llo);
-    for d in llo as i32..=lhi as i32 {
+    if !lats.is_empty() {
+        cdf.frame(&mut svg, "latency distribution (CDF)", "latency, us (log scale)", "fraction of I/Os");
+    }
+    for d in (llo as i32..=lhi as i32).filter(|_| !lats.is_empty()) {
         let (x, y) = cdf.at(lx(10f64.powi(d)), 0.0);
         let _ = writeln!(
             svg,
@@ -178,7 +182,7 @@ pub fn draw(title: &str, files: &[(String, Value)]) -> Result<String, String> {
             10f64.powi(d)
         );
     }
-    for i in 0..=4 {
+    for i in (0..=4).filter(|_| !lats.is_empty()) {
         let (x, y) = cdf.at(0.0, i as f64 / 4.0);
         let _ = writeln!(
             svg,
@@ -224,6 +228,10 @@ pub fn draw(title: &str, files: &[(String, Value)]) -> Result<String, String> {
         y += 18.0;
     }
     let sizes_text: Vec<String> = sizes.iter().map(|&s| crate::fmt_bytes(s as u64)).collect();
+    if lats.is_empty() {
+        svg.push_str("</svg>\n");
+        return Ok(svg);
+    }
     let _ = writeln!(
         svg,
         r#"<text x="560" y="394" font-size="11">CDF: a series' colour; solid, dashed, dotted, dash-dot: its sizes</text>"#
