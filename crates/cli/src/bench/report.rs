@@ -86,7 +86,12 @@ pub(super) fn completion_label(handle: &Handle, roles: &[QueueRole]) -> &'static
 /// The entries the queues were granted: "N entries", with what was asked
 /// for when the controller gave fewer (its MQES), or a range when they differ.
 pub(super) fn granted_entries(handle: &Handle, asked: u16) -> String {
-    let (lo, hi) = handle.queues().iter().fold((u16::MAX, 0), |(lo, hi), q| (lo.min(q.entries), hi.max(q.entries)));
+    // The synchronous and lendable queues (the batch queue has a line of its own).
+    let (lo, hi) = handle
+        .queues()
+        .iter()
+        .filter(|q| q.role != QueueRole::Batch)
+        .fold((u16::MAX, 0), |(lo, hi), q| (lo.min(q.entries), hi.max(q.entries)));
     match (lo, hi) {
         (u16::MAX, _) => format!("{asked} entries"),
         (lo, hi) if lo != hi => format!("{lo} to {hi} entries (asked for {asked})"),
