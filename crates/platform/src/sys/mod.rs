@@ -6,7 +6,7 @@ pub mod uring;
 pub(crate) mod vfio;
 
 use crate::{Error, Result};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::time::Duration;
 
@@ -113,56 +113,45 @@ pub struct EventFd(OwnedFd);
 impl EventFd {
     /// A new eventfd with counter zero.
     pub fn new() -> Result<EventFd> {
-        // SAFETY: eventfd has no memory arguments.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(Error::os("eventfd"));
-        }
-        // SAFETY: fd is a fresh descriptor we own.
-        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+        use rustix::event::{eventfd, EventfdFlags};
+        eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)
+            .map(EventFd)
+            .map_err(|e| Error::io("eventfd", e.into()))
     }
 
     /// Adds one to the counter (what an interrupt does).
     pub fn signal(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64.
-        unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        // Cannot fail short of a counter at its maximum (2^64 - 2 signals
+        // unread), which a reader drains first.
+        let _ = rustix::io::write(&self.0, &1u64.to_ne_bytes());
     }
 
     /// Reads and clears the counter; 0 when nothing was pending.
     pub fn drain(&self) -> u64 {
-        let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a live u64.
-        let n = unsafe { libc::read(self.0.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
-        if n == 8 {
-            v
-        } else {
-            0
+        let mut v = [0u8; 8];
+        match rustix::io::read(&self.0, &mut v) {
+            Ok(8) => u64::from_ne_bytes(v),
+            _ => 0,
         }
     }
 
     /// Waits until the counter is non-zero or `timeout` passes; true when
     /// signalled. Interrupted waits return false (callers re-check anyway).
     pub fn wait(&self, timeout: Duration) -> bool {
-        let mut p = libc::pollfd { fd: self.0.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        let ts = libc::timespec { tv_sec: timeout.as_secs() as _, tv_nsec: timeout.subsec_nanos() as _ };
-        // SAFETY: one valid pollfd and a valid timespec, both live for the call.
-        let n = unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
-        n > 0 && p.revents & libc::POLLIN != 0
+        let mut p = [rustix::event::PollFd::new(&self.0, rustix::event::PollFlags::IN)];
+        poll(&mut p, timeout) && p[0].revents().contains(rustix::event::PollFlags::IN)
     }
 
     /// Waits until this counter or `other`'s is non-zero, or `timeout`
     /// passes; which of the two were signalled. Interrupted waits report
     /// neither (callers re-check anyway).
     pub fn wait_either(&self, other: &EventFd, timeout: Duration) -> (bool, bool) {
-        let mut p = [
-            libc::pollfd { fd: self.0.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: other.0.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-        ];
-        let ts = libc::timespec { tv_sec: timeout.as_secs() as _, tv_nsec: timeout.subsec_nanos() as _ };
-        // SAFETY: two valid pollfds and a valid timespec, all live for the call.
-        let n = unsafe { libc::ppoll(p.as_mut_ptr(), 2, &ts, std::ptr::null()) };
-        (n > 0 && p[0].revents & libc::POLLIN != 0, n > 0 && p[1].revents & libc::POLLIN != 0)
+        use rustix::event::{PollFd, PollFlags};
+        let mut p = [PollFd::new(&self.0, PollFlags::IN), PollFd::new(&other.0, PollFlags::IN)];
+        if !poll(&mut p, timeout) {
+            return (false, false);
+        }
+        (p[0].revents().contains(PollFlags::IN), p[1].revents().contains(PollFlags::IN))
     }
 
     /// The descriptor, borrowed.
@@ -174,6 +163,13 @@ impl EventFd {
     pub fn as_raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()
     }
+}
+
+/// `poll` for up to `timeout`: whether any descriptor is ready (an
+/// interrupted or failed wait says none).
+fn poll(fds: &mut [rustix::event::PollFd<'_>], timeout: Duration) -> bool {
+    let ts = rustix::event::Timespec { tv_sec: timeout.as_secs() as _, tv_nsec: timeout.subsec_nanos() as _ };
+    matches!(rustix::event::poll(fds, Some(&ts)), Ok(n) if n > 0)
 }
 
 /// `pread` straight into memory that may be device-visible: no Rust
