@@ -378,8 +378,13 @@ class Cuda(unittest.TestCase):
         s = ugds.Stream.cuda(torch_stream.cuda_stream)
         self.assertEqual(s.wait_mode, "device")
         with torch.cuda.stream(torch_stream):
-            # Kernels before and after the reads, on the same stream.
+            # Kernels before and after the reads, on the same stream. The
+            # first read's size is bound when the stream reaches it: a kernel
+            # of about 50 ms holds the stream until the host has set it (the
+            # fill alone took microseconds, and the stream could reach the
+            # read before `size.value` was set: seen once on the H200).
             t.fill_(7)
+            torch.cuda._sleep(100_000_000)
             size = ugds.Cell(0)
             rs = [self.h.read_async(buf, size if i == 0 else 1 << 20, i << 20, i << 20, s) for i in range(4)]
             size.value = 1 << 20
