@@ -8,6 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct EmuStats {
     /// Commands fetched from any submission queue.
     pub commands: u64,
+    /// Completion entries written to any completion queue (counted once
+    /// the entries are in place, unlike the counters below).
+    pub completions_posted: u64,
     /// Read commands completed successfully.
     pub reads: u64,
     /// Write commands completed successfully.
@@ -43,6 +46,7 @@ pub(crate) struct DriverCounters {
 #[repr(align(128))]
 pub(crate) struct Counters {
     pub(crate) commands: AtomicU64,
+    pub(crate) completions_posted: AtomicU64,
     pub(crate) reads: AtomicU64,
     pub(crate) writes: AtomicU64,
     pub(crate) bytes_read: AtomicU64,
@@ -59,6 +63,7 @@ impl Counters {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         EmuStats {
             commands: l(&self.commands),
+            completions_posted: self.completions_posted.load(Ordering::Acquire),
             reads: l(&self.reads),
             writes: l(&self.writes),
             bytes_read: l(&self.bytes_read),

@@ -21,22 +21,21 @@ use crate::Cid;
 #[derive(Debug)]
 pub struct CidAllocator {
     free: Vec<u16>,
-    /// Per slot, the CID it is allocated as, or [`FREE`] (0xffff is never
-    /// handed out): a completion is checked with one comparison.
-    current: Vec<u16>,
-    /// The generation each slot was last handed out with.
-    gens: Vec<u8>,
+    /// Per slot, the CID it was last handed out as (its generation is the
+    /// next one's base), with [`BUSY`] set while allocated: a completion
+    /// is checked with one comparison.
+    slots: Vec<u32>,
     capacity: u16,
-    /// Bits of the slot index in a CID.
-    shift: u32,
-    /// `(1 << shift) - 1`.
+    /// `(1 << shift) - 1`, where `shift` is the bits of the slot index.
     index_mask: u16,
-    /// Mask of the generation (after shifting); 0 when no bit is left.
-    gen_mask: u16,
+    /// One generation step: `1 << shift` (0 when no bit is left).
+    gen_step: u32,
+    /// The generation bits of a CID, in place; 0 when no bit is left.
+    gen_bits: u32,
 }
 
-/// A free slot's entry in `current`: 0xffff is never handed out.
-const FREE: u16 = u16::MAX;
+/// Set in a slot's entry while it is allocated.
+const BUSY: u32 = 1 << 16;
 
 /// Freeing a CID that is not allocated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -49,15 +48,16 @@ impl CidAllocator {
     pub fn new(capacity: u16) -> CidAllocator {
         assert!((1..u16::MAX).contains(&capacity));
         let shift = u16::BITS - (capacity - 1).leading_zeros();
-        let gen_bits = (u16::BITS - shift).min(4);
+        let gens = (u16::BITS - shift).min(4);
+        let gen_step = if gens == 0 { 0 } else { 1u32 << shift };
         CidAllocator {
             free: (0..capacity).rev().collect(),
-            current: vec![FREE; capacity as usize],
-            gens: vec![0; capacity as usize],
+            // Generation 0 as the last one: the first hand-out is 1.
+            slots: (0..capacity as u32).collect(),
             capacity,
-            shift,
             index_mask: ((1u32 << shift) - 1) as u16,
-            gen_mask: ((1u32 << gen_bits) - 1) as u16,
+            gen_step,
+            gen_bits: ((1u32 << gens) - 1) * gen_step,
         }
     }
 
@@ -70,12 +70,7 @@ impl CidAllocator {
     /// The CID slot `index` is allocated as now.
     #[inline]
     pub fn current(&self, index: usize) -> Option<Cid> {
-        self.current.get(index).filter(|&&c| c != FREE).map(|&c| Cid(c))
-    }
-
-    #[inline]
-    fn compose(&self, index: u16, generation: u8) -> Cid {
-        Cid(((generation as u32) << self.shift) as u16 | index)
+        self.slots.get(index).filter(|&&s| s & BUSY != 0).map(|&s| Cid(s as u16))
     }
 
     /// Number of identifiers.
@@ -94,23 +89,23 @@ impl CidAllocator {
     #[inline]
     pub fn alloc(&mut self) -> Option<Cid> {
         let i = self.free.pop()?;
-        let mut g = (self.gens[i as usize] as u16 + 1) & self.gen_mask;
+        let slot = &mut self.slots[i as usize];
+        // The next generation, in place (wrapping within its bits).
+        let next = |last: u32| (last + self.gen_step) & self.gen_bits | i as u32;
+        let mut cid = next(*slot);
         // 0xffff is kept out (some controllers read it as "no command").
-        if self.compose(i, g as u8).0 == u16::MAX {
-            g = (g + 1) & self.gen_mask;
+        if cid == u16::MAX as u32 {
+            cid = next(cid);
         }
-        self.gens[i as usize] = g as u8;
-        let cid = self.compose(i, g as u8);
-        self.current[i as usize] = cid.0;
-        Some(cid)
+        *slot = cid | BUSY;
+        Some(Cid(cid as u16))
     }
 
     /// Whether `cid` is currently allocated, generation included.
     #[inline]
     pub fn is_allocated(&self, cid: Cid) -> bool {
-        // A free slot holds FREE, which no CID equals; bits above the
-        // generation make the CID differ from the slot's too.
-        cid.0 != FREE && self.current.get(self.index(cid)) == Some(&cid.0)
+        // Bits above the generation make the CID differ from the slot's.
+        self.slots.get(self.index(cid)) == Some(&(cid.0 as u32 | BUSY))
     }
 
     /// Returns `cid`; refuses one that is not allocated (a double free, a
@@ -122,7 +117,7 @@ impl CidAllocator {
             return Err(NotAllocated(cid.0));
         }
         let i = self.index(cid);
-        self.current[i] = FREE;
+        self.slots[i] &= !BUSY;
         self.free.push(i as u16);
         Ok(())
     }

@@ -77,11 +77,12 @@ pub enum Error {
         current: u64,
     },
     /// The object still has I/O in flight (or dependants) and was left as it was.
-    #[error("{what} is busy: {inflight} operations in flight")]
+    #[error("{what} is busy: {inflight} in-flight references")]
     Busy {
         /// What was asked to be released.
         what: &'static str,
-        /// How many references remain.
+        /// How many references remain: one per operation, except that a
+        /// lent queue holds one for all its requests on a buffer.
         inflight: usize,
     },
     /// The handle was closed.

@@ -44,9 +44,11 @@ fn complete(q: &mut IoQueue<'_>) -> usize {
     })
 }
 
-/// Waits until the emulator has completed `n` reads in all (not counted).
+/// Waits until the emulator has posted `n` completion entries in all (not
+/// counted). Its read counter will not do: it is published before the
+/// entries are written.
 fn wait_for(emu: &EmuControl, n: u64) {
-    while emu.stats().reads < n {
+    while emu.stats().completions_posted < n {
         std::thread::yield_now();
     }
 }
@@ -61,7 +63,7 @@ fn main() -> Result<(), ugds::Error> {
     // SAFETY: `buf` outlives the registration (deregistered below).
     let token = unsafe { driver.register(buf.as_mut_ptr(), buf.len())? };
     let mut q = handle.io_queue()?;
-    let mut done = 0u64;
+    let mut done = emu.stats().completions_posted;
     for round in 0..WARMUP + ROUNDS {
         let measured = round >= WARMUP;
         if measured {

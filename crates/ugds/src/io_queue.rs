@@ -16,13 +16,13 @@
 use crate::engine::batch::Prepared;
 use crate::engine::chunk::Chunk;
 use crate::engine::{BatchEvent, Completion, Owner, QueuePair};
-use crate::handle::{Escalation, Handle};
+use crate::handle::{Escalation, Handle, HandleInner};
 use crate::registry::{BufGuard, BufferToken, Recent};
 use crate::sys::PAGE_SIZE;
 use crate::{Error, Result};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use ugds_nvme::{prp, Cid, Cqe, Lba, Nsid, NvmOpcode, Sqe, Status};
+use ugds_nvme::{prp, Cid, Cqe, Lba, Nsid, NvmOpcode, PrpPlan, Sqe, Status};
 
 /// Polls between two looks at the outstanding requests' age.
 const TIMEOUT_CHECK_POLLS: u32 = 1024;
@@ -36,7 +36,84 @@ struct Request {
     /// Bytes not moved (a read that met the end of a kernel-path file).
     short: usize,
     op: NvmOpcode,
-    guard: Option<BufGuard>,
+    claim: Claim,
+}
+
+/// What a request holds of its buffer while its commands are on the device.
+enum Claim {
+    /// Nothing: a free entry, or a request whose hold went to the handle's
+    /// quarantine.
+    None,
+    /// A share in the queue's one reference on its recent buffer
+    /// ([`Buffers`]).
+    Shared,
+    /// A reference of its own, on a buffer other than the recent one, with
+    /// the buffer's page addresses (boxed: the common claims stay a word).
+    Own(Box<(BufGuard, std::sync::Arc<[u64]>)>),
+}
+
+/// The buffer a lent queue used last, and one in-flight reference on it
+/// shared by every request on it: taken by the first request, released by
+/// the last to complete, so that an idle queue holds nothing and the buffer
+/// can be deregistered, while a deep queue on one buffer pays for the
+/// reference once and not per request. A request on another buffer
+/// meanwhile takes a reference of its own.
+#[derive(Default)]
+struct Buffers {
+    recent: Option<Recent>,
+    held: Option<BufGuard>,
+    /// Requests sharing `held`.
+    users: u32,
+}
+
+impl Buffers {
+    /// Takes a claim on `offset..offset+len` of `token`'s buffer.
+    #[inline(always)]
+    fn claim(&mut self, h: &HandleInner, token: &BufferToken, offset: u64, len: u64) -> Result<Claim> {
+        match &self.recent {
+            // Held: the reference keeps the registration in place
+            // (deregistration refuses a buffer with I/O in flight), so
+            // checking the range is all.
+            Some(r) if self.users > 0 && r.covers(token, offset, len) => {}
+            _ if self.users > 0 => return Self::claim_other(h, token, offset, len),
+            // Idle: claim through `recent` (or the registry) and share it.
+            _ => self.held = Some(h.registry().acquire_recent(&mut self.recent, h.id, token, offset, len)?),
+        }
+        self.users += 1;
+        Ok(Claim::Shared)
+    }
+
+    /// A claim of its own, through the registry.
+    #[cold]
+    fn claim_other(h: &HandleInner, token: &BufferToken, offset: u64, len: u64) -> Result<Claim> {
+        let g = h.registry().acquire(token, offset, len)?;
+        let pages = Recent::of(&g, h.id, token)?.shared_pages();
+        Ok(Claim::Own(Box::new((g, pages))))
+    }
+
+    /// The controller addresses of the pages of a claim's buffer.
+    #[inline(always)]
+    fn pages<'a>(&'a self, claim: &'a Claim) -> &'a [u64] {
+        match claim {
+            Claim::Own(own) => &own.1,
+            _ => self.recent.as_ref().expect("a shared claim is on the recent buffer").pages(),
+        }
+    }
+
+    /// Ends a request's claim.
+    #[inline(always)]
+    fn release(&mut self, claim: Claim) {
+        match claim {
+            Claim::Shared => {
+                self.users -= 1;
+                if self.users == 0 {
+                    self.held = None;
+                }
+            }
+            Claim::Own(own) => drop(own),
+            Claim::None => {}
+        }
+    }
 }
 
 /// A queue pair for one thread's asynchronous I/O; see the module docs.
@@ -49,8 +126,8 @@ pub struct IoQueue<'h> {
     outstanding: usize,
     polls: u32,
     dead: bool,
-    /// The buffer the last request used.
-    recent: Option<Recent>,
+    /// The buffer the last request used, and the hold on it.
+    bufs: Buffers,
     /// A context on the shared batch queue, when no queue pair was lent.
     shared: Option<Shared>,
 }
@@ -91,7 +168,7 @@ impl<'h> IoQueue<'h> {
                     outstanding: 0,
                     polls: 0,
                     dead: false,
-                    recent: None,
+                    bufs: Buffers::default(),
                     shared: Some(Shared {
                         ctx,
                         depth,
@@ -126,7 +203,7 @@ impl<'h> IoQueue<'h> {
             outstanding: 0,
             polls: 0,
             dead: false,
-            recent: None,
+            bufs: Buffers::default(),
             shared: None,
         })
     }
@@ -136,10 +213,6 @@ impl<'h> IoQueue<'h> {
     /// docs).
     pub fn is_shared(&self) -> bool {
         self.shared.is_some()
-    }
-
-    fn qp(&mut self) -> &mut QueuePair {
-        self.qp.as_mut().expect("queue pair present until drop")
     }
 
     /// Commands that may be outstanding at once.
@@ -198,61 +271,133 @@ impl<'h> IoQueue<'h> {
         if self.dead || h.is_wedged() {
             return Err(Error::Wedged);
         }
-        let (guard, data_off) = h.prepare_recent(&mut self.recent, buf, size, file_offset, buf_offset)?;
-        let chunks = h.chunker(file_offset, data_off, size);
-        if self.shared.is_some() {
-            let pages = self.recent.as_ref().expect("filled by prepare_recent").shared_pages();
-            return self.submit_shared(Prepared { op, cookie: tag, len: size, chunks, pages, hold: guard.into() });
+        // A page or less is one command (MDTS is at least a page): the
+        // common case, kept free of the chunking a larger request needs.
+        if size > PAGE_SIZE || self.shared.is_some() {
+            return self.submit_many(op, buf, size, file_offset, buf_offset, tag);
         }
-        // A page or less is one command: MDTS is at least a page.
-        let single = size <= PAGE_SIZE;
-        let n = if single { 1 } else { chunks.commands() };
-        if n > self.depth() {
-            return Err(Error::InvalidArgument(format!(
-                "request of {size} bytes needs {n} commands; this queue holds {} at most",
-                self.depth()
-            )));
-        }
-        if self.qp().free_slots() < n {
-            return Err(Error::QueueFull);
-        }
+        let bs = h.check_range(size, file_offset)?;
+        let data_off = h.data_offset(buf.base, buf_offset)?;
+        let Some(qp) = self.qp.as_mut() else { unreachable!("a queue of its own when not shared") };
+        let claim = self.bufs.claim(h, buf, buf_offset as u64, size as u64)?;
+        // One page or two: as two entries, the second 0 when unused (what
+        // One means on the wire), so that staging branches on nothing.
+        let (prp1, prp2) = match prp::plan(self.bufs.pages(&claim), PAGE_SIZE, data_off, size) {
+            Ok(PrpPlan::One { prp1 }) => (prp1, 0),
+            Ok(PrpPlan::Two { prp1, prp2 }) => (prp1, prp2),
+            _ => unreachable!("a validated range of a page or less plans as one or two entries"),
+        };
+        let plan = PrpPlan::Two { prp1, prp2 };
         let idx = match self.free.pop() {
             Some(i) => i,
             None => {
-                self.reqs.push(Request { tag: 0, pending: 0, len: 0, status: None, short: 0, op, guard: None });
+                self.reqs.push(Request { tag: 0, pending: 0, len: 0, status: None, short: 0, op, claim: Claim::None });
                 self.reqs.len() as u32 - 1
             }
         };
-        let nsid = Nsid(h.ns_nsid());
-        let pages = self.recent.as_ref().expect("filled by prepare_recent").pages();
-        let qp = self.qp.as_mut().expect("queue pair present");
-        let sqe = |c: &Chunk| Sqe::rw(op, Cid(0), nsid, Lba(c.slba), c.nlb, 0, 0);
-        // Cannot fail: the range was checked against the registration and
-        // the room in the queue above.
-        if single {
-            let c = chunks.whole();
-            let plan = prp::plan(pages, PAGE_SIZE, c.data_off, c.len).expect("validated range plans");
-            qp.submit(sqe(&c), Some(plan), Owner::Own(idx)).expect("room checked above");
-        } else {
-            for c in chunks {
-                let plan = prp::plan(pages, PAGE_SIZE, c.data_off, c.len).expect("validated range plans");
-                qp.submit(sqe(&c), Some(plan), Owner::Own(idx)).expect("room checked above");
-            }
+        let shift = bs.trailing_zeros();
+        let sqe = Sqe::rw(op, Cid(0), Nsid(h.ns_nsid()), Lba(file_offset >> shift), (size >> shift) as u32, 0, 0);
+        if qp.stage(sqe, Some(plan), Owner::Own(idx)).is_err() {
+            self.free.push(idx);
+            self.bufs.release(claim);
+            return Err(Error::QueueFull);
         }
         let r = &mut self.reqs[idx as usize];
-        (r.tag, r.pending, r.len, r.status, r.short, r.op) = (tag, n as u32, size, None, 0, op);
-        // A free slot's guard went with its completion: nothing to drop
+        (r.tag, r.pending, r.len, r.status, r.short, r.op) = (tag, 1, size, None, 0, op);
+        // A free entry's claim ended with its completion: nothing to drop
         // (checked, without the drop glue's call on the common path).
-        if let Some(stale) = r.guard.replace(guard) {
-            drop(stale);
+        // A free entry's claim ended with its completion: nothing to drop
+        // (matched, without the drop glue's call on the common path).
+        match std::mem::replace(&mut r.claim, claim) {
+            Claim::Own(stale) => drop(stale),
+            Claim::None | Claim::Shared => {}
         }
         self.outstanding += 1;
         Ok(())
     }
 
-    #[cold]
-    fn submit_shared(&mut self, p: Prepared) -> Result<()> {
+    /// A request of more than one command, or any request on a shared
+    /// queue.
+    #[inline(never)]
+    fn submit_many(
+        &mut self,
+        op: NvmOpcode,
+        buf: &BufferToken,
+        size: usize,
+        file_offset: u64,
+        buf_offset: usize,
+        tag: u64,
+    ) -> Result<()> {
         let h = &*self.handle.inner;
+        if self.shared.is_some() {
+            return self.submit_shared(op, buf, size, file_offset, buf_offset, tag);
+        }
+        // Everything that can refuse the request comes before the claim on
+        // its buffer, which is the last step that can fail.
+        h.check_range(size, file_offset)?;
+        let data_off = h.data_offset(buf.base, buf_offset)?;
+        let chunks = h.chunker(file_offset, data_off, size);
+        let n = chunks.commands();
+        let Some(qp) = self.qp.as_mut() else { unreachable!("a queue of its own when not shared") };
+        if n > qp.free_slots() {
+            return Err(self.refuse(size, n));
+        }
+        let claim = self.bufs.claim(h, buf, buf_offset as u64, size as u64)?;
+        let pages = self.bufs.pages(&claim);
+        let idx = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.reqs.push(Request { tag: 0, pending: 0, len: 0, status: None, short: 0, op, claim: Claim::None });
+                self.reqs.len() as u32 - 1
+            }
+        };
+        let nsid = Nsid(h.ns_nsid());
+        let sqe = |c: &Chunk| Sqe::rw(op, Cid(0), nsid, Lba(c.slba), c.nlb, 0, 0);
+        // Cannot fail: the range was checked against the registration and
+        // the room in the queue above.
+        for c in chunks {
+            let plan = prp::plan(pages, PAGE_SIZE, c.data_off, c.len).expect("validated range plans");
+            qp.submit(sqe(&c), Some(plan), Owner::Own(idx)).expect("room checked above");
+        }
+        let r = &mut self.reqs[idx as usize];
+        (r.tag, r.pending, r.len, r.status, r.short, r.op) = (tag, n as u32, size, None, 0, op);
+        match std::mem::replace(&mut r.claim, claim) {
+            Claim::Own(stale) => drop(stale),
+            Claim::None | Claim::Shared => {}
+        }
+        self.outstanding += 1;
+        Ok(())
+    }
+
+    /// Why a request that needs `n` commands is not staged: more than the
+    /// queue holds, or more than it has free now.
+    #[cold]
+    fn refuse(&self, size: usize, n: usize) -> Error {
+        if n > self.depth() {
+            Error::InvalidArgument(format!(
+                "request of {size} bytes needs {n} commands; this queue holds {} at most",
+                self.depth()
+            ))
+        } else {
+            Error::QueueFull
+        }
+    }
+
+    #[cold]
+    fn submit_shared(
+        &mut self,
+        op: NvmOpcode,
+        buf: &BufferToken,
+        size: usize,
+        file_offset: u64,
+        buf_offset: usize,
+        tag: u64,
+    ) -> Result<()> {
+        let h = &*self.handle.inner;
+        let (guard, data_off) = h.prepare_recent(&mut self.bufs.recent, buf, size, file_offset, buf_offset)?;
+        let chunks = h.chunker(file_offset, data_off, size);
+        let pages = self.bufs.recent.as_ref().expect("filled by prepare_recent").shared_pages();
+        let p = Prepared { op, cookie: tag, len: size, chunks, pages, hold: guard.into() };
         let sh = self.shared.as_mut().expect("shared");
         let n = p.chunks.commands();
         if n > sh.depth {
@@ -333,18 +478,18 @@ impl<'h> IoQueue<'h> {
     #[inline]
     fn reap(&mut self, f: &mut impl FnMut(u64, Result<usize>)) -> usize {
         let mut done = 0;
-        let (reqs, free) = (&mut self.reqs, &mut self.free);
+        let (reqs, free, bufs) = (&mut self.reqs, &mut self.free, &mut self.bufs);
         // One closure per transport, each inlined into its reaping loop (a
         // closure shared by both is not: measured, about 20 instructions a
         // completion); only the kernel path's completions report bytes short.
         match self.qp.as_mut() {
             None => return 0,
-            Some(QueuePair::Nvme(q)) => {
-                q.process_completions(usize::MAX, |owner, cqe| complete(reqs, free, &mut done, f, owner, cqe, false))
-            }
-            Some(QueuePair::Uring(q)) => {
-                q.process_completions(usize::MAX, |owner, cqe| complete(reqs, free, &mut done, f, owner, cqe, true))
-            }
+            Some(QueuePair::Nvme(q)) => q.process_completions(usize::MAX, |owner, cqe| {
+                done += complete(reqs, free, bufs, f, owner, cqe, false) as usize
+            }),
+            Some(QueuePair::Uring(q)) => q.process_completions(usize::MAX, |owner, cqe| {
+                done += complete(reqs, free, bufs, f, owner, cqe, true) as usize
+            }),
         };
         self.outstanding -= done;
         done
@@ -406,6 +551,7 @@ impl<'h> IoQueue<'h> {
         // their buffer references, wedge the handle. This queue pair is
         // never reused: it is forgotten on drop.
         let mut guards = Vec::new();
+        let mut shared_hold = false;
         for (i, r) in self.reqs.iter_mut().enumerate() {
             if r.pending > 0 {
                 let cid = self.qp.as_ref().and_then(|q| q.outstanding_cid_of(Owner::Own(i as u32)));
@@ -415,9 +561,17 @@ impl<'h> IoQueue<'h> {
                     other => other.clone(),
                 };
                 f(r.tag, Err(e));
-                guards.extend(r.guard.take());
+                match std::mem::replace(&mut r.claim, Claim::None) {
+                    Claim::Own(own) => guards.push(own.0),
+                    Claim::Shared => shared_hold = true,
+                    Claim::None => {}
+                }
                 r.pending = 0;
             }
+        }
+        if shared_hold {
+            guards.extend(self.bufs.held.take());
+            self.bufs.users = 0;
         }
         self.outstanding = 0;
         self.dead = true;
@@ -468,25 +622,26 @@ impl Drop for IoQueue<'_> {
 }
 
 /// Credits one completion to its request; reports the request (`f`) and
-/// frees its entry when it was the last command. `short`: DW0 says how
-/// many bytes a read did not move (the kernel path's completions).
+/// frees its entry when it was the last command, and then returns true.
+/// `short`: DW0 says how many bytes a read did not move (the kernel path's
+/// completions).
 #[inline(always)]
 fn complete(
     reqs: &mut [Request],
     free: &mut Vec<u32>,
-    done: &mut usize,
+    bufs: &mut Buffers,
     f: &mut impl FnMut(u64, Result<usize>),
     owner: Owner,
     cqe: &Cqe,
     short: bool,
-) {
+) -> bool {
     let Owner::Own(idx) = owner else { unreachable!("a lent queue pair's commands are its own") };
     let r = &mut reqs[idx as usize];
     if r.pending == 0 {
         // Reported timed out already (the queue is dead): a late
         // completion is not reported again.
         tracing::warn!(cid = cqe.cid, "completion of a request reported timed out; ignored");
-        return;
+        return false;
     }
     if !cqe.status().is_success() && r.status.is_none() {
         r.status = Some(cqe.status);
@@ -495,17 +650,18 @@ fn complete(
         r.short += cqe.dw0 as usize;
     }
     r.pending -= 1;
-    if r.pending == 0 {
-        r.guard = None;
-        let res = match r.status {
-            None => Ok(r.len.saturating_sub(r.short)),
-            Some(s) => Err(Error::Nvme {
-                op: if r.op == NvmOpcode::Read { "Read" } else { "Write" },
-                status: Status::from_field(s),
-            }),
-        };
-        f(r.tag, res);
-        free.push(idx);
-        *done += 1;
+    if r.pending != 0 {
+        return false;
     }
+    bufs.release(std::mem::replace(&mut r.claim, Claim::None));
+    let res = match r.status {
+        None => Ok(r.len.saturating_sub(r.short)),
+        Some(s) => Err(Error::Nvme {
+            op: if r.op == NvmOpcode::Read { "Read" } else { "Write" },
+            status: Status::from_field(s),
+        }),
+    };
+    f(r.tag, res);
+    free.push(idx);
+    true
 }

@@ -370,6 +370,8 @@ impl Registry {
 pub(crate) struct Recent {
     handle_id: u64,
     token: BufferToken,
+    /// The registration's length (the caller's token may say otherwise).
+    len: usize,
     entry: Weak<BufEntry>,
     pages: Arc<[u64]>,
 }
@@ -386,10 +388,18 @@ impl Recent {
         self.pages.clone()
     }
 
+    /// Whether `token` names this registration and `offset..offset+len`
+    /// lies in it: what a holder of an in-flight reference on it (which
+    /// keeps it registered) checks instead of claiming again.
+    #[inline(always)]
+    pub fn covers(&self, token: &BufferToken, offset: u64, len: u64) -> bool {
+        self.token == *token && offset.checked_add(len).is_some_and(|end| end <= self.len as u64)
+    }
+
     /// What a request on `token` through `handle_id` remembers of the
     /// registration `guard` holds.
     #[cold]
-    fn of(guard: &BufGuard, handle_id: u64, token: &BufferToken) -> Result<Recent> {
+    pub fn of(guard: &BufGuard, handle_id: u64, token: &BufferToken) -> Result<Recent> {
         let pages = guard
             .entry()
             .mappings()
@@ -397,7 +407,8 @@ impl Recent {
             .find(|m| m.handle_id == handle_id)
             .map(|m| m.map.pages.clone())
             .ok_or_else(|| Error::Platform("buffer is not mapped for this handle".into()))?;
-        Ok(Recent { handle_id, token: *token, entry: Arc::downgrade(guard.entry()), pages })
+        let e = guard.entry();
+        Ok(Recent { handle_id, token: *token, len: e.len, entry: Arc::downgrade(e), pages })
     }
 
     /// Takes an in-flight reference without the registry's lock; `None`

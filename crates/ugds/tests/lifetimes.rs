@@ -116,3 +116,47 @@ fn impossible_lengths_are_refused_before_allocating() {
     assert!(matches!(h.batch(ugds::Batch::MAX_CAPACITY + 1), Err(Error::InvalidArgument(_))));
     assert!(h.batch(ugds::Batch::MAX_CAPACITY).is_ok());
 }
+
+/// A lent queue takes one reference on the buffer its requests share,
+/// held while any of them is staged or on the device and released by the
+/// last to complete: the buffer cannot be deregistered under them and can
+/// be once they are done, with the queue still lent. A request on another
+/// buffer meanwhile holds its own reference; a request refused for want of
+/// room holds nothing afterwards.
+#[test]
+fn a_lent_queue_holds_a_buffer_exactly_while_its_requests_are_in_flight() {
+    let (d, h, _emu) = open(small_emu(), opts());
+    let mut a = ugds::HostBuffer::new(64 * 4096).unwrap();
+    let mut b = ugds::HostBuffer::new(4096).unwrap();
+    // SAFETY: both outlive their registrations (deregistered below, or
+    // leaked if that fails).
+    let ta = unsafe { d.register(a.as_mut_ptr(), a.len()) }.unwrap();
+    let tb = unsafe { d.register(b.as_mut_ptr(), b.len()) }.unwrap();
+    let mut q = h.io_queue().unwrap();
+    let depth = q.depth() as u64;
+    for i in 0..depth - 1 {
+        q.submit_read(&ta, 4096, i * 4096, (i % 64 * 4096) as usize, i).unwrap();
+    }
+    q.submit_read(&tb, 4096, 0, 0, 1000).unwrap();
+    // Full: refused on either buffer, before anything is staged.
+    assert!(matches!(q.submit_read(&ta, 4096, 0, 0, 1001), Err(Error::QueueFull)));
+    assert!(matches!(q.submit_read(&tb, 4096, 0, 0, 1002), Err(Error::QueueFull)));
+    // Staged, not yet rung: in flight as far as the buffers go.
+    assert!(matches!(d.deregister(&ta), Err(Error::Busy { what: "buffer", inflight: 1 })));
+    assert!(matches!(d.deregister(&tb), Err(Error::Busy { what: "buffer", inflight: 1 })));
+    let mut done = 0;
+    q.drain(|tag, r| {
+        assert_eq!(r.unwrap(), 4096, "request {tag}");
+        done += 1;
+    })
+    .unwrap();
+    assert_eq!(done, depth);
+    // Idle, still lent: nothing held.
+    d.deregister(&ta).unwrap();
+    d.deregister(&tb).unwrap();
+    // The queue does not take the deregistered buffer for the one it held.
+    assert!(matches!(q.submit_read(&ta, 4096, 0, 0, 1003), Err(Error::NotRegistered { .. })));
+    assert_eq!(q.outstanding(), 0);
+    drop(q);
+    drop((a, b));
+}

@@ -71,7 +71,7 @@ impl Controller {
             return false;
         }
         cq.last_head = head;
-        let mut posted = false;
+        let mut posted = 0;
         while let Some(&c) = cq.pending.front() {
             if cq.ring.is_full(head, cq.tail) {
                 break;
@@ -101,9 +101,13 @@ impl Controller {
             }
             cq.pending.pop_front();
             cq.fresh = true;
-            posted = true;
+            posted += 1;
         }
-        posted
+        if posted > 0 {
+            // After the entries: a host that sees the count sees them.
+            self.shared.stats.completions_posted.fetch_add(posted, Ordering::Release);
+        }
+        posted > 0
     }
 
     pub(super) fn release_due(&mut self) -> bool {

@@ -313,7 +313,13 @@ impl NvmeQueue {
     /// submission ring. Not visible to the controller until
     /// [`ring_sq_doorbell`](Self::ring_sq_doorbell).
     #[inline]
-    pub fn submit(&mut self, mut sqe: Sqe, data: Option<PrpPlan<'_>>, owner: Owner) -> Result<Cid, Full> {
+    pub fn submit(&mut self, sqe: Sqe, data: Option<PrpPlan<'_>>, owner: Owner) -> Result<Cid, Full> {
+        self.stage(sqe, data, owner)
+    }
+
+    /// As [`submit`](Self::submit), inlined into the caller.
+    #[inline(always)]
+    pub fn stage(&mut self, mut sqe: Sqe, data: Option<PrpPlan<'_>>, owner: Owner) -> Result<Cid, Full> {
         if self.sq_ring.is_full(self.sq_head, self.sq_tail) {
             return Err(Full::Sq);
         }

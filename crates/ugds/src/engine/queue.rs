@@ -140,8 +140,17 @@ impl QueuePair {
     /// until [`ring_sq_doorbell`](Self::ring_sq_doorbell).
     #[inline]
     pub fn submit(&mut self, sqe: Sqe, data: Option<PrpPlan<'_>>, owner: Owner) -> Result<Cid, Full> {
+        self.stage(sqe, data, owner)
+    }
+
+    /// As [`submit`](Self::submit), inlined into the caller: for a request
+    /// path that stages one command per request (a lent queue's page-sized
+    /// reads and writes), where the call and the plan passed through memory
+    /// cost more than the staging.
+    #[inline(always)]
+    pub fn stage(&mut self, sqe: Sqe, data: Option<PrpPlan<'_>>, owner: Owner) -> Result<Cid, Full> {
         match self {
-            QueuePair::Nvme(q) => q.submit(sqe, data, owner),
+            QueuePair::Nvme(q) => q.stage(sqe, data, owner),
             QueuePair::Uring(q) => {
                 let addr = data.map(|p| match p {
                     PrpPlan::One { prp1 } | PrpPlan::Two { prp1, .. } | PrpPlan::List { prp1, .. } => prp1,

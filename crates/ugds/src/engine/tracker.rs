@@ -93,7 +93,7 @@ impl<X: Copy + Default> Tracker<X> {
     }
 
     /// As [`begin`](Self::begin), with the transport's `extra`.
-    #[inline]
+    #[inline(always)]
     pub fn begin_with(&mut self, owner: Owner, prp_page: Option<u16>, extra: X) -> Option<Cid> {
         let cid = self.cids.alloc()?;
         self.entries[self.cids.index(cid)] = Tracked { owner, prp_page, seen: None, extra };

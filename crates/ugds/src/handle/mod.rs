@@ -279,8 +279,20 @@ impl HandleInner {
     ) -> Result<(BufGuard, usize)> {
         self.check_range(size, file_offset)?;
         let guard = self.driver.registry.acquire_recent(recent, self.id, buf, buf_offset as u64, size as u64)?;
-        let data_off = data_offset(&guard, buf_offset)?;
+        let data_off = self.data_offset(guard.entry().base, buf_offset)?;
         Ok((guard, data_off))
+    }
+
+    /// Where a transfer at `buf_offset` into the buffer at `base` starts
+    /// within its first page; refuses an address PRPs cannot name (not
+    /// dword-aligned).
+    #[inline(always)]
+    pub fn data_offset(&self, base: usize, buf_offset: usize) -> Result<usize> {
+        let data_off = base % PAGE_SIZE + buf_offset;
+        if data_off % 4 != 0 {
+            return Err(Error::Misaligned { what: "buffer address", value: (base + buf_offset) as u64, alignment: 4 });
+        }
+        Ok(data_off)
     }
 
     /// The registration of a staging block of stream-ordered I/O (see
@@ -626,21 +638,6 @@ impl HandleInner {
             Ok(())
         });
     }
-}
-
-/// Where the data starts in the buffer's first mapped page; controllers
-/// need dword-aligned data pointers.
-#[inline]
-fn data_offset(guard: &BufGuard, buf_offset: usize) -> Result<usize> {
-    let data_off = guard.entry().base % PAGE_SIZE + buf_offset;
-    if data_off % 4 != 0 {
-        return Err(Error::Misaligned {
-            what: "buffer address",
-            value: (guard.entry().base + buf_offset) as u64,
-            alignment: 4,
-        });
-    }
-    Ok(data_off)
 }
 
 /// An in-flight reference on a handle.
