@@ -158,22 +158,6 @@ impl Sqe {
     /// Size of an entry in bytes (CC.IOSQES = 6).
     pub const SIZE: usize = 64;
 
-    /// The entry as the eight little-endian qwords a controller reads.
-    #[inline(always)]
-    pub fn to_words(&self) -> [u64; 8] {
-        let pair = |lo: u32, hi: u32| lo as u64 | (hi as u64) << 32;
-        [
-            pair(self.cdw0, self.nsid),
-            pair(self.cdw2, self.cdw3),
-            self.mptr,
-            self.prp1,
-            self.prp2,
-            pair(self.cdw10, self.cdw11),
-            pair(self.cdw12, self.cdw13),
-            pair(self.cdw14, self.cdw15),
-        ]
-    }
-
     /// An entry with opcode and CID set, everything else zero.
     #[inline]
     pub const fn new(opcode: u8, cid: Cid) -> Sqe {
@@ -529,14 +513,6 @@ mod tests {
         assert_eq!(s.slba(), Lba(0x1_0000_0002));
         assert_eq!(s.nlb(), 8);
         assert_eq!(Sqe::from_dwords(s.to_dwords()), s);
-    }
-
-    #[test]
-    fn words_are_the_bytes_a_controller_reads() {
-        let mut s = Sqe::rw(NvmOpcode::Write, Cid(0xbeef), Nsid(7), Lba(0x1234_5678_9abc), 9, 0x1000, 0x2000);
-        (s.cdw2, s.cdw3, s.mptr, s.cdw13, s.cdw14, s.cdw15) = (0x22, 0x33, 0x4444, 0xdd, 0xee, 0xff);
-        let bytes: Vec<u8> = s.to_words().iter().flat_map(|w| w.to_le_bytes()).collect();
-        assert_eq!(bytes, s.to_bytes());
     }
 
     #[test]

@@ -78,13 +78,8 @@ impl DmaRegion {
     /// Writes a submission entry at `off` (volatile).
     #[inline(always)]
     pub fn write_sqe(&self, off: usize, sqe: &Sqe) {
-        // Qword by qword from registers: a 64-byte volatile write goes
-        // through a copy on the stack.
-        let p = self.at::<[u64; 8]>(off).cast::<u64>();
-        for (i, w) in sqe.to_words().into_iter().enumerate() {
-            // SAFETY: within the 64 bytes `at` checked, 8-aligned.
-            unsafe { p.add(i).write_volatile(w) }
-        }
+        // SAFETY: `at` checked bounds and alignment.
+        unsafe { self.at::<Sqe>(off).write_volatile(*sqe) }
     }
 
     /// Reads a submission entry at `off` (volatile).
