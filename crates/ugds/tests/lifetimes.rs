@@ -128,9 +128,9 @@ fn a_lent_queue_holds_a_buffer_exactly_while_its_requests_are_in_flight() {
     let (d, h, _emu) = open(small_emu(), opts());
     let mut a = ugds::HostBuffer::new(64 * 4096).unwrap();
     let mut b = ugds::HostBuffer::new(4096).unwrap();
-    // SAFETY: both outlive their registrations (deregistered below, or
-    // leaked if that fails).
+    // SAFETY: `a` outlives its registration (deregistered below).
     let ta = unsafe { d.register(a.as_mut_ptr(), a.len()) }.unwrap();
+    // SAFETY: as for `a`.
     let tb = unsafe { d.register(b.as_mut_ptr(), b.len()) }.unwrap();
     let mut q = h.io_queue().unwrap();
     let depth = q.depth() as u64;
