@@ -6,11 +6,15 @@ use serde_json::Value;
 use std::fmt::Write;
 
 pub const HELP: &str = "\
-Usage: ugds report [-o FILE] [--title TEXT] BENCH.json...
+Usage: ugds report [-o FILE] [--title TEXT] [--bars] BENCH.json...
 
 Draws `ugds bench --json` files into one SVG (FILE, default report.svg):
 bandwidth (MiB/s) by request size, one line per file and mode, and the
 latency CDF of each run. Each file is labelled by its name without .json.
+
+--bars   IOPS per workload (request size and queue depth) instead, one bar
+         per file in each workload, on a log scale: for workloads that
+         differ in depth as well as size (scripts/qemu-bench).
 ";
 
 const PALETTE: [&str; 8] = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
@@ -245,17 +249,101 @@ pub fn draw(title: &str, files: &[(String, Value)]) -> Result<String, String> {
     Ok(svg)
 }
 
+/// IOPS of each file's runs per workload, as grouped bars on a log scale.
+pub fn draw_bars(title: &str, files: &[(String, Value)]) -> Result<String, String> {
+    // (size, qd) -> file index -> IOPS
+    let mut groups: Vec<((u64, u64), Vec<Option<f64>>)> = Vec::new();
+    for (i, (name, doc)) in files.iter().enumerate() {
+        let runs =
+            doc["runs"].as_array().ok_or_else(|| format!("{name}: no \"runs\" (not `ugds bench --json` output)"))?;
+        for r in runs {
+            let (Some(size), Some(qd)) = (r["size"].as_u64(), r["qd"].as_u64()) else {
+                return Err(format!("{name}: a run without size or qd"));
+            };
+            let iops = r["iops"].as_f64().or_else(|| Some(r["mib_s"].as_f64()? * (1 << 20) as f64 / size as f64));
+            let Some(iops) = iops.filter(|v| *v > 0.0) else {
+                return Err(format!("{name}: a run without iops or mib_s"));
+            };
+            let at = match groups.iter().position(|g| g.0 == (size, qd)) {
+                Some(at) => at,
+                None => {
+                    groups.push(((size, qd), vec![None; files.len()]));
+                    groups.len() - 1
+                }
+            };
+            groups[at].1[i] = Some(iops);
+        }
+    }
+    if groups.is_empty() {
+        return Err("no runs to draw".into());
+    }
+    groups.sort_by_key(|g| g.0);
+    let all = groups.iter().flat_map(|g| g.1.iter().flatten());
+    let (lo, hi) = all.fold((f64::MAX, 0.0f64), |(a, b), &v| (a.min(v), b.max(v)));
+    let (dlo, dhi) = (lo.log10().floor(), hi.log10().ceil().max(lo.log10().floor() + 1.0));
+    let bar = 14.0;
+    let group_w = bar * files.len() as f64 + 24.0;
+    let panel = Panel { x0: 80.0, y0: 60.0, w: group_w * groups.len() as f64, h: 280.0 };
+    let (w, h) = (panel.w + 120.0, 400.0 + 18.0 * files.len() as f64);
+    let mut svg = String::new();
+    let _ =
+        writeln!(svg, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif">"#);
+    let _ = writeln!(svg, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(svg, r#"<text x="{}" y="24" font-size="16" text-anchor="middle">{}</text>"#, w / 2.0, esc(title));
+    panel.frame(&mut svg, "IOPS by workload", "request size, queue depth", "IOPS (log scale)");
+    let fy = |v: f64| (v.log10() - dlo) / (dhi - dlo);
+    for d in dlo as i32..=dhi as i32 {
+        let (x, y) = panel.at(0.0, fy(10f64.powi(d)));
+        let _ = writeln!(svg, r#"<text x="{}" y="{}" font-size="11" text-anchor="end">1e{d}</text>"#, x - 4.0, y + 4.0);
+    }
+    for (g, ((size, qd), vals)) in groups.iter().enumerate() {
+        let gx = panel.x0 + g as f64 * group_w + 12.0;
+        let (_, base) = panel.at(0.0, 0.0);
+        let _ = writeln!(
+            svg,
+            r#"<text x="{}" y="{}" font-size="11" text-anchor="middle">{} QD{qd}</text>"#,
+            gx + bar * files.len() as f64 / 2.0,
+            base + 16.0,
+            crate::fmt_bytes(*size)
+        );
+        for (i, v) in vals.iter().enumerate() {
+            let Some(v) = v else { continue };
+            let (_, top) = panel.at(0.0, fy(*v));
+            let _ = writeln!(
+                svg,
+                r#"<rect x="{:.1}" y="{top:.1}" width="{}" height="{:.1}" fill="{}"><title>{} {} QD{qd}: {v:.0} IOPS</title></rect>"#,
+                gx + bar * i as f64,
+                bar - 2.0,
+                base - top,
+                PALETTE[i % PALETTE.len()],
+                esc(&files[i].0),
+                crate::fmt_bytes(*size)
+            );
+        }
+    }
+    let mut y = 390.0;
+    for (i, (name, _)) in files.iter().enumerate() {
+        let color = PALETTE[i % PALETTE.len()];
+        let _ = writeln!(svg, r#"<rect x="80" y="{}" width="24" height="10" fill="{color}"/>"#, y - 5.0);
+        let _ = writeln!(svg, r#"<text x="112" y="{}" font-size="12">{}</text>"#, y + 4.0, esc(name));
+        y += 18.0;
+    }
+    svg.push_str("</svg>\n");
+    Ok(svg)
+}
+
 pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     use lexopt::prelude::*;
     let mut p = lexopt::Parser::from_args(args);
-    let (mut out, mut title, mut inputs) =
-        (std::path::PathBuf::from("report.svg"), "ugds bench".to_string(), Vec::new());
+    let (mut out, mut title, mut inputs, mut bars) =
+        (std::path::PathBuf::from("report.svg"), "ugds bench".to_string(), Vec::new(), false);
     while let Some(a) = p.next().map_err(|e| e.to_string())? {
         match a {
             Short('o') | Long("output") => out = p.value().map_err(|e| e.to_string())?.into(),
             Long("title") => {
                 title = p.value().map_err(|e| e.to_string())?.string().map_err(|_| "--title: not UTF-8")?
             }
+            Long("bars") => bars = true,
             Value(v) => inputs.push(std::path::PathBuf::from(v)),
             Short('h') | Long("help") => {
                 print!("{HELP}");
@@ -274,8 +362,40 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         let name = path.file_stem().map_or("?".into(), |s| s.to_string_lossy().into_owned());
         files.push((name, doc));
     }
-    let svg = draw(&title, &files)?;
+    let svg = if bars { draw_bars(&title, &files)? } else { draw(&title, &files)? };
     std::fs::write(&out, svg).map_err(|e| format!("{}: {e}", out.display()))?;
     println!("wrote {}", out.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn run(size: u64, qd: u64, iops: f64) -> Value {
+        json!({"mode": "randread", "engine": "io_queue", "size": size, "qd": qd, "iops": iops})
+    }
+
+    #[test]
+    fn bars_group_by_workload_and_leave_gaps_for_missing_runs() {
+        let a = json!({"runs": [run(4096, 1, 40000.0), run(4096, 32, 350000.0), run(131072, 8, 70000.0)]});
+        // mib_s alone is enough (IOPS derived from it); one workload missing.
+        let b = json!({"runs": [{"size": 4096, "qd": 1, "mib_s": 27.0}, run(131072, 8, 22000.0)]});
+        let svg = draw_bars("t", &[("ugds".into(), a), ("pread".into(), b)]).unwrap();
+        assert_eq!(svg.matches("<title>").count(), 5, "a bar per run present");
+        for w in ["4 KiB QD1", "4 KiB QD32", "128 KiB QD8"] {
+            assert!(svg.contains(&format!(">{w}</text>")), "group label {w}");
+        }
+        assert!(svg.contains("<title>pread 4 KiB QD1: 6912 IOPS</title>"), "27 MiB/s of 4 KiB reads");
+        assert!(svg.contains(">1e3</text>") && svg.contains(">1e6</text>"), "decades from 1e3 to 1e6");
+        assert!(svg.contains(">ugds</text>") && svg.contains(">pread</text>"), "legend");
+    }
+
+    #[test]
+    fn bars_refuse_files_that_are_not_bench_output() {
+        assert!(draw_bars("t", &[("x".into(), json!({}))]).unwrap_err().contains("no \"runs\""));
+        assert!(draw_bars("t", &[("x".into(), json!({"runs": [{"size": 4096}]}))]).unwrap_err().contains("qd"));
+        assert!(draw_bars("t", &[("x".into(), json!({"runs": []}))]).unwrap_err().contains("no runs"));
+    }
 }
