@@ -2,7 +2,9 @@
 //! that the vfio cdev interface needs, as the kernel defines them.
 //!
 //! Every call here is a thin wrapper: the structures are `#[repr(C)]`
-//! copies of the kernel's, sizes asserted.
+//! copies of the kernel's, sizes asserted here, and every structure's
+//! layout and every constant's value checked against the kernel's uapi
+//! headers by `scripts/uapi-check` (run by the QEMU conformance run).
 
 use crate::{Error, Result};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
