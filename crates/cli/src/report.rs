@@ -251,8 +251,9 @@ pub fn draw(title: &str, files: &[(String, Value)]) -> Result<String, String> {
 
 /// IOPS of each file's runs per workload, as grouped bars on a log scale.
 pub fn draw_bars(title: &str, files: &[(String, Value)]) -> Result<String, String> {
-    // (size, qd) -> file index -> IOPS
-    let mut groups: Vec<((u64, u64), Vec<Option<f64>>)> = Vec::new();
+    // A workload (size, qd) and each file's IOPS in it.
+    type Group = ((u64, u64), Vec<Option<f64>>);
+    let mut groups: Vec<Group> = Vec::new();
     for (i, (name, doc)) in files.iter().enumerate() {
         let runs =
             doc["runs"].as_array().ok_or_else(|| format!("{name}: no \"runs\" (not `ugds bench --json` output)"))?;

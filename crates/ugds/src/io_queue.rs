@@ -305,8 +305,6 @@ impl<'h> IoQueue<'h> {
         let r = &mut self.reqs[idx as usize];
         (r.tag, r.pending, r.len, r.status, r.short, r.op) = (tag, 1, size, None, 0, op);
         // A free entry's claim ended with its completion: nothing to drop
-        // (checked, without the drop glue's call on the common path).
-        // A free entry's claim ended with its completion: nothing to drop
         // (matched, without the drop glue's call on the common path).
         match std::mem::replace(&mut r.claim, claim) {
             Claim::Own(stale) => drop(stale),
