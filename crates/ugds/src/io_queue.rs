@@ -507,6 +507,9 @@ impl<'h> IoQueue<'h> {
         if let Ok(Some(efd)) = h.platform().interrupt(v) {
             if efd.wait(timeout) {
                 efd.drain();
+                if let Some(q) = self.qp.as_ref() {
+                    q.counters().interrupts.add_shared(1);
+                }
             }
         }
     }

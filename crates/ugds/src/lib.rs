@@ -66,7 +66,7 @@ pub use buffer::HostBuffer;
 pub use driver::Driver;
 pub use engine::KernelRing;
 pub use engine::{BatchEvent, BatchStatus, Completion, ControllerInfo, NamespaceInfo};
-pub use handle::{Drain, Handle, HandleOptions, HandleState, QueueInfo, QueueRole};
+pub use handle::{Drain, Handle, HandleOptions, HandleState, QueueInfo, QueueRole, QueueStats};
 pub use io_queue::IoQueue;
 pub use registry::BufferToken;
 pub use stream::{HostStream, Stream, StreamIo, StreamResult, StreamSignal};

@@ -6,6 +6,8 @@
 //!   [`qpair`] a controller's, [`uring`] the kernel path's; [`kernel`], the
 //!   kernel path's stand-in for a controller.
 //! - [`tracker`]: what a queue pair knows of each command on the device.
+//! - [`stats`]: what each queue pair has done, counted without a shared
+//!   atomic operation per I/O.
 //! - [`chunk`]: splitting a request by MDTS and PRP-list capacity.
 //! - [`sync`]: shared queue pairs for synchronous callers.
 //! - [`batch`]: the deep batch queue shared by batch contexts.
@@ -18,6 +20,7 @@ pub(crate) mod hold;
 pub mod kernel;
 pub mod qpair;
 pub mod queue;
+pub mod stats;
 pub mod sync;
 pub mod tracker;
 pub mod uring;

@@ -13,6 +13,7 @@
 //! new CQ head: once per sweep on an interrupt-driven queue, lazily on a
 //! polled one (see [`NvmeQueue::report_cq_head`]).
 
+use super::stats::{QueueCounters, Staged};
 use crate::barrier;
 use crate::dma::DmaBuffer;
 use crate::platform::Platform;
@@ -129,6 +130,10 @@ pub struct NvmeQueue {
     sq_head: u32,
     /// The commands on the device, by CID.
     tracker: Tracker,
+    /// Commands staged, counted here and published at the doorbell.
+    staged: Staged,
+    /// What this queue pair has done (read by its handle).
+    counters: Arc<QueueCounters>,
     /// Pre-mapped PRP-list pages; a command that needs a list borrows one
     /// until its completion is consumed.
     prp_pages: DmaBuffer,
@@ -198,6 +203,8 @@ impl NvmeQueue {
             last_sq_tail: 0,
             sq_head: 0,
             tracker: Tracker::new(ncids),
+            staged: Staged::default(),
+            counters: Arc::default(),
             prp_pages,
             prp_free: (0..npages).rev().collect(),
             dbbuf: None,
@@ -240,6 +247,11 @@ impl NvmeQueue {
     /// Queue identifier.
     pub fn qid(&self) -> Qid {
         self.qid
+    }
+
+    /// What this queue pair has done.
+    pub fn counters(&self) -> &Arc<QueueCounters> {
+        &self.counters
     }
 
     /// Entries per ring.
@@ -358,6 +370,9 @@ impl NvmeQueue {
                 sqe.prp2 = self.prp_pages.iova(page);
             }
         }
+        // Counted from the entry before it is written (read after, its
+        // fields would be kept in memory for it).
+        self.staged.add(sqe.opcode(), sqe.nlb());
         sqe.set_cid(cid);
         self.sq.write_sqe(self.sq_tail as usize * Sqe::SIZE, &sqe);
         self.sq_tail = self.sq_ring.next(self.sq_tail);
@@ -378,8 +393,10 @@ impl NvmeQueue {
             };
             if mmio {
                 self.platform.write32(self.sq_db, self.sq_tail);
+                self.counters.doorbell_writes.add(1);
             }
             self.last_sq_tail = self.sq_tail;
+            self.staged.publish(&self.counters);
         }
     }
 
@@ -405,7 +422,7 @@ impl NvmeQueue {
     /// Returns how many.
     #[inline]
     pub fn process_completions(&mut self, max: usize, mut f: impl FnMut(Owner, &Cqe)) -> usize {
-        let mut n = 0;
+        let (mut n, mut done, mut failed) = (0, 0, 0);
         while n < max {
             let off = self.cursor.head as usize * Cqe::SIZE;
             // The phase tag is the truth: an entry is new when its phase
@@ -452,6 +469,8 @@ impl NvmeQueue {
                     if let Some(page) = t.prp_page {
                         self.prp_free.push(page);
                     }
+                    done += 1;
+                    failed += !cqe.status().is_success() as u64;
                     f(t.owner, &cqe)
                 }
                 Err(e) => {
@@ -461,6 +480,8 @@ impl NvmeQueue {
             }
         }
         if n > 0 {
+            self.counters.completed.add(done);
+            self.counters.errors.add(failed);
             self.cq_unreported += n as u32;
             if self.cq_unreported > self.cq_lazy
                 || self.cq_unreported as usize + self.tracker.outstanding() + 1 >= self.cq_ring.size() as usize
@@ -490,6 +511,7 @@ impl NvmeQueue {
         };
         if mmio {
             self.platform.write32(self.cq_db, self.cursor.head);
+            self.counters.doorbell_writes.add(1);
         }
         self.cq_unreported = 0;
     }

@@ -4,6 +4,7 @@
 //! and does not know which.
 
 use super::qpair::{CqView, Full, NvmeQueue, Owner};
+use super::stats::QueueCounters;
 use super::uring::UringQueue;
 use std::time::Duration;
 use ugds_nvme::prp::PrpPlan;
@@ -157,6 +158,14 @@ impl QueuePair {
                 });
                 q.submit(sqe, addr, owner)
             }
+        }
+    }
+
+    /// What this queue pair has done.
+    pub fn counters(&self) -> &std::sync::Arc<QueueCounters> {
+        match self {
+            QueuePair::Nvme(q) => q.counters(),
+            QueuePair::Uring(q) => q.counters(),
         }
     }
 

@@ -24,6 +24,7 @@
 use super::batch::BatchTable;
 use super::qpair::CqView;
 use super::queue::QueuePair;
+use super::stats::QueueCounters;
 use super::tracker::Owner;
 use crate::platform::Platform;
 use crate::sys::EventFd;
@@ -109,6 +110,8 @@ pub struct SyncQueue {
     /// completion may be waiting even where the ring cannot be looked at
     /// without the lock (the kernel path's).
     irq_hint: AtomicBool,
+    /// The queue pair's counters, for the interrupts its waiters see.
+    counters: Arc<QueueCounters>,
     /// Whether completions report bytes not moved in DW0 (the kernel
     /// path's; a controller's DW0 of a Read or Write says nothing).
     reports_short: bool,
@@ -181,6 +184,7 @@ impl SyncQueue {
         let n = qp.free_slots() as u32;
         let (vector, qid) = (qp.vector(), qp.qid().0);
         let reports_short = qp.reports_short();
+        let counters = qp.counters().clone();
         let cq = qp.cq_view();
         let (head, phase) = qp.cq_cursor();
         let kick = match vector {
@@ -201,6 +205,7 @@ impl SyncQueue {
             siblings: OnceLock::new(),
             capped_waits: AtomicU64::new(0),
             irq_hint: AtomicBool::new(false),
+            counters,
             reports_short,
         })
     }
@@ -298,6 +303,7 @@ impl SyncQueue {
     /// the completion the interrupt announced.
     fn note_interrupt(&self) {
         self.irq_hint.store(true, Ordering::SeqCst);
+        self.counters.interrupts.add_shared(1);
     }
 
     /// Stages as many of `cmds` as fit; true when any was staged.

@@ -60,6 +60,16 @@ impl Handle {
         &self.inner.queues
     }
 
+    /// What each I/O queue pair has done since the handle opened: commands
+    /// submitted and completed, bytes, errors, timeouts, doorbell writes
+    /// and interrupts, in the order of [`queues`](Self::queues). The
+    /// counters cost the request path no shared atomic operation (each is
+    /// written by the thread that holds its queue pair); reading them takes
+    /// no lock. [`QueueStats::total`] sums them.
+    pub fn queue_stats(&self) -> Vec<QueueStats> {
+        self.inner.queue_stats()
+    }
+
     /// Whether batch contexts (and stream-ordered I/O) share the one
     /// synchronous queue pair (a controller that granted one) rather than
     /// a deep queue pair of their own.

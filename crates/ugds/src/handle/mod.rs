@@ -19,13 +19,14 @@ mod api;
 mod options;
 
 pub use api::Handle;
-pub use options::{Drain, HandleOptions, HandleState, QueueInfo, QueueRole};
+pub use options::{Drain, HandleOptions, HandleState, QueueInfo, QueueRole, QueueStats};
 use ugds_platform::Recover;
 
 use crate::driver::DriverInner;
 use crate::engine::batch::BatchQueue;
 use crate::engine::chunk::{Chunk, Chunker};
 use crate::engine::hold::Hold;
+use crate::engine::stats::QueueCounters;
 use crate::engine::sync::{Cmd, Failure, SyncQueue};
 use crate::engine::{Completion, Controller, ControllerInfo, NamespaceInfo, QueuePair};
 use crate::io_queue::IoQueue;
@@ -78,6 +79,8 @@ pub(crate) struct HandleInner {
     released: std::sync::atomic::AtomicBool,
     async_queues: usize,
     queues: Vec<QueueInfo>,
+    /// Each queue's counters, in the order of `queues`.
+    counters: Vec<Arc<QueueCounters>>,
 }
 
 impl HandleInner {
@@ -155,6 +158,7 @@ impl HandleInner {
                 QueueInfo { qid, role, vector: qp.vector(), entries: qp.entries(), vector_shared_with: 0 }
             })
             .collect();
+        let counters: Vec<Arc<QueueCounters>> = created.iter().map(|qp| qp.counters().clone()).collect();
         for i in 0..queues.len() {
             let v = queues[i].vector;
             if v.is_some() {
@@ -212,6 +216,7 @@ impl HandleInner {
             rr: AtomicUsize::new(0),
             async_queues: pool.len(),
             queues,
+            counters,
             pool: ManuallyDrop::new(Mutex::new(pool)),
             batch: ManuallyDrop::new(batch),
             stream: Mutex::new(None),
@@ -434,9 +439,42 @@ impl HandleInner {
     /// nothing), send Abort for each late command still on the device, and
     /// give the controller [`ABORT_GRACE`] to complete them. `Stuck`: some
     /// did not come back; the caller wedges the handle, keeping what they hold.
+    /// The counters of I/O queue `qid`.
+    pub fn counters_of(&self, qid: u16) -> Option<&Arc<QueueCounters>> {
+        self.queues.iter().position(|q| q.qid == qid).map(|i| &self.counters[i])
+    }
+
+    /// What each I/O queue pair has done.
+    pub fn queue_stats(&self) -> Vec<QueueStats> {
+        let bs = self.ns.block_size as u64;
+        self.queues
+            .iter()
+            .zip(&self.counters)
+            .map(|(q, c)| {
+                let (submitted, completed) = (c.submitted.get(), c.completed.get());
+                QueueStats {
+                    qid: q.qid,
+                    role: q.role,
+                    submitted,
+                    completed,
+                    in_flight: submitted.saturating_sub(completed),
+                    bytes_read: c.blocks_read.get() * bs,
+                    bytes_written: c.blocks_written.get() * bs,
+                    errors: c.errors.get(),
+                    timeouts: c.timeouts.get(),
+                    doorbell_writes: c.doorbell_writes.get(),
+                    interrupts: c.interrupts.get(),
+                }
+            })
+            .collect()
+    }
+
     pub fn escalate(&self, op: &'static str, qid: u16, cids: &[Cid], mut settled: impl FnMut() -> bool) -> Escalation {
         if settled() {
             return Escalation::Settled;
+        }
+        if let Some(c) = self.counters_of(qid) {
+            c.timeouts.add_shared(cids.len() as u64);
         }
         let csts = self.ctrl.csts();
         if csts.is_gone() {

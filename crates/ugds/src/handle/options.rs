@@ -206,6 +206,59 @@ pub enum QueueRole {
     Lendable,
 }
 
+/// What one I/O queue pair of a handle has done since the handle opened
+/// ([`Handle::queue_stats`](crate::Handle::queue_stats)). Read while I/O
+/// runs, each figure is current but the set is not one instant's: the
+/// counters are read one after another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueStats {
+    /// Queue id.
+    pub qid: u16,
+    /// What it is for.
+    pub role: QueueRole,
+    /// Commands submitted (a request of several commands counts each).
+    pub submitted: u64,
+    /// Commands completed.
+    pub completed: u64,
+    /// Commands on the device when read (`submitted - completed`).
+    pub in_flight: u64,
+    /// Bytes of the read commands submitted.
+    pub bytes_read: u64,
+    /// Bytes of the write commands submitted.
+    pub bytes_written: u64,
+    /// Commands completed with an error status.
+    pub errors: u64,
+    /// Commands still outstanding when the handle's timeout escalated them
+    /// (whether they then completed, were aborted, or wedged the handle).
+    pub timeouts: u64,
+    /// Doorbell writes: a controller's submission-tail and completion-head
+    /// registers (shadow-doorbell updates that needed none are not
+    /// counted), or the kernel path's submissions to its ring.
+    pub doorbell_writes: u64,
+    /// Waits on the queue's interrupt that it woke (0 for a polled queue).
+    pub interrupts: u64,
+}
+
+impl QueueStats {
+    /// The sum of several queues' figures (`qid` 0 and `role` of the first).
+    pub fn total<'a>(stats: impl IntoIterator<Item = &'a QueueStats>) -> Option<QueueStats> {
+        stats.into_iter().copied().reduce(|a, b| QueueStats {
+            qid: 0,
+            role: a.role,
+            submitted: a.submitted + b.submitted,
+            completed: a.completed + b.completed,
+            in_flight: a.in_flight + b.in_flight,
+            bytes_read: a.bytes_read + b.bytes_read,
+            bytes_written: a.bytes_written + b.bytes_written,
+            errors: a.errors + b.errors,
+            timeouts: a.timeouts + b.timeouts,
+            doorbell_writes: a.doorbell_writes + b.doorbell_writes,
+            interrupts: a.interrupts + b.interrupts,
+        })
+    }
+}
+
 /// One I/O queue pair of a handle and how it learns of completions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]

@@ -43,6 +43,7 @@ mod transfer;
 
 use super::kernel::KernelRing;
 use super::qpair::{CqView, Full, Owner};
+use super::stats::{QueueCounters, Staged};
 use super::tracker::Tracker;
 use crate::{Error, Result};
 use bounce::Bounce;
@@ -86,6 +87,10 @@ pub struct UringQueue {
     copies: Arc<AtomicU32>,
     /// The platform's host epoch this ring's registered slots reflect.
     host_epoch: u64,
+    /// Commands staged, counted here and published at the doorbell.
+    staged: Staged,
+    /// What this ring has done (read by its handle).
+    counters: Arc<QueueCounters>,
 }
 
 impl std::fmt::Debug for UringQueue {
@@ -141,6 +146,8 @@ impl UringQueue {
             staging: VecDeque::new(),
             copies: Arc::new(AtomicU32::new(0)),
             host_epoch: 0,
+            staged: Staged::default(),
+            counters: Arc::default(),
         })
     }
 
@@ -277,6 +284,7 @@ impl UringQueue {
                     let cid = self.tracker.begin_with(owner, None, t).expect("a CID is free");
                     self.staging.push_back(Copying { cid, ticket, runtime, short: 0 });
                     self.copies.fetch_add(1, Ordering::Release);
+                    self.staged.add(sqe.opcode(), sqe.nlb());
                     return Ok(cid);
                 }
                 Err(e) => {
@@ -297,6 +305,7 @@ impl UringQueue {
             }
             return Err(Full::Sq);
         }
+        self.staged.add(sqe.opcode(), sqe.nlb());
         Ok(cid)
     }
 
@@ -340,7 +349,9 @@ impl UringQueue {
 
     /// Hands the staged operations to the kernel (one `io_uring_enter`).
     pub fn ring_sq_doorbell(&mut self) {
+        self.staged.publish(&self.counters);
         if self.ring.staged() > 0 {
+            self.counters.doorbell_writes.add(1);
             if let Err(e) = self.ring.submit() {
                 tracing::error!(qid = self.qid.0, "io_uring submission failed: {e}; retried at the next look");
             }
@@ -392,6 +403,12 @@ impl UringQueue {
     /// command that finished; partial transfers are resubmitted. Returns
     /// how many commands finished.
     pub fn process_completions(&mut self, max: usize, mut f: impl FnMut(Owner, &Cqe)) -> usize {
+        let (mut done, mut failed) = (0u64, 0u64);
+        let mut f = |owner: Owner, cqe: &Cqe| {
+            done += 1;
+            failed += !cqe.status().is_success() as u64;
+            f(owner, cqe)
+        };
         let mut n = 0;
         if !self.landing.is_empty() || !self.staging.is_empty() {
             n += self.advance_copies(&mut f);
@@ -399,6 +416,8 @@ impl UringQueue {
         // A submission the kernel refused earlier (EAGAIN, EBUSY) goes now;
         // a device-polled ring finds its completions only by entering.
         if self.ring.polls_device() {
+            self.staged.publish(&self.counters);
+            self.counters.doorbell_writes.add(1);
             if let Err(e) = self.ring.submit() {
                 tracing::error!(qid = self.qid.0, "io_uring enter failed: {e}");
             }
@@ -524,7 +543,14 @@ impl UringQueue {
             }
             self.ring_sq_doorbell();
         }
+        self.counters.completed.add(done);
+        self.counters.errors.add(failed);
         n
+    }
+
+    /// What this ring has done.
+    pub fn counters(&self) -> &Arc<QueueCounters> {
+        &self.counters
     }
 
     /// Forgets every command: only when none can complete any more (the
