@@ -224,6 +224,31 @@ uGDSError_t uGDSDriverClose(void);
  * a regular file with UGDS_EMULATE=1). */
 uGDSError_t uGDSHandleRegister(uGDSHandle_t *fh, uGDSDescr_t *descr);
 uGDSError_t uGDSGetDeviceCapacity(uGDSHandle_t fh, uint64_t *bytes);
+
+/* What each I/O queue pair of a handle has done since it opened (an
+ * extension): commands submitted and completed (a request of several
+ * commands counts each), bytes, errors, timeouts, doorbell writes and
+ * interrupts. Counting costs the I/O path no shared atomic operation. */
+typedef struct ugds_queue_stats {
+    uint16_t qid;
+    uint16_t role; /* UGDS_QUEUE_SYNC, UGDS_QUEUE_BATCH, UGDS_QUEUE_LENDABLE */
+    uint32_t reserved;
+    uint64_t submitted;
+    uint64_t completed;
+    uint64_t in_flight;
+    uint64_t bytes_read;
+    uint64_t bytes_written;
+    uint64_t errors;          /* commands completed with an error status */
+    uint64_t timeouts;        /* commands escalated by the handle's timeout */
+    uint64_t doorbell_writes; /* submission-tail and completion-head writes */
+    uint64_t interrupts;      /* interrupt waits the queue's vector woke */
+} ugds_queue_stats_t;
+#define UGDS_QUEUE_SYNC 0
+#define UGDS_QUEUE_BATCH 1
+#define UGDS_QUEUE_LENDABLE 2
+/* Fills up to max entries of out and sets *n to the handle's number of I/O
+ * queues (out may be NULL with max 0, to ask for the count). */
+uGDSError_t uGDSGetQueueStats(uGDSHandle_t fh, ugds_queue_stats_t *out, size_t max, size_t *n);
 void uGDSHandleDeregister(uGDSHandle_t fh);
 /* timeout_sec 0: UGDS_BUSY if I/O is in flight; > 0: wait that long; -1:
  * wait; < -1: after-reset teardown of a wedged handle. */

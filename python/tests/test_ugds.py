@@ -49,6 +49,21 @@ class Host(unittest.TestCase):
         self.assertEqual(bytes(mem[512 : 512 + 8192]), pattern(1, 1 << 20)[8192 : 2 * 8192])
         self.drv.deregister(buf)
 
+    def test_queue_stats_count_what_was_done(self):
+        mem = bytearray(1 << 20)
+        buf = self.drv.register(mem)
+        before = sum(q["bytes_read"] for q in self.h.queue_stats())
+        self.assertEqual(self.h.write(buf, 65536, 0), 65536)
+        for _ in range(3):
+            self.assertEqual(self.h.read(buf, 8192, 0), 8192)
+        stats = self.h.queue_stats()
+        self.assertTrue(stats and all(q["role"] in ("sync", "batch", "lendable") for q in stats))
+        self.assertEqual(sum(q["bytes_read"] for q in stats) - before, 3 * 8192)
+        self.assertEqual(sum(q["bytes_written"] for q in stats), 65536)
+        self.assertEqual(sum(q["submitted"] for q in stats), sum(q["completed"] for q in stats))
+        self.assertEqual(sum(q["in_flight"] + q["errors"] for q in stats), 0)
+        self.drv.deregister(buf)
+
     def test_registered_bytearray_cannot_be_resized(self):
         mem = bytearray(65536)
         buf = self.drv.register(mem)

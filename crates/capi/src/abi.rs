@@ -144,6 +144,53 @@ pub struct uGDSIOEvents_t {
     pub ret: ssize_t,
 }
 
+/// `ugds_queue_stats_t`: what one I/O queue pair of a handle has done (an
+/// extension; see `ugds::QueueStats`).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ugds_queue_stats_t {
+    pub qid: u16,
+    pub role: u16,
+    pub reserved: u32,
+    pub submitted: u64,
+    pub completed: u64,
+    pub in_flight: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub errors: u64,
+    pub timeouts: u64,
+    pub doorbell_writes: u64,
+    pub interrupts: u64,
+}
+
+/// `role` values of `ugds_queue_stats_t`.
+pub const UGDS_QUEUE_SYNC: u16 = 0;
+pub const UGDS_QUEUE_BATCH: u16 = 1;
+pub const UGDS_QUEUE_LENDABLE: u16 = 2;
+
+impl From<&ugds::QueueStats> for ugds_queue_stats_t {
+    fn from(s: &ugds::QueueStats) -> Self {
+        ugds_queue_stats_t {
+            qid: s.qid,
+            role: match s.role {
+                ugds::QueueRole::Sync => UGDS_QUEUE_SYNC,
+                ugds::QueueRole::Batch => UGDS_QUEUE_BATCH,
+                _ => UGDS_QUEUE_LENDABLE,
+            },
+            reserved: 0,
+            submitted: s.submitted,
+            completed: s.completed,
+            in_flight: s.in_flight,
+            bytes_read: s.bytes_read,
+            bytes_written: s.bytes_written,
+            errors: s.errors,
+            timeouts: s.timeouts,
+            doorbell_writes: s.doorbell_writes,
+            interrupts: s.interrupts,
+        }
+    }
+}
+
 /// What a `uGDSHandle_t` points to: existing programs read the fd as
 /// `*(int *)handle`.
 #[repr(C)]
@@ -182,6 +229,9 @@ layouts! {
     uGDSIOParams_t { devPtr_base => "devPtr_base", file_offset => "file_offset", devPtr_offset => "devPtr_offset",
         size => "size", opcode => "opcode", cookie => "cookie" }
     uGDSIOEvents_t { cookie => "cookie", status => "status", ret => "ret" }
+    ugds_queue_stats_t { qid => "qid", role => "role", submitted => "submitted", completed => "completed",
+        in_flight => "in_flight", bytes_read => "bytes_read", bytes_written => "bytes_written", errors => "errors",
+        timeouts => "timeouts", doorbell_writes => "doorbell_writes", interrupts => "interrupts" }
 }
 
 fn constant(n: &str) -> Option<c_long> {
@@ -189,6 +239,9 @@ fn constant(n: &str) -> Option<c_long> {
     let v = match n {
         "UGDSOP_BASE_ERR" => UGDSOP_BASE_ERR,
         "UGDS_SUCCESS" => SUCCESS,
+        "UGDS_QUEUE_SYNC" => UGDS_QUEUE_SYNC as c_int,
+        "UGDS_QUEUE_BATCH" => UGDS_QUEUE_BATCH as c_int,
+        "UGDS_QUEUE_LENDABLE" => UGDS_QUEUE_LENDABLE as c_int,
         "UGDS_DRIVER_NOT_INITIALIZED" => DRIVER_NOT_INITIALIZED,
         "UGDS_DRIVER_INVALID_PROPS" => DRIVER_INVALID_PROPS,
         "UGDS_DRIVER_UNSUPPORTED_LIMIT" => DRIVER_UNSUPPORTED_LIMIT,

@@ -174,6 +174,39 @@ pub unsafe extern "C" fn uGDSGetDeviceCapacity(fh: *mut c_void, bytes: *mut u64)
     })
 }
 
+/// What each I/O queue pair of a handle has done (an extension): fills up
+/// to `max` entries of `out` and sets `*n` to the number of queues.
+///
+/// # Safety
+/// `n` is null (refused) or valid for a write; `out` is valid for `max`
+/// entries (or null with `max` 0, to ask for the count).
+#[no_mangle]
+pub unsafe extern "C" fn uGDSGetQueueStats(
+    fh: *mut c_void,
+    out: *mut abi::ugds_queue_stats_t,
+    max: usize,
+    n: *mut usize,
+) -> uGDSError_t {
+    guard(internal(), || {
+        if n.is_null() || (out.is_null() && max > 0) {
+            return fail(op::INVALID_VALUE, "null argument");
+        }
+        match lookup(fh) {
+            Ok((h, _)) => {
+                let stats = h.queue_stats();
+                for (i, s) in stats.iter().take(max).enumerate() {
+                    // SAFETY: `out` holds `max` entries (caller), i < max.
+                    unsafe { out.add(i).write(s.into()) };
+                }
+                // SAFETY: non-null, checked above.
+                unsafe { *n = stats.len() };
+                ok()
+            }
+            Err(c) => fail(c, "no such handle"),
+        }
+    })
+}
+
 /// Closes a handle, waiting for its I/O; a null handle is ignored.
 ///
 /// # Safety

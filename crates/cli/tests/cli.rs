@@ -209,6 +209,14 @@ fn bench_json_and_the_report_drawn_from_it() {
     assert!(doc["command"].as_str().unwrap().contains("--json"), "{doc}");
     assert!(doc["machine"]["cpus"].as_u64().unwrap() >= 1);
     assert!(doc["target"].as_str().unwrap().contains("emulated controller"));
+    // The queue pairs' own counts of the runs: every I/O of the runs, each
+    // one command (4 KiB and 64 KiB fit one), on the lent queue.
+    let ios: u64 = runs.iter().map(|r| r["ios"].as_u64().unwrap()).sum();
+    let used: Vec<_> = doc["queues"].as_array().unwrap().iter().filter(|q| !q["during_runs"].is_null()).collect();
+    assert_eq!(used.len(), 1, "{doc}");
+    let d = &used[0]["during_runs"];
+    assert!(d["submitted"].as_u64().unwrap() >= ios && d["errors"] == 0 && d["timeouts"] == 0, "{doc}");
+    assert_eq!(d["submitted"], d["completed"]);
     let (ok, _, err) = ugds(&["report", "-o", svg.to_str().unwrap(), a.to_str().unwrap(), b.to_str().unwrap()]);
     assert!(ok, "{err}");
     let s = std::fs::read_to_string(&svg).unwrap();

@@ -430,6 +430,41 @@ impl Handle {
         self.inner.namespace().block_size
     }
 
+    /// What each I/O queue pair has done since the handle opened: a list of
+    /// dicts (qid, role "sync"/"batch"/"lendable", submitted, completed,
+    /// in_flight, bytes_read, bytes_written, errors, timeouts,
+    /// doorbell_writes, interrupts), one per queue.
+    fn queue_stats<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, pyo3::types::PyDict>>> {
+        self.inner
+            .queue_stats()
+            .iter()
+            .map(|s| {
+                let d = pyo3::types::PyDict::new(py);
+                let role = match s.role {
+                    ugds::QueueRole::Sync => "sync",
+                    ugds::QueueRole::Batch => "batch",
+                    _ => "lendable",
+                };
+                d.set_item("qid", s.qid)?;
+                d.set_item("role", role)?;
+                for (k, v) in [
+                    ("submitted", s.submitted),
+                    ("completed", s.completed),
+                    ("in_flight", s.in_flight),
+                    ("bytes_read", s.bytes_read),
+                    ("bytes_written", s.bytes_written),
+                    ("errors", s.errors),
+                    ("timeouts", s.timeouts),
+                    ("doorbell_writes", s.doorbell_writes),
+                    ("interrupts", s.interrupts),
+                ] {
+                    d.set_item(k, v)?;
+                }
+                Ok(d)
+            })
+            .collect()
+    }
+
     /// A batch context for up to `capacity` requests in flight.
     fn batch(&self, capacity: usize) -> PyResult<Batch> {
         self.inner.batch(capacity).map(|inner| Batch { inner }).map_err(err)

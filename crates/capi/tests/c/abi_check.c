@@ -69,9 +69,24 @@ int main(void) {
     FIELD(uGDSIOEvents_t, cookie);
     FIELD(uGDSIOEvents_t, status);
     FIELD(uGDSIOEvents_t, ret);
+    SIZE(ugds_queue_stats_t);
+    FIELD(ugds_queue_stats_t, qid);
+    FIELD(ugds_queue_stats_t, role);
+    FIELD(ugds_queue_stats_t, submitted);
+    FIELD(ugds_queue_stats_t, completed);
+    FIELD(ugds_queue_stats_t, in_flight);
+    FIELD(ugds_queue_stats_t, bytes_read);
+    FIELD(ugds_queue_stats_t, bytes_written);
+    FIELD(ugds_queue_stats_t, errors);
+    FIELD(ugds_queue_stats_t, timeouts);
+    FIELD(ugds_queue_stats_t, doorbell_writes);
+    FIELD(ugds_queue_stats_t, interrupts);
 
     CONST(UGDSOP_BASE_ERR);
     CONST(UGDS_SUCCESS);
+    CONST(UGDS_QUEUE_SYNC);
+    CONST(UGDS_QUEUE_BATCH);
+    CONST(UGDS_QUEUE_LENDABLE);
     CONST(UGDS_DRIVER_NOT_INITIALIZED);
     CONST(UGDS_DRIVER_INVALID_PROPS);
     CONST(UGDS_DRIVER_UNSUPPORTED_LIMIT);

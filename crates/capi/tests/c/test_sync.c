@@ -45,6 +45,29 @@ int main(void) {
     /* ...and not left registered. */
     CHECK_ERR(uGDSBufDeregister(loose), UGDS_MEMORY_NOT_REGISTERED);
 
+    /* Every byte above, counted on the queues that carried it. */
+    size_t nq = 0;
+    CHECK_ERR(uGDSGetQueueStats(fh, NULL, 0, &nq), UGDS_SUCCESS);
+    CHECK(nq >= 1 && nq <= 64);
+    ugds_queue_stats_t qs[64];
+    size_t again = 0;
+    CHECK_ERR(uGDSGetQueueStats(fh, qs, nq, &again), UGDS_SUCCESS);
+    CHECK(again == nq);
+    uint64_t rd = 0, wr = 0, sub = 0, done = 0, errs = 0, inflight = 0;
+    for (size_t i = 0; i < nq; i++) {
+        CHECK(qs[i].qid >= 1 && qs[i].role <= UGDS_QUEUE_LENDABLE);
+        rd += qs[i].bytes_read;
+        wr += qs[i].bytes_written;
+        sub += qs[i].submitted;
+        done += qs[i].completed;
+        errs += qs[i].errors;
+        inflight += qs[i].in_flight;
+    }
+    CHECK(rd == 65536 + 512 + 300 * 1024 && wr == MIB + 300 * 1024);
+    CHECK(sub >= 5 && sub == done && inflight == 0 && errs == 0);
+    CHECK_ERR(uGDSGetQueueStats(fh, NULL, 1, &again), UGDS_INVALID_VALUE);
+    CHECK_ERR(uGDSGetQueueStats(fh, qs, nq, NULL), UGDS_INVALID_VALUE);
+
     CHECK_ERR(uGDSBufDeregister(buf), UGDS_SUCCESS);
     CHECK_ERR(uGDSHandleDeregisterEx(fh, 0), UGDS_SUCCESS);
     CHECK_ERR(uGDSDriverClose(), UGDS_SUCCESS);

@@ -441,6 +441,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     let (mut checked, mut mismatches) = (0, 0);
     let mut runs = Vec::new();
     let before = control.as_ref().map(|c| c.stats());
+    let queues_before = handle.queue_stats();
     let mut result = Ok(());
     let engines: Vec<Engine> = if o.stream {
         vec![Engine::Stream]
@@ -462,6 +463,28 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
                 }
             }
         }
+    }
+    // What each queue pair did during the runs (prefill left out).
+    let queue_runs: Vec<ugds::QueueStats> = handle
+        .queue_stats()
+        .iter()
+        .zip(&queues_before)
+        .map(|(a, b)| queue_delta(a, b))
+        .filter(|d| d.submitted > 0)
+        .collect();
+    for q in &queue_runs {
+        println!(
+            "queue {:<3}{:<9} {} commands, {} read, {} written, {:.3} doorbell writes and {} interrupts per command, {} errors, {} timeouts",
+            q.qid,
+            format!("{:?}", q.role).to_lowercase(),
+            q.submitted,
+            fmt_amount(q.bytes_read),
+            fmt_amount(q.bytes_written),
+            q.doorbell_writes as f64 / q.submitted as f64,
+            fmt_ratio(q.interrupts, q.submitted),
+            q.errors,
+            q.timeouts
+        );
     }
     if o.interrupt {
         println!(
@@ -489,9 +512,17 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
             "ugds_version": env!("CARGO_PKG_VERSION"),
             "command": std::iter::once("ugds bench".to_string()).chain(command).collect::<Vec<_>>().join(" "),
             "target": target.description, "setup_ms": setup.as_secs_f64() * 1e3,
-            "queues": handle.queues().iter().map(|q| serde_json::json!({
-                "qid": q.qid, "role": format!("{:?}", q.role), "entries": q.entries, "vector": q.vector,
-            })).collect::<Vec<_>>(),
+            "queues": handle.queues().iter().map(|q| {
+                let s = queue_runs.iter().find(|s| s.qid == q.qid);
+                serde_json::json!({
+                    "qid": q.qid, "role": format!("{:?}", q.role), "entries": q.entries, "vector": q.vector,
+                    "during_runs": s.map(|s| serde_json::json!({
+                        "submitted": s.submitted, "completed": s.completed, "bytes_read": s.bytes_read,
+                        "bytes_written": s.bytes_written, "errors": s.errors, "timeouts": s.timeouts,
+                        "doorbell_writes": s.doorbell_writes, "interrupts": s.interrupts,
+                    })),
+                })
+            }).collect::<Vec<_>>(),
             "shadow_doorbells": handle.shadow_doorbells(),
             "verify": o.verify.then(|| serde_json::json!({"checked": checked, "mismatched_words": mismatches})),
             "interrupt_waits_capped": o.interrupt.then(|| handle.interrupt_waits_capped()),
@@ -515,6 +546,44 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
 }
 
 /// Writes the verify pattern over `range` bytes, 1 MiB at a time.
+/// What a queue did between two readings of its statistics.
+fn queue_delta(after: &ugds::QueueStats, before: &ugds::QueueStats) -> ugds::QueueStats {
+    let mut d = *after;
+    d.submitted -= before.submitted;
+    d.completed -= before.completed;
+    d.bytes_read -= before.bytes_read;
+    d.bytes_written -= before.bytes_written;
+    d.errors -= before.errors;
+    d.timeouts -= before.timeouts;
+    d.doorbell_writes -= before.doorbell_writes;
+    d.interrupts -= before.interrupts;
+    d
+}
+
+/// Bytes in the largest binary unit that leaves at least 1 (one decimal).
+fn fmt_amount(n: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let (mut v, mut i) = (n as f64, 0);
+    while i < 4 && v >= 1024.0 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", U[i])
+    }
+}
+
+/// `n / of` with three decimals ("0" for none).
+fn fmt_ratio(n: u64, of: u64) -> String {
+    if n == 0 {
+        "0".into()
+    } else {
+        format!("{:.3}", n as f64 / of as f64)
+    }
+}
+
 fn prefill(driver: &Driver, handle: &Handle, range: u64) -> Result<(), ugds::Error> {
     let chunk = 1usize << 20;
     let mut b = HostBuffer::new(chunk)?;
