@@ -50,8 +50,10 @@ pub struct Transfer {
     /// NVMe passthrough: the namespace (0: a file) and log2 of its LBA size.
     pub(super) nsid: u32,
     pub(super) lba_shift: u8,
-    /// Passthrough resubmissions after EFAULT (see `process_completions`).
+    /// Passthrough resubmissions after EFAULT (see `process_completions`),
+    /// and when the first EFAULT came.
     pub(super) faults: u8,
+    pub(super) first_fault: Option<std::time::Instant>,
 }
 
 impl Transfer {
