@@ -10,6 +10,7 @@ mod gpubench;
 mod hist;
 mod histogram;
 mod report;
+mod stats;
 mod sysfs;
 mod target;
 
@@ -28,6 +29,7 @@ Usage:
   ugds list | bind | unbind       NVMe functions and their drivers (ugds help bind)
   ugds hist [QUANTILE...]         percentiles of latencies (us) read from stdin
   ugds report [-o SVG] JSON...    draws `ugds bench --json` files: bandwidth, latency CDFs
+  ugds stats | top                queue statistics of running processes (ugds help stats)
   ugds help [COMMAND]
 
   -v, --verbose   more messages on standard error (-vv, -vvv); without it,
@@ -77,6 +79,8 @@ fn main() -> ExitCode {
         Some("gpu-bench") => gpubench::main(rest),
         Some("hist") => hist::main(rest),
         Some("report") => report::main(rest),
+        Some("stats") => stats::main(rest),
+        Some("top") => stats::top(rest),
         Some("doctor") => match doctor::main(rest) {
             Ok(code) => return code,
             Err(e) => {
@@ -92,6 +96,7 @@ fn main() -> ExitCode {
                 Some("hist") => print!("{}", hist::HELP),
                 Some("doctor") => print!("{}", doctor::HELP),
                 Some("report") => print!("{}", report::HELP),
+                Some("stats" | "top") => print!("{}", stats::HELP),
                 Some("identify") => print!("Usage: ugds identify [TARGET]\n\n{}", target::HELP),
                 Some("bind" | "unbind" | "list") => print!("{}", bind::HELP),
                 _ => print!("{USAGE}"),

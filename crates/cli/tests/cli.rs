@@ -231,3 +231,46 @@ fn bench_json_and_the_report_drawn_from_it() {
     assert!(!ok && err.contains("bad: no \"runs\""), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn stats_and_top_read_what_a_running_bench_publishes() {
+    let dir = std::env::temp_dir().join(format!("ugds-stats-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.to_str().unwrap();
+    let mut bench = Command::new(env!("CARGO_BIN_EXE_ugds"))
+        .args(["bench", "--emu-null", "-q", "4", "-d", "3", "--no-progress"])
+        .env("UGDS_STATS_DIR", d)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = bench.id() as u64;
+    // Published once the handle is open, and I/O under way.
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let doc = loop {
+        let (ok, out, err) = ugds(&["stats", "--dir", d, "--json"]);
+        assert!(ok, "{err}");
+        let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let busy = doc.as_array().unwrap().iter().any(|h| {
+            h["pid"] == pid && h["queues"].as_array().unwrap().iter().any(|q| q["completed"].as_u64().unwrap() > 0)
+        });
+        if busy {
+            break doc;
+        }
+        assert!(std::time::Instant::now() < give_up, "nothing published by pid {pid}: {out}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let h = doc.as_array().unwrap().iter().find(|h| h["pid"] == pid).unwrap();
+    assert!(h["queues"].as_array().unwrap().iter().all(|q| q["errors"] == 0 && q["timeouts"] == 0), "{doc}");
+    let (ok, out, err) = ugds(&["top", "--dir", d, "-n", "1", "-i", "0.2"]);
+    assert!(ok, "{err}");
+    assert!(words(&out).contains(&format!("{pid} 1 2 lendable")), "{out}");
+    let (ok, out, _) = ugds(&["stats", "--dir", d]);
+    assert!(ok && words(&out).contains(&format!("pid {pid} handle 1")), "{out}");
+    assert!(bench.wait().unwrap().success());
+    // The file went with the handle.
+    let (ok, out, _) = ugds(&["stats", "--dir", d]);
+    assert!(ok && out.contains("no process publishes statistics"), "{out}");
+    let (ok, _, err) = ugds(&["top", "--dir", d, "-i", "0"]);
+    assert!(!ok && err.contains("-i: seconds"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -92,6 +92,7 @@ impl Driver {
         let inner = HandleInner::new(id, self.inner.clone(), ctrl, opts)?;
         let inner = Arc::new(inner);
         inner.start_stream_engine()?;
+        inner.start_publishing()?;
         let mut handles = self.inner.handles.lock().recover();
         let platform = inner.platform().clone();
         let mapped = self.inner.registry.for_each(|e| e.map_for(id, &platform));

@@ -54,6 +54,7 @@ pub mod gpu;
 mod handle;
 mod io_queue;
 pub mod log;
+pub mod publish;
 mod registry;
 pub mod stream;
 

@@ -91,3 +91,40 @@ fn interrupts_that_woke_a_waiter_are_counted() {
     assert!(t.interrupts >= 5, "5 reads held 20 ms each on an interrupt-driven queue: {t:?}");
     assert!(t.interrupts <= emu.stats().interrupts, "no more than the controller signalled");
 }
+
+#[test]
+fn statistics_published_to_a_file_follow_the_handle_and_go_with_it() {
+    let dir = std::env::temp_dir().join(format!("ugds-stats-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (d, h, _emu) = open(small_emu(), opts().stats_dir(Some(dir.clone())));
+    let files = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "stats"))
+            .collect()
+    };
+    let f = files();
+    assert_eq!(f.len(), 1, "one file, there once the handle is open: {f:?}");
+    let first = ugds::publish::parse(&std::fs::read_to_string(&f[0]).unwrap()).expect("a statistics file");
+    assert_eq!((first.pid, first.queues.len()), (std::process::id(), h.queues().len()));
+    let b = Buf::new(&d, 4096);
+    for _ in 0..7 {
+        h.read(&b.token, 4096, 0, 0).unwrap();
+    }
+    // Rewritten within a period or two.
+    let give_up = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = std::fs::read_to_string(&f[0]).unwrap();
+        let p = ugds::publish::parse(&text).expect("never half a file");
+        if QueueStats::total(&p.queues).unwrap().completed == 7 {
+            break;
+        }
+        assert!(std::time::Instant::now() < give_up, "not published within 5 s: {text}");
+        std::thread::sleep(ugds::publish::PERIOD / 4);
+    }
+    drop(b);
+    h.close(ugds::Drain::NoWait).unwrap();
+    assert!(files().is_empty(), "the file goes with the handle");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -372,7 +372,8 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         // Queue mode needs lendable queues more than a batch queue (few queues: QEMU max_ioqpairs=2).
         .batch_queue(!o.batches.is_empty() || o.stream)
         .shadow_doorbells(o.shadow_doorbells)
-        .kernel_ring(o.kernel_ring);
+        .kernel_ring(o.kernel_ring)
+        .stats_dir(HandleOptions::from_env().stats_dir);
     let mut handle = target.open_handle(&driver, opts.clone()).map_err(|e| e.to_string())?;
     let mut shared_note = "";
     if lent && handle.queue_counts().1 < o.threads {
@@ -561,7 +562,7 @@ fn queue_delta(after: &ugds::QueueStats, before: &ugds::QueueStats) -> ugds::Que
 }
 
 /// Bytes in the largest binary unit that leaves at least 1 (one decimal).
-fn fmt_amount(n: u64) -> String {
+pub(crate) fn fmt_amount(n: u64) -> String {
     const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let (mut v, mut i) = (n as f64, 0);
     while i < 4 && v >= 1024.0 {

@@ -35,6 +35,11 @@ Options:
                           run (sqpoll: a kernel thread takes submissions;
                           iopoll: completions polled from the device) [plain]
 
+After the runs, a line per queue pair used: its commands, bytes, doorbell
+writes and interrupts per command, errors and timeouts. With UGDS_STATS_DIR
+set, the handle publishes its queue statistics there while it runs (read
+them with `ugds stats` and `ugds top`).
+
 ";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

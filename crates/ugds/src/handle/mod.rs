@@ -81,6 +81,8 @@ pub(crate) struct HandleInner {
     queues: Vec<QueueInfo>,
     /// Each queue's counters, in the order of `queues`.
     counters: Vec<Arc<QueueCounters>>,
+    /// Publishes them to a file, when asked to (stopped at teardown).
+    publisher: Mutex<Option<crate::publish::Publisher>>,
 }
 
 impl HandleInner {
@@ -215,6 +217,7 @@ impl HandleInner {
             sync: ManuallyDrop::new(sync),
             rr: AtomicUsize::new(0),
             async_queues: pool.len(),
+            publisher: Mutex::new(None),
             queues,
             counters,
             pool: ManuallyDrop::new(Mutex::new(pool)),
@@ -446,27 +449,22 @@ impl HandleInner {
 
     /// What each I/O queue pair has done.
     pub fn queue_stats(&self) -> Vec<QueueStats> {
-        let bs = self.ns.block_size as u64;
-        self.queues
-            .iter()
-            .zip(&self.counters)
-            .map(|(q, c)| {
-                let (submitted, completed) = (c.submitted.get(), c.completed.get());
-                QueueStats {
-                    qid: q.qid,
-                    role: q.role,
-                    submitted,
-                    completed,
-                    in_flight: submitted.saturating_sub(completed),
-                    bytes_read: c.blocks_read.get() * bs,
-                    bytes_written: c.blocks_written.get() * bs,
-                    errors: c.errors.get(),
-                    timeouts: c.timeouts.get(),
-                    doorbell_writes: c.doorbell_writes.get(),
-                    interrupts: c.interrupts.get(),
-                }
-            })
-            .collect()
+        crate::publish::queue_stats(&self.queues, &self.counters, self.ns.block_size as u64)
+    }
+
+    /// Starts publishing the queue statistics when the options ask for it.
+    pub fn start_publishing(&self) -> Result<()> {
+        let Some(dir) = self.opts.stats_dir.as_ref() else { return Ok(()) };
+        let p = crate::publish::Publisher::start(
+            dir,
+            self.id,
+            self.queues.clone(),
+            self.counters.clone(),
+            self.ns.block_size as u64,
+        )
+        .map_err(|e| Error::Platform(format!("publishing statistics to {}: {e}", dir.display())))?;
+        *self.publisher.lock().recover() = Some(p);
+        Ok(())
     }
 
     pub fn escalate(&self, op: &'static str, qid: u16, cids: &[Cid], mut settled: impl FnMut() -> bool) -> Escalation {
@@ -561,6 +559,7 @@ impl HandleInner {
     /// controller does not cooperate.
     fn teardown(&self) -> Result<()> {
         self.stop_stream_engine();
+        self.publisher.lock().recover().take();
         let mut clean = true;
         for q in self.sync.iter() {
             clean &= q.with_qp(|qp| self.ctrl.delete_io_qpair(qp)).is_ok();
@@ -589,6 +588,7 @@ impl HandleInner {
         // every queue; nothing it held can be written any more.
         self.ctrl.disable()?;
         self.stop_stream_engine();
+        self.publisher.lock().recover().take();
         for q in self.sync.iter() {
             q.with_qp(|qp| qp.forget_outstanding());
         }

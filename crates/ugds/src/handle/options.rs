@@ -40,6 +40,10 @@ pub struct HandleOptions {
     /// The kernel path only: how its rings hand work to the kernel and take
     /// completions (see [`KernelRing`]).
     pub kernel_ring: KernelRing,
+    /// Publish the queue statistics to `DIR/ugds-PID-HANDLE.stats` for other
+    /// processes (`ugds stats`, `ugds top`) while the handle is open; see
+    /// [`publish`](crate::publish). `None` (the default): not published.
+    pub stats_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for HandleOptions {
@@ -56,6 +60,7 @@ impl Default for HandleOptions {
             batch_prp_pages: 128,
             shadow_doorbells: true,
             kernel_ring: KernelRing::Plain,
+            stats_dir: None,
         }
     }
 }
@@ -147,11 +152,19 @@ impl HandleOptions {
         self.kernel_ring = kernel_ring;
         self
     }
+
+    /// Sets where the queue statistics are published (see
+    /// [`stats_dir`](Self::stats_dir)); the directory must exist.
+    pub fn stats_dir(mut self, dir: Option<std::path::PathBuf>) -> Self {
+        self.stats_dir = dir;
+        self
+    }
 }
 
 impl HandleOptions {
     /// Interrupt completion when `UGDS_INTERRUPT_MODE=1`, as in the paper;
-    /// the kernel path's ring mode from `UGDS_KERNEL_RING` (`sqpoll`, `iopoll`).
+    /// the kernel path's ring mode from `UGDS_KERNEL_RING` (`sqpoll`,
+    /// `iopoll`); statistics published to `UGDS_STATS_DIR` when it is set.
     pub fn from_env() -> Self {
         let mut o = HandleOptions::default();
         if std::env::var("UGDS_INTERRUPT_MODE").is_ok_and(|v| v == "1") {
@@ -162,6 +175,7 @@ impl HandleOptions {
             Ok("iopoll") => o.kernel_ring = KernelRing::IoPoll,
             _ => {}
         }
+        o.stats_dir = std::env::var_os("UGDS_STATS_DIR").filter(|d| !d.is_empty()).map(Into::into);
         o
     }
 }

@@ -1,0 +1,221 @@
+//! A handle's queue statistics, published to a file for other processes
+//! (`ugds stats`, `ugds top`), as SPDK's `spdk_top` reads a running
+//! application's.
+//!
+//! Opt-in ([`HandleOptions::stats_dir`](crate::HandleOptions::stats_dir)): a
+//! thread of the handle rewrites `DIR/ugds-PID-HANDLE.stats` every
+//! [`PERIOD`] from the queue pairs' counters (which it reads without a lock;
+//! the I/O path does nothing for it), and removes the file when the handle
+//! closes. Each rewrite goes to a temporary file renamed over the old one,
+//! so a reader never sees half a file. The format is text, one record per
+//! line, `key=value` fields:
+//!
+//! ```text
+//! ugds-stats 1 pid=4242 handle=3 time_ms=1764600000000
+//! queue qid=1 role=sync submitted=12 completed=12 in_flight=0 bytes_read=49152 ...
+//! ```
+
+use crate::engine::stats::QueueCounters;
+use crate::handle::{QueueInfo, QueueRole, QueueStats};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime};
+
+/// How often the file is rewritten.
+pub const PERIOD: Duration = Duration::from_millis(200);
+
+/// The first line's tag and the format's version.
+pub const MAGIC: &str = "ugds-stats 1";
+
+/// What the handle's queues have done, from their counters.
+pub(crate) fn queue_stats(queues: &[QueueInfo], counters: &[Arc<QueueCounters>], block_size: u64) -> Vec<QueueStats> {
+    queues
+        .iter()
+        .zip(counters)
+        .map(|(q, c)| {
+            let (submitted, completed) = (c.submitted.get(), c.completed.get());
+            QueueStats {
+                qid: q.qid,
+                role: q.role,
+                submitted,
+                completed,
+                in_flight: submitted.saturating_sub(completed),
+                bytes_read: c.blocks_read.get() * block_size,
+                bytes_written: c.blocks_written.get() * block_size,
+                errors: c.errors.get(),
+                timeouts: c.timeouts.get(),
+                doorbell_writes: c.doorbell_writes.get(),
+                interrupts: c.interrupts.get(),
+            }
+        })
+        .collect()
+}
+
+/// The name a role has in the file.
+pub fn role_name(r: QueueRole) -> &'static str {
+    match r {
+        QueueRole::Sync => "sync",
+        QueueRole::Batch => "batch",
+        QueueRole::Lendable => "lendable",
+    }
+}
+
+/// The file's text for `stats`.
+pub(crate) fn render(pid: u32, handle: u64, stats: &[QueueStats]) -> String {
+    let ms = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    let mut s = format!("{MAGIC} pid={pid} handle={handle} time_ms={ms}\n");
+    for q in stats {
+        s += &format!(
+            "queue qid={} role={} submitted={} completed={} in_flight={} bytes_read={} bytes_written={} errors={} \
+             timeouts={} doorbell_writes={} interrupts={}\n",
+            q.qid,
+            role_name(q.role),
+            q.submitted,
+            q.completed,
+            q.in_flight,
+            q.bytes_read,
+            q.bytes_written,
+            q.errors,
+            q.timeouts,
+            q.doorbell_writes,
+            q.interrupts
+        );
+    }
+    s
+}
+
+/// One published file, read back (by `ugds stats` and `ugds top`).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Published {
+    /// The publishing process.
+    pub pid: u32,
+    /// The handle's id in it.
+    pub handle: u64,
+    /// When it was written, in milliseconds since the Unix epoch.
+    pub time_ms: u128,
+    /// Its queues.
+    pub queues: Vec<QueueStats>,
+}
+
+/// Reads a published file's text; `None` when it is not one.
+pub fn parse(text: &str) -> Option<Published> {
+    let mut lines = text.lines();
+    let head = lines.next()?.strip_prefix(MAGIC)?;
+    let field = |line: &str, k: &str| -> Option<String> {
+        line.split(' ').find_map(|w| w.strip_prefix(k)?.strip_prefix('=')).map(str::to_string)
+    };
+    let mut p = Published {
+        pid: field(head, "pid")?.parse().ok()?,
+        handle: field(head, "handle")?.parse().ok()?,
+        time_ms: field(head, "time_ms")?.parse().ok()?,
+        queues: Vec::new(),
+    };
+    for l in lines.filter(|l| l.starts_with("queue ")) {
+        let n = |k: &str| field(l, k)?.parse::<u64>().ok();
+        p.queues.push(QueueStats {
+            qid: field(l, "qid")?.parse().ok()?,
+            role: match field(l, "role")?.as_str() {
+                "sync" => QueueRole::Sync,
+                "batch" => QueueRole::Batch,
+                "lendable" => QueueRole::Lendable,
+                _ => return None,
+            },
+            submitted: n("submitted")?,
+            completed: n("completed")?,
+            in_flight: n("in_flight")?,
+            bytes_read: n("bytes_read")?,
+            bytes_written: n("bytes_written")?,
+            errors: n("errors")?,
+            timeouts: n("timeouts")?,
+            doorbell_writes: n("doorbell_writes")?,
+            interrupts: n("interrupts")?,
+        });
+    }
+    Some(p)
+}
+
+/// The publishing thread of one handle; stopping it removes the file.
+pub(crate) struct Publisher {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    path: PathBuf,
+}
+
+impl Publisher {
+    /// Starts publishing to `dir` (which must exist); the first file is in
+    /// place when this returns.
+    pub(crate) fn start(
+        dir: &Path,
+        handle: u64,
+        queues: Vec<QueueInfo>,
+        counters: Vec<Arc<QueueCounters>>,
+        block_size: u64,
+    ) -> std::io::Result<Publisher> {
+        let pid = std::process::id();
+        let path = dir.join(format!("ugds-{pid}-{handle}.stats"));
+        let tmp = dir.join(format!(".ugds-{pid}-{handle}.stats.tmp"));
+        let write = move || -> std::io::Result<()> {
+            std::fs::write(&tmp, render(pid, handle, &queue_stats(&queues, &counters, block_size)))?;
+            std::fs::rename(&tmp, dir_file(&tmp))
+        };
+        write()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let halt = stop.clone();
+        let thread = std::thread::Builder::new().name(format!("ugds-stats-{handle}")).spawn(move || {
+            while !halt.load(Ordering::Acquire) {
+                std::thread::park_timeout(PERIOD);
+                if let Err(e) = write() {
+                    tracing::warn!("publishing statistics: {e}; stopped");
+                    return;
+                }
+            }
+        })?;
+        Ok(Publisher { stop, thread: Some(thread), path })
+    }
+}
+
+/// `DIR/.ugds-P-H.stats.tmp` -> `DIR/ugds-P-H.stats`.
+fn dir_file(tmp: &Path) -> PathBuf {
+    let name = tmp.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    tmp.with_file_name(name.trim_start_matches('.').trim_end_matches(".tmp"))
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_names_each_queue_and_its_counts() {
+        let q = QueueInfo { qid: 2, role: QueueRole::Lendable, vector: None, entries: 64, vector_shared_with: 0 };
+        let c = Arc::new(QueueCounters::default());
+        c.completed.add(3);
+        c.doorbell_writes.add(1);
+        let text = render(7, 9, &queue_stats(&[q], &[c], 512));
+        let mut lines = text.lines();
+        assert!(lines.next().unwrap().starts_with("ugds-stats 1 pid=7 handle=9 time_ms="));
+        let l = lines.next().unwrap();
+        for f in ["qid=2", "role=lendable", "completed=3", "doorbell_writes=1", "in_flight=0"] {
+            assert!(l.split(' ').any(|w| w == f), "{f} in {l}");
+        }
+        assert_eq!(dir_file(Path::new("/d/.ugds-7-9.stats.tmp")), Path::new("/d/ugds-7-9.stats"));
+        let back = parse(&text).unwrap();
+        assert_eq!((back.pid, back.handle, back.queues.len()), (7, 9, 1));
+        assert_eq!((back.queues[0].qid, back.queues[0].role, back.queues[0].completed), (2, QueueRole::Lendable, 3));
+        assert!(parse("something else\n").is_none());
+        assert!(parse("ugds-stats 1 pid=x handle=1 time_ms=0\n").is_none());
+    }
+}
