@@ -238,7 +238,7 @@ fn stats_and_top_read_what_a_running_bench_publishes() {
     std::fs::create_dir_all(&dir).unwrap();
     let d = dir.to_str().unwrap();
     let mut bench = Command::new(env!("CARGO_BIN_EXE_ugds"))
-        .args(["bench", "--emu-null", "-q", "4", "-d", "3", "--no-progress"])
+        .args(["bench", "--emu-null", "-q", "4", "-d", "5", "--no-progress"])
         .env("UGDS_STATS_DIR", d)
         .stdout(std::process::Stdio::null())
         .spawn()
