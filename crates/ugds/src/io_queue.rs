@@ -39,6 +39,33 @@ struct Request {
     claim: Claim,
 }
 
+impl Request {
+    /// A free entry becomes a request of `pending` commands.
+    #[inline(always)]
+    fn start(&mut self, tag: u64, pending: u32, len: usize, op: NvmOpcode, claim: Claim) {
+        (self.tag, self.pending, self.len, self.status, self.short, self.op) = (tag, pending, len, None, 0, op);
+        // A free entry's claim ended with its completion: nothing to drop
+        // (matched, without the drop glue's call on the common path).
+        match std::mem::replace(&mut self.claim, claim) {
+            Claim::Own(stale) => drop(stale),
+            Claim::None | Claim::Shared => {}
+        }
+    }
+}
+
+/// A free request entry: one given back, or a new one.
+#[inline(always)]
+fn take_entry(reqs: &mut Vec<Request>, free: &mut Vec<u32>) -> u32 {
+    match free.pop() {
+        Some(i) => i,
+        None => {
+            let op = NvmOpcode::Read;
+            reqs.push(Request { tag: 0, pending: 0, len: 0, status: None, short: 0, op, claim: Claim::None });
+            reqs.len() as u32 - 1
+        }
+    }
+}
+
 /// What a request holds of its buffer while its commands are on the device.
 enum Claim {
     /// Nothing: a free entry, or a request whose hold went to the handle's
@@ -288,13 +315,7 @@ impl<'h> IoQueue<'h> {
             _ => unreachable!("a validated range of a page or less plans as one or two entries"),
         };
         let plan = PrpPlan::Two { prp1, prp2 };
-        let idx = match self.free.pop() {
-            Some(i) => i,
-            None => {
-                self.reqs.push(Request { tag: 0, pending: 0, len: 0, status: None, short: 0, op, claim: Claim::None });
-                self.reqs.len() as u32 - 1
-            }
-        };
+        let idx = take_entry(&mut self.reqs, &mut self.free);
         let shift = bs.trailing_zeros();
         let sqe = Sqe::rw(op, Cid(0), Nsid(h.ns_nsid()), Lba(file_offset >> shift), (size >> shift) as u32, 0, 0);
         if qp.stage(sqe, Some(plan), Owner::Own(idx)).is_err() {
@@ -302,14 +323,7 @@ impl<'h> IoQueue<'h> {
             self.bufs.release(claim);
             return Err(Error::QueueFull);
         }
-        let r = &mut self.reqs[idx as usize];
-        (r.tag, r.pending, r.len, r.status, r.short, r.op) = (tag, 1, size, None, 0, op);
-        // A free entry's claim ended with its completion: nothing to drop
-        // (matched, without the drop glue's call on the common path).
-        match std::mem::replace(&mut r.claim, claim) {
-            Claim::Own(stale) => drop(stale),
-            Claim::None | Claim::Shared => {}
-        }
+        self.reqs[idx as usize].start(tag, 1, size, op, claim);
         self.outstanding += 1;
         Ok(())
     }
@@ -342,13 +356,7 @@ impl<'h> IoQueue<'h> {
         }
         let claim = self.bufs.claim(h, buf, buf_offset as u64, size as u64)?;
         let pages = self.bufs.pages(&claim);
-        let idx = match self.free.pop() {
-            Some(i) => i,
-            None => {
-                self.reqs.push(Request { tag: 0, pending: 0, len: 0, status: None, short: 0, op, claim: Claim::None });
-                self.reqs.len() as u32 - 1
-            }
-        };
+        let idx = take_entry(&mut self.reqs, &mut self.free);
         let nsid = Nsid(h.ns_nsid());
         let sqe = |c: &Chunk| Sqe::rw(op, Cid(0), nsid, Lba(c.slba), c.nlb, 0, 0);
         // Cannot fail: the range was checked against the registration and
@@ -357,12 +365,7 @@ impl<'h> IoQueue<'h> {
             let plan = prp::plan(pages, PAGE_SIZE, c.data_off, c.len).expect("validated range plans");
             qp.submit(sqe(&c), Some(plan), Owner::Own(idx)).expect("room checked above");
         }
-        let r = &mut self.reqs[idx as usize];
-        (r.tag, r.pending, r.len, r.status, r.short, r.op) = (tag, n as u32, size, None, 0, op);
-        match std::mem::replace(&mut r.claim, claim) {
-            Claim::Own(stale) => drop(stale),
-            Claim::None | Claim::Shared => {}
-        }
+        self.reqs[idx as usize].start(tag, n as u32, size, op, claim);
         self.outstanding += 1;
         Ok(())
     }
