@@ -11,12 +11,15 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use ugds::{BatchIo, BatchOp, BatchStatus, Completion, Driver, Error, Handle, HandleOptions, HostStream, StreamIo};
 
-/// A file of `len` bytes holding `pattern(seed, ..)`, removed on drop.
+/// A file of `len` bytes holding `pattern(seed, ..)`, removed on drop;
+/// one per test even where tests share a process (`cargo test`).
 struct TestFile(PathBuf);
 
 impl TestFile {
     fn new(dir: &str, len: usize, seed: u8) -> TestFile {
-        let path = Path::new(dir).join(format!("ugds-kernel-path-{}.img", std::process::id()));
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = Path::new(dir).join(format!("ugds-kernel-path-{}-{n}.img", std::process::id()));
         std::fs::write(&path, pattern(seed, 0, len)).unwrap();
         TestFile(path)
     }
@@ -232,7 +235,10 @@ fn interrupt_completion_on_the_kernel_path() {
             s.spawn(t);
         }
     });
-    assert_eq!(h.interrupt_waits_capped(), 0);
+    // A disk quiet for 100 ms caps a wait and loses nothing: what must
+    // not happen is a waiter asleep past a completion.
+    eprintln!("interrupt waits that reached their cap: {}", h.interrupt_waits_capped());
+    assert_eq!(h.interrupt_wakeups_lost(), 0);
 }
 
 /// Closing a handle with I/O in flight waits for it first.

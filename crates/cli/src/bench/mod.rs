@@ -489,8 +489,9 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     }
     if o.interrupt {
         println!(
-            "irq      waits that slept to their 100 ms cap (a lost wake-up, or a device gone quiet): {}",
-            handle.interrupt_waits_capped()
+            "irq      waits that slept to their 100 ms cap (a lost wake-up, or a device gone quiet): {}, of which found a completion waiting (lost): {}",
+            handle.interrupt_waits_capped(),
+            handle.interrupt_wakeups_lost()
         );
     }
     if handle.protocol_errors() > 0 {
@@ -527,6 +528,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
             "shadow_doorbells": handle.shadow_doorbells(),
             "verify": o.verify.then(|| serde_json::json!({"checked": checked, "mismatched_words": mismatches})),
             "interrupt_waits_capped": o.interrupt.then(|| handle.interrupt_waits_capped()),
+            "interrupt_wakeups_lost": o.interrupt.then(|| handle.interrupt_wakeups_lost()),
             "protocol_errors": handle.protocol_errors(),
             "machine": crate::machine(),
             "runs": runs,

@@ -71,6 +71,15 @@ impl CqView {
         let dw3 = ring.load_u32_acquire(head as usize * Cqe::SIZE + 12);
         (dw3 >> 16) & 1 == phase as u32
     }
+
+    /// As [`CqView::is_new`], but without a ring only what `new` says:
+    /// work in flight is not a completion.
+    pub fn posted(&self, head: u32, phase: bool) -> bool {
+        match &self.ring {
+            None => self.assume,
+            Some(_) => self.is_new(head, phase),
+        }
+    }
 }
 
 /// This queue's slots in the shadow doorbell and EventIdx pages.

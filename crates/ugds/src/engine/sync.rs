@@ -106,6 +106,9 @@ pub struct SyncQueue {
     /// Interrupt waits that lasted to their cap without a wake-up (a lost
     /// wake-up, or a device that went quiet).
     capped_waits: AtomicU64,
+    /// Those of them whose waiter then found its work ready: a wake-up that
+    /// should have come and did not.
+    lost_wakeups: AtomicU64,
     /// Set when the vector's eventfd fired, cleared by the next reap: a
     /// completion may be waiting even where the ring cannot be looked at
     /// without the lock (the kernel path's).
@@ -204,6 +207,7 @@ impl SyncQueue {
             kick,
             siblings: OnceLock::new(),
             capped_waits: AtomicU64::new(0),
+            lost_wakeups: AtomicU64::new(0),
             irq_hint: AtomicBool::new(false),
             counters,
             reports_short,
@@ -224,6 +228,15 @@ impl SyncQueue {
     /// Interrupt waits that lasted to their cap (see [`WAIT_CAP`]).
     pub fn capped_waits(&self) -> u64 {
         self.capped_waits.load(Ordering::Relaxed)
+    }
+
+    /// Capped waits whose waiter then found its work ready (its request
+    /// done, a completion posted, a slot or SQ room free): a lost wake-up or
+    /// a missed interrupt. A slow device or copy leaves nothing ready (on
+    /// the H200, waits capped while other threads polled the queue some
+    /// 300000 times for copies held up by other processes' GPU work).
+    pub fn lost_wakeups(&self) -> u64 {
+        self.lost_wakeups.load(Ordering::Relaxed)
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
@@ -298,6 +311,13 @@ impl SyncQueue {
         self.cq.is_new(c >> 1, c & 1 != 0) || self.irq_hint.load(Ordering::Acquire)
     }
 
+    /// Whether a completion is known to be there: as `completion_waiting`,
+    /// less the kernel path's copies in flight (which may take a while).
+    fn completion_posted(&self) -> bool {
+        let c = self.cursor.load(Ordering::Acquire);
+        self.cq.posted(c >> 1, c & 1 != 0) || self.irq_hint.load(Ordering::Acquire)
+    }
+
     /// Records that the vector fired (see `irq_hint`). SeqCst, with the
     /// reap's swap: a reap that clears the hint after this store also sees
     /// the completion the interrupt announced.
@@ -336,8 +356,9 @@ impl SyncQueue {
     }
 
     /// Waits for something to look at; `seen` is the epoch the caller's
-    /// last look started from.
-    fn wait(&self, mode: Completion, spins: &mut u32, deadline: &mut Deadline, seen: &mut u32) {
+    /// last look started from. True when an interrupt wait slept to its cap
+    /// (the caller counts a lost wake-up if its next look finds work).
+    fn wait(&self, mode: Completion, spins: &mut u32, deadline: &mut Deadline, seen: &mut u32) -> bool {
         *spins = spins.wrapping_add(1);
         match (mode, self.vector) {
             (Completion::Interrupt, Some(v)) => {
@@ -346,7 +367,7 @@ impl SyncQueue {
                     let mut sl = self.sleep.lock().recover();
                     if sl.epoch != *seen || self.completion_waiting() {
                         *seen = sl.epoch;
-                        return;
+                        return false;
                     }
                     let capped = if sl.leader {
                         let (g, t) = self.woken.wait_timeout(sl, left).recover();
@@ -386,11 +407,12 @@ impl SyncQueue {
                         }
                         capped
                     };
+                    *seen = sl.epoch;
                     if capped && left >= WAIT_CAP {
                         self.capped_waits.fetch_add(1, Ordering::Relaxed);
+                        return true;
                     }
-                    *seen = sl.epoch;
-                    return;
+                    return false;
                 }
                 std::hint::spin_loop();
             }
@@ -403,6 +425,15 @@ impl SyncQueue {
                     std::thread::yield_now();
                 }
             }
+        }
+        false
+    }
+
+    /// Counts a lost wake-up when a wait slept to its cap and the look
+    /// after it found work ready.
+    fn note_look(&self, after_cap: bool, found: bool) {
+        if after_cap && found {
+            self.lost_wakeups.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -424,10 +455,14 @@ impl SyncQueue {
             Completion::Interrupt => self.sleep.lock().recover().epoch,
             Completion::Poll => 0,
         };
+        // Whether the last wait slept to its cap.
+        let mut capped = false;
         // Take a slot; when every slot is in use, help the others finish.
         let slot = loop {
+            let after_cap = std::mem::take(&mut capped);
             let mut st = self.lock();
             if let Some(s) = st.free.pop() {
+                self.note_look(after_cap, true);
                 self.slots[s as usize].pending.store(0, Ordering::Relaxed);
                 self.slots[s as usize].status.store(0, Ordering::Relaxed);
                 self.slots[s as usize].short.store(0, Ordering::Relaxed);
@@ -436,18 +471,24 @@ impl SyncQueue {
             }
             let (n, _) = self.reap(&mut st, u32::MAX);
             drop(st);
+            self.note_look(after_cap, n > 0);
             if n > 0 {
                 self.wake_sleepers(mode);
             }
             if deadline.passed() {
                 return Err(Failure::Error(Error::QueueFull));
             }
-            self.wait(mode, &mut spins, &mut deadline, &mut seen);
+            capped = self.wait(mode, &mut spins, &mut deadline, &mut seen);
         };
         let s = &self.slots[slot as usize];
         loop {
             let mut progressed = false;
+            let mut after_cap = std::mem::take(&mut capped);
             let done = cmds.peek().is_none() && s.pending.load(Ordering::Acquire) == 0;
+            if after_cap && (done || self.completion_posted()) {
+                self.note_look(true, true);
+                after_cap = false;
+            }
             // Take the lock only when there is something to do under it:
             // a completion to consume, commands to stage, or our slot to free.
             let work = done || cmds.peek().is_some() || self.completion_waiting();
@@ -455,7 +496,7 @@ impl SyncQueue {
                 if spins % 256 == 255 && deadline.passed() {
                     return Err(self.timed_out(slot, op, timeout));
                 }
-                self.wait(mode, &mut spins, &mut deadline, &mut seen);
+                capped = self.wait(mode, &mut spins, &mut deadline, &mut seen);
                 continue;
             }
             // Our own work (the slot to free, commands to stage) takes the
@@ -470,6 +511,7 @@ impl SyncQueue {
                 if cmds.peek().is_some() {
                     progressed |= self.stage(&mut st, slot, &mut cmds);
                 }
+                self.note_look(after_cap, progressed);
                 if cmds.peek().is_none() && s.pending.load(Ordering::Acquire) == 0 {
                     let r = self.release_slot(&mut st, slot, op).map_err(Failure::Error);
                     drop(st);
@@ -487,7 +529,7 @@ impl SyncQueue {
                 if spins % 256 == 255 && deadline.passed() {
                     return Err(self.timed_out(slot, op, timeout));
                 }
-                self.wait(mode, &mut spins, &mut deadline, &mut seen);
+                capped = self.wait(mode, &mut spins, &mut deadline, &mut seen);
             }
         }
     }

@@ -91,6 +91,15 @@ impl Handle {
         self.inner.sync.iter().map(|q| q.capped_waits()).sum()
     }
 
+    /// Of [`Handle::interrupt_waits_capped`], the waits after which the
+    /// waiter found its work ready (its request done, a completion posted, a
+    /// slot or submission-queue room free): a wake-up the library lost, or
+    /// an interrupt the device did not send. A disk or GPU copy that is slow
+    /// for 100 ms caps waits without losing any.
+    pub fn interrupt_wakeups_lost(&self) -> u64 {
+        self.inner.sync.iter().map(|q| q.lost_wakeups()).sum()
+    }
+
     /// Reads `size` bytes at `file_offset` of the namespace into the
     /// registered buffer, `buf_offset` bytes in. Returns the bytes read once
     /// all of them are in the buffer: `size`, or fewer on the kernel path
