@@ -64,6 +64,32 @@ class Host(unittest.TestCase):
         self.assertEqual(sum(q["in_flight"] + q["errors"] for q in stats), 0)
         self.drv.deregister(buf)
 
+    def test_a_traced_handle_keeps_its_last_commands(self):
+        os.environ["UGDS_TRACE"] = "4"
+        try:
+            h = self.drv.open_emulated(size=16 << 20)
+        finally:
+            del os.environ["UGDS_TRACE"]
+        mem = bytearray(1 << 20)
+        buf = self.drv.register(mem)
+        for i in range(6):
+            self.assertEqual(h.read(buf, 4096, i * 4096), 4096)
+        for i in range(3):
+            self.assertEqual(h.write(buf, 4096, (6 + i) * 4096), 4096)
+        traces = h.trace()
+        self.assertTrue(traces and all(len(q["events"]) <= 4 for q in traces), "each queue its last four")
+        events = [e for q in traces for e in q["events"]]
+        self.assertEqual(sorted(e["slba"] for e in events if e["opcode"] == 1), [48, 56, 64])
+        events = [e for e in events if e["opcode"] == 2]
+        self.assertTrue(all(e["blocks"] == 8 and e["status"] == (0, 0) for e in events))
+        self.assertTrue(all(e["completed_us"] >= e["submitted_us"] for e in events))
+        lat = h.queue_latency()
+        self.assertEqual(sum(q["commands"] for q in lat), 9)
+        self.assertTrue(all(q["p50_us"] is None or q["p50_us"] <= q["max_us"] for q in lat))
+        self.assertEqual(self.h.trace(), [], "a handle opened without UGDS_TRACE traces nothing")
+        self.drv.deregister(buf)
+        h.close()
+
     def test_registered_bytearray_cannot_be_resized(self):
         mem = bytearray(65536)
         buf = self.drv.register(mem)

@@ -97,6 +97,15 @@ fn options(interrupt: bool) -> HandleOptions {
     o
 }
 
+/// A queue role's name in the dicts handed to Python.
+fn role_name(role: ugds::QueueRole) -> &'static str {
+    match role {
+        ugds::QueueRole::Sync => "sync",
+        ugds::QueueRole::Batch => "batch",
+        _ => "lendable",
+    }
+}
+
 impl Driver {
     /// Opens the platform `open` makes and a handle on it, without the GIL.
     fn open_on(
@@ -440,13 +449,8 @@ impl Handle {
             .iter()
             .map(|s| {
                 let d = pyo3::types::PyDict::new(py);
-                let role = match s.role {
-                    ugds::QueueRole::Sync => "sync",
-                    ugds::QueueRole::Batch => "batch",
-                    _ => "lendable",
-                };
                 d.set_item("qid", s.qid)?;
-                d.set_item("role", role)?;
+                d.set_item("role", role_name(s.role))?;
                 for (k, v) in [
                     ("submitted", s.submitted),
                     ("completed", s.completed),
@@ -460,6 +464,61 @@ impl Handle {
                 ] {
                     d.set_item(k, v)?;
                 }
+                Ok(d)
+            })
+            .collect()
+    }
+
+    /// Each traced queue's command latencies (the handle traces when
+    /// `UGDS_TRACE=N` was set as it opened): a list of dicts (qid, role,
+    /// commands, and p50_us, p99_us, p999_us, max_us: upper bounds of
+    /// buckets 25% wide). Empty when not traced.
+    fn queue_latency<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, pyo3::types::PyDict>>> {
+        self.inner
+            .queue_latency()
+            .iter()
+            .map(|l| {
+                let d = pyo3::types::PyDict::new(py);
+                d.set_item("qid", l.qid)?;
+                d.set_item("role", role_name(l.role))?;
+                d.set_item("commands", l.latency.count())?;
+                for (k, q) in [("p50_us", 0.5), ("p99_us", 0.99), ("p999_us", 0.999), ("max_us", 1.0)] {
+                    d.set_item(k, l.latency.quantile(q).map(|t| t.as_secs_f64() * 1e6))?;
+                }
+                Ok(d)
+            })
+            .collect()
+    }
+
+    /// The traced queues' last commands (`UGDS_TRACE=N`): a list of dicts
+    /// (qid, role, events), each event a dict (cid, opcode, slba, blocks,
+    /// submitted_us and completed_us from the handle's opening, status: the
+    /// NVMe status as (sct, sc), or None and None while outstanding),
+    /// completed ones oldest first, then those outstanding.
+    fn trace<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, pyo3::types::PyDict>>> {
+        let traces = py.allow_threads(|| self.inner.trace());
+        traces
+            .iter()
+            .map(|t| {
+                let d = pyo3::types::PyDict::new(py);
+                d.set_item("qid", t.qid)?;
+                d.set_item("role", role_name(t.role))?;
+                let events = t
+                    .events
+                    .iter()
+                    .map(|e| {
+                        let x = pyo3::types::PyDict::new(py);
+                        x.set_item("cid", e.cid)?;
+                        x.set_item("opcode", e.opcode)?;
+                        x.set_item("slba", e.slba)?;
+                        x.set_item("blocks", e.blocks)?;
+                        x.set_item("submitted_us", e.submitted.as_secs_f64() * 1e6)?;
+                        x.set_item("completed_us", e.completed.map(|c| c.as_secs_f64() * 1e6))?;
+                        x.set_item("status", e.status.map(|s| (s.sct, s.sc)))?;
+                        Ok(x)
+                    })
+                    .collect::<PyResult<Vec<_>>>()?;
+                d.set_item("events", events)?;
                 Ok(d)
             })
             .collect()

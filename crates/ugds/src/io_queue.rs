@@ -256,6 +256,15 @@ impl<'h> IoQueue<'h> {
         self.outstanding
     }
 
+    /// This queue pair's last commands when the handle traces
+    /// ([`HandleOptions::trace`](crate::HandleOptions::trace)): completed
+    /// ones oldest first, then those outstanding. `None` when not traced, or
+    /// for a context on the shared batch queue (whose trace is the batch
+    /// queue's, in [`Handle::trace`]).
+    pub fn trace(&self) -> Option<Vec<crate::TraceEvent>> {
+        self.qp.as_ref()?.trace_events()
+    }
+
     /// Stages a read of `size` bytes at `file_offset` into `buf` at
     /// `buf_offset`; `tag` comes back with its completion.
     #[inline]

@@ -65,9 +65,12 @@ use ugds_platform::{barrier, dma, sys};
 pub use batch::{Batch, BatchIo, BatchOp};
 pub use buffer::HostBuffer;
 pub use driver::Driver;
+pub use engine::trace::{LatencyHistogram, TraceEvent};
 pub use engine::KernelRing;
 pub use engine::{BatchEvent, BatchStatus, Completion, ControllerInfo, NamespaceInfo};
-pub use handle::{Drain, Handle, HandleOptions, HandleState, QueueInfo, QueueRole, QueueStats};
+pub use handle::{
+    Drain, Handle, HandleOptions, HandleState, QueueInfo, QueueLatency, QueueRole, QueueStats, QueueTrace, MAX_TRACE,
+};
 pub use io_queue::IoQueue;
 pub use registry::BufferToken;
 pub use stream::{HostStream, Stream, StreamIo, StreamResult, StreamSignal};

@@ -130,3 +130,116 @@ fn statistics_published_to_a_file_follow_the_handle_and_go_with_it() {
     assert!(files().is_empty(), "the file goes with the handle");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The sync queue's entry of `h.trace()`.
+fn sync_trace(h: &ugds::Handle) -> Vec<ugds::TraceEvent> {
+    let t = h.trace();
+    assert_eq!(t.iter().filter(|q| q.role == QueueRole::Sync).count(), 1, "one synchronous queue: {t:?}");
+    t.into_iter().find(|q| q.role == QueueRole::Sync).unwrap().events
+}
+
+#[test]
+fn a_traced_queue_keeps_its_last_commands_with_status_and_latency() {
+    let (d, h, emu) = open(small_emu(), opts().sync_queues(1).trace(4));
+    let bs = h.namespace().block_size as u64;
+    let b = Buf::new(&d, 8192);
+    for i in 0..6u64 {
+        h.read(&b.token, 4096, i * 4096, 0).unwrap();
+    }
+    emu.inject(Fault::next(
+        FaultTarget::Io(Some(READ)),
+        FaultAction::Status(Status::new(2, media::UNRECOVERED_READ_ERROR)),
+    ));
+    assert!(h.read(&b.token, 4096, 7 * 4096, 0).is_err());
+    emu.inject(Fault::next(FaultTarget::Io(Some(WRITE)), FaultAction::Stall(Duration::from_millis(30))));
+    h.write(&b.token, 8192, 8 * 4096, 0).unwrap();
+    let ev = sync_trace(&h);
+    // The last four, oldest first: reads at 4 and 5 KiB-pages, the failed
+    // read, the stalled write.
+    let what: Vec<_> = ev.iter().map(|e| (e.opcode, e.slba, e.blocks)).collect();
+    let page = 4096 / bs;
+    assert_eq!(
+        what,
+        [
+            (READ, 4 * page, page as u32),
+            (READ, 5 * page, page as u32),
+            (READ, 7 * page, page as u32),
+            (WRITE, 8 * page, 2 * page as u32)
+        ]
+    );
+    let st: Vec<_> = ev.iter().map(|e| e.status.map(|s| (s.sct, s.sc))).collect();
+    assert_eq!(st, [Some((0, 0)), Some((0, 0)), Some((2, media::UNRECOVERED_READ_ERROR)), Some((0, 0))]);
+    assert!(ev.windows(2).all(|w| w[0].completed.unwrap() <= w[1].submitted), "one synchronous caller: in order");
+    let write = ev[3];
+    assert!(write.completed.unwrap() - write.submitted >= Duration::from_millis(30), "{write}");
+    // Latencies: every command of the handle, once, on its queue.
+    let lat = h.queue_latency();
+    assert_eq!(lat.len(), h.queues().len(), "every queue traced");
+    for (l, s) in lat.iter().zip(h.queue_stats()) {
+        assert_eq!((l.qid, l.latency.count()), (s.qid, s.completed), "queue {}", s.qid);
+    }
+    let sync = &lat.iter().find(|l| l.role == QueueRole::Sync).unwrap().latency;
+    assert_eq!(sync.count(), 8);
+    assert!(sync.quantile(1.0).unwrap() >= Duration::from_millis(30), "the stalled write is the slowest");
+    assert!(sync.quantile(0.5).unwrap() < Duration::from_millis(30));
+}
+
+#[test]
+fn a_lent_queue_shows_its_outstanding_commands_until_they_are_polled() {
+    let (d, h, _emu) = open(small_emu(), opts().trace(16));
+    let b = Buf::new(&d, 3 * 4096);
+    let mut q = h.io_queue().unwrap();
+    for i in 0..3u64 {
+        q.submit_read(&b.token, 4096, i * 4096, (i * 4096) as usize, i).unwrap();
+    }
+    q.ring();
+    let ev = q.trace().expect("traced");
+    assert_eq!(ev.len(), 3);
+    assert!(ev.iter().all(|e| e.completed.is_none() && e.status.is_none()), "none polled yet: {ev:?}");
+    assert!(ev.windows(2).all(|w| w[0].submitted <= w[1].submitted && w[0].slba < w[1].slba));
+    assert!(
+        h.trace().iter().all(|t| t.role != QueueRole::Lendable || t.events.is_empty()),
+        "the lent one is not the handle's to read"
+    );
+    q.drain(|_, r| assert_eq!(r.unwrap(), 4096)).unwrap();
+    let ev = q.trace().unwrap();
+    assert_eq!(ev.len(), 3);
+    assert!(ev.iter().all(|e| e.status.is_some_and(|s| s.is_success()) && e.completed >= Some(e.submitted)));
+    drop(q);
+    // Back in the pool: the handle reads it now.
+    let lent: Vec<_> =
+        h.trace().into_iter().filter(|t| t.role == QueueRole::Lendable && !t.events.is_empty()).collect();
+    assert_eq!(lent.len(), 1);
+    assert_eq!(lent[0].events, ev);
+}
+
+#[test]
+fn an_untraced_handle_keeps_nothing_and_a_trace_too_deep_is_refused() {
+    let (d, h, _emu) = open(small_emu(), opts());
+    let b = Buf::new(&d, 4096);
+    h.read(&b.token, 4096, 0, 0).unwrap();
+    assert!(h.trace().is_empty() && h.queue_latency().is_empty());
+    assert!(h.io_queue().unwrap().trace().is_none());
+    let e = open_emulated(&d, small_emu(), opts().trace(ugds::MAX_TRACE + 1)).unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL, "{e}");
+    assert!(e.to_string().contains(&ugds::MAX_TRACE.to_string()), "{e}");
+}
+
+#[test]
+fn a_wedged_handles_trace_shows_the_command_that_never_came_back() {
+    let o = opts().sync_queues(1).timeout(Duration::from_millis(200)).trace(8);
+    let (d, h, emu) = open(small_emu(), o);
+    let bs = h.namespace().block_size as u64;
+    let b = Buf::new(&d, 4096);
+    h.read(&b.token, 4096, 0, 0).unwrap();
+    emu.inject(Fault::next(FaultTarget::Io(Some(READ)), FaultAction::LoseCompletion));
+    assert!(h.read(&b.token, 4096, 8192, 0).is_err());
+    assert_eq!(h.state(), ugds::HandleState::Wedged);
+    let ev = sync_trace(&h);
+    let last = ev.last().unwrap();
+    assert_eq!((last.slba, last.completed, last.status), (8192 / bs, None, None), "{ev:?}");
+    assert!(ev[0].completed.is_some() && ev[0].slba == 0);
+    h.close(ugds::Drain::ForceAfterReset).unwrap();
+    d.deregister(&b.token).unwrap();
+    std::mem::forget(b);
+}

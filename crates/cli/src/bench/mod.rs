@@ -373,7 +373,8 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         .batch_queue(!o.batches.is_empty() || o.stream)
         .shadow_doorbells(o.shadow_doorbells)
         .kernel_ring(o.kernel_ring)
-        .stats_dir(HandleOptions::from_env().stats_dir);
+        .stats_dir(HandleOptions::from_env().stats_dir)
+        .trace(o.trace);
     let mut handle = target.open_handle(&driver, opts.clone()).map_err(|e| e.to_string())?;
     let mut shared_note = "";
     if lent && handle.queue_counts().1 < o.threads {
@@ -487,9 +488,23 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
             q.timeouts
         );
     }
+    let latency = handle.queue_latency();
+    for l in latency.iter().filter(|l| l.latency.count() > 0) {
+        let q = |x| l.latency.quantile(x).map_or(0.0, |d| d.as_secs_f64() * 1e6);
+        println!(
+            "latency  queue {:<3}{:<9} {} commands, staged to completion consumed (library trace, buckets 25% wide): us p50 {:.2} p99 {:.2} p99.9 {:.2} max {:.2}",
+            l.qid,
+            format!("{:?}", l.role).to_lowercase(),
+            l.latency.count(),
+            q(0.5),
+            q(0.99),
+            q(0.999),
+            q(1.0)
+        );
+    }
     if o.interrupt {
         println!(
-            "irq      waits that slept to their 100 ms cap (a lost wake-up, or a device gone quiet): {}, of which found a completion waiting (lost): {}",
+            "irq      waits that slept to their 100 ms cap (a lost wake-up, or a device gone quiet): {}, of which found their work ready (a lost wake-up): {}",
             handle.interrupt_waits_capped(),
             handle.interrupt_wakeups_lost()
         );
@@ -518,6 +533,10 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
                 let s = queue_runs.iter().find(|s| s.qid == q.qid);
                 serde_json::json!({
                     "qid": q.qid, "role": format!("{:?}", q.role), "entries": q.entries, "vector": q.vector,
+                    "latency_us": latency.iter().find(|l| l.qid == q.qid).map(|l| {
+                        let p = |x| l.latency.quantile(x).map(|d| d.as_secs_f64() * 1e6);
+                        serde_json::json!({"commands": l.latency.count(), "p50": p(0.5), "p99": p(0.99), "p999": p(0.999), "max": p(1.0)})
+                    }),
                     "during_runs": s.map(|s| serde_json::json!({
                         "submitted": s.submitted, "completed": s.completed, "bytes_read": s.bytes_read,
                         "bytes_written": s.bytes_written, "errors": s.errors, "timeouts": s.timeouts,

@@ -34,6 +34,9 @@ Options:
       --kernel-ring plain|sqpoll|iopoll  with --file: how its io_uring rings
                           run (sqpoll: a kernel thread takes submissions;
                           iopoll: completions polled from the device) [plain]
+      --trace N           the library traces each queue's last N commands and
+                          counts their latencies (two clock reads a command);
+                          printed per queue after the runs [UGDS_TRACE, or 0]
 
 After the runs, a line per queue pair used: its commands, bytes, doorbell
 writes and interrupts per command, errors and timeouts. With UGDS_STATS_DIR
@@ -94,6 +97,8 @@ pub(super) struct Opts {
     pub(super) shadow_doorbells: bool,
     pub(super) kernel_ring: ugds::KernelRing,
     pub(super) force_queue: bool,
+    /// Commands each queue's trace keeps (`--trace N`, 0: not traced).
+    pub(super) trace: usize,
     pub(super) target: TargetOpts,
     /// Where to write every figure as JSON (`--json FILE`).
     pub(super) json: Option<std::path::PathBuf>,
@@ -118,6 +123,7 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
         shadow_doorbells: true,
         kernel_ring: ugds::KernelRing::Plain,
         force_queue: false,
+        trace: HandleOptions::from_env().trace,
         target: TargetOpts::default(),
         json: None,
     };
@@ -161,6 +167,7 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
                 }
             }
             Long("queue") => o.force_queue = true,
+            Long("trace") => o.trace = p.value().map_err(err)?.parse().map_err(err)?,
             Long("interrupt") => o.interrupt = true,
             Long("no-progress") => o.progress = false,
             Long("progress-lines") => o.progress_lines = true,

@@ -175,6 +175,11 @@ impl BatchQueue {
         self.q.lock()
     }
 
+    /// The queue pair underneath.
+    pub(crate) fn queue(&self) -> &Arc<SyncQueue> {
+        &self.q
+    }
+
     /// Whether the queue pair is shared with synchronous I/O.
     pub fn is_shared(&self) -> bool {
         self.shared

@@ -22,6 +22,7 @@ pub mod qpair;
 pub mod queue;
 pub mod stats;
 pub mod sync;
+pub mod trace;
 pub mod tracker;
 pub mod uring;
 

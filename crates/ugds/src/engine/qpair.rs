@@ -263,6 +263,16 @@ impl NvmeQueue {
         &self.counters
     }
 
+    /// The commands on the device.
+    pub fn tracker(&self) -> &Tracker {
+        &self.tracker
+    }
+
+    /// The commands on the device, to change how they are traced.
+    pub fn tracker_mut(&mut self) -> &mut Tracker {
+        &mut self.tracker
+    }
+
     /// Entries per ring.
     pub fn entries(&self) -> u16 {
         self.sq_ring.size() as u16
@@ -382,6 +392,7 @@ impl NvmeQueue {
         // Counted from the entry before it is written (read after, its
         // fields would be kept in memory for it).
         self.staged.add(sqe.opcode(), sqe.nlb());
+        self.tracker.staged(cid, &sqe);
         sqe.set_cid(cid);
         self.sq.write_sqe(self.sq_tail as usize * Sqe::SIZE, &sqe);
         self.sq_tail = self.sq_ring.next(self.sq_tail);
@@ -473,7 +484,7 @@ impl NvmeQueue {
                     "completion with an SQ head outside what was submitted; ignored"
                 );
             }
-            match self.tracker.end(Cid(cqe.cid)) {
+            match self.tracker.end(Cid(cqe.cid), cqe.status) {
                 Ok(t) => {
                     if let Some(page) = t.prp_page {
                         self.prp_free.push(page);

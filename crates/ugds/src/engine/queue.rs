@@ -161,6 +161,25 @@ impl QueuePair {
         }
     }
 
+    /// Traces the last `depth` commands from now on, timed from `base`
+    /// (see [`super::trace`]).
+    pub fn enable_trace(&mut self, depth: usize, base: std::time::Instant) {
+        let latency = std::sync::Arc::new(super::trace::Histogram::default());
+        let _ = self.counters().latency.set(latency.clone());
+        match self {
+            QueuePair::Nvme(q) => q.tracker_mut().enable_trace(depth, base, latency),
+            QueuePair::Uring(q) => q.tracker().enable_trace(depth, base, latency),
+        }
+    }
+
+    /// The traced commands; `None` when not traced.
+    pub fn trace_events(&self) -> Option<Vec<super::trace::TraceEvent>> {
+        match self {
+            QueuePair::Nvme(q) => q.tracker().trace_events(),
+            QueuePair::Uring(q) => q.tracker_ref().trace_events(),
+        }
+    }
+
     /// What this queue pair has done.
     pub fn counters(&self) -> &std::sync::Arc<QueueCounters> {
         match self {

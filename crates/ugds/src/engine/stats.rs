@@ -11,7 +11,9 @@
 //! any waiter; timeouts, by whoever escalates) are rare and use
 //! read-modify-writes.
 
+use super::trace::Histogram;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
 
 /// A counter with one writer at a time (see the module docs).
 #[derive(Debug, Default)]
@@ -66,6 +68,8 @@ pub struct QueueCounters {
     pub interrupts: Counter,
     /// Commands still outstanding when a timeout check escalated them.
     pub timeouts: Counter,
+    /// Command latencies, when the queue pair is traced.
+    pub latency: OnceLock<Arc<Histogram>>,
 }
 
 /// What a queue pair counts as it stages commands, in its own memory (next

@@ -248,6 +248,17 @@ impl SyncQueue {
         f(&mut self.lock().qp)
     }
 
+    /// As [`with_qp`](Self::with_qp) when the lock is free now; `None` when
+    /// it is held (by a caller up the stack, perhaps).
+    pub fn try_with_qp<R>(&self, f: impl FnOnce(&mut QueuePair) -> R) -> Option<R> {
+        use std::sync::TryLockError;
+        match self.state.try_lock() {
+            Ok(mut g) => Some(f(&mut g.qp)),
+            Err(TryLockError::Poisoned(p)) => Some(f(&mut p.into_inner().qp)),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// Consumes completions, crediting each to its request's slot (or
     /// batch request). Returns how many were consumed and whether any
     /// belonged to another request.

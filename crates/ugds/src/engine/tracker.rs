@@ -11,9 +11,11 @@
 //! keep more per command in the same entry (`X`: the kernel path keeps the
 //! operation, to resume a partial transfer).
 
+use super::trace::{Histogram, Trace, TraceEvent};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ugds_nvme::cid::NotAllocated;
-use ugds_nvme::{Cid, CidAllocator};
+use ugds_nvme::{Cid, CidAllocator, Sqe};
 
 /// Who a command's completion is credited to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +60,8 @@ impl<X: Default> Tracked<X> {
 pub struct Tracker<X = ()> {
     cids: CidAllocator,
     entries: Box<[Tracked<X>]>,
+    /// The command lifecycle trace, when the handle asked for one.
+    trace: Option<Box<Trace>>,
 }
 
 impl<X: Copy + Default> Tracker<X> {
@@ -66,7 +70,31 @@ impl<X: Copy + Default> Tracker<X> {
         Tracker {
             cids: CidAllocator::new(capacity),
             entries: vec![Tracked::idle(); capacity as usize].into_boxed_slice(),
+            trace: None,
         }
+    }
+
+    /// Traces the last `depth` commands from now on, timed from `base`,
+    /// their latencies counted into `latency` (see [`super::trace`]).
+    pub fn enable_trace(&mut self, depth: usize, base: Instant, latency: Arc<Histogram>) {
+        self.trace = Some(Box::new(Trace::new(depth, self.entries.len(), base, latency)));
+    }
+
+    /// Notes the entry of command `cid` as staged, when traced.
+    #[inline(always)]
+    pub fn staged(&mut self, cid: Cid, sqe: &Sqe) {
+        if let Some(t) = &mut self.trace {
+            // Only what the trace keeps: handing it the entry's address
+            // would keep the entry in memory on every queue's path.
+            let (op, cdw10, cdw11, cdw12) = (sqe.opcode(), sqe.cdw10, sqe.cdw11, sqe.cdw12);
+            t.staged(self.cids.index(cid), op, cdw10 as u64 | (cdw11 as u64) << 32, (cdw12 & 0xffff) + 1);
+        }
+    }
+
+    /// The traced commands (see [`Trace::events`]); `None` when not traced.
+    pub fn trace_events(&self) -> Option<Vec<TraceEvent>> {
+        let t = self.trace.as_ref()?;
+        Some(t.events((0..self.entries.len()).filter_map(|i| self.cids.current(i).map(|c| (c, i)))))
     }
 
     /// Commands it can hold at once.
@@ -111,11 +139,29 @@ impl<X: Copy + Default> Tracker<X> {
         }
     }
 
-    /// Ends a command whose completion names `cid`: its entry, or an error
-    /// when no command with that CID and generation is outstanding (a
+    /// Ends a command whose completion names `cid` with status field
+    /// `status` (a completion entry's, phase tag ignored): its entry, or an
+    /// error when no command with that CID and generation is outstanding (a
     /// duplicate, a stale generation, a CID never handed out).
     #[inline]
-    pub fn end(&mut self, cid: Cid) -> Result<Tracked<X>, NotAllocated> {
+    pub fn end(&mut self, cid: Cid, status: u16) -> Result<Tracked<X>, NotAllocated> {
+        self.cids.free(cid)?;
+        self.completed(cid, status);
+        Ok(std::mem::replace(&mut self.entries[self.cids.index(cid)], Tracked::idle()))
+    }
+
+    /// Notes command `cid` as completed with status field `status`, when
+    /// traced.
+    #[inline(always)]
+    fn completed(&mut self, cid: Cid, status: u16) {
+        if let Some(t) = &mut self.trace {
+            t.completed(self.cids.index(cid), cid, status);
+        }
+    }
+
+    /// Takes back a command begun but never given to the device (not
+    /// traced).
+    pub fn undo(&mut self, cid: Cid) -> Result<Tracked<X>, NotAllocated> {
         self.cids.free(cid)?;
         Ok(std::mem::replace(&mut self.entries[self.cids.index(cid)], Tracked::idle()))
     }
@@ -169,9 +215,9 @@ mod tests {
         let a = t.begin(Owner::Sync(3), Some(7)).unwrap();
         let b = t.begin(Owner::Batch { ctx: 1, req: 2 }, None).unwrap();
         assert_eq!(t.outstanding(), 2);
-        let e = t.end(a).unwrap();
+        let e = t.end(a, 0).unwrap();
         assert_eq!((e.owner, e.prp_page), (Owner::Sync(3), Some(7)));
-        assert!(t.end(a).is_err(), "a duplicate completion ends nothing");
+        assert!(t.end(a, 0).is_err(), "a duplicate completion ends nothing");
         assert_eq!(t.outstanding_commands().map(|(c, _)| c).collect::<Vec<_>>(), vec![b]);
     }
 
@@ -179,11 +225,11 @@ mod tests {
     fn a_reused_cid_is_not_ended_by_its_old_generation() {
         let mut t: Tracker = Tracker::new(1);
         let old = t.begin(Owner::Own(1), None).unwrap();
-        t.end(old).unwrap();
+        t.end(old, 0).unwrap();
         let new = t.begin(Owner::Own(2), None).unwrap();
         assert_ne!(old, new);
-        assert!(t.end(old).is_err());
-        assert_eq!(t.end(new).unwrap().owner, Owner::Own(2));
+        assert!(t.end(old, 0).is_err());
+        assert_eq!(t.end(new, 0).unwrap().owner, Owner::Own(2));
     }
 
     #[test]
@@ -207,7 +253,7 @@ mod tests {
         // a was stamped at t0 and is late; b is stamped now.
         assert_eq!(t.late(later, Duration::from_secs(1)), vec![(a, Owner::Own(0))]);
         assert_eq!(t.late(later + Duration::from_secs(2), Duration::from_secs(1)).len(), 2);
-        t.end(a).unwrap();
+        t.end(a, 0).unwrap();
         assert_eq!(t.late(later + Duration::from_secs(2), Duration::from_secs(1)), vec![(b, Owner::Own(1))]);
     }
 
@@ -216,7 +262,7 @@ mod tests {
         let mut t: Tracker<u32> = Tracker::new(2);
         let a = t.begin_with(Owner::Own(0), None, 7).unwrap();
         t.get_mut(a).unwrap().extra += 1;
-        assert_eq!(t.end(a).unwrap().extra, 8);
+        assert_eq!(t.end(a, 0).unwrap().extra, 8);
         assert!(t.get_mut(a).is_none(), "ended");
         let b = t.begin(Owner::Own(1), None).unwrap();
         assert_eq!(t.get_mut(b).unwrap().extra, 0, "a new entry starts from the default");

@@ -70,6 +70,23 @@ impl Handle {
         self.inner.queue_stats()
     }
 
+    /// Each I/O queue pair's command latencies, from staging to the
+    /// consumption of the completion, when the handle traces
+    /// ([`HandleOptions::trace`]); empty otherwise. The lendable queues'
+    /// include what they did while lent.
+    pub fn queue_latency(&self) -> Vec<QueueLatency> {
+        self.inner.queue_latency()
+    }
+
+    /// The last commands of each I/O queue pair, when the handle traces
+    /// ([`HandleOptions::trace`]): the completed ones oldest first, then
+    /// those still outstanding. Waits for the synchronous and batch queues'
+    /// locks; a lendable queue lent out now is left out (its
+    /// [`IoQueue::trace`](crate::IoQueue::trace) has it). Empty when not traced.
+    pub fn trace(&self) -> Vec<QueueTrace> {
+        self.inner.trace(true)
+    }
+
     /// Whether batch contexts (and stream-ordered I/O) share the one
     /// synchronous queue pair (a controller that granted one) rather than
     /// a deep queue pair of their own.

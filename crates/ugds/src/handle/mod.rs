@@ -19,7 +19,9 @@ mod api;
 mod options;
 
 pub use api::Handle;
-pub use options::{Drain, HandleOptions, HandleState, QueueInfo, QueueRole, QueueStats};
+pub use options::{
+    Drain, HandleOptions, HandleState, QueueInfo, QueueLatency, QueueRole, QueueStats, QueueTrace, MAX_TRACE,
+};
 use ugds_platform::Recover;
 
 use crate::driver::DriverInner;
@@ -28,6 +30,7 @@ use crate::engine::chunk::{Chunk, Chunker};
 use crate::engine::hold::Hold;
 use crate::engine::stats::QueueCounters;
 use crate::engine::sync::{Cmd, Failure, SyncQueue};
+use crate::engine::trace::TraceEvent;
 use crate::engine::{Completion, Controller, ControllerInfo, NamespaceInfo, QueuePair};
 use crate::io_queue::IoQueue;
 use crate::platform::Platform;
@@ -99,6 +102,14 @@ impl HandleInner {
                 .first()
                 .ok_or_else(|| Error::Unsupported("controller has no usable namespace".into()))?,
         };
+        if opts.trace > MAX_TRACE {
+            return Err(Error::InvalidArgument(format!(
+                "a trace of {} commands per queue (at most {MAX_TRACE})",
+                opts.trace
+            )));
+        }
+        // Traces count from the handle's opening.
+        let opened = Instant::now();
         let granted = info.io_queues.max(1);
         let nbatch = (opts.batch_queue && granted >= 2) as u16;
         let avail = granted - nbatch;
@@ -146,6 +157,11 @@ impl HandleInner {
                     let _ = ctrl.shutdown();
                     return Err(e);
                 }
+            }
+        }
+        if opts.trace > 0 {
+            for qp in &mut created {
+                qp.enable_trace(opts.trace, opened);
             }
         }
         let mut queues: Vec<QueueInfo> = created
@@ -347,8 +363,11 @@ impl HandleInner {
     /// A command stuck on the device: refuse everything from now on and
     /// keep what it holds.
     pub fn wedge<G: Into<Hold>>(&self, guards: impl IntoIterator<Item = G>) {
-        self.state.store(WEDGED, Ordering::SeqCst);
+        let first = self.state.swap(WEDGED, Ordering::SeqCst) != WEDGED;
         self.quarantine.lock().recover().extend(guards.into_iter().map(Into::into));
+        if first && self.opts.trace > 0 {
+            self.log_trace("wedged");
+        }
     }
 
     /// Starts the stream engine (at open, so the first stream operation
@@ -450,6 +469,53 @@ impl HandleInner {
     /// What each I/O queue pair has done.
     pub fn queue_stats(&self) -> Vec<QueueStats> {
         crate::publish::queue_stats(&self.queues, &self.counters, self.ns.block_size as u64)
+    }
+
+    /// Each traced queue pair's latencies (none when not traced).
+    pub fn queue_latency(&self) -> Vec<QueueLatency> {
+        let with = |(q, c): (&QueueInfo, &Arc<QueueCounters>)| {
+            let h = c.latency.get()?;
+            Some(QueueLatency { qid: q.qid, role: q.role, latency: h.snapshot() })
+        };
+        self.queues.iter().zip(&self.counters).filter_map(with).collect()
+    }
+
+    /// The traces of the queue pairs that can be looked at now: the
+    /// synchronous and batch queues (`wait`: waiting for their locks, else
+    /// skipping those held) and the lendable ones not lent out.
+    pub fn trace(&self, wait: bool) -> Vec<QueueTrace> {
+        if self.opts.trace == 0 {
+            return Vec::new();
+        }
+        let role_of = |qid: u16| self.queues.iter().find(|q| q.qid == qid).map_or(QueueRole::Sync, |q| q.role);
+        let look = |q: &SyncQueue| {
+            let f = |qp: &mut QueuePair| (qp.qid().0, qp.trace_events());
+            if wait {
+                Some(q.with_qp(f))
+            } else {
+                q.try_with_qp(f)
+            }
+        };
+        let batch = self.batch.as_ref().filter(|b| !b.is_shared()).map(|b| b.queue().clone());
+        let mut out: Vec<(u16, Option<Vec<TraceEvent>>)> =
+            self.sync.iter().chain(batch.as_ref()).filter_map(|q| look(q)).collect();
+        if let Ok(pool) = self.pool.try_lock() {
+            out.extend(pool.iter().map(|qp| (qp.qid().0, qp.trace_events())));
+        }
+        out.sort_by_key(|(qid, _)| *qid);
+        out.into_iter()
+            .filter_map(|(qid, events)| Some(QueueTrace { qid, role: role_of(qid), events: events? }))
+            .collect()
+    }
+
+    /// Writes the traces to the log (a wedged handle's last commands).
+    fn log_trace(&self, why: &str) {
+        for t in self.trace(false) {
+            tracing::error!(qid = t.qid, "{why}: the queue's last {} commands:", t.events.len());
+            for e in &t.events {
+                tracing::error!(qid = t.qid, "  {e}");
+            }
+        }
     }
 
     /// Starts publishing the queue statistics when the options ask for it.

@@ -1,6 +1,7 @@
 //! How a handle is set up, and what it reports about itself: its options,
 //! close modes, states and queues.
 
+use crate::engine::trace::{LatencyHistogram, TraceEvent};
 use crate::engine::{Completion, KernelRing};
 use std::time::Duration;
 
@@ -44,7 +45,18 @@ pub struct HandleOptions {
     /// processes (`ugds stats`, `ugds top`) while the handle is open; see
     /// [`publish`](crate::publish). `None` (the default): not published.
     pub stats_dir: Option<std::path::PathBuf>,
+    /// Trace each queue pair's last `trace` commands (opcode, CID, LBA,
+    /// blocks, submission and completion times, status) and count their
+    /// latencies: [`Handle::trace`](crate::Handle::trace),
+    /// [`Handle::queue_latency`](crate::Handle::queue_latency), and a dump
+    /// to the log when the handle wedges. Two clock reads per command; 0
+    /// (the default): not traced, at the cost of a branch per command. At
+    /// most [`MAX_TRACE`].
+    pub trace: usize,
 }
+
+/// The most commands a queue pair's trace keeps.
+pub const MAX_TRACE: usize = 1 << 20;
 
 impl Default for HandleOptions {
     fn default() -> Self {
@@ -61,6 +73,7 @@ impl Default for HandleOptions {
             shadow_doorbells: true,
             kernel_ring: KernelRing::Plain,
             stats_dir: None,
+            trace: 0,
         }
     }
 }
@@ -159,12 +172,20 @@ impl HandleOptions {
         self.stats_dir = dir;
         self
     }
+
+    /// Sets how many commands each queue pair's trace keeps (see
+    /// [`trace`](Self::trace); 0: none).
+    pub fn trace(mut self, depth: usize) -> Self {
+        self.trace = depth;
+        self
+    }
 }
 
 impl HandleOptions {
     /// Interrupt completion when `UGDS_INTERRUPT_MODE=1`, as in the paper;
     /// the kernel path's ring mode from `UGDS_KERNEL_RING` (`sqpoll`,
-    /// `iopoll`); statistics published to `UGDS_STATS_DIR` when it is set.
+    /// `iopoll`); statistics published to `UGDS_STATS_DIR` when it is set;
+    /// `UGDS_TRACE=N` traces each queue's last N commands.
     pub fn from_env() -> Self {
         let mut o = HandleOptions::default();
         if std::env::var("UGDS_INTERRUPT_MODE").is_ok_and(|v| v == "1") {
@@ -176,6 +197,12 @@ impl HandleOptions {
             _ => {}
         }
         o.stats_dir = std::env::var_os("UGDS_STATS_DIR").filter(|d| !d.is_empty()).map(Into::into);
+        if let Ok(v) = std::env::var("UGDS_TRACE") {
+            match v.parse() {
+                Ok(n) => o.trace = n,
+                Err(_) => tracing::warn!("UGDS_TRACE={v:?} is not a number of commands; not traced"),
+            }
+        }
         o
     }
 }
@@ -252,6 +279,31 @@ pub struct QueueStats {
     pub doorbell_writes: u64,
     /// Waits on the queue's interrupt that it woke (0 for a polled queue).
     pub interrupts: u64,
+}
+
+/// The latencies of one I/O queue pair's commands since the handle opened,
+/// when it is traced ([`Handle::queue_latency`](crate::Handle::queue_latency)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueLatency {
+    /// Queue id.
+    pub qid: u16,
+    /// What it is for.
+    pub role: QueueRole,
+    /// From staging each command to consuming its completion.
+    pub latency: LatencyHistogram,
+}
+
+/// One I/O queue pair's trace ([`Handle::trace`](crate::Handle::trace)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueTrace {
+    /// Queue id.
+    pub qid: u16,
+    /// What it is for.
+    pub role: QueueRole,
+    /// Its last completed commands, oldest first, then those outstanding.
+    pub events: Vec<TraceEvent>,
 }
 
 impl QueueStats {

@@ -86,7 +86,7 @@ impl UringQueue {
             };
             let c = self.landing.pop_front().expect("looked at");
             self.copies.fetch_sub(1, Ordering::Release);
-            let e = self.tracker.end(c.cid).expect("outstanding");
+            let e = self.tracker.end(c.cid, status.to_field(false)).expect("outstanding");
             if let Some(b) = e.extra.bounce {
                 bounce::give(b);
             }

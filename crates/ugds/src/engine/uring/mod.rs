@@ -290,6 +290,7 @@ impl UringQueue {
                     self.staging.push_back(Copying { cid, ticket, runtime, short: 0 });
                     self.copies.fetch_add(1, Ordering::Release);
                     self.staged.add(sqe.opcode(), sqe.nlb());
+                    self.tracker.staged(cid, &sqe);
                     return Ok(cid);
                 }
                 Err(e) => {
@@ -304,13 +305,14 @@ impl UringQueue {
         // bounce buffer), which the request holds until this command's
         // completion is consumed.
         if !unsafe { self.ring.push(t.op(), cid.0 as u64) } {
-            self.tracker.end(cid).expect("just begun");
+            self.tracker.undo(cid).expect("just begun");
             if let Some(b) = t.bounce {
                 bounce::give(b);
             }
             return Err(Full::Sq);
         }
         self.staged.add(sqe.opcode(), sqe.nlb());
+        self.tracker.staged(cid, &sqe);
         Ok(cid)
     }
 
@@ -536,7 +538,7 @@ impl UringQueue {
                     }
                 }
             }
-            let e = tracker.end(cid).expect("outstanding");
+            let e = tracker.end(cid, status.to_field(false)).expect("outstanding");
             if e.extra.device != 0 {
                 if let Some(b) = e.extra.bounce {
                     bounce::give(b);
