@@ -105,7 +105,7 @@ fn raw(bdf: &str, secs: f64, qd: usize, clock: bool) -> Result<(), ugds::Error> 
 /// lock, stage, wait) on a bare queue pair: what `Handle::read` adds on top
 /// of it is the registry, the range checks and the chunker.
 fn sync_queue(bdf: &str, secs: f64) -> Result<(), ugds::Error> {
-    use ugds::engine::sync::{Cmd, Completion, SyncQueue};
+    use ugds::engine::sync::{Cmd, Completion, Pacing, SyncQueue};
     let platform = platform(bdf)?;
     let ctrl = Controller::bring_up(platform.clone(), 1)?;
     let ns = ctrl.info().namespaces[0];
@@ -123,8 +123,10 @@ fn sync_queue(bdf: &str, secs: f64) -> Result<(), ugds::Error> {
             let cmd = Cmd {
                 sqe: Sqe::rw(NvmOpcode::Read, Cid(0), Nsid(ns.nsid), Lba(lba), blocks, 0, 0),
                 prp: Some(PrpPlan::One { prp1: buf.iova(0) }),
+                bytes: blocks * ns.block_size,
             };
-            if q.execute(std::iter::once(cmd), "Read", Completion::Poll, Duration::from_secs(5)).is_err() {
+            let (poll, timeout) = (Completion::Poll, Duration::from_secs(5));
+            if q.execute(std::iter::once(cmd), "Read", poll, timeout, Pacing::NONE).is_err() {
                 return Err(ugds::Error::Platform("read failed".into()));
             }
         }

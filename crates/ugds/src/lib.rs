@@ -69,7 +69,8 @@ pub use engine::trace::{LatencyHistogram, TraceEvent};
 pub use engine::KernelRing;
 pub use engine::{BatchEvent, BatchStatus, Completion, ControllerInfo, NamespaceInfo};
 pub use handle::{
-    Drain, Handle, HandleOptions, HandleState, QueueInfo, QueueLatency, QueueRole, QueueStats, QueueTrace, MAX_TRACE,
+    Drain, Handle, HandleOptions, HandleState, Placement, Priority, QueueInfo, QueueLatency, QueueRole, QueueStats,
+    QueueTrace, MAX_TRACE,
 };
 pub use io_queue::IoQueue;
 pub use registry::BufferToken;

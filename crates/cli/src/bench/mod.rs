@@ -7,6 +7,7 @@
 //! function of the byte offset and checks every byte read against it.
 
 mod batch;
+mod mixed;
 mod options;
 mod queue;
 mod report;
@@ -341,6 +342,9 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         o.target.spin_us = Some(20_000);
     }
     let target = target::open(&o.target)?;
+    if o.mixed {
+        return mixed::run(&o, &target, &Driver::open());
+    }
     let max_size = *o.sizes.iter().max().expect("at least one size");
     let t_setup = Instant::now();
     let driver = Driver::open();

@@ -34,6 +34,12 @@ Options:
       --kernel-ring plain|sqpoll|iopoll  with --file: how its io_uring rings
                           run (sqpoll: a kernel thread takes submissions;
                           iopoll: completions polled from the device) [plain]
+      --mixed             the scheduler's table: SIZE (the first -s) reads at
+                          QD1 from one thread alone, then beside 1 MiB reads
+                          at QD1 from another on the same handle, with round
+                          robin, with the scheduler, and with priorities
+                          (small latency-critical, large background); their
+                          p50/p99 and the large reads' MiB/s
       --trace N           the library traces each queue's last N commands and
                           counts their latencies (two clock reads a command);
                           printed per queue after the runs [UGDS_TRACE, or 0]
@@ -99,6 +105,8 @@ pub(super) struct Opts {
     pub(super) force_queue: bool,
     /// Commands each queue's trace keeps (`--trace N`, 0: not traced).
     pub(super) trace: usize,
+    /// The scheduler's mixed-workload table (`--mixed`).
+    pub(super) mixed: bool,
     pub(super) target: TargetOpts,
     /// Where to write every figure as JSON (`--json FILE`).
     pub(super) json: Option<std::path::PathBuf>,
@@ -124,6 +132,7 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
         kernel_ring: ugds::KernelRing::Plain,
         force_queue: false,
         trace: HandleOptions::from_env().trace,
+        mixed: false,
         target: TargetOpts::default(),
         json: None,
     };
@@ -168,6 +177,7 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
             }
             Long("queue") => o.force_queue = true,
             Long("trace") => o.trace = p.value().map_err(err)?.parse().map_err(err)?,
+            Long("mixed") => o.mixed = true,
             Long("interrupt") => o.interrupt = true,
             Long("no-progress") => o.progress = false,
             Long("progress-lines") => o.progress_lines = true,
@@ -192,6 +202,9 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
     }
     if o.stream && !o.batches.is_empty() {
         return Err("--batch and --stream are separate modes".into());
+    }
+    if o.mixed && (o.verify || o.stream || !o.batches.is_empty() || o.mode != Mode::RandRead) {
+        return Err("--mixed runs random reads of its own: no --verify, --stream, --batch or --mode".into());
     }
     if o.verify && o.target.null {
         return Err("--verify needs a namespace that keeps data (not --emu-null)".into());

@@ -54,6 +54,44 @@ pub struct Cmd<'a> {
     pub sqe: Sqe,
     /// Its PRPs, for commands that move data.
     pub prp: Option<PrpPlan<'a>>,
+    /// The bytes it moves (what it adds to the queue's load).
+    pub bytes: u32,
+}
+
+/// What the scheduler asks of a request (see `handle::scheduler`): whether
+/// its bytes count as background load, and how many of its commands may be
+/// on the device at once while other work waits.
+#[derive(Clone, Copy)]
+pub struct Pacing<'a> {
+    /// Its bytes count in the queue's background load too.
+    pub background: bool,
+    /// At most this many commands on the device while the function says
+    /// other work waits (asked, with the request's own bytes staged so far,
+    /// before each command beyond them).
+    pub window: Option<(u32, &'a dyn Fn(u64) -> bool)>,
+}
+
+impl std::fmt::Debug for Pacing<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pacing")
+            .field("background", &self.background)
+            .field("window", &self.window.map(|(n, _)| n))
+            .finish()
+    }
+}
+
+impl Pacing<'_> {
+    /// A request of normal class, never held back.
+    pub const NONE: Pacing<'static> = Pacing { background: false, window: None };
+
+    /// Whether the request in `slot` must wait before staging another
+    /// command.
+    #[inline]
+    fn full(&self, slot: &Slot) -> bool {
+        self.window.is_some_and(|(n, yield_now)| {
+            slot.pending.load(Ordering::Relaxed) >= n && yield_now(slot.bytes.load(Ordering::Relaxed))
+        })
+    }
 }
 
 impl std::fmt::Debug for Cmd<'_> {
@@ -71,6 +109,10 @@ struct Slot {
     /// Bytes the request's commands did not move (a read that met the end
     /// of a kernel-path file).
     short: AtomicU64,
+    /// Bytes of the request's commands staged (its share of the load).
+    bytes: AtomicU64,
+    /// Whether they count as background load.
+    background: AtomicBool,
 }
 
 const STATUS_SET: u32 = 1 << 31;
@@ -115,6 +157,11 @@ pub struct SyncQueue {
     irq_hint: AtomicBool,
     /// The queue pair's counters, for the interrupts its waiters see.
     counters: Arc<QueueCounters>,
+    /// Bytes of the requests on this queue (staged and not finished): what
+    /// the scheduler places by. Written under the queue's lock only.
+    load: super::stats::Counter,
+    /// Of `load`, the background requests' bytes.
+    background_load: super::stats::Counter,
     /// Whether completions report bytes not moved in DW0 (the kernel
     /// path's; a controller's DW0 of a Read or Write says nothing).
     reports_short: bool,
@@ -210,6 +257,8 @@ impl SyncQueue {
             lost_wakeups: AtomicU64::new(0),
             irq_hint: AtomicBool::new(false),
             counters,
+            load: Default::default(),
+            background_load: Default::default(),
             reports_short,
         })
     }
@@ -223,6 +272,17 @@ impl SyncQueue {
     /// The interrupt vector, if the queue has one.
     pub fn vector(&self) -> Option<u16> {
         self.vector
+    }
+
+    /// Bytes of the requests on this queue now (staged, not finished).
+    #[inline]
+    pub fn load(&self) -> u64 {
+        self.load.get()
+    }
+
+    /// Of [`load`](Self::load), the bytes of background requests.
+    pub fn background_load(&self) -> u64 {
+        self.background_load.get()
     }
 
     /// Interrupt waits that lasted to their cap (see [`WAIT_CAP`]).
@@ -337,27 +397,46 @@ impl SyncQueue {
         self.counters.interrupts.add_shared(1);
     }
 
-    /// Stages as many of `cmds` as fit; true when any was staged.
+    /// Stages as many of `cmds` as fit (and as `pacing` allows); true when
+    /// any was staged.
     fn stage<'a>(
         &self,
         st: &mut State,
         slot: u32,
         cmds: &mut std::iter::Peekable<impl Iterator<Item = Cmd<'a>>>,
+        pacing: Pacing<'_>,
     ) -> bool {
         let mut any = false;
+        let s = &self.slots[slot as usize];
         while let Some(c) = cmds.peek() {
-            if self.slots[slot as usize].status.load(Ordering::Relaxed) != 0 {
+            if s.status.load(Ordering::Relaxed) != 0 {
                 // An earlier command of this request failed: send no more.
                 cmds.by_ref().for_each(drop);
                 break;
             }
+            if pacing.full(s) {
+                break;
+            }
+            // Counted as load before the device can see it (and taken back
+            // if it does not go), so that the load covers every command on
+            // the queue.
+            let bytes = c.bytes as u64;
+            self.load.add(bytes);
             match st.qp.submit(c.sqe, c.prp, Owner::Sync(slot)) {
                 Ok(_) => {
-                    self.slots[slot as usize].pending.fetch_add(1, Ordering::Relaxed);
+                    s.pending.fetch_add(1, Ordering::Relaxed);
+                    s.bytes.store(s.bytes.load(Ordering::Relaxed) + bytes, Ordering::Relaxed);
+                    if pacing.background {
+                        self.background_load.add(bytes);
+                    }
                     cmds.next();
                     any = true;
                 }
-                Err(_) => break, // full: wait for completions to free room
+                Err(_) => {
+                    // Full: wait for completions to free room.
+                    self.load.set(self.load.get() - bytes);
+                    break;
+                }
             }
         }
         if any {
@@ -450,14 +529,17 @@ impl SyncQueue {
 
     /// Runs `cmds` as one request and waits for all of them; the first
     /// error status (if any) is the result, else the bytes the commands did
-    /// not move (0 but for a read that met the end of a kernel-path file). `timeout` bounds the wait for
-    /// the device; when it passes, the request is stuck and its slot is kept.
+    /// not move (0 but for a read that met the end of a kernel-path file).
+    /// `timeout` bounds the wait for the device; when it passes, the
+    /// request is stuck and its slot is kept. `pacing` holds its commands
+    /// back while other work waits, as far as it says.
     pub fn execute<'a>(
         &self,
         cmds: impl Iterator<Item = Cmd<'a>>,
         op: &'static str,
         mode: Completion,
         timeout: Duration,
+        pacing: Pacing<'_>,
     ) -> Result<u64, Failure> {
         let mut cmds = cmds.peekable();
         let mut deadline = Deadline::new(timeout);
@@ -477,7 +559,9 @@ impl SyncQueue {
                 self.slots[s as usize].pending.store(0, Ordering::Relaxed);
                 self.slots[s as usize].status.store(0, Ordering::Relaxed);
                 self.slots[s as usize].short.store(0, Ordering::Relaxed);
-                self.stage(&mut st, s, &mut cmds);
+                self.slots[s as usize].bytes.store(0, Ordering::Relaxed);
+                self.slots[s as usize].background.store(pacing.background, Ordering::Relaxed);
+                self.stage(&mut st, s, &mut cmds, pacing);
                 break s;
             }
             let (n, _) = self.reap(&mut st, u32::MAX);
@@ -500,9 +584,11 @@ impl SyncQueue {
                 self.note_look(true, true);
                 after_cap = false;
             }
+            // Commands to stage, and room for them.
+            let staging = cmds.peek().is_some() && !pacing.full(s);
             // Take the lock only when there is something to do under it:
             // a completion to consume, commands to stage, or our slot to free.
-            let work = done || cmds.peek().is_some() || self.completion_waiting();
+            let work = done || staging || self.completion_waiting();
             if !work {
                 if spins % 256 == 255 && deadline.passed() {
                     return Err(self.timed_out(slot, op, timeout));
@@ -514,13 +600,13 @@ impl SyncQueue {
             // lock whatever it costs: whoever holds it may have nothing to
             // wake us with. Someone else's completion is left to the holder
             // when the lock is busy (it reaps, and wakes us if it consumed any).
-            let own = done || cmds.peek().is_some();
+            let own = done || staging;
             let st = if own { Some(self.lock()) } else { self.state.try_lock().ok() };
             if let Some(mut st) = st {
                 let (n, _) = self.reap(&mut st, slot);
                 progressed = n > 0;
-                if cmds.peek().is_some() {
-                    progressed |= self.stage(&mut st, slot, &mut cmds);
+                if staging {
+                    progressed |= self.stage(&mut st, slot, &mut cmds, pacing);
                 }
                 self.note_look(after_cap, progressed);
                 if cmds.peek().is_none() && s.pending.load(Ordering::Acquire) == 0 {
@@ -602,6 +688,12 @@ impl SyncQueue {
     /// the result, else the bytes not moved.
     fn release_slot(&self, st: &mut State, slot: u32, op: &'static str) -> Result<u64> {
         st.free.push(slot);
+        let s = &self.slots[slot as usize];
+        let bytes = s.bytes.load(Ordering::Relaxed);
+        self.load.set(self.load.get().saturating_sub(bytes));
+        if s.background.load(Ordering::Relaxed) {
+            self.background_load.set(self.background_load.get().saturating_sub(bytes));
+        }
         match self.slots[slot as usize].status.load(Ordering::Relaxed) {
             0 => Ok(self.slots[slot as usize].short.load(Ordering::Relaxed)),
             status => Err(Error::Nvme { op, status: Status::from_field(status as u16) }),

@@ -123,17 +123,53 @@ impl Handle {
     /// when the file ends first (the buffer past the bytes read may then
     /// be written: direct I/O moves whole blocks, with zeroes past the end).
     pub fn read(&self, buf: &BufferToken, size: usize, file_offset: u64, buf_offset: usize) -> Result<usize> {
-        self.rw(NvmOpcode::Read, buf, size, file_offset, buf_offset)
+        self.rw(NvmOpcode::Read, buf, size, file_offset, buf_offset, Priority::Normal)
+    }
+
+    /// As [`read`](Self::read), of class `priority`: a latency-critical
+    /// read is never held back and large normal and background requests
+    /// make room for it; a large background read makes room for every
+    /// request that is not background (see [`HandleOptions::chunk_bytes`]).
+    pub fn read_with_priority(
+        &self,
+        buf: &BufferToken,
+        size: usize,
+        file_offset: u64,
+        buf_offset: usize,
+        priority: Priority,
+    ) -> Result<usize> {
+        self.rw(NvmOpcode::Read, buf, size, file_offset, buf_offset, priority)
+    }
+
+    /// As [`write`](Self::write), of class `priority` (see
+    /// [`read_with_priority`](Self::read_with_priority)).
+    pub fn write_with_priority(
+        &self,
+        buf: &BufferToken,
+        size: usize,
+        file_offset: u64,
+        buf_offset: usize,
+        priority: Priority,
+    ) -> Result<usize> {
+        self.rw(NvmOpcode::Write, buf, size, file_offset, buf_offset, priority)
     }
 
     /// Writes `size` bytes from the registered buffer, `buf_offset` bytes
     /// in, to `file_offset` of the namespace. Returns once the controller has
     /// completed every command.
     pub fn write(&self, buf: &BufferToken, size: usize, file_offset: u64, buf_offset: usize) -> Result<usize> {
-        self.rw(NvmOpcode::Write, buf, size, file_offset, buf_offset)
+        self.rw(NvmOpcode::Write, buf, size, file_offset, buf_offset, Priority::Normal)
     }
 
-    fn rw(&self, op: NvmOpcode, buf: &BufferToken, size: usize, file_offset: u64, buf_offset: usize) -> Result<usize> {
+    fn rw(
+        &self,
+        op: NvmOpcode,
+        buf: &BufferToken,
+        size: usize,
+        file_offset: u64,
+        buf_offset: usize,
+        prio: Priority,
+    ) -> Result<usize> {
         thread_local! {
             /// The buffer this thread's last request used.
             static RECENT: Cell<Option<Recent>> = const { Cell::new(None) };
@@ -155,7 +191,10 @@ impl Handle {
             // Cannot fail: the range was checked against the registration
             // and the chunker keeps each command within one PRP-list page.
             prp: Some(prp::plan(pages, PAGE_SIZE, c.data_off, c.len).expect("validated range plans")),
+            bytes: c.len as u32,
         };
+        let yield_now = |own| h.yields(prio, own);
+        let pacing = h.sched.pacing(prio, size, &yield_now);
         let q = h.next_sync_queue();
         let name = if op == NvmOpcode::Read { "Read" } else { "Write" };
         let (mode, timeout) = (h.opts.completion, h.opts.timeout);
@@ -163,9 +202,9 @@ impl Handle {
         // A page or less is one command (MDTS is at least a page): no
         // splitting to iterate.
         let r = if size <= PAGE_SIZE {
-            q.execute(std::iter::once(cmd(chunks.whole())), name, mode, timeout)
+            q.execute(std::iter::once(cmd(chunks.whole())), name, mode, timeout, pacing)
         } else {
-            q.execute(chunks.map(cmd), name, mode, timeout)
+            q.execute(chunks.map(cmd), name, mode, timeout, pacing)
         };
         RECENT.set(recent);
         match r {
@@ -179,8 +218,8 @@ impl Handle {
         let h = &*self.inner;
         let _in = h.enter()?;
         let q = h.next_sync_queue();
-        let cmd = Cmd { sqe: Sqe::flush(Cid(0), Nsid(h.ns.nsid)), prp: None };
-        let r = q.execute(std::iter::once(cmd), "Flush", h.opts.completion, h.opts.timeout);
+        let cmd = Cmd { sqe: Sqe::flush(Cid(0), Nsid(h.ns.nsid)), prp: None, bytes: 0 };
+        let r = q.execute(std::iter::once(cmd), "Flush", h.opts.completion, h.opts.timeout, Pacing::NONE);
         h.finish(q, r, "Flush", None).map(drop)
     }
 
@@ -195,8 +234,9 @@ impl Handle {
         let cmds = (0..blocks).step_by(65536).map(|b| Cmd {
             sqe: Sqe::write_zeroes(Cid(0), Nsid(h.ns.nsid), Lba(first + b), (blocks - b).min(65536) as u32),
             prp: None,
+            bytes: 0,
         });
-        let r = q.execute(cmds, "Write Zeroes", h.opts.completion, h.opts.timeout);
+        let r = q.execute(cmds, "Write Zeroes", h.opts.completion, h.opts.timeout, Pacing::NONE);
         h.finish(q, r, "Write Zeroes", None).map(drop)
     }
 

@@ -17,11 +17,13 @@
 
 mod api;
 mod options;
+mod scheduler;
 
 pub use api::Handle;
 pub use options::{
     Drain, HandleOptions, HandleState, QueueInfo, QueueLatency, QueueRole, QueueStats, QueueTrace, MAX_TRACE,
 };
+pub use scheduler::{Placement, Priority};
 use ugds_platform::Recover;
 
 use crate::driver::DriverInner;
@@ -29,7 +31,7 @@ use crate::engine::batch::BatchQueue;
 use crate::engine::chunk::{Chunk, Chunker};
 use crate::engine::hold::Hold;
 use crate::engine::stats::QueueCounters;
-use crate::engine::sync::{Cmd, Failure, SyncQueue};
+use crate::engine::sync::{Cmd, Failure, Pacing, SyncQueue};
 use crate::engine::trace::TraceEvent;
 use crate::engine::{Completion, Controller, ControllerInfo, NamespaceInfo, QueuePair};
 use crate::io_queue::IoQueue;
@@ -66,7 +68,8 @@ pub(crate) struct HandleInner {
     driver: Arc<DriverInner>,
     ns: NamespaceInfo,
     sync: ManuallyDrop<Box<[Arc<SyncQueue>]>>,
-    rr: AtomicUsize,
+    /// Places synchronous requests and paces the large ones.
+    pub sched: scheduler::Scheduler,
     pool: ManuallyDrop<Mutex<Vec<QueuePair>>>,
     batch: ManuallyDrop<Option<Arc<BatchQueue>>>,
     stream: Mutex<Option<StreamEngine>>,
@@ -231,7 +234,7 @@ impl HandleInner {
             driver,
             ns,
             sync: ManuallyDrop::new(sync),
-            rr: AtomicUsize::new(0),
+            sched: scheduler::Scheduler::new(opts.placement, opts.chunk_bytes, info.max_transfer),
             async_queues: pool.len(),
             publisher: Mutex::new(None),
             queues,
@@ -344,10 +347,13 @@ impl HandleInner {
     /// The synchronous queue for the next request, round robin.
     #[inline]
     pub fn next_sync_queue(&self) -> &SyncQueue {
-        match self.sync.len() {
-            1 => &self.sync[0],
-            n => &self.sync[self.rr.fetch_add(1, Ordering::Relaxed) % n],
-        }
+        self.sched.pick(&self.sync)
+    }
+
+    /// Whether an interleaved request of class `prio` with `own` bytes on
+    /// the queues yields now (see [`scheduler`]).
+    pub fn yields(&self, prio: Priority, own: u64) -> bool {
+        scheduler::Scheduler::yields(prio, &self.sync, own)
     }
 
     pub fn chunker(&self, file_offset: u64, data_off: usize, size: usize) -> Chunker {

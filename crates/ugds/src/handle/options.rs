@@ -1,6 +1,7 @@
 //! How a handle is set up, and what it reports about itself: its options,
 //! close modes, states and queues.
 
+use super::scheduler::Placement;
 use crate::engine::trace::{LatencyHistogram, TraceEvent};
 use crate::engine::{Completion, KernelRing};
 use std::time::Duration;
@@ -53,6 +54,13 @@ pub struct HandleOptions {
     /// (the default): not traced, at the cost of a branch per command. At
     /// most [`MAX_TRACE`].
     pub trace: usize,
+    /// How synchronous requests are placed on the queue pairs (see
+    /// [`Placement`]): on the least loaded by default.
+    pub placement: Placement,
+    /// Synchronous requests larger than this keep at most this many bytes
+    /// (whole commands, at least one) on the device while other work waits,
+    /// as their [`Priority`](crate::Priority) says; 0: never held back. [256 KiB]
+    pub chunk_bytes: usize,
 }
 
 /// The most commands a queue pair's trace keeps.
@@ -74,6 +82,8 @@ impl Default for HandleOptions {
             kernel_ring: KernelRing::Plain,
             stats_dir: None,
             trace: 0,
+            placement: Placement::LeastLoaded,
+            chunk_bytes: 256 << 10,
         }
     }
 }
@@ -177,6 +187,19 @@ impl HandleOptions {
     /// [`trace`](Self::trace); 0: none).
     pub fn trace(mut self, depth: usize) -> Self {
         self.trace = depth;
+        self
+    }
+
+    /// Sets how synchronous requests are placed (see [`Placement`]).
+    pub fn placement(mut self, placement: Placement) -> Self {
+        self.placement = placement;
+        self
+    }
+
+    /// Sets the size above which synchronous requests are interleaved
+    /// (see [`chunk_bytes`](Self::chunk_bytes); 0: never).
+    pub fn chunk_bytes(mut self, bytes: usize) -> Self {
+        self.chunk_bytes = bytes;
         self
     }
 }
