@@ -378,7 +378,9 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         .shadow_doorbells(o.shadow_doorbells)
         .kernel_ring(o.kernel_ring)
         .stats_dir(HandleOptions::from_env().stats_dir)
-        .trace(o.trace);
+        .trace(o.trace)
+        .placement(o.placement)
+        .chunk_bytes(o.chunk);
     let mut handle = target.open_handle(&driver, opts.clone()).map_err(|e| e.to_string())?;
     let mut shared_note = "";
     if lent && handle.queue_counts().1 < o.threads {

@@ -34,6 +34,10 @@ Options:
       --kernel-ring plain|sqpoll|iopoll  with --file: how its io_uring rings
                           run (sqpoll: a kernel thread takes submissions;
                           iopoll: completions polled from the device) [plain]
+      --placement least-loaded|round-robin  where synchronous requests go
+                          [least-loaded]
+      --chunk SIZE        synchronous requests above SIZE keep at most SIZE on
+                          the device while other work waits; 0: never [256k]
       --mixed             the scheduler's table: SIZE (the first -s) reads at
                           QD1 from one thread alone, then beside 1 MiB reads
                           at QD1 from another on the same handle, with round
@@ -107,6 +111,10 @@ pub(super) struct Opts {
     pub(super) trace: usize,
     /// The scheduler's mixed-workload table (`--mixed`).
     pub(super) mixed: bool,
+    /// Where synchronous requests go (`--placement`).
+    pub(super) placement: ugds::Placement,
+    /// The scheduler's interleaving chunk (`--chunk`).
+    pub(super) chunk: usize,
     pub(super) target: TargetOpts,
     /// Where to write every figure as JSON (`--json FILE`).
     pub(super) json: Option<std::path::PathBuf>,
@@ -133,6 +141,8 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
         force_queue: false,
         trace: HandleOptions::from_env().trace,
         mixed: false,
+        placement: ugds::Placement::LeastLoaded,
+        chunk: HandleOptions::default().chunk_bytes,
         target: TargetOpts::default(),
         json: None,
     };
@@ -178,6 +188,14 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
             Long("queue") => o.force_queue = true,
             Long("trace") => o.trace = p.value().map_err(err)?.parse().map_err(err)?,
             Long("mixed") => o.mixed = true,
+            Long("placement") => {
+                o.placement = match p.value().map_err(err)?.string().map_err(err)?.as_str() {
+                    "least-loaded" => ugds::Placement::LeastLoaded,
+                    "round-robin" => ugds::Placement::RoundRobin,
+                    v => return Err(format!("--placement {v}: least-loaded or round-robin")),
+                }
+            }
+            Long("chunk") => o.chunk = parse_size(&p.value().map_err(err)?.string().map_err(err)?)? as usize,
             Long("interrupt") => o.interrupt = true,
             Long("no-progress") => o.progress = false,
             Long("progress-lines") => o.progress_lines = true,
