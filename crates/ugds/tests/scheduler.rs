@@ -73,15 +73,16 @@ fn worst_window(large: &[TraceEvent], small: &[TraceEvent]) -> (usize, usize) {
 /// A device that transfers one command at a time (the emulator's bandwidth
 /// model) while one thread reads 4 MiB at a time and another 4 KiB: the
 /// large reads keep at most `chunk_bytes` (two 128 KiB commands) on the
-/// device while a small read waits, unless the small reads are background
-/// or the chunk is 0.
+/// device while a small read waits, one command when they are background
+/// and the small reads latency-critical, and all they can when the small
+/// reads are background or the chunk is 0.
 #[test]
 fn large_requests_keep_a_window_on_the_device_while_small_ones_wait() {
     let model = LatencyModel::new(Duration::from_micros(20), 1_000_000_000);
     // (chunk, class of the small reads, class of the large, window expected)
     let cases = [
         (256 << 10, Priority::Normal, Priority::Normal, Some(2)),
-        (256 << 10, Priority::Critical, Priority::Background, Some(2)),
+        (256 << 10, Priority::Critical, Priority::Background, Some(1)),
         (256 << 10, Priority::Background, Priority::Normal, None),
         (0, Priority::Normal, Priority::Normal, None),
     ];
@@ -89,9 +90,13 @@ fn large_requests_keep_a_window_on_the_device_while_small_ones_wait() {
         let o = opts().sync_queues(2).chunk_bytes(chunk).trace(4096);
         let (d, h, _emu) = open(small_emu().mdts(5).latency(Some(model)), o);
         let (a, b) = (Buf::new(&d, 4 << 20), Buf::new(&d, 4096));
-        let done = AtomicBool::new(false);
+        let (done, started) = (AtomicBool::new(false), AtomicBool::new(false));
         std::thread::scope(|s| {
             s.spawn(|| {
+                // The small reads run first: every large read overlaps them.
+                while !started.load(Ordering::SeqCst) {
+                    std::thread::yield_now();
+                }
                 for _ in 0..4 {
                     h.read_with_priority(&a.token, 4 << 20, 0, 0, large_prio).unwrap();
                 }
@@ -100,6 +105,7 @@ fn large_requests_keep_a_window_on_the_device_while_small_ones_wait() {
             let mut i = 0u64;
             while !done.load(Ordering::SeqCst) {
                 h.read_with_priority(&b.token, 4096, (8 << 20) + (i % 64) * 4096, 0, small_prio).unwrap();
+                started.store(true, Ordering::SeqCst);
                 i += 1;
             }
         });

@@ -193,7 +193,15 @@ impl Handle {
             prp: Some(prp::plan(pages, PAGE_SIZE, c.data_off, c.len).expect("validated range plans")),
             bytes: c.len as u32,
         };
-        let yield_now = |own| h.yields(prio, own);
+        // Once it has made room, a request keeps doing so (see the scheduler).
+        let yielded = Cell::new(false);
+        let yield_now = |own| {
+            yielded.get() || {
+                let y = h.yields(prio, own);
+                yielded.set(y);
+                y
+            }
+        };
         let pacing = h.sched.pacing(prio, size, &yield_now);
         let q = h.next_sync_queue();
         let name = if op == NvmOpcode::Read { "Read" } else { "Write" };
@@ -207,6 +215,9 @@ impl Handle {
             q.execute(chunks.map(cmd), name, mode, timeout, pacing)
         };
         RECENT.set(recent);
+        if prio == Priority::Critical {
+            h.sched.critical_done();
+        }
         match r {
             Ok(0) => Ok(size),
             r => h.finish(q, r, name, Some(guard)).map(|short| size.saturating_sub(short as usize)),

@@ -353,7 +353,7 @@ impl HandleInner {
     /// Whether an interleaved request of class `prio` with `own` bytes on
     /// the queues yields now (see [`scheduler`]).
     pub fn yields(&self, prio: Priority, own: u64) -> bool {
-        scheduler::Scheduler::yields(prio, &self.sync, own)
+        self.sched.yields(prio, &self.sync, own)
     }
 
     pub fn chunker(&self, file_offset: u64, data_off: usize, size: usize) -> Chunker {

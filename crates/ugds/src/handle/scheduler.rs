@@ -7,21 +7,26 @@
 //! per request; round robin, the other [`Placement`], takes a shared
 //! counter's increment per request).
 //!
-//! Interleaving: a request of more than `chunk_bytes` keeps at most that
-//! many bytes (whole commands, at least one) on the device while other work
-//! waits, so that small requests are not queued behind all of it on a
-//! device that serves commands in turn. What it waits for is its
-//! [`Priority`]: a normal request yields to other normal and to
-//! latency-critical synchronous requests on the handle, a background one to
-//! any that is not background, a latency-critical one to none. Both are read from the queues' loads (and
-//! background loads), which each queue keeps under its own lock: no class
-//! pays a shared write for it, and a request that is not interleaved does
-//! not look at all.
+//! Interleaving: a normal request of more than `chunk_bytes` keeps at most
+//! that many bytes (whole commands, at least one) on the device while other
+//! normal or latency-critical requests are on the handle, so that small
+//! requests are not queued behind all of it on a device that serves
+//! commands in turn; once it has made room it keeps doing so to its end (so
+//! that the gaps between another thread's requests do not let all of it
+//! through). A background request keeps one command on the device while
+//! any request that is not background is on the handle, or a
+//! latency-critical one finished less than a millisecond ago. A
+//! latency-critical request is never held back. All of this is read from
+//! the queues' loads (and background loads), which each queue keeps under
+//! its own lock: a normal or background request pays no shared write for
+//! it, a latency-critical one a clock read and a store when it finishes,
+//! and a request that is not interleaved does not look at all.
 
 use crate::engine::sync::{Pacing, SyncQueue};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// How synchronous requests are placed on the handle's queue pairs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -57,9 +62,20 @@ pub(crate) struct Scheduler {
     chunk_bytes: usize,
     /// Commands such a request keeps on the device while it yields.
     window_commands: u32,
+    /// Bytes of one command at most (a background request's window).
+    per_command: usize,
     /// The next queue, for round robin.
     rr: AtomicUsize,
+    /// When a latency-critical request last finished (nanoseconds from
+    /// `base`, plus one; 0: never).
+    critical_seen: AtomicU64,
+    base: Instant,
 }
+
+/// How long after a latency-critical request background requests still
+/// make room for the next (the gaps between one thread's requests would
+/// otherwise let a background request put all of itself on the device).
+const CRITICAL_RECENT: Duration = Duration::from_millis(1);
 
 thread_local! {
     /// This thread's own queue (an index, taken modulo the queue count).
@@ -84,7 +100,15 @@ impl Scheduler {
     pub fn new(placement: Placement, chunk_bytes: usize, max_transfer: Option<usize>) -> Scheduler {
         let per_command = max_transfer.unwrap_or(usize::MAX).max(1);
         let window_commands = (chunk_bytes / per_command).clamp(1, u32::MAX as usize) as u32;
-        Scheduler { placement, chunk_bytes, window_commands, rr: AtomicUsize::new(0) }
+        Scheduler {
+            placement,
+            chunk_bytes,
+            window_commands,
+            per_command,
+            rr: AtomicUsize::new(0),
+            critical_seen: AtomicU64::new(0),
+            base: Instant::now(),
+        }
     }
 
     /// The queue for the next request.
@@ -117,19 +141,36 @@ impl Scheduler {
     /// is where the caller keeps [`yields`](Self::yields) for it.
     #[inline]
     pub fn pacing<'a>(&self, prio: Priority, size: usize, yield_now: &'a dyn Fn(u64) -> bool) -> Pacing<'a> {
-        let background = prio == Priority::Background;
-        let interleaved = self.chunk_bytes > 0 && size > self.chunk_bytes && prio != Priority::Critical;
-        Pacing { background, window: interleaved.then_some((self.window_commands, yield_now)) }
+        let window = match prio {
+            _ if self.chunk_bytes == 0 => None,
+            Priority::Critical => None,
+            Priority::Normal => (size > self.chunk_bytes).then_some(self.window_commands),
+            // One command at a time while it yields.
+            Priority::Background => (size > self.per_command).then_some(1),
+        };
+        Pacing { background: prio == Priority::Background, window: window.map(|n| (n, yield_now)) }
     }
 
     /// Whether a request of class `prio` whose own bytes on `queues` are
     /// `own` yields now (see the module docs).
-    pub fn yields(prio: Priority, queues: &[Arc<SyncQueue>], own: u64) -> bool {
+    pub fn yields(&self, prio: Priority, queues: &[Arc<SyncQueue>], own: u64) -> bool {
         let (all, background) = queues.iter().fold((0, 0), |(a, b), q| (a + q.load(), b + q.background_load()));
         match prio {
             Priority::Critical => false,
             Priority::Normal => all - background > own,
-            Priority::Background => all > background,
+            Priority::Background => all > background || self.critical_recently(),
+        }
+    }
+
+    /// Notes that a latency-critical request finished now.
+    pub fn critical_done(&self) {
+        self.critical_seen.store(self.base.elapsed().as_nanos() as u64 + 1, Relaxed);
+    }
+
+    fn critical_recently(&self) -> bool {
+        match self.critical_seen.load(Relaxed) {
+            0 => false,
+            t => (self.base.elapsed().as_nanos() as u64 + 1).saturating_sub(t) < CRITICAL_RECENT.as_nanos() as u64,
         }
     }
 }
@@ -152,6 +193,9 @@ mod tests {
         assert!(s.pacing(Priority::Critical, 1 << 30, &never).window.is_none());
         let b = s.pacing(Priority::Background, 4096, &never);
         assert!(b.background && b.window.is_none(), "small background requests count as background load");
+        let s = Scheduler::new(Placement::LeastLoaded, 256 << 10, Some(128 << 10));
+        let b = s.pacing(Priority::Background, (128 << 10) + 512, &never);
+        assert_eq!(b.window.map(|(n, _)| n), Some(1), "a background request: one command at a time");
         let off = Scheduler::new(Placement::LeastLoaded, 0, None);
         assert!(off.pacing(Priority::Background, 1 << 30, &never).window.is_none());
     }
