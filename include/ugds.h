@@ -267,6 +267,23 @@ uGDSError_t uGDSRDMAUnregister(const void *base, uGDSRDMARegion_t *region);
 ssize_t uGDSRead(uGDSHandle_t fh, void *base, size_t size, off_t file_offset, off_t buf_offset);
 ssize_t uGDSWrite(uGDSHandle_t fh, const void *base, size_t size, off_t file_offset, off_t buf_offset);
 
+/* Vectored I/O (an extension): size bytes at buf_offset into the buffer
+ * registered at base, for each segment. */
+typedef struct ugds_segment {
+    void *base;
+    off_t buf_offset;
+    size_t size;
+} ugds_segment_t;
+#define UGDS_MAX_SEGMENTS 256
+/* The sum of the segments' sizes at file_offset, to or from the segments in
+ * order, as one request. Each segment lies in a registered buffer (host or
+ * GPU; uGDSBufRegister) and is a non-zero multiple of the block size; a
+ * read's segments may not overlap; count is 1 to UGDS_MAX_SEGMENTS. Bytes
+ * moved, or a negative error (-EINVAL for a bad list, with nothing
+ * submitted; ugds_last_error() says which segment). */
+ssize_t uGDSReadv(uGDSHandle_t fh, const ugds_segment_t *segs, int count, off_t file_offset);
+ssize_t uGDSWritev(uGDSHandle_t fh, const ugds_segment_t *segs, int count, off_t file_offset);
+
 /* nr: 1 to UGDS_MAX_BATCH_IO. A handle's batches are destroyed with it. */
 uGDSError_t uGDSBatchIOSetUp(uGDSBatchHandle_t *batch, uGDSHandle_t fh, unsigned nr);
 uGDSError_t uGDSBatchIOSubmit(uGDSBatchHandle_t batch, unsigned nr, uGDSIOParams_t *params, unsigned flags);

@@ -90,6 +90,29 @@ class Host(unittest.TestCase):
         self.drv.deregister(buf)
         h.close()
 
+    def test_vectored_io_moves_segments_as_one_range(self):
+        a, b = bytearray(65536), bytearray(65536)
+        ba, bb = self.drv.register(a), self.drv.register(b)
+        a[0:4096] = pattern(5, 4096)
+        b[8192:16384] = pattern(6, 8192)
+        self.assertEqual(self.h.writev([(bb, 8192, 8192), (ba, 0, 4096)], 1 << 20), 12288)
+        out = bytearray(12288)
+        bo = self.drv.register(out)
+        self.assertEqual(self.h.read(bo, 12288, 1 << 20), 12288)
+        self.assertEqual(bytes(out), pattern(6, 8192) + pattern(5, 4096))
+        a[:] = bytes(65536)
+        b[:] = bytes(65536)
+        self.assertEqual(self.h.readv([(ba, 4096, 4096), (bb, 0, 8192)], 1 << 20), 12288)
+        self.assertEqual(bytes(a[4096:8192]), pattern(6, 8192)[:4096])
+        self.assertEqual(bytes(b[0:4096]), pattern(6, 8192)[4096:])
+        self.assertEqual(bytes(b[4096:8192]), pattern(5, 4096))
+        with self.assertRaises(ugds.InvalidArgument):
+            self.h.readv([(ba, 0, 8192), (ba, 4096, 4096)], 0)  # overlapping
+        with self.assertRaises(ugds.InvalidArgument):
+            self.h.readv([], 0)
+        for buf in (ba, bb, bo):
+            self.drv.deregister(buf)
+
     def test_registered_bytearray_cannot_be_resized(self):
         mem = bytearray(65536)
         buf = self.drv.register(mem)

@@ -163,6 +163,19 @@ pub struct ugds_queue_stats_t {
     pub interrupts: u64,
 }
 
+/// `ugds_segment_t`: a piece of a registered buffer for `uGDSReadv` and
+/// `uGDSWritev` (an extension).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ugds_segment_t {
+    pub base: *mut c_void,
+    pub buf_offset: off_t,
+    pub size: size_t,
+}
+
+/// The most segments one vectored call takes (`UGDS_MAX_SEGMENTS`).
+pub const MAX_SEGMENTS: c_int = 256;
+
 /// `role` values of `ugds_queue_stats_t`.
 pub const UGDS_QUEUE_SYNC: u16 = 0;
 pub const UGDS_QUEUE_BATCH: u16 = 1;
@@ -232,6 +245,7 @@ layouts! {
     ugds_queue_stats_t { qid => "qid", role => "role", submitted => "submitted", completed => "completed",
         in_flight => "in_flight", bytes_read => "bytes_read", bytes_written => "bytes_written", errors => "errors",
         timeouts => "timeouts", doorbell_writes => "doorbell_writes", interrupts => "interrupts" }
+    ugds_segment_t { base => "base", buf_offset => "buf_offset", size => "size" }
 }
 
 fn constant(n: &str) -> Option<c_long> {
@@ -295,6 +309,7 @@ fn constant(n: &str) -> Option<c_long> {
         "UGDS_BATCH_TIMEOUT" => BATCH_TIMEOUT,
         "UGDS_BATCH_FAILED" => BATCH_FAILED,
         "UGDS_MAX_BATCH_IO" => MAX_BATCH_IO,
+        "UGDS_MAX_SEGMENTS" => MAX_SEGMENTS,
         "NVM_MAP_DMABUF" | "UGDS_REGISTER_DMABUF" => NVM_MAP_DMABUF,
         "NVM_MAP_RDMA" => NVM_MAP_RDMA,
         "NVM_MAP_FORCE_CUDA" => NVM_MAP_FORCE_CUDA,

@@ -143,3 +143,90 @@ pub unsafe extern "C" fn uGDSWrite(
 ) -> ssize_t {
     guard(neg(op::INTERNAL_ERROR), || sync_io(fh, base, size, file_offset, buf_offset, true))
 }
+
+/// A vectored read or write: the segments, checked and found in their
+/// registrations, as one request.
+pub(crate) fn vectored_io(
+    fh: *mut c_void,
+    segs: *const abi::ugds_segment_t,
+    count: c_int,
+    file_offset: off_t,
+    write: bool,
+) -> ssize_t {
+    if segs.is_null() || count <= 0 || count > abi::MAX_SEGMENTS || file_offset < 0 {
+        remember(format!(
+            "a vectored call takes 1 to {} segments (not {count}, or a null list) and a non-negative offset",
+            abi::MAX_SEGMENTS
+        ));
+        return neg(libc::EINVAL);
+    }
+    let (h, driver) = match lookup(fh) {
+        Ok(x) => x,
+        Err(c) => {
+            remember("no such handle".into());
+            return neg(c);
+        }
+    };
+    // SAFETY: the caller's array of `count` segments (checked non-null and
+    // counted above), valid for the call.
+    let list = unsafe { std::slice::from_raw_parts(segs, count as usize) };
+    let mut found = Vec::with_capacity(list.len());
+    for (i, s) in list.iter().enumerate() {
+        if s.base.is_null() || s.buf_offset < 0 {
+            remember(format!("segment {i}: null base or negative offset"));
+            return neg(libc::EINVAL);
+        }
+        let Some(t) = driver.token_containing(s.base.cast()) else {
+            remember(format!("segment {i}: {:p} is not in a registered buffer (uGDSBufRegister it first)", s.base));
+            return neg(libc::EINVAL);
+        };
+        let Some(off) = (s.base as usize - t.base).checked_add(s.buf_offset as usize) else {
+            remember(format!("segment {i}: offset wraps the address space"));
+            return neg(libc::EINVAL);
+        };
+        found.push((t, off, s.size));
+    }
+    let segments: Vec<ugds::Segment> = found.iter().map(|(t, off, len)| ugds::Segment::new(t, *off, *len)).collect();
+    let r = if write { h.writev(&segments, file_offset as u64) } else { h.readv(&segments, file_offset as u64) };
+    match r {
+        Ok(n) => n as ssize_t,
+        Err(e) => {
+            let n = match e {
+                Error::Closed => neg(op::HANDLE_NOT_REGISTERED),
+                ref other => neg(other.errno()),
+            };
+            remember(e.to_string());
+            n
+        }
+    }
+}
+
+/// Vectored read (an extension): bytes read, or a negative errno.
+///
+/// # Safety
+/// `segs` is null (refused) or valid for reads of `count` segments; each
+/// segment's memory is valid for writes of its size, and stays so until
+/// the call returns.
+#[no_mangle]
+pub unsafe extern "C" fn uGDSReadv(
+    fh: *mut c_void,
+    segs: *const abi::ugds_segment_t,
+    count: c_int,
+    file_offset: off_t,
+) -> ssize_t {
+    guard(neg(op::INTERNAL_ERROR), || vectored_io(fh, segs, count, file_offset, false))
+}
+
+/// Vectored write (an extension): bytes written, or a negative errno.
+///
+/// # Safety
+/// As [`uGDSReadv`], each segment's memory valid for reads.
+#[no_mangle]
+pub unsafe extern "C" fn uGDSWritev(
+    fh: *mut c_void,
+    segs: *const abi::ugds_segment_t,
+    count: c_int,
+    file_offset: off_t,
+) -> ssize_t {
+    guard(neg(op::INTERNAL_ERROR), || vectored_io(fh, segs, count, file_offset, true))
+}

@@ -113,6 +113,23 @@ fn bench_stops_after_a_byte_count() {
     assert_eq!(ios, 40, "{line}");
 }
 
+/// The scheduler's and the vectored workloads print their tables.
+#[test]
+fn mixed_and_vectored_workloads_print_their_rows() {
+    let (ok, out, err) = ugds(&["bench", "--mixed", "--emu-memory", "--emu-size", "64M", "-d", "0.2"]);
+    assert!(ok, "{err}");
+    for row in ["alone", "round robin", "scheduler", "priorities"] {
+        let line = out.lines().find(|l| l.starts_with(row)).unwrap_or_else(|| panic!("no {row} row: {out}"));
+        assert!(line.ends_with('x'), "{line}");
+    }
+    let (ok, out, err) = ugds(&["bench", "--vectored", "8", "-s", "16k", "--emu-null", "-d", "0.2"]);
+    assert!(ok, "{err}");
+    for row in ["readv, one call", "separate calls"] {
+        let line = out.lines().find(|l| l.starts_with(row)).unwrap_or_else(|| panic!("no {row} row: {out}"));
+        assert!(line.contains("segments/s") && line.contains("ns CPU per segment"), "{line}");
+    }
+}
+
 #[test]
 fn bad_arguments_are_refused() {
     for args in [
@@ -123,6 +140,10 @@ fn bad_arguments_are_refused() {
         &["bench", "--verify", "--emu-null"],
         &["bench", "--batch", "0"],
         &["bench", "--batch", "4", "--stream"],
+        &["bench", "--vectored", "0"],
+        &["bench", "--vectored", "257"],
+        &["bench", "--mixed", "--verify"],
+        &["bench", "--placement", "random"],
         &["identify", "--emu-block", "1024"],
         &["nonsense"],
     ] {

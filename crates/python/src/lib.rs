@@ -97,6 +97,17 @@ fn options(interrupt: bool) -> HandleOptions {
     o
 }
 
+/// The registrations of a vectored call's segments, each checked live.
+fn segment_tokens(py: Python<'_>, segments: &[(PyRef<'_, Buffer>, usize, usize)]) -> PyResult<Vec<ugds::BufferToken>> {
+    segments
+        .iter()
+        .map(|(b, _, _)| {
+            b.check(py)?;
+            Ok(b.token)
+        })
+        .collect()
+}
+
 /// A queue role's name in the dicts handed to Python.
 fn role_name(role: ugds::QueueRole) -> &'static str {
     match role {
@@ -420,6 +431,36 @@ impl Handle {
         buf.check(py)?;
         let t = buf.token;
         py.allow_threads(|| self.inner.write(&t, size, file_offset, buf_offset)).map_err(err)
+    }
+
+    /// Reads the range at `file_offset` into `segments`, a list of
+    /// (buffer, offset, length) filled in order, as one request; returns
+    /// the bytes read. A bad list (empty, over 256 segments, a length not
+    /// of whole blocks, overlapping segments) raises with nothing read.
+    fn readv(
+        &self,
+        py: Python<'_>,
+        segments: Vec<(PyRef<'_, Buffer>, usize, usize)>,
+        file_offset: u64,
+    ) -> PyResult<usize> {
+        let tokens = segment_tokens(py, &segments)?;
+        let segs: Vec<ugds::Segment> =
+            tokens.iter().zip(&segments).map(|(t, (_, off, len))| ugds::Segment::new(t, *off, *len)).collect();
+        py.allow_threads(|| self.inner.readv(&segs, file_offset)).map_err(err)
+    }
+
+    /// Writes `segments`, a list of (buffer, offset, length), in order to
+    /// the range at `file_offset`, as one request; returns the bytes written.
+    fn writev(
+        &self,
+        py: Python<'_>,
+        segments: Vec<(PyRef<'_, Buffer>, usize, usize)>,
+        file_offset: u64,
+    ) -> PyResult<usize> {
+        let tokens = segment_tokens(py, &segments)?;
+        let segs: Vec<ugds::Segment> =
+            tokens.iter().zip(&segments).map(|(t, (_, off, len))| ugds::Segment::new(t, *off, *len)).collect();
+        py.allow_threads(|| self.inner.writev(&segs, file_offset)).map_err(err)
     }
 
     /// Flushes the device's volatile write cache.

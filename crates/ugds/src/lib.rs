@@ -70,7 +70,7 @@ pub use engine::KernelRing;
 pub use engine::{BatchEvent, BatchStatus, Completion, ControllerInfo, NamespaceInfo};
 pub use handle::{
     Drain, Handle, HandleOptions, HandleState, Placement, Priority, QueueInfo, QueueLatency, QueueRole, QueueStats,
-    QueueTrace, MAX_TRACE,
+    QueueTrace, Segment, MAX_SEGMENTS, MAX_TRACE,
 };
 pub use io_queue::IoQueue;
 pub use registry::BufferToken;

@@ -81,10 +81,15 @@ int main(void) {
     FIELD(ugds_queue_stats_t, timeouts);
     FIELD(ugds_queue_stats_t, doorbell_writes);
     FIELD(ugds_queue_stats_t, interrupts);
+    SIZE(ugds_segment_t);
+    FIELD(ugds_segment_t, base);
+    FIELD(ugds_segment_t, buf_offset);
+    FIELD(ugds_segment_t, size);
 
     CONST(UGDSOP_BASE_ERR);
     CONST(UGDS_SUCCESS);
     CONST(UGDS_QUEUE_SYNC);
+    CONST(UGDS_MAX_SEGMENTS);
     CONST(UGDS_QUEUE_BATCH);
     CONST(UGDS_QUEUE_LENDABLE);
     CONST(UGDS_DRIVER_NOT_INITIALIZED);

@@ -68,6 +68,35 @@ int main(void) {
     CHECK_ERR(uGDSGetQueueStats(fh, NULL, 1, &again), UGDS_INVALID_VALUE);
     CHECK_ERR(uGDSGetQueueStats(fh, qs, nq, NULL), UGDS_INVALID_VALUE);
 
+    /* Vectored: three pieces of the buffer, out of order, written as one
+     * range and read back into other pieces. */
+    fill(buf, 3 * 65536, 7, 0);
+    ugds_segment_t w[3] = {{buf, 2 * 65536, 65536}, {buf, 0, 4096}, {buf + 65536, 512, 8192}};
+    CHECK_RET(uGDSWritev(fh, w, 3, 8 * MIB), 65536 + 4096 + 8192);
+    CHECK(pread(fd, check, 65536, 8 * MIB) == 65536 && same(check, 65536, 7, 2 * 65536));
+    CHECK(pread(fd, check, 4096, 8 * MIB + 65536) == 4096 && same(check, 4096, 7, 0));
+    CHECK(pread(fd, check, 8192, 8 * MIB + 65536 + 4096) == 8192 && same(check, 8192, 7, 65536 + 512));
+    memset(buf, 0, MIB);
+    ugds_segment_t r[2] = {{buf, 4 * 65536, 4096}, {buf, 0, 65536 + 8192}};
+    CHECK_RET(uGDSReadv(fh, r, 2, 8 * MIB), 65536 + 4096 + 8192);
+    CHECK(same(buf + 4 * 65536, 4096, 7, 2 * 65536));
+    CHECK(same(buf, 61440, 7, 2 * 65536 + 4096) && same(buf + 61440, 4096, 7, 0));
+    CHECK(same(buf + 65536, 8192, 7, 65536 + 512));
+    /* Bad lists: -EINVAL, nothing read. */
+    ugds_segment_t overlap[2] = {{buf, 0, 8192}, {buf, 4096, 4096}};
+    CHECK_RET(uGDSReadv(fh, overlap, 2, 0), -EINVAL);
+    CHECK(strstr(ugds_last_error(), "overlap") != NULL);
+    CHECK_RET(uGDSReadv(fh, r, 0, 0), -EINVAL);
+    CHECK_RET(uGDSReadv(fh, r, UGDS_MAX_SEGMENTS + 1, 0), -EINVAL);
+    CHECK_RET(uGDSReadv(fh, NULL, 1, 0), -EINVAL);
+    unsigned char *stray = malloc(8192);
+    ugds_segment_t unreg[2] = {{buf, 0, 4096}, {stray, 0, 4096}};
+    CHECK_RET(uGDSReadv(fh, unreg, 2, 0), -EINVAL);
+    CHECK(strstr(ugds_last_error(), "segment 1") != NULL);
+    ugds_segment_t odd[1] = {{buf, 0, 1000}};
+    CHECK_RET(uGDSWritev(fh, odd, 1, 0), -EINVAL);
+    free(stray);
+
     CHECK_ERR(uGDSBufDeregister(buf), UGDS_SUCCESS);
     CHECK_ERR(uGDSHandleDeregisterEx(fh, 0), UGDS_SUCCESS);
     CHECK_ERR(uGDSDriverClose(), UGDS_SUCCESS);

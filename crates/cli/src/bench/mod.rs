@@ -13,6 +13,7 @@ mod queue;
 mod report;
 mod stream;
 mod sync;
+mod vectored;
 
 pub use options::HELP;
 use options::{parse, Mode, Opts};
@@ -344,6 +345,9 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     let target = target::open(&o.target)?;
     if o.mixed {
         return mixed::run(&o, &target, &Driver::open());
+    }
+    if let Some(n) = o.vectored {
+        return vectored::run(&o, &target, &Driver::open(), n);
     }
     let max_size = *o.sizes.iter().max().expect("at least one size");
     let t_setup = Instant::now();

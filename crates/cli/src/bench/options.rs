@@ -44,6 +44,9 @@ Options:
                           robin, with the scheduler, and with priorities
                           (small latency-critical, large background); their
                           p50/p99 and the large reads' MiB/s
+      --vectored N        N segments of SIZE (the first -s), scattered in one
+                          buffer, read as one call (readv) against N calls
+                          (segments/s, CPU time per segment)
       --trace N           the library traces each queue's last N commands and
                           counts their latencies (two clock reads a command);
                           printed per queue after the runs [UGDS_TRACE, or 0]
@@ -111,6 +114,8 @@ pub(super) struct Opts {
     pub(super) trace: usize,
     /// The scheduler's mixed-workload table (`--mixed`).
     pub(super) mixed: bool,
+    /// Vectored reads of this many segments against separate calls (`--vectored N`).
+    pub(super) vectored: Option<usize>,
     /// Where synchronous requests go (`--placement`).
     pub(super) placement: ugds::Placement,
     /// The scheduler's interleaving chunk (`--chunk`).
@@ -141,6 +146,7 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
         force_queue: false,
         trace: HandleOptions::from_env().trace,
         mixed: false,
+        vectored: None,
         placement: ugds::Placement::LeastLoaded,
         chunk: HandleOptions::default().chunk_bytes,
         target: TargetOpts::default(),
@@ -188,6 +194,13 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
             Long("queue") => o.force_queue = true,
             Long("trace") => o.trace = p.value().map_err(err)?.parse().map_err(err)?,
             Long("mixed") => o.mixed = true,
+            Long("vectored") => {
+                let n: usize = p.value().map_err(err)?.parse().map_err(err)?;
+                if n == 0 || n > ugds::MAX_SEGMENTS {
+                    return Err(format!("--vectored {n}: 1 to {} segments", ugds::MAX_SEGMENTS));
+                }
+                o.vectored = Some(n);
+            }
             Long("placement") => {
                 o.placement = match p.value().map_err(err)?.string().map_err(err)?.as_str() {
                     "least-loaded" => ugds::Placement::LeastLoaded,
@@ -221,8 +234,9 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
     if o.stream && !o.batches.is_empty() {
         return Err("--batch and --stream are separate modes".into());
     }
-    if o.mixed && (o.verify || o.stream || !o.batches.is_empty() || o.mode != Mode::RandRead) {
-        return Err("--mixed runs random reads of its own: no --verify, --stream, --batch or --mode".into());
+    if (o.mixed || o.vectored.is_some()) && (o.verify || o.stream || !o.batches.is_empty() || o.mode != Mode::RandRead)
+    {
+        return Err("--mixed and --vectored run reads of their own: no --verify, --stream, --batch or --mode".into());
     }
     if o.verify && o.target.null {
         return Err("--verify needs a namespace that keeps data (not --emu-null)".into());

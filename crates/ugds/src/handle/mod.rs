@@ -18,6 +18,7 @@
 mod api;
 mod options;
 mod scheduler;
+mod vectored;
 
 pub use api::Handle;
 pub use options::{
@@ -25,6 +26,7 @@ pub use options::{
 };
 pub use scheduler::{Placement, Priority};
 use ugds_platform::Recover;
+pub use vectored::{Segment, MAX_SEGMENTS};
 
 use crate::driver::DriverInner;
 use crate::engine::batch::BatchQueue;
@@ -344,7 +346,7 @@ impl HandleInner {
         map.retain(|_, t| self.driver.registry.remove(t).is_err());
     }
 
-    /// The synchronous queue for the next request, round robin.
+    /// The synchronous queue for the next request, as the scheduler places it.
     #[inline]
     pub fn next_sync_queue(&self) -> &SyncQueue {
         self.sched.pick(&self.sync)
@@ -431,7 +433,7 @@ impl HandleInner {
         q: &SyncQueue,
         r: std::result::Result<u64, Failure>,
         op: &'static str,
-        guard: Option<BufGuard>,
+        guard: impl IntoIterator<Item = BufGuard>,
     ) -> Result<u64> {
         match r {
             Ok(short) => Ok(short),

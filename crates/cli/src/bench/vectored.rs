@@ -1,0 +1,90 @@
+//! `ugds bench --vectored N`: N scattered segments read as one call
+//! (`Handle::readv`) against N separate calls, from one thread.
+
+use super::*;
+use ugds::Segment;
+
+/// CPU time (user + system) this process has used.
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage writes the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF with a valid out pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+pub(super) fn run(o: &Opts, target: &target::Target, driver: &Driver, n: usize) -> Result<(), String> {
+    let size = o.sizes[0];
+    let opts = HandleOptions::default()
+        .nsid(o.target.nsid)
+        .sync_queues(1)
+        .async_queues(0)
+        .batch_queue(false)
+        .completion(if o.interrupt { Completion::Interrupt } else { Completion::Poll });
+    let handle = target.open_handle(driver, opts).map_err(|e| e.to_string())?;
+    let ns = handle.namespace();
+    let total = n * size;
+    let range = o.range.unwrap_or(ns.capacity()).min(ns.capacity());
+    if size % ns.block_size as usize != 0 || total as u64 > range {
+        return Err(format!("{n} segments of {size} bytes must be whole blocks and fit the namespace"));
+    }
+    // The segments lie every other slot of a buffer twice their total, in
+    // reverse: scattered, as KV-cache blocks are.
+    let mut mem = HostBuffer::new(2 * total).map_err(|e| e.to_string())?;
+    // SAFETY: `mem` outlives the registration (deregistered below).
+    let token = unsafe { driver.register(mem.as_mut_ptr(), mem.len()) }.map_err(|e| e.to_string())?;
+    let segs: Vec<Segment> = (0..n).map(|i| Segment::new(&token, (2 * (n - 1 - i)) * size, size)).collect();
+    println!("target   {}", target.description);
+    println!(
+        "vectored {n} segments of {} scattered in one buffer, one thread, {:.1} s each",
+        fmt_bytes(size as u64),
+        o.duration.as_secs_f64()
+    );
+    let extents = (range / total as u64).max(1);
+    let mut rows = Vec::new();
+    for (name, one_call) in [("readv, one call", true), ("separate calls", false)] {
+        let (start, cpu0) = (Instant::now(), cpu_time());
+        let (mut calls, mut k) = (0u64, 0u64);
+        while start.elapsed() < o.duration {
+            let off = (k % extents) * total as u64;
+            k += 1;
+            if one_call {
+                handle.readv(&segs, off).map_err(|e| format!("readv: {e}"))?;
+            } else {
+                for (i, s) in segs.iter().enumerate() {
+                    handle.read(&token, size, off + (i * size) as u64, s.offset).map_err(|e| format!("read: {e}"))?;
+                }
+            }
+            calls += 1;
+        }
+        let (secs, cpu) = (start.elapsed().as_secs_f64(), (cpu_time() - cpu0).as_secs_f64());
+        let segments = calls * n as u64;
+        println!(
+            "{name:<16} {:>12.0} segments/s {:>10.1} MiB/s {:>8.1} us per {n} segments {:>8.0} ns CPU per segment",
+            segments as f64 / secs,
+            (segments * size as u64) as f64 / secs / (1 << 20) as f64,
+            secs * 1e6 / calls as f64,
+            cpu * 1e9 / segments as f64
+        );
+        rows.push(serde_json::json!({
+            "how": name, "segments": n, "size": size, "seconds": secs, "segments_per_s": segments as f64 / secs,
+            "cpu_ns_per_segment": cpu * 1e9 / segments as f64,
+        }));
+    }
+    println!("         (CPU: the whole process's user and system time, an emulated controller's thread included)");
+    if o.target.null {
+        println!("         (null emulator: no data was moved; the cost of the driver alone)");
+    }
+    if let Some(path) = &o.json {
+        let doc = serde_json::json!({
+            "ugds_version": env!("CARGO_PKG_VERSION"), "workload": "vectored", "target": target.description,
+            "machine": crate::machine(), "runs": rows,
+        });
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+        std::fs::write(path, text + "\n").map_err(|e| format!("--json {}: {e}", path.display()))?;
+    }
+    driver.deregister(&token).map_err(|e| e.to_string())?;
+    drop(mem);
+    handle.close(ugds::Drain::Forever).map_err(|e| e.to_string())
+}

@@ -1,0 +1,87 @@
+//! Vectored synchronous I/O (`Handle::readv`, `Handle::writev`): one range
+//! of the namespace to or from many buffer segments, and every bad segment
+//! list refused with nothing submitted.
+
+mod common;
+use common::*;
+use ugds::{Error, QueueStats, Segment, MAX_SEGMENTS};
+
+fn submitted(h: &ugds::Handle) -> u64 {
+    QueueStats::total(&h.queue_stats()).unwrap().submitted
+}
+
+#[test]
+fn segments_in_any_order_map_to_consecutive_bytes_of_the_namespace() {
+    let (d, h, _e) = open(small_emu().mdts(2), opts()); // 16 KiB per command
+    let mut a = Buf::new(&d, 1 << 20);
+    let mut b = Buf::new(&d, 256 << 10);
+    // 64 segments of 16 KiB, taken from the end of `a` backwards, then two
+    // of `b` at odd (but dword-aligned) offsets that cross pages.
+    let mut segs: Vec<Segment> = (0..64).map(|i| Segment::new(&a.token, (63 - i) * 16384, 16384)).collect();
+    segs.push(Segment::new(&b.token, 4100, 8192));
+    segs.push(Segment::new(&b.token, 65540, 4608));
+    let total: usize = segs.iter().map(|s| s.len).sum();
+    let want = pattern(9, 4096, total);
+    // Lay the pattern out in the segments, in order.
+    let mut at = 0;
+    for s in &segs {
+        let mem = if s.buf.base == a.token.base { &mut a.mem } else { &mut b.mem };
+        mem[s.offset..s.offset + s.len].copy_from_slice(&want[at..at + s.len]);
+        at += s.len;
+    }
+    assert_eq!(h.writev(&segs, 4096).unwrap(), total);
+    // One contiguous read sees the segments back to back.
+    let r = Buf::new(&d, total.next_multiple_of(4096));
+    h.read(&r.token, total, 4096, 0).unwrap();
+    assert!(r.mem[..total] == want[..], "the namespace holds the segments in order");
+    // And a vectored read puts each piece where it came from.
+    a.mem.fill(0);
+    b.mem.fill(0);
+    assert_eq!(h.readv(&segs, 4096).unwrap(), total);
+    let mut at = 0;
+    for (i, s) in segs.iter().enumerate() {
+        let mem = if s.buf.base == a.token.base { &a.mem } else { &b.mem };
+        assert!(mem[s.offset..s.offset + s.len] == want[at..at + s.len], "segment {i}");
+        at += s.len;
+    }
+    assert_eq!(b.mem[4096..4100], [0; 4], "nothing outside the segments is written");
+}
+
+#[test]
+fn a_bad_segment_list_is_refused_with_nothing_submitted() {
+    let (d, h, _e) = open(small_emu(), opts());
+    let a = Buf::new(&d, 65536);
+    let before = submitted(&h);
+    let one = |off, len| Segment::new(&a.token, off, len);
+    let too_many = vec![one(0, 512); MAX_SEGMENTS + 1];
+    let cases: Vec<(&str, Vec<Segment>, u64)> = vec![
+        ("no segments", vec![], 0),
+        ("too many", too_many, 0),
+        ("an empty segment", vec![one(0, 4096), one(4096, 0)], 0),
+        ("a length not of whole blocks", vec![one(0, 4096), one(4096, 1000)], 0),
+        ("overlapping on a read", vec![one(0, 8192), one(4096, 4096)], 0),
+        ("outside the registration", vec![one(0, 4096), one(65536 - 512, 1024)], 0),
+        ("not dword-aligned", vec![one(2, 512)], 0),
+        ("past the namespace", vec![one(0, 8192)], (16 << 20) - 4096),
+        ("a misaligned namespace offset", vec![one(0, 512)], 100),
+    ];
+    for (what, segs, off) in cases {
+        let e = h.readv(&segs, off).unwrap_err();
+        assert!(!matches!(e, Error::Wedged | Error::Closed), "{what}: {e}");
+        assert_eq!(e.errno(), libc::EINVAL, "{what}: {e}");
+        assert_eq!(submitted(&h), before, "{what}: nothing submitted");
+    }
+    // A write may repeat bytes: the same segment twice is fine there.
+    let segs = [one(0, 4096), one(0, 4096)];
+    assert_eq!(h.writev(&segs, 0).unwrap(), 8192);
+    // A deregistered buffer is refused too, after the others were claimed.
+    let gone = Buf::new(&d, 4096);
+    let token = gone.token;
+    drop(gone);
+    let before = submitted(&h);
+    assert!(h.readv(&[one(0, 4096), Segment::new(&token, 0, 4096)], 0).is_err());
+    assert_eq!(submitted(&h), before);
+    // ...and the claims taken before the refusal were let go.
+    d.deregister(&a.token).unwrap();
+    std::mem::forget(a);
+}
