@@ -149,6 +149,43 @@ fn device_memory_reads_and_writes_across_prp_boundaries() {
     d.deregister(&t).unwrap();
 }
 
+/// KV-cache blocks scattered in GPU memory: one range of the namespace read
+/// into 32 segments of 16 KiB in reverse order, and written back from them,
+/// on the emulated controller and on the kernel path.
+#[test]
+fn vectored_io_scatters_into_and_gathers_from_gpu_memory() {
+    let Some(cuda) = cuda() else { return };
+    let path = std::env::temp_dir().join(format!("ugds-gpu-vectored-{}.img", std::process::id()));
+    std::fs::write(&path, pattern(21, 0, 4 << 20)).unwrap();
+    let d = ugds::Driver::open();
+    let (emu_h, _e) = open_emulated(&d, small_emu(), opts()).unwrap();
+    let kernel_h = d.open_file(&path, opts()).unwrap();
+    let gpu = kept(cuda.alloc(2 << 20).unwrap());
+    // SAFETY: `gpu` outlives the registration (deregistered below).
+    let t = unsafe { d.register_cuda(gpu.ptr(), gpu.len()) }.unwrap();
+    let segs: Vec<ugds::Segment> = (0..32).map(|i| ugds::Segment::new(&t, (31 - i) * 32768 + 4096, 16384)).collect();
+    let mut host = Buf::new(&d, 512 << 10);
+    for (name, h) in [("emulated", &emu_h), ("kernel path", &kernel_h)] {
+        if name == "emulated" {
+            host.mem.copy_from_slice(&pattern(21, 1 << 20, 512 << 10));
+            h.write(&host.token, 512 << 10, 1 << 20, 0).unwrap();
+        }
+        assert_eq!(h.readv(&segs, 1 << 20).unwrap(), 512 << 10, "{name}");
+        for (i, s) in segs.iter().enumerate() {
+            let want = pattern(21, (1 << 20) + (i * 16384) as u64, 16384);
+            assert!(download(&gpu, s.offset, 16384) == want, "{name}: segment {i}");
+        }
+        // Gathered back to another range, then read as one piece.
+        assert_eq!(h.writev(&segs, 3 << 20).unwrap(), 512 << 10, "{name}");
+        let mut back = Buf::new(&d, 512 << 10);
+        back.mem.fill(0);
+        h.read(&back.token, 512 << 10, 3 << 20, 0).unwrap();
+        assert!(back.mem[..] == pattern(21, 1 << 20, 512 << 10)[..], "{name}: gathered");
+    }
+    d.deregister(&t).unwrap();
+    std::fs::remove_file(&path).unwrap();
+}
+
 #[test]
 fn registration_checks_cuda_pointers() {
     let Some(cuda) = cuda() else { return };
