@@ -154,11 +154,14 @@ impl Scheduler {
     /// Whether a request of class `prio` whose own bytes on `queues` are
     /// `own` yields now (see the module docs).
     pub fn yields(&self, prio: Priority, queues: &[Arc<SyncQueue>], own: u64) -> bool {
-        let (all, background) = queues.iter().fold((0, 0), |(a, b), q| (a + q.load(), b + q.background_load()));
+        let (all, background) = queues.iter().fold((0u64, 0u64), |(a, b), q| (a + q.load(), b + q.background_load()));
+        // Read without the queues' locks, one after another: the two sums
+        // need not agree, so saturating.
+        let foreground = all.saturating_sub(background);
         match prio {
             Priority::Critical => false,
-            Priority::Normal => all - background > own,
-            Priority::Background => all > background || self.critical_recently(),
+            Priority::Normal => foreground > own,
+            Priority::Background => foreground > 0 || self.critical_recently(),
         }
     }
 
