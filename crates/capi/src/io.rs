@@ -26,12 +26,9 @@ pub(crate) fn sync_io(
         remember("null buffer, zero size or negative offset".into());
         return neg(libc::EINVAL);
     }
-    let (h, driver) = match lookup(fh) {
+    let (h, driver) = match lookup_io(fh) {
         Ok(x) => x,
-        Err(c) => {
-            remember("no such handle".into());
-            return neg(c);
-        }
+        Err(n) => return n,
     };
     let bs = h.namespace().block_size as i64;
     if file_offset % bs != 0 || size as i64 % bs != 0 {
@@ -93,10 +90,7 @@ pub(crate) fn sync_io(
     match r {
         Ok(n) => n as ssize_t,
         Err(e) => {
-            let n = match e {
-                Error::Closed => neg(op::HANDLE_NOT_REGISTERED),
-                ref other => neg(other.errno()),
-            };
+            let n = neg_of(&e);
             match kept {
                 Some(_) => remember(format!(
                     "{e}; the device may still {} the buffer at {start:#x}+{size:#x}: its pages stay pinned \
@@ -160,12 +154,9 @@ pub(crate) fn vectored_io(
         ));
         return neg(libc::EINVAL);
     }
-    let (h, driver) = match lookup(fh) {
+    let (h, driver) = match lookup_io(fh) {
         Ok(x) => x,
-        Err(c) => {
-            remember("no such handle".into());
-            return neg(c);
-        }
+        Err(n) => return n,
     };
     // SAFETY: the caller's array of `count` segments (checked non-null and
     // counted above), valid for the call.
@@ -188,16 +179,28 @@ pub(crate) fn vectored_io(
     }
     let segments: Vec<ugds::Segment> = found.iter().map(|(t, off, len)| ugds::Segment::new(t, *off, *len)).collect();
     let r = if write { h.writev(&segments, file_offset as u64) } else { h.readv(&segments, file_offset as u64) };
-    match r {
-        Ok(n) => n as ssize_t,
-        Err(e) => {
-            let n = match e {
-                Error::Closed => neg(op::HANDLE_NOT_REGISTERED),
-                ref other => neg(other.errno()),
-            };
+    r.map_or_else(
+        |e| {
             remember(e.to_string());
-            n
-        }
+            neg_of(&e)
+        },
+        |n| n as ssize_t,
+    )
+}
+
+/// The handle (and driver) for an I/O call, or the negative code it returns.
+fn lookup_io(fh: *mut c_void) -> Result<(Arc<Handle>, ugds::Driver), ssize_t> {
+    lookup(fh).map_err(|c| {
+        remember("no such handle".into());
+        neg(c)
+    })
+}
+
+/// What an I/O call returns for a library error.
+fn neg_of(e: &Error) -> ssize_t {
+    match e {
+        Error::Closed => neg(op::HANDLE_NOT_REGISTERED),
+        other => neg(other.errno()),
     }
 }
 

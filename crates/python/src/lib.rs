@@ -97,15 +97,28 @@ fn options(interrupt: bool) -> HandleOptions {
     o
 }
 
-/// The registrations of a vectored call's segments, each checked live.
-fn segment_tokens(py: Python<'_>, segments: &[(PyRef<'_, Buffer>, usize, usize)]) -> PyResult<Vec<ugds::BufferToken>> {
-    segments
-        .iter()
-        .map(|(b, _, _)| {
-            b.check(py)?;
-            Ok(b.token)
-        })
-        .collect()
+impl Handle {
+    /// A vectored read or write of (buffer, offset, length) segments, each
+    /// buffer checked live.
+    fn vectored(
+        &self,
+        py: Python<'_>,
+        segments: &[(PyRef<'_, Buffer>, usize, usize)],
+        file_offset: u64,
+        write: bool,
+    ) -> PyResult<usize> {
+        let tokens = segments
+            .iter()
+            .map(|(b, _, _)| {
+                b.check(py)?;
+                Ok(b.token)
+            })
+            .collect::<PyResult<Vec<ugds::BufferToken>>>()?;
+        let segs: Vec<ugds::Segment> =
+            tokens.iter().zip(segments).map(|(t, (_, off, len))| ugds::Segment::new(t, *off, *len)).collect();
+        let h = &self.inner;
+        py.allow_threads(|| if write { h.writev(&segs, file_offset) } else { h.readv(&segs, file_offset) }).map_err(err)
+    }
 }
 
 /// A queue role's name in the dicts handed to Python.
@@ -443,10 +456,7 @@ impl Handle {
         segments: Vec<(PyRef<'_, Buffer>, usize, usize)>,
         file_offset: u64,
     ) -> PyResult<usize> {
-        let tokens = segment_tokens(py, &segments)?;
-        let segs: Vec<ugds::Segment> =
-            tokens.iter().zip(&segments).map(|(t, (_, off, len))| ugds::Segment::new(t, *off, *len)).collect();
-        py.allow_threads(|| self.inner.readv(&segs, file_offset)).map_err(err)
+        self.vectored(py, &segments, file_offset, false)
     }
 
     /// Writes `segments`, a list of (buffer, offset, length), in order to
@@ -457,10 +467,7 @@ impl Handle {
         segments: Vec<(PyRef<'_, Buffer>, usize, usize)>,
         file_offset: u64,
     ) -> PyResult<usize> {
-        let tokens = segment_tokens(py, &segments)?;
-        let segs: Vec<ugds::Segment> =
-            tokens.iter().zip(&segments).map(|(t, (_, off, len))| ugds::Segment::new(t, *off, *len)).collect();
-        py.allow_threads(|| self.inner.writev(&segs, file_offset)).map_err(err)
+        self.vectored(py, &segments, file_offset, true)
     }
 
     /// Flushes the device's volatile write cache.

@@ -193,31 +193,16 @@ impl Handle {
             prp: Some(prp::plan(pages, PAGE_SIZE, c.data_off, c.len).expect("validated range plans")),
             bytes: c.len as u32,
         };
-        // Once it has made room, a request keeps doing so (see the scheduler).
-        let yielded = Cell::new(false);
-        let yield_now = |own| {
-            yielded.get() || {
-                let y = h.yields(prio, own);
-                yielded.set(y);
-                y
-            }
-        };
-        let pacing = h.sched.pacing(prio, size, &yield_now);
-        let q = h.next_sync_queue();
         let name = if op == NvmOpcode::Read { "Read" } else { "Write" };
-        let (mode, timeout) = (h.opts.completion, h.opts.timeout);
         let chunks = h.chunker(file_offset, data_off, size);
         // A page or less is one command (MDTS is at least a page): no
         // splitting to iterate.
-        let r = if size <= PAGE_SIZE {
-            q.execute(std::iter::once(cmd(chunks.whole())), name, mode, timeout, pacing)
+        let (q, r) = if size <= PAGE_SIZE {
+            h.run_scheduled(std::iter::once(cmd(chunks.whole())), name, prio, size)
         } else {
-            q.execute(chunks.map(cmd), name, mode, timeout, pacing)
+            h.run_scheduled(chunks.map(cmd), name, prio, size)
         };
         RECENT.set(recent);
-        if prio == Priority::Critical {
-            h.sched.critical_done();
-        }
         match r {
             Ok(0) => Ok(size),
             r => h.finish(q, r, name, Some(guard)).map(|short| size.saturating_sub(short as usize)),

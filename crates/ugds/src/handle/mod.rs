@@ -352,10 +352,32 @@ impl HandleInner {
         self.sched.pick(&self.sync)
     }
 
-    /// Whether an interleaved request of class `prio` with `own` bytes on
-    /// the queues yields now (see [`scheduler`]).
-    pub fn yields(&self, prio: Priority, own: u64) -> bool {
-        self.sched.yields(prio, &self.sync, own)
+    /// Runs `cmds`, one synchronous request of `size` bytes and class
+    /// `prio`, on the queue the scheduler picks and paced as it says; the
+    /// queue and the outcome (for [`finish`](Self::finish)).
+    pub fn run_scheduled<'a>(
+        &self,
+        cmds: impl Iterator<Item = Cmd<'a>>,
+        name: &'static str,
+        prio: Priority,
+        size: usize,
+    ) -> (&SyncQueue, std::result::Result<u64, Failure>) {
+        // Once it has made room, a request keeps doing so (see the scheduler).
+        let yielded = Cell::new(false);
+        let yield_now = |own| {
+            yielded.get() || {
+                let y = self.sched.yields(prio, &self.sync, own);
+                yielded.set(y);
+                y
+            }
+        };
+        let pacing = self.sched.pacing(prio, size, &yield_now);
+        let q = self.next_sync_queue();
+        let r = q.execute(cmds, name, self.opts.completion, self.opts.timeout, pacing);
+        if prio == Priority::Critical {
+            self.sched.critical_done();
+        }
+        (q, r)
     }
 
     pub fn chunker(&self, file_offset: u64, data_off: usize, size: usize) -> Chunker {

@@ -81,21 +81,8 @@ impl Handle {
                 bytes: c.len as u32,
             })
         });
-        let yielded = Cell::new(false);
-        let yield_now = |own| {
-            yielded.get() || {
-                let y = h.yields(prio, own);
-                yielded.set(y);
-                y
-            }
-        };
-        let pacing = h.sched.pacing(prio, total, &yield_now);
-        let q = h.next_sync_queue();
         let name = if op == NvmOpcode::Read { "Read" } else { "Write" };
-        let r = q.execute(cmds, name, h.opts.completion, h.opts.timeout, pacing);
-        if prio == Priority::Critical {
-            h.sched.critical_done();
-        }
+        let (q, r) = h.run_scheduled(cmds, name, prio, total);
         match r {
             Ok(0) => Ok(total),
             r => {
