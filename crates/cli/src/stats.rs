@@ -100,8 +100,20 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         let doc: Vec<_> = all
             .iter()
             .map(|p| {
-                serde_json::json!({"pid": p.pid, "handle": p.handle, "time_ms": p.time_ms as u64,
-                    "queues": p.queues.iter().map(queue_json).collect::<Vec<_>>()})
+                let queues: Vec<_> = p
+                    .queues
+                    .iter()
+                    .zip(&p.latency)
+                    .map(|(q, l)| {
+                        let mut v = queue_json(q);
+                        if let Some(l) = l {
+                            v["latency_ns"] = serde_json::json!({"commands": l.commands, "p50": l.p50_ns,
+                                "p99": l.p99_ns, "max": l.max_ns});
+                        }
+                        v
+                    })
+                    .collect();
+                serde_json::json!({"pid": p.pid, "handle": p.handle, "time_ms": p.time_ms as u64, "queues": queues})
             })
             .collect();
         println!("{}", serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?);
@@ -142,6 +154,18 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
                 q.doorbell_writes,
                 q.interrupts
             );
+        }
+        for (q, l) in p.queues.iter().zip(&p.latency) {
+            if let Some(l) = l.filter(|l| l.commands > 0) {
+                println!(
+                    "  {:>4} latency over {} commands (traced): us p50 {:.2} p99 {:.2} max {:.2}",
+                    q.qid,
+                    l.commands,
+                    l.p50_ns as f64 / 1e3,
+                    l.p99_ns as f64 / 1e3,
+                    l.max_ns as f64 / 1e3
+                );
+            }
         }
     }
     Ok(())

@@ -259,7 +259,7 @@ fn stats_and_top_read_what_a_running_bench_publishes() {
     std::fs::create_dir_all(&dir).unwrap();
     let d = dir.to_str().unwrap();
     let mut bench = Command::new(env!("CARGO_BIN_EXE_ugds"))
-        .args(["bench", "--emu-null", "-q", "4", "-d", "5", "--no-progress"])
+        .args(["bench", "--emu-null", "-q", "4", "-d", "5", "--no-progress", "--trace", "16"])
         .env("UGDS_STATS_DIR", d)
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -282,11 +282,19 @@ fn stats_and_top_read_what_a_running_bench_publishes() {
     };
     let h = doc.as_array().unwrap().iter().find(|h| h["pid"] == pid).unwrap();
     assert!(h["queues"].as_array().unwrap().iter().all(|q| q["errors"] == 0 && q["timeouts"] == 0), "{doc}");
+    // Traced: each queue's latencies, the busy one's counting its commands.
+    let busy = h["queues"].as_array().unwrap().iter().find(|q| q["completed"].as_u64().unwrap() > 0).unwrap();
+    let lat = &busy["latency_ns"];
+    assert!(
+        lat["commands"].as_u64().unwrap() > 0 && lat["p50"].as_u64().unwrap() <= lat["max"].as_u64().unwrap(),
+        "{doc}"
+    );
     let (ok, out, err) = ugds(&["top", "--dir", d, "-n", "1", "-i", "0.2"]);
     assert!(ok, "{err}");
     assert!(words(&out).contains(&format!("{pid} 1 2 lendable")), "{out}");
     let (ok, out, _) = ugds(&["stats", "--dir", d]);
     assert!(ok && words(&out).contains(&format!("pid {pid} handle 1")), "{out}");
+    assert!(out.contains("latency over") && out.contains("(traced): us p50"), "{out}");
     assert!(bench.wait().unwrap().success());
     // The file went with the handle.
     let (ok, out, _) = ugds(&["stats", "--dir", d]);

@@ -14,6 +14,10 @@
 //! ugds-stats 1 pid=4242 handle=3 time_ms=1764600000000
 //! queue qid=1 role=sync submitted=12 completed=12 in_flight=0 bytes_read=49152 ...
 //! ```
+//!
+//! A traced handle's queue lines end with its latencies (`lat_n`,
+//! `lat_p50_ns`, `lat_p99_ns`, `lat_max_ns`: upper bounds of buckets 25%
+//! wide; see [`HandleOptions::trace`](crate::HandleOptions::trace)).
 
 use crate::engine::stats::QueueCounters;
 use crate::handle::{QueueInfo, QueueRole, QueueStats};
@@ -62,14 +66,40 @@ pub fn role_name(r: QueueRole) -> &'static str {
     }
 }
 
-/// The file's text for `stats`.
-pub(crate) fn render(pid: u32, handle: u64, stats: &[QueueStats]) -> String {
+/// A queue's latencies as published (a traced handle's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PublishedLatency {
+    /// Commands counted.
+    pub commands: u64,
+    /// Median, in nanoseconds (a bucket's upper bound).
+    pub p50_ns: u64,
+    /// 99th percentile, in nanoseconds.
+    pub p99_ns: u64,
+    /// The largest, in nanoseconds.
+    pub max_ns: u64,
+}
+
+/// The latencies of the queues whose counters have a histogram, in order.
+pub(crate) fn latencies(counters: &[Arc<QueueCounters>]) -> Vec<Option<PublishedLatency>> {
+    counters
+        .iter()
+        .map(|c| {
+            let h = c.latency.get()?.snapshot();
+            let q = |x| h.quantile(x).map_or(0, |d| d.as_nanos() as u64);
+            Some(PublishedLatency { commands: h.count(), p50_ns: q(0.5), p99_ns: q(0.99), max_ns: q(1.0) })
+        })
+        .collect()
+}
+
+/// The file's text for `stats` (and `latency`, by queue, where traced).
+pub(crate) fn render(pid: u32, handle: u64, stats: &[QueueStats], latency: &[Option<PublishedLatency>]) -> String {
     let ms = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis());
     let mut s = format!("{MAGIC} pid={pid} handle={handle} time_ms={ms}\n");
-    for q in stats {
+    for (i, q) in stats.iter().enumerate() {
         s += &format!(
             "queue qid={} role={} submitted={} completed={} in_flight={} bytes_read={} bytes_written={} errors={} \
-             timeouts={} doorbell_writes={} interrupts={}\n",
+             timeouts={} doorbell_writes={} interrupts={}",
             q.qid,
             role_name(q.role),
             q.submitted,
@@ -82,6 +112,13 @@ pub(crate) fn render(pid: u32, handle: u64, stats: &[QueueStats]) -> String {
             q.doorbell_writes,
             q.interrupts
         );
+        if let Some(Some(l)) = latency.get(i) {
+            s += &format!(
+                " lat_n={} lat_p50_ns={} lat_p99_ns={} lat_max_ns={}",
+                l.commands, l.p50_ns, l.p99_ns, l.max_ns
+            );
+        }
+        s += "\n";
     }
     s
 }
@@ -98,6 +135,8 @@ pub struct Published {
     pub time_ms: u128,
     /// Its queues.
     pub queues: Vec<QueueStats>,
+    /// Their latencies, in the same order, where the handle traces.
+    pub latency: Vec<Option<PublishedLatency>>,
 }
 
 /// Reads a published file's text; `None` when it is not one.
@@ -112,6 +151,7 @@ pub fn parse(text: &str) -> Option<Published> {
         handle: field(head, "handle")?.parse().ok()?,
         time_ms: field(head, "time_ms")?.parse().ok()?,
         queues: Vec::new(),
+        latency: Vec::new(),
     };
     for l in lines.filter(|l| l.starts_with("queue ")) {
         let n = |k: &str| field(l, k)?.parse::<u64>().ok();
@@ -133,6 +173,12 @@ pub fn parse(text: &str) -> Option<Published> {
             doorbell_writes: n("doorbell_writes")?,
             interrupts: n("interrupts")?,
         });
+        p.latency.push(n("lat_n").map(|commands| PublishedLatency {
+            commands,
+            p50_ns: n("lat_p50_ns").unwrap_or(0),
+            p99_ns: n("lat_p99_ns").unwrap_or(0),
+            max_ns: n("lat_max_ns").unwrap_or(0),
+        }));
     }
     Some(p)
 }
@@ -158,7 +204,8 @@ impl Publisher {
         let path = dir.join(format!("ugds-{pid}-{handle}.stats"));
         let tmp = dir.join(format!(".ugds-{pid}-{handle}.stats.tmp"));
         let write = move || -> std::io::Result<()> {
-            std::fs::write(&tmp, render(pid, handle, &queue_stats(&queues, &counters, block_size)))?;
+            let stats = queue_stats(&queues, &counters, block_size);
+            std::fs::write(&tmp, render(pid, handle, &stats, &latencies(&counters)))?;
             std::fs::rename(&tmp, dir_file(&tmp))
         };
         write()?;
@@ -204,7 +251,8 @@ mod tests {
         let c = Arc::new(QueueCounters::default());
         c.completed.add(3);
         c.doorbell_writes.add(1);
-        let text = render(7, 9, &queue_stats(&[q], &[c], 512));
+        let text =
+            render(7, 9, &queue_stats(&[q], std::slice::from_ref(&c), 512), &latencies(std::slice::from_ref(&c)));
         let mut lines = text.lines();
         assert!(lines.next().unwrap().starts_with("ugds-stats 1 pid=7 handle=9 time_ms="));
         let l = lines.next().unwrap();
@@ -215,6 +263,18 @@ mod tests {
         let back = parse(&text).unwrap();
         assert_eq!((back.pid, back.handle, back.queues.len()), (7, 9, 1));
         assert_eq!((back.queues[0].qid, back.queues[0].role, back.queues[0].completed), (2, QueueRole::Lendable, 3));
+        assert_eq!(back.latency, [None], "not traced");
+        // Traced: the latencies ride on the queue's line.
+        let h = Arc::new(crate::engine::trace::Histogram::default());
+        for ns in [1_000, 2_000, 400_000] {
+            h.record(ns);
+        }
+        let _ = c.latency.set(h);
+        let text =
+            render(7, 9, &queue_stats(&[q], std::slice::from_ref(&c), 512), &latencies(std::slice::from_ref(&c)));
+        let l = parse(&text).unwrap().latency[0].expect("published");
+        assert_eq!(l.commands, 3);
+        assert!((2_000..2_500).contains(&l.p50_ns) && (400_000..500_000).contains(&l.max_ns), "{l:?}");
         assert!(parse("something else\n").is_none());
         assert!(parse("ugds-stats 1 pid=x handle=1 time_ms=0\n").is_none());
     }
