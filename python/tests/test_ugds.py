@@ -279,6 +279,9 @@ class Host(unittest.TestCase):
         ev = b.get_status(128, 128, timeout=10)
         self.assertEqual(len(ev), 128)
         self.assertEqual(bytes(mem), pattern(3, len(mem)))
+        st = b.stats()
+        self.assertEqual((st["submitted"], st["ended"], st["in_flight"]), (256, 256, 0))
+        self.assertEqual((st["bytes_read"], st["bytes_written"], st["errors"]), (128 * 4096, 128 * 4096, 0))
         with self.assertRaises(ugds.InvalidArgument):
             b.submit([("read", buf, 4096, 0, 0, 0)] * 129)
         with self.assertRaises(ugds.InvalidArgument):

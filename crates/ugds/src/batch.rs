@@ -8,7 +8,7 @@
 //! requests on the device waits for them; if the device never answers, the
 //! handle is wedged and the buffers those requests use stay registered.
 
-use crate::engine::batch::{BatchQueue, Prepared};
+use crate::engine::batch::{BatchQueue, Prepared, RequestStats};
 use crate::engine::BatchEvent;
 use crate::handle::{Handle, HandleInner};
 use crate::registry::BufferToken;
@@ -107,6 +107,13 @@ impl Batch {
     /// Requests submitted whose events have not been collected.
     pub fn outstanding(&self) -> usize {
         self.queue().outstanding(self.ctx)
+    }
+
+    /// What this context's requests have done since it opened: submitted,
+    /// ended (and how: bytes moved by those that succeeded, errors,
+    /// cancellations, timeouts), in flight.
+    pub fn stats(&self) -> RequestStats {
+        self.queue().context_stats(self.ctx)
     }
 
     /// Submits `ios`: all are validated first (bad input submits none), then

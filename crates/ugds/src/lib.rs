@@ -65,6 +65,7 @@ use ugds_platform::{barrier, dma, sys};
 pub use batch::{Batch, BatchIo, BatchOp};
 pub use buffer::HostBuffer;
 pub use driver::Driver;
+pub use engine::batch::RequestStats;
 pub use engine::trace::{LatencyHistogram, TraceEvent};
 pub use engine::KernelRing;
 pub use engine::{BatchEvent, BatchStatus, Completion, ControllerInfo, NamespaceInfo};

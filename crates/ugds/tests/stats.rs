@@ -243,3 +243,49 @@ fn a_wedged_handles_trace_shows_the_command_that_never_came_back() {
     d.deregister(&b.token).unwrap();
     std::mem::forget(b);
 }
+
+/// A batch context's own totals, the batch queue's counters and what the
+/// caller saw agree: every request and byte counted once, the failed one
+/// as an error.
+#[test]
+fn a_batch_contexts_totals_add_up_with_its_queue() {
+    let (d, h, emu) = open(small_emu(), opts());
+    let b = Buf::new(&d, 1 << 20);
+    let batch = h.batch(64).unwrap();
+    assert_eq!(batch.stats(), ugds::RequestStats::default(), "nothing before any request");
+    let queue_before = h.queue_stats().into_iter().find(|s| s.role == QueueRole::Batch).unwrap();
+    emu.inject(Fault::next(
+        FaultTarget::Io(Some(READ)),
+        FaultAction::Status(Status::new(2, media::UNRECOVERED_READ_ERROR)),
+    ));
+    let ios: Vec<ugds::BatchIo> = (0..48u64)
+        .map(|i| ugds::BatchIo {
+            op: if i % 3 == 0 { ugds::BatchOp::Write } else { ugds::BatchOp::Read },
+            buf: b.token,
+            size: 8192,
+            file_offset: i * 8192,
+            buf_offset: (i as usize % 64) * 8192,
+            cookie: i,
+        })
+        .collect();
+    batch.submit(&ios).unwrap();
+    let mut ev = Vec::new();
+    while ev.len() < 48 {
+        batch.get_status(1, 48, Some(Duration::from_secs(10)), &mut ev).unwrap();
+    }
+    let s = batch.stats();
+    let moved = |op| ev.iter().filter(|e| e.result.is_ok() && ios[e.cookie as usize].op == op).count() as u64 * 8192;
+    assert_eq!((s.submitted, s.ended, s.in_flight), (48, 48, 0));
+    assert_eq!((s.errors, s.canceled, s.timeouts), (1, 0, 0), "{s:?}");
+    assert_eq!(ev.iter().filter(|e| e.result.is_err()).count(), 1);
+    assert_eq!((s.bytes_read, s.bytes_written), (moved(ugds::BatchOp::Read), moved(ugds::BatchOp::Write)));
+    // One command per 8 KiB request, all on the batch queue.
+    let q = h.queue_stats().into_iter().find(|s| s.role == QueueRole::Batch).unwrap();
+    assert_eq!((q.completed - queue_before.completed, q.errors - queue_before.errors), (48, 1));
+    assert_eq!(q.bytes_written - queue_before.bytes_written, s.bytes_written, "writes all succeeded");
+    assert_eq!(
+        q.bytes_read - queue_before.bytes_read,
+        s.bytes_read + 8192,
+        "the queue counts the failed read's bytes too"
+    );
+}

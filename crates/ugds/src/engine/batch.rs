@@ -76,7 +76,33 @@ struct Req {
     hold: Option<Hold>,
 }
 
+/// What one batch context's requests have done ([`Batch::stats`](crate::Batch::stats)).
+/// Counted under the queue pair's lock as requests are submitted and end;
+/// `in_flight` is `submitted - ended`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RequestStats {
+    /// Requests submitted.
+    pub submitted: u64,
+    /// Requests that ended, whatever their status (their events are ready).
+    pub ended: u64,
+    /// Requests submitted and not yet ended.
+    pub in_flight: u64,
+    /// Bytes the requests that succeeded read.
+    pub bytes_read: u64,
+    /// Bytes the requests that succeeded wrote.
+    pub bytes_written: u64,
+    /// Requests that failed with an error status (aborted ones apart).
+    pub errors: u64,
+    /// Requests aborted at the context's cancellation.
+    pub canceled: u64,
+    /// Requests reported timed out.
+    pub timeouts: u64,
+}
+
 struct Ctx {
+    /// What its requests have done.
+    stats: RequestStats,
     reqs: Vec<Req>,
     free: Vec<u32>,
     /// Scratch for one submission's request slots (no allocation on submit).
@@ -141,15 +167,25 @@ impl BatchTable {
         if r.pending == 0 {
             r.hold = None;
             let op = if r.op == NvmOpcode::Read { "Read" } else { "Write" };
+            let s = &mut c.stats;
+            s.ended += 1;
             let event = match r.status {
-                None => BatchEvent {
-                    cookie: r.cookie,
-                    status: BatchStatus::Complete,
-                    result: Ok(r.len.saturating_sub(r.short)),
-                },
+                None => {
+                    let moved = r.len.saturating_sub(r.short);
+                    match r.op {
+                        NvmOpcode::Read => s.bytes_read += moved as u64,
+                        _ => s.bytes_written += moved as u64,
+                    }
+                    BatchEvent { cookie: r.cookie, status: BatchStatus::Complete, result: Ok(moved) }
+                }
                 Some(f) => {
                     let status = Status::from_field(f);
                     let aborted = status.sct == 0 && status.sc == ugds_nvme::status::generic::ABORT_REQUESTED;
+                    if aborted {
+                        s.canceled += 1;
+                    } else {
+                        s.errors += 1;
+                    }
                     BatchEvent {
                         cookie: r.cookie,
                         status: if aborted { BatchStatus::Canceled } else { BatchStatus::Failed },
@@ -201,6 +237,7 @@ impl BatchQueue {
     /// is allocated here, none on submission.
     pub fn open_context(&self, capacity: usize) -> u32 {
         let ctx = Ctx {
+            stats: RequestStats::default(),
             reqs: (0..capacity)
                 .map(|_| Req { cookie: 0, pending: 0, len: 0, short: 0, status: None, op: NvmOpcode::Read, hold: None })
                 .collect(),
@@ -238,6 +275,14 @@ impl BatchQueue {
         let mut st = self.lock();
         let Some(c) = st.batch.ctxs.get_mut(ctx as usize).and_then(|c| c.take()) else { return Vec::new() };
         c.reqs.into_iter().filter_map(|mut r| if r.pending > 0 { r.hold.take() } else { None }).collect()
+    }
+
+    /// What the requests of `ctx` have done.
+    pub fn context_stats(&self, ctx: u32) -> RequestStats {
+        let st = self.lock();
+        let mut s = st.batch.ctxs[ctx as usize].as_ref().map_or_else(RequestStats::default, |c| c.stats);
+        s.in_flight = s.submitted - s.ended;
+        s
     }
 
     /// Requests of `ctx` submitted and not yet collected.
@@ -310,6 +355,7 @@ impl BatchQueue {
                     hold: None,
                 };
                 c.inflight += 1;
+                c.stats.submitted += 1;
                 slots.push(i);
             }
         }
@@ -430,6 +476,8 @@ impl BatchQueue {
             }
             r.pending = 0;
             guards.extend(r.hold.take());
+            c.stats.ended += 1;
+            c.stats.timeouts += 1;
             c.done.push_back(BatchEvent {
                 cookie: r.cookie,
                 status: BatchStatus::Timeout,
@@ -464,6 +512,8 @@ impl BatchQueue {
         st.qp.forget_outstanding();
         for c in st.batch.ctxs.iter_mut().flatten() {
             for r in c.reqs.iter_mut() {
+                // Ended by the reset (no event comes for it).
+                c.stats.ended += (r.pending > 0) as u64;
                 r.pending = 0;
                 r.hold = None;
             }
