@@ -284,9 +284,22 @@ typedef struct ugds_segment {
 ssize_t uGDSReadv(uGDSHandle_t fh, const ugds_segment_t *segs, int count, off_t file_offset);
 ssize_t uGDSWritev(uGDSHandle_t fh, const ugds_segment_t *segs, int count, off_t file_offset);
 
+/* A vectored request of a batch (an extension): the range at file_offset to
+ * or from segs[0..count] in order (as uGDSReadv), opcode UGDS_READ or
+ * UGDS_WRITE; cookie comes back in its one event. */
+typedef struct ugds_iov_params {
+    const ugds_segment_t *segs;
+    int count;
+    int opcode;
+    off_t file_offset;
+    void *cookie;
+} ugds_iov_params_t;
+
 /* nr: 1 to UGDS_MAX_BATCH_IO. A handle's batches are destroyed with it. */
 uGDSError_t uGDSBatchIOSetUp(uGDSBatchHandle_t *batch, uGDSHandle_t fh, unsigned nr);
 uGDSError_t uGDSBatchIOSubmit(uGDSBatchHandle_t batch, unsigned nr, uGDSIOParams_t *params, unsigned flags);
+/* nr vectored requests; a bad one (UGDS_INVALID_VALUE) refuses them all. */
+uGDSError_t uGDSBatchIOSubmitv(uGDSBatchHandle_t batch, unsigned nr, const ugds_iov_params_t *params, unsigned flags);
 /* *nr in: the room in events, 0 meaning the batch's capacity (more than the
  * capacity is read as the capacity); out: the events written. */
 uGDSError_t uGDSBatchIOGetStatus(uGDSBatchHandle_t batch, unsigned min_nr, unsigned *nr, uGDSIOEvents_t *events,

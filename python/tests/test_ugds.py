@@ -282,6 +282,15 @@ class Host(unittest.TestCase):
         st = b.stats()
         self.assertEqual((st["submitted"], st["ended"], st["in_flight"]), (256, 256, 0))
         self.assertEqual((st["bytes_read"], st["bytes_written"], st["errors"]), (128 * 4096, 128 * 4096, 0))
+        # A vectored request: two blocks of the namespace into two pieces.
+        mem[:] = bytes(len(mem))
+        b.submitv([("read", [(buf, 8 * 4096, 4096), (buf, 2 * 4096, 4096)], 4096, 9)])
+        ev = b.get_status(1, 1, timeout=10)
+        self.assertEqual(ev, [(9, "complete", 8192)])
+        self.assertEqual(bytes(mem[8 * 4096 : 9 * 4096]), pattern(3, len(mem))[4096:8192])
+        self.assertEqual(bytes(mem[2 * 4096 : 3 * 4096]), pattern(3, len(mem))[8192:12288])
+        with self.assertRaises(ugds.InvalidArgument):
+            b.submitv([("read", [], 0, 1)])
         with self.assertRaises(ugds.InvalidArgument):
             b.submit([("read", buf, 4096, 0, 0, 0)] * 129)
         with self.assertRaises(ugds.InvalidArgument):

@@ -173,6 +173,18 @@ pub struct ugds_segment_t {
     pub size: size_t,
 }
 
+/// `ugds_iov_params_t`: one vectored request of `uGDSBatchIOSubmitv` (an
+/// extension).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ugds_iov_params_t {
+    pub segs: *const ugds_segment_t,
+    pub count: c_int,
+    pub opcode: c_int,
+    pub file_offset: off_t,
+    pub cookie: *mut c_void,
+}
+
 /// The most segments one vectored call takes (`UGDS_MAX_SEGMENTS`).
 pub const MAX_SEGMENTS: c_int = 256;
 
@@ -246,6 +258,8 @@ layouts! {
         in_flight => "in_flight", bytes_read => "bytes_read", bytes_written => "bytes_written", errors => "errors",
         timeouts => "timeouts", doorbell_writes => "doorbell_writes", interrupts => "interrupts" }
     ugds_segment_t { base => "base", buf_offset => "buf_offset", size => "size" }
+    ugds_iov_params_t { segs => "segs", count => "count", opcode => "opcode", file_offset => "file_offset",
+        cookie => "cookie" }
 }
 
 fn constant(n: &str) -> Option<c_long> {

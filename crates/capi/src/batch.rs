@@ -99,6 +99,78 @@ pub unsafe extern "C" fn uGDSBatchIOSubmit(
     })
 }
 
+/// Submits `nr` vectored requests (an extension): each one range of the
+/// namespace to or from several registered buffer segments, completed as
+/// one event. A bad request refuses the whole submission.
+///
+/// # Safety
+/// `params` is null (refused) or valid for reads of `nr` blocks, each with
+/// `segs` valid for reads of `count` segments; the segments' memory stays
+/// valid until the request's event is collected.
+#[no_mangle]
+pub unsafe extern "C" fn uGDSBatchIOSubmitv(
+    batch: *mut c_void,
+    nr: c_uint,
+    params: *const abi::ugds_iov_params_t,
+    _flags: c_uint,
+) -> uGDSError_t {
+    guard(internal(), || {
+        if params.is_null() || nr == 0 {
+            return fail(op::INVALID_VALUE, "null params or nr 0");
+        }
+        let (b, driver) = match batch_of(batch) {
+            Ok(x) => x,
+            Err(e) => return e,
+        };
+        if nr as usize > b.capacity() {
+            return fail(op::BATCH_CAPACITY_EXCEEDED, format!("{nr} requests, capacity {}", b.capacity()));
+        }
+        // SAFETY: the caller passes `nr` parameter blocks.
+        let ps = unsafe { std::slice::from_raw_parts(params, nr as usize) };
+        let mut found = Vec::with_capacity(ps.len());
+        for (r, p) in ps.iter().enumerate() {
+            if p.segs.is_null() || p.count <= 0 || p.count > abi::MAX_SEGMENTS || p.file_offset < 0 {
+                return fail(
+                    op::INVALID_VALUE,
+                    format!(
+                        "request {r}: 1 to {} segments, not {} (or a null list), and a non-negative offset",
+                        abi::MAX_SEGMENTS,
+                        p.count
+                    ),
+                );
+            }
+            let op_ = match p.opcode {
+                abi::READ => BatchOp::Read,
+                abi::WRITE => BatchOp::Write,
+                o => return fail(op::INVALID_VALUE, format!("request {r}: opcode {o}")),
+            };
+            // SAFETY: `segs` holds `count` segments (the caller's contract, checked non-null).
+            match unsafe { crate::io::segments_of(&driver, p.segs, p.count) } {
+                Ok(f) => found.push((op_, f, p.file_offset as u64, p.cookie as u64)),
+                Err(msg) => return fail(op::INVALID_VALUE, format!("request {r}: {msg}")),
+            }
+        }
+        let segs: Vec<Vec<ugds::Segment>> = found
+            .iter()
+            .map(|(_, f, _, _)| f.iter().map(|(t, off, len)| ugds::Segment::new(t, *off, *len)).collect())
+            .collect();
+        let ios: Vec<ugds::BatchIov> = found
+            .iter()
+            .zip(&segs)
+            .map(|((op_, _, off, cookie), s)| ugds::BatchIov {
+                op: *op_,
+                segments: s,
+                file_offset: *off,
+                cookie: *cookie,
+            })
+            .collect();
+        match b.submit_vectored(&ios) {
+            Ok(_) => ok(),
+            Err(e) => from_error(e),
+        }
+    })
+}
+
 /// Collects finished requests: at least `min_nr` unless `timeout` passes; `*nr` is the room in, the count out.
 ///
 /// # Safety

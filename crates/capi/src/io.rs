@@ -160,23 +160,13 @@ pub(crate) fn vectored_io(
     };
     // SAFETY: the caller's array of `count` segments (checked non-null and
     // counted above), valid for the call.
-    let list = unsafe { std::slice::from_raw_parts(segs, count as usize) };
-    let mut found = Vec::with_capacity(list.len());
-    for (i, s) in list.iter().enumerate() {
-        if s.base.is_null() || s.buf_offset < 0 {
-            remember(format!("segment {i}: null base or negative offset"));
+    let found = match unsafe { segments_of(&driver, segs, count) } {
+        Ok(f) => f,
+        Err(msg) => {
+            remember(msg);
             return neg(libc::EINVAL);
         }
-        let Some(t) = driver.token_containing(s.base.cast()) else {
-            remember(format!("segment {i}: {:p} is not in a registered buffer (uGDSBufRegister it first)", s.base));
-            return neg(libc::EINVAL);
-        };
-        let Some(off) = (s.base as usize - t.base).checked_add(s.buf_offset as usize) else {
-            remember(format!("segment {i}: offset wraps the address space"));
-            return neg(libc::EINVAL);
-        };
-        found.push((t, off, s.size));
-    }
+    };
     let segments: Vec<ugds::Segment> = found.iter().map(|(t, off, len)| ugds::Segment::new(t, *off, *len)).collect();
     let r = if write { h.writev(&segments, file_offset as u64) } else { h.readv(&segments, file_offset as u64) };
     r.map_or_else(
@@ -186,6 +176,34 @@ pub(crate) fn vectored_io(
         },
         |n| n as ssize_t,
     )
+}
+
+/// Each segment's registration, offset into it and size; why not, for a
+/// segment that is in no registered buffer.
+///
+/// # Safety
+/// `segs` is valid for reads of `count` (> 0) segments.
+pub(crate) unsafe fn segments_of(
+    driver: &ugds::Driver,
+    segs: *const abi::ugds_segment_t,
+    count: c_int,
+) -> Result<Vec<(BufferToken, usize, usize)>, String> {
+    // SAFETY: the caller's contract.
+    let list = unsafe { std::slice::from_raw_parts(segs, count as usize) };
+    let mut found = Vec::with_capacity(list.len());
+    for (i, s) in list.iter().enumerate() {
+        if s.base.is_null() || s.buf_offset < 0 {
+            return Err(format!("segment {i}: null base or negative offset"));
+        }
+        let Some(t) = driver.token_containing(s.base.cast()) else {
+            return Err(format!("segment {i}: {:p} is not in a registered buffer (uGDSBufRegister it first)", s.base));
+        };
+        let Some(off) = (s.base as usize - t.base).checked_add(s.buf_offset as usize) else {
+            return Err(format!("segment {i}: offset wraps the address space"));
+        };
+        found.push((t, off, s.size));
+    }
+    Ok(found)
 }
 
 /// The handle (and driver) for an I/O call, or the negative code it returns.

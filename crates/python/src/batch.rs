@@ -33,6 +33,36 @@ impl Batch {
         py.allow_threads(|| self.inner.submit(&reqs)).map_err(err)
     }
 
+    /// Submits vectored requests, a list of `(op, segments, file_offset,
+    /// cookie)` with `segments` a list of `(buf, offset, length)` (as
+    /// `Handle.readv`); each completes as one event. All are checked first.
+    #[allow(clippy::type_complexity)]
+    fn submitv(
+        &self,
+        py: Python<'_>,
+        ios: Vec<(String, Vec<(PyRef<'_, Buffer>, usize, usize)>, u64, u64)>,
+    ) -> PyResult<usize> {
+        for (_, segs, ..) in &ios {
+            for (b, ..) in segs {
+                b.check(py)?;
+            }
+        }
+        let tokens: Vec<Vec<(ugds::BufferToken, usize, usize)>> =
+            ios.iter().map(|(_, segs, ..)| segs.iter().map(|(b, off, len)| (b.token, *off, *len)).collect()).collect();
+        let segments: Vec<Vec<ugds::Segment>> = tokens
+            .iter()
+            .map(|t| t.iter().map(|(tok, off, len)| ugds::Segment::new(tok, *off, *len)).collect())
+            .collect();
+        let reqs = ios
+            .iter()
+            .zip(&segments)
+            .map(|((o, _, file_offset, cookie), segs)| {
+                Ok(ugds::BatchIov { op: op(o)?, segments: segs, file_offset: *file_offset, cookie: *cookie })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        py.allow_threads(|| self.inner.submit_vectored(&reqs)).map_err(err)
+    }
+
     /// Waits for at least `min_nr` finished requests (or `timeout`
     /// seconds) and returns up to `max_nr` as `(cookie, status, result)`:
     /// status "complete", "failed", "canceled" or "timeout"; result the

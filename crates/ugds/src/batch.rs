@@ -9,7 +9,9 @@
 //! handle is wedged and the buffers those requests use stay registered.
 
 use crate::engine::batch::{BatchQueue, Prepared, RequestStats};
+use crate::engine::hold::Hold;
 use crate::engine::BatchEvent;
+use crate::handle::Segment;
 use crate::handle::{Handle, HandleInner};
 use crate::registry::BufferToken;
 use crate::{Error, Result};
@@ -42,6 +44,19 @@ pub struct BatchIo {
     pub file_offset: u64,
     /// Byte offset in the buffer.
     pub buf_offset: usize,
+    /// Comes back with the request's event.
+    pub cookie: u64,
+}
+
+/// A vectored request of a batch ([`Batch::submit_vectored`]).
+#[derive(Clone, Copy, Debug)]
+pub struct BatchIov<'a> {
+    /// Direction.
+    pub op: BatchOp,
+    /// The buffer pieces, in the order of the range.
+    pub segments: &'a [Segment<'a>],
+    /// Byte offset of the range in the namespace.
+    pub file_offset: u64,
     /// Comes back with the request's event.
     pub cookie: u64,
 }
@@ -139,12 +154,63 @@ impl Batch {
                 len: io.size,
                 chunks: h.chunker(io.file_offset, data_off, io.size),
                 pages: recent.as_ref().expect("filled by prepare_recent").shared_pages(),
+                more: Vec::new(),
                 hold: guard.into(),
             });
         }
-        match q.submit(self.ctx, &mut reqs) {
+        self.stage(&mut reqs)
+    }
+
+    /// Submits vectored requests (each one range of the namespace to or
+    /// from several buffer segments; see [`Handle::readv`]) as
+    /// [`submit`](Self::submit) does requests: all are validated first, a
+    /// bad segment list refused with nothing submitted; each completes as
+    /// one event.
+    pub fn submit_vectored(&self, ios: &[BatchIov<'_>]) -> Result<usize> {
+        let h = &*self.handle;
+        if ios.is_empty() {
+            return Err(Error::InvalidArgument("empty batch".into()));
+        }
+        let _in = h.enter()?;
+        self.queue().check_room(self.ctx, ios.len())?;
+        let mut reqs = self.scratch.lock().recover();
+        reqs.clear();
+        for io in ios {
+            let read = io.op == BatchOp::Read;
+            let total = crate::handle::check_segments(io.segments, h.block_size(), read)?;
+            h.check_range(total, io.file_offset)?;
+            let mut holds = Vec::with_capacity(io.segments.len());
+            let mut pieces = Vec::with_capacity(io.segments.len());
+            let mut at = io.file_offset;
+            for s in io.segments {
+                let mut recent = None;
+                let (guard, data_off) = h.prepare_recent(&mut recent, s.buf, s.len, at, s.offset)?;
+                holds.push(guard.into());
+                let pages = recent.as_ref().expect("filled by prepare_recent").shared_pages();
+                pieces.push((h.chunker(at, data_off, s.len), pages));
+                at += s.len as u64;
+            }
+            let mut pieces = pieces.into_iter();
+            let (chunks, pages) = pieces.next().expect("at least one segment");
+            reqs.push(Prepared {
+                op: if read { NvmOpcode::Read } else { NvmOpcode::Write },
+                cookie: io.cookie,
+                len: total,
+                chunks,
+                pages,
+                more: pieces.collect(),
+                hold: Hold::many(holds),
+            });
+        }
+        self.stage(&mut reqs)
+    }
+
+    /// Hands validated requests to the batch queue (a submission that finds
+    /// no room within the timeout wedges the handle).
+    fn stage(&self, reqs: &mut Vec<Prepared>) -> Result<usize> {
+        match self.queue().submit(self.ctx, reqs) {
             Err(e @ Error::Timeout { .. }) => {
-                h.wedge_holding_nothing();
+                self.handle.wedge_holding_nothing();
                 Err(e)
             }
             r => r,

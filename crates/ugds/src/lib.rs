@@ -62,7 +62,7 @@ pub mod stream;
 pub use ugds_platform as platform;
 use ugds_platform::{barrier, dma, sys};
 
-pub use batch::{Batch, BatchIo, BatchOp};
+pub use batch::{Batch, BatchIo, BatchIov, BatchOp};
 pub use buffer::HostBuffer;
 pub use driver::Driver;
 pub use engine::batch::RequestStats;

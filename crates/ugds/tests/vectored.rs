@@ -85,3 +85,60 @@ fn a_bad_segment_list_is_refused_with_nothing_submitted() {
     d.deregister(&a.token).unwrap();
     std::mem::forget(a);
 }
+
+#[test]
+fn a_batch_of_vectored_requests_completes_each_as_one_event() {
+    let (d, h, _e) = open(small_emu().mdts(2), opts());
+    let mut a = Buf::new(&d, 1 << 20);
+    a.mem.copy_from_slice(&pattern(4, 0, 1 << 20));
+    h.write(&a.token, 1 << 20, 0, 0).unwrap();
+    a.mem.fill(0);
+    // Four requests, each 48 KiB of the namespace into three scattered
+    // pieces of `a` (one crossing the 16 KiB command limit).
+    let segs: Vec<Vec<Segment>> = (0..4usize)
+        .map(|r| {
+            let base = r * 200_704; // 196 KiB apart
+            vec![
+                Segment::new(&a.token, base + 65536, 8192),
+                Segment::new(&a.token, base, 20480),
+                Segment::new(&a.token, base + 131072, 20480),
+            ]
+        })
+        .collect();
+    let ios: Vec<ugds::BatchIov> = segs
+        .iter()
+        .enumerate()
+        .map(|(r, s)| ugds::BatchIov {
+            op: ugds::BatchOp::Read,
+            segments: s,
+            file_offset: r as u64 * 49152,
+            cookie: r as u64,
+        })
+        .collect();
+    let batch = h.batch(8).unwrap();
+    batch.submit_vectored(&ios).unwrap();
+    let mut ev = Vec::new();
+    while ev.len() < 4 {
+        batch.get_status(1, 4, Some(std::time::Duration::from_secs(10)), &mut ev).unwrap();
+    }
+    assert!(ev.iter().all(|e| e.result.as_ref().is_ok_and(|&n| n == 49152)), "{ev:?}");
+    for (r, s) in segs.iter().enumerate() {
+        let mut at = r * 49152;
+        for (i, seg) in s.iter().enumerate() {
+            assert!(
+                a.mem[seg.offset..seg.offset + seg.len] == pattern(4, at as u64, seg.len)[..],
+                "request {r} piece {i}"
+            );
+            at += seg.len;
+        }
+    }
+    assert_eq!(batch.stats().bytes_read, 4 * 49152);
+    // One bad request (overlapping pieces) refuses the whole submission.
+    let before = submitted(&h);
+    let bad = [Segment::new(&a.token, 0, 8192), Segment::new(&a.token, 4096, 4096)];
+    let ios2 = [ios[0], ugds::BatchIov { segments: &bad, ..ios[1] }];
+    let e = batch.submit_vectored(&ios2).unwrap_err();
+    assert!(e.to_string().contains("overlap"), "{e}");
+    assert_eq!(submitted(&h), before, "nothing submitted");
+    assert_eq!(batch.outstanding(), 0);
+}

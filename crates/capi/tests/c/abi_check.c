@@ -85,6 +85,12 @@ int main(void) {
     FIELD(ugds_segment_t, base);
     FIELD(ugds_segment_t, buf_offset);
     FIELD(ugds_segment_t, size);
+    SIZE(ugds_iov_params_t);
+    FIELD(ugds_iov_params_t, segs);
+    FIELD(ugds_iov_params_t, count);
+    FIELD(ugds_iov_params_t, opcode);
+    FIELD(ugds_iov_params_t, file_offset);
+    FIELD(ugds_iov_params_t, cookie);
 
     CONST(UGDSOP_BASE_ERR);
     CONST(UGDS_SUCCESS);

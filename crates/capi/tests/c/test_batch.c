@@ -67,6 +67,27 @@ int main(void) {
     for (int i = 0; i < N; i += 2) CHECK(same(buf + (N + i) * SZ, SZ, 5, (size_t)i * SZ));
     CHECK(pread(fd, check, SZ, SZ) == SZ && same(check, SZ, 6, SZ));
 
+    /* A vectored request: the first two blocks of the file into two pieces
+     * of the buffer, out of order, completed as one event. */
+    ugds_segment_t segs[2] = {{buf, (off_t)(N + 10) * SZ, SZ}, {buf, (off_t)(N + 3) * SZ, SZ}};
+    ugds_iov_params_t v = {segs, 2, UGDS_READ, 0, (void *)(uintptr_t)77};
+    CHECK_ERR(uGDSBatchIOSubmitv(b, 1, &v, 0), UGDS_SUCCESS);
+    nr = 1;
+    CHECK_ERR(uGDSBatchIOGetStatus(b, 1, &nr, ev, NULL), UGDS_SUCCESS);
+    CHECK(nr == 1 && ev[0].cookie == (void *)(uintptr_t)77 && ev[0].status == UGDS_BATCH_COMPLETE && ev[0].ret == 2 * SZ);
+    CHECK(same(buf + (N + 10) * SZ, SZ, 5, 0) && same(buf + (N + 3) * SZ, SZ, 6, SZ));
+    /* Bad vectored requests submit nothing. */
+    ugds_iov_params_t bad[2] = {v, v};
+    bad[1].count = 0;
+    CHECK_ERR(uGDSBatchIOSubmitv(b, 2, bad, 0), UGDS_INVALID_VALUE);
+    unsigned char *stray = malloc(SZ);
+    ugds_segment_t unreg[1] = {{stray, 0, SZ}};
+    bad[1].segs = unreg;
+    bad[1].count = 1;
+    CHECK_ERR(uGDSBatchIOSubmitv(b, 2, bad, 0), UGDS_INVALID_VALUE);
+    CHECK(strstr(ugds_last_error(), "request 1: segment 0") != NULL);
+    free(stray);
+
     /* More than the context was set up for. */
     io[N] = io[0];
     CHECK_ERR(uGDSBatchIOSubmit(b, N + 1, io, 0), UGDS_BATCH_CAPACITY_EXCEEDED);

@@ -128,7 +128,17 @@ pub(crate) struct Prepared {
     pub len: usize,
     pub chunks: Chunker,
     pub pages: Arc<[u64]>,
+    /// A vectored request's further pieces, in order (empty otherwise: no
+    /// allocation).
+    pub more: Vec<(Chunker, Arc<[u64]>)>,
     pub hold: Hold,
+}
+
+impl Prepared {
+    /// The commands the request takes.
+    pub fn commands(&self) -> usize {
+        self.chunks.commands() + self.more.iter().map(|(c, _)| c.commands()).sum::<usize>()
+    }
 }
 
 /// The queue pair batch contexts use, and the contexts.
@@ -344,7 +354,7 @@ impl BatchQueue {
             }
             for p in reqs.iter() {
                 let i = c.free.pop().expect("room checked");
-                let commands = p.chunks.commands() as u32;
+                let commands = p.commands() as u32;
                 c.reqs[i as usize] = Req {
                     cookie: p.cookie,
                     pending: commands,
@@ -362,36 +372,42 @@ impl BatchQueue {
         let mut waited_since: Option<Instant> = None;
         for (p, &slot) in reqs.drain(..).zip(&slots) {
             st.batch.ctxs[ctx as usize].as_mut().expect("open").reqs[slot as usize].hold = Some(p.hold);
-            for ch in p.chunks {
-                let plan = ugds_nvme::prp::plan(&p.pages, crate::sys::PAGE_SIZE, ch.data_off, ch.len)
-                    .expect("validated range plans");
-                let sqe = Sqe::rw(p.op, Cid(0), self.nsid, Lba(ch.slba), ch.nlb, 0, 0);
-                loop {
-                    match st.qp.submit(sqe, Some(plan), owner(ctx, slot)) {
-                        Ok(_) => {
-                            waited_since = None;
-                            break;
-                        }
-                        Err(full) => {
-                            // Ring what is staged, reap, and let others in
-                            // while the device works.
-                            if st.qp.outstanding() > 0 {
-                                st.qp.ring_sq_doorbell();
-                                doorbells += 1;
-                            }
-                            drop(st);
-                            std::hint::spin_loop();
-                            st = self.lock();
-                            if self.reap(&mut st) == 0 {
-                                let since = *waited_since.get_or_insert_with(Instant::now);
-                                if since.elapsed() > self.timeout {
-                                    tracing::error!(?full, "batch submission found no room within the timeout");
-                                    return Err(Error::Timeout { qid: st.qp.qid().0, cid: None, after: self.timeout });
-                                }
-                            } else {
+            for (chunks, pages) in std::iter::once((p.chunks, p.pages)).chain(p.more) {
+                for ch in chunks {
+                    let plan = ugds_nvme::prp::plan(&pages, crate::sys::PAGE_SIZE, ch.data_off, ch.len)
+                        .expect("validated range plans");
+                    let sqe = Sqe::rw(p.op, Cid(0), self.nsid, Lba(ch.slba), ch.nlb, 0, 0);
+                    loop {
+                        match st.qp.submit(sqe, Some(plan), owner(ctx, slot)) {
+                            Ok(_) => {
                                 waited_since = None;
+                                break;
                             }
-                            let _: Full = full;
+                            Err(full) => {
+                                // Ring what is staged, reap, and let others in
+                                // while the device works.
+                                if st.qp.outstanding() > 0 {
+                                    st.qp.ring_sq_doorbell();
+                                    doorbells += 1;
+                                }
+                                drop(st);
+                                std::hint::spin_loop();
+                                st = self.lock();
+                                if self.reap(&mut st) == 0 {
+                                    let since = *waited_since.get_or_insert_with(Instant::now);
+                                    if since.elapsed() > self.timeout {
+                                        tracing::error!(?full, "batch submission found no room within the timeout");
+                                        return Err(Error::Timeout {
+                                            qid: st.qp.qid().0,
+                                            cid: None,
+                                            after: self.timeout,
+                                        });
+                                    }
+                                } else {
+                                    waited_since = None;
+                                }
+                                let _: Full = full;
+                            }
                         }
                     }
                 }

@@ -21,6 +21,25 @@ impl Hold {
     pub(crate) fn new(counted: Arc<dyn Inflight>) -> Hold {
         Hold(counted)
     }
+
+    /// Several claims as one (a vectored request's, one per buffer piece),
+    /// all released together.
+    pub(crate) fn many(mut holds: Vec<Hold>) -> Hold {
+        if holds.len() == 1 {
+            return holds.pop().expect("one");
+        }
+        Hold(Arc::new(Many(std::sync::Mutex::new(holds))))
+    }
+}
+
+/// The claims of [`Hold::many`].
+struct Many(std::sync::Mutex<Vec<Hold>>);
+
+impl Inflight for Many {
+    fn release(&self) {
+        // Each dropped claim releases its own count.
+        drop(std::mem::take(&mut *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)));
+    }
 }
 
 impl Drop for Hold {

@@ -26,6 +26,7 @@ pub use options::{
 };
 pub use scheduler::{Placement, Priority};
 use ugds_platform::Recover;
+pub(crate) use vectored::check_segments;
 pub use vectored::{Segment, MAX_SEGMENTS};
 
 use crate::driver::DriverInner;
@@ -260,6 +261,11 @@ impl HandleInner {
 
     pub fn ns_nsid(&self) -> u32 {
         self.ns.nsid
+    }
+
+    /// The namespace's block size in bytes.
+    pub fn block_size(&self) -> usize {
+        self.ns.block_size as usize
     }
 
     /// Takes an in-flight reference if the handle is open.

@@ -95,7 +95,7 @@ impl Handle {
 
 /// Checks a segment list on its own (count, lengths, and for a read that
 /// no two segments share a byte); the total length.
-fn check_segments(segments: &[Segment<'_>], block: usize, read: bool) -> Result<usize> {
+pub(crate) fn check_segments(segments: &[Segment<'_>], block: usize, read: bool) -> Result<usize> {
     if segments.is_empty() || segments.len() > MAX_SEGMENTS {
         return Err(Error::InvalidArgument(format!(
             "{} segments: a vectored call takes 1 to {MAX_SEGMENTS}",

@@ -419,7 +419,10 @@ fn bind(h: &Arc<HandleInner>, pending: Vec<Pending>) -> Bound {
             let Some((lease, token)) = &stage else {
                 let chunks = h.chunker(file_offset, data_off, size);
                 let pages = recent.as_ref().expect("filled by prepare_recent").shared_pages();
-                return Ok((Prepared { op: p.op, cookie: 0, len: size, chunks, pages, hold: guard.into() }, None));
+                return Ok((
+                    Prepared { op: p.op, cookie: 0, len: size, chunks, pages, more: Vec::new(), hold: guard.into() },
+                    None,
+                ));
             };
             // Checked exactly as the caller's buffer would be; then the
             // I/O goes to the staging block and the stream copies.
@@ -434,7 +437,10 @@ fn bind(h: &Arc<HandleInner>, pending: Vec<Pending>) -> Bound {
             lease.set_copy(p.op == NvmOpcode::Read, (p.buf.base + buf_offset) as u64, size);
             let chunks = h.chunker(file_offset, sdata_off, size);
             let pages = recent.as_ref().expect("filled by prepare_recent").shared_pages();
-            Ok((Prepared { op: p.op, cookie: 0, len: size, chunks, pages, hold: sguard.into() }, Some(guard)))
+            Ok((
+                Prepared { op: p.op, cookie: 0, len: size, chunks, pages, more: Vec::new(), hold: sguard.into() },
+                Some(guard),
+            ))
         })();
         match bound {
             Ok((r, hold)) => {
