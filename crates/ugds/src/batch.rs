@@ -141,24 +141,24 @@ impl Batch {
             return Err(Error::InvalidArgument("empty batch".into()));
         }
         let _in = h.enter()?;
-        let q = self.queue();
-        q.check_room(self.ctx, ios.len())?;
-        let mut reqs = self.scratch.lock().recover();
-        reqs.clear();
-        let mut recent = None;
-        for io in ios {
-            let (guard, data_off) = h.prepare_recent(&mut recent, &io.buf, io.size, io.file_offset, io.buf_offset)?;
-            reqs.push(Prepared {
-                op: if io.op == BatchOp::Read { NvmOpcode::Read } else { NvmOpcode::Write },
-                cookie: io.cookie,
-                len: io.size,
-                chunks: h.chunker(io.file_offset, data_off, io.size),
-                pages: recent.as_ref().expect("filled by prepare_recent").shared_pages(),
-                more: Vec::new(),
-                hold: guard.into(),
-            });
-        }
-        self.stage(&mut reqs)
+        self.queue().check_room(self.ctx, ios.len())?;
+        self.submit_prepared(|reqs| {
+            let mut recent = None;
+            for io in ios {
+                let (guard, data_off) =
+                    h.prepare_recent(&mut recent, &io.buf, io.size, io.file_offset, io.buf_offset)?;
+                reqs.push(Prepared {
+                    op: if io.op == BatchOp::Read { NvmOpcode::Read } else { NvmOpcode::Write },
+                    cookie: io.cookie,
+                    len: io.size,
+                    chunks: h.chunker(io.file_offset, data_off, io.size),
+                    pages: recent.as_ref().expect("filled by prepare_recent").shared_pages(),
+                    more: Vec::new(),
+                    hold: guard.into(),
+                });
+            }
+            Ok(())
+        })
     }
 
     /// Submits vectored requests (each one range of the namespace to or
@@ -173,48 +173,54 @@ impl Batch {
         }
         let _in = h.enter()?;
         self.queue().check_room(self.ctx, ios.len())?;
-        let mut reqs = self.scratch.lock().recover();
-        reqs.clear();
-        for io in ios {
-            let read = io.op == BatchOp::Read;
-            let total = crate::handle::check_segments(io.segments, h.block_size(), read)?;
-            h.check_range(total, io.file_offset)?;
-            let mut holds = Vec::with_capacity(io.segments.len());
-            let mut pieces = Vec::with_capacity(io.segments.len());
-            let mut at = io.file_offset;
-            for s in io.segments {
-                let mut recent = None;
-                let (guard, data_off) = h.prepare_recent(&mut recent, s.buf, s.len, at, s.offset)?;
-                holds.push(guard.into());
-                let pages = recent.as_ref().expect("filled by prepare_recent").shared_pages();
-                pieces.push((h.chunker(at, data_off, s.len), pages));
-                at += s.len as u64;
+        self.submit_prepared(|reqs| {
+            for io in ios {
+                let read = io.op == BatchOp::Read;
+                let total = crate::handle::check_segments(io.segments, h.block_size(), read)?;
+                h.check_range(total, io.file_offset)?;
+                let mut holds = Vec::with_capacity(io.segments.len());
+                let mut pieces = Vec::with_capacity(io.segments.len());
+                let mut at = io.file_offset;
+                for s in io.segments {
+                    let mut recent = None;
+                    let (guard, data_off) = h.prepare_recent(&mut recent, s.buf, s.len, at, s.offset)?;
+                    holds.push(guard.into());
+                    let pages = recent.as_ref().expect("filled by prepare_recent").shared_pages();
+                    pieces.push((h.chunker(at, data_off, s.len), pages));
+                    at += s.len as u64;
+                }
+                let mut pieces = pieces.into_iter();
+                let (chunks, pages) = pieces.next().expect("at least one segment");
+                reqs.push(Prepared {
+                    op: if read { NvmOpcode::Read } else { NvmOpcode::Write },
+                    cookie: io.cookie,
+                    len: total,
+                    chunks,
+                    pages,
+                    more: pieces.collect(),
+                    hold: Hold::many(holds),
+                });
             }
-            let mut pieces = pieces.into_iter();
-            let (chunks, pages) = pieces.next().expect("at least one segment");
-            reqs.push(Prepared {
-                op: if read { NvmOpcode::Read } else { NvmOpcode::Write },
-                cookie: io.cookie,
-                len: total,
-                chunks,
-                pages,
-                more: pieces.collect(),
-                hold: Hold::many(holds),
-            });
-        }
-        self.stage(&mut reqs)
+            Ok(())
+        })
     }
 
-    /// Hands validated requests to the batch queue (a submission that finds
-    /// no room within the timeout wedges the handle).
-    fn stage(&self, reqs: &mut Vec<Prepared>) -> Result<usize> {
-        match self.queue().submit(self.ctx, reqs) {
+    /// Validates a submission's requests into the scratch list (`fill`),
+    /// then hands them to the batch queue (a submission that finds no room
+    /// within the timeout wedges the handle). A refused submission keeps
+    /// none of them: their claims on the buffers go at once.
+    fn submit_prepared(&self, fill: impl FnOnce(&mut Vec<Prepared>) -> Result<()>) -> Result<usize> {
+        let mut reqs = self.scratch.lock().recover();
+        reqs.clear();
+        let r = fill(&mut reqs).and_then(|()| match self.queue().submit(self.ctx, &mut reqs) {
             Err(e @ Error::Timeout { .. }) => {
                 self.handle.wedge_holding_nothing();
                 Err(e)
             }
             r => r,
-        }
+        });
+        reqs.clear();
+        r
     }
 
     /// Collects finished requests into `out`: waits until at least `min_nr`

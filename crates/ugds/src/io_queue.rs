@@ -422,7 +422,10 @@ impl<'h> IoQueue<'h> {
         }
         sh.scratch.clear();
         sh.scratch.push(p);
-        match q.submit(sh.ctx, &mut sh.scratch) {
+        let r = q.submit(sh.ctx, &mut sh.scratch);
+        // A refused request keeps no claim on its buffer.
+        sh.scratch.clear();
+        match r {
             Ok(_) => {
                 self.outstanding += 1;
                 Ok(())

@@ -290,3 +290,25 @@ fn a_batch_keeps_its_handle_open() {
     assert!(b.mem.iter().all(|&x| x == 9));
     drop(batch);
 }
+
+/// A submission refused for one bad request keeps no claim on the buffers
+/// of the good requests before it: they deregister at once.
+#[test]
+fn a_refused_submission_keeps_no_buffer() {
+    let (d, h, _e) = open(small_emu(), opts());
+    let (a, b) = (Buf::new(&d, 65536), Buf::new(&d, 65536));
+    let batch = h.batch(8).unwrap();
+    let good = io(BatchOp::Read, &a.token, 4096, 0, 0, 1);
+    let bad = io(BatchOp::Read, &b.token, 100, 0, 0, 2);
+    assert!(batch.submit(&[good, bad]).is_err());
+    let segs = [ugds::Segment::new(&a.token, 0, 4096)];
+    let bad_segs = [ugds::Segment::new(&b.token, 0, 100)];
+    let v = [
+        ugds::BatchIov { op: BatchOp::Read, segments: &segs, file_offset: 0, cookie: 3 },
+        ugds::BatchIov { op: BatchOp::Read, segments: &bad_segs, file_offset: 0, cookie: 4 },
+    ];
+    assert!(batch.submit_vectored(&v).is_err());
+    assert_eq!(batch.outstanding(), 0);
+    d.deregister(&a.token).unwrap();
+    std::mem::forget(a);
+}
