@@ -293,8 +293,8 @@ impl SyncQueue {
     /// Capped waits whose waiter then found its work ready (its request
     /// done, a completion posted, a slot or SQ room free): a lost wake-up or
     /// a missed interrupt. A slow device or copy leaves nothing ready (on
-    /// the H200, waits capped while other threads polled the queue some
-    /// 300000 times for copies held up by other processes' GPU work).
+    /// the H200, waits capped while the queue's other threads polled it some
+    /// 300000 times with GPU copies still running).
     pub fn lost_wakeups(&self) -> u64 {
         self.lost_wakeups.load(Ordering::Relaxed)
     }
