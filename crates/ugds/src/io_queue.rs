@@ -591,6 +591,11 @@ impl<'h> IoQueue<'h> {
         }
         self.outstanding = 0;
         self.dead = true;
+        // This queue is the handle's to read no more: its own trace goes to
+        // the log here (the handle logs the others').
+        for e in self.trace().into_iter().flatten() {
+            tracing::error!(qid, "wedged: lent queue's command {e}");
+        }
         handle.inner.wedge(guards);
     }
 
