@@ -44,6 +44,27 @@ pub(crate) fn batch_of(batch: *mut c_void) -> Result<(Arc<ugds::Batch>, ugds::Dr
     Ok((b.clone(), s.driver.clone()))
 }
 
+/// The batch of a submission, the driver, and its `nr` parameter blocks;
+/// the error to return for a null list, `nr` 0 or more than the batch holds.
+///
+/// # Safety
+/// `params` is null or valid for reads of `nr` blocks for the call.
+unsafe fn submission<'a, T>(
+    batch: *mut c_void,
+    nr: c_uint,
+    params: *const T,
+) -> Result<(Arc<ugds::Batch>, ugds::Driver, &'a [T]), uGDSError_t> {
+    if params.is_null() || nr == 0 {
+        return Err(fail(op::INVALID_VALUE, "null params or nr 0"));
+    }
+    let (b, driver) = batch_of(batch)?;
+    if nr as usize > b.capacity() {
+        return Err(fail(op::BATCH_CAPACITY_EXCEEDED, format!("{nr} requests, capacity {}", b.capacity())));
+    }
+    // SAFETY: non-null, and `nr` blocks by the caller's contract.
+    Ok((b, driver, unsafe { std::slice::from_raw_parts(params, nr as usize) }))
+}
+
 /// Submits `nr` requests (all checked first; bad input submits none).
 ///
 /// # Safety
@@ -58,18 +79,11 @@ pub unsafe extern "C" fn uGDSBatchIOSubmit(
     _flags: c_uint,
 ) -> uGDSError_t {
     guard(internal(), || {
-        if params.is_null() || nr == 0 {
-            return fail(op::INVALID_VALUE, "null params or nr 0");
-        }
-        let (b, driver) = match batch_of(batch) {
+        // SAFETY: the caller passes `nr` parameter blocks (or null, refused).
+        let (b, driver, ps) = match unsafe { submission(batch, nr, params) } {
             Ok(x) => x,
             Err(e) => return e,
         };
-        if nr as usize > b.capacity() {
-            return fail(op::BATCH_CAPACITY_EXCEEDED, format!("{nr} requests, capacity {}", b.capacity()));
-        }
-        // SAFETY: the caller passes `nr` parameter blocks.
-        let ps = unsafe { std::slice::from_raw_parts(params, nr as usize) };
         let mut ios = Vec::with_capacity(ps.len());
         for p in ps {
             if p.devPtr_base.is_null() || p.file_offset < 0 || p.devPtr_offset < 0 {
@@ -115,18 +129,11 @@ pub unsafe extern "C" fn uGDSBatchIOSubmitv(
     _flags: c_uint,
 ) -> uGDSError_t {
     guard(internal(), || {
-        if params.is_null() || nr == 0 {
-            return fail(op::INVALID_VALUE, "null params or nr 0");
-        }
-        let (b, driver) = match batch_of(batch) {
+        // SAFETY: the caller passes `nr` parameter blocks (or null, refused).
+        let (b, driver, ps) = match unsafe { submission(batch, nr, params) } {
             Ok(x) => x,
             Err(e) => return e,
         };
-        if nr as usize > b.capacity() {
-            return fail(op::BATCH_CAPACITY_EXCEEDED, format!("{nr} requests, capacity {}", b.capacity()));
-        }
-        // SAFETY: the caller passes `nr` parameter blocks.
-        let ps = unsafe { std::slice::from_raw_parts(params, nr as usize) };
         let mut found = Vec::with_capacity(ps.len());
         for (r, p) in ps.iter().enumerate() {
             if p.segs.is_null() || p.count <= 0 || p.count > abi::MAX_SEGMENTS || p.file_offset < 0 {

@@ -137,12 +137,7 @@ impl Batch {
     /// number of doorbell writes it took.
     pub fn submit(&self, ios: &[BatchIo]) -> Result<usize> {
         let h = &*self.handle;
-        if ios.is_empty() {
-            return Err(Error::InvalidArgument("empty batch".into()));
-        }
-        let _in = h.enter()?;
-        self.queue().check_room(self.ctx, ios.len())?;
-        self.submit_prepared(|reqs| {
+        self.submit_prepared(ios.len(), |reqs| {
             let mut recent = None;
             for io in ios {
                 let (guard, data_off) =
@@ -168,12 +163,7 @@ impl Batch {
     /// one event.
     pub fn submit_vectored(&self, ios: &[BatchIov<'_>]) -> Result<usize> {
         let h = &*self.handle;
-        if ios.is_empty() {
-            return Err(Error::InvalidArgument("empty batch".into()));
-        }
-        let _in = h.enter()?;
-        self.queue().check_room(self.ctx, ios.len())?;
-        self.submit_prepared(|reqs| {
+        self.submit_prepared(ios.len(), |reqs| {
             for io in ios {
                 let read = io.op == BatchOp::Read;
                 let total = crate::handle::check_segments(io.segments, h.block_size(), read)?;
@@ -205,11 +195,16 @@ impl Batch {
         })
     }
 
-    /// Validates a submission's requests into the scratch list (`fill`),
+    /// Validates a submission of `n` requests into the scratch list (`fill`),
     /// then hands them to the batch queue (a submission that finds no room
     /// within the timeout wedges the handle). A refused submission keeps
     /// none of them: their claims on the buffers go at once.
-    fn submit_prepared(&self, fill: impl FnOnce(&mut Vec<Prepared>) -> Result<()>) -> Result<usize> {
+    fn submit_prepared(&self, n: usize, fill: impl FnOnce(&mut Vec<Prepared>) -> Result<()>) -> Result<usize> {
+        if n == 0 {
+            return Err(Error::InvalidArgument("empty batch".into()));
+        }
+        let _in = self.handle.enter()?;
+        self.queue().check_room(self.ctx, n)?;
         let mut reqs = self.scratch.lock().recover();
         reqs.clear();
         let r = fill(&mut reqs).and_then(|()| match self.queue().submit(self.ctx, &mut reqs) {
