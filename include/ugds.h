@@ -15,6 +15,10 @@
  * registered afterwards; UGDS_EMULATE=1 lets a handle be registered on a
  * regular file, served by an emulated NVMe controller whose namespace is
  * that file (UGDS_EMULATE_BLOCK_SIZE: 512 or 4096, default 512).
+ * UGDS_MODE=latency|throughput|priority|adaptive serves each synchronous
+ * request of handles registered afterwards as that mode says (an unknown
+ * name refuses the registration with UGDS_INVALID_VALUE); UGDS_TRACE=N
+ * traces each queue's last N commands.
  *
  * Apache-2.0 OR MIT.
  */

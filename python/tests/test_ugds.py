@@ -113,6 +113,28 @@ class Host(unittest.TestCase):
         for buf in (ba, bb, bo):
             self.drv.deregister(buf)
 
+    def test_modes_and_priorities(self):
+        data = bytearray(pattern(9, 65536))
+        for mode in ("latency", "throughput", "priority", "adaptive"):
+            h = self.drv.open_emulated(size=16 << 20, mode=mode)
+            buf = self.drv.register(data)
+            self.assertEqual(h.write(buf, 65536, 0, priority="background"), 65536)
+            data[:] = bytes(65536)
+            self.assertEqual(h.read(buf, 65536, 0, priority="critical"), 65536)
+            self.assertEqual(bytes(data), pattern(9, 65536), mode)
+            stats = [q for q in h.queue_stats() if q["role"] == "sync"]
+            self.assertEqual(sum(q["submitted"] for q in stats), 2)
+            self.drv.deregister(buf)
+            h.close()
+        with self.assertRaises(ugds.InvalidArgument):
+            self.drv.open_emulated(size=16 << 20, mode="fastest")
+        buf = self.drv.register(data)
+        before = sum(q["submitted"] for q in self.h.queue_stats())
+        with self.assertRaises(ugds.InvalidArgument):
+            self.h.read(buf, 4096, 0, priority="urgent")
+        self.assertEqual(sum(q["submitted"] for q in self.h.queue_stats()), before, "nothing submitted")
+        self.drv.deregister(buf)
+
     def test_registered_bytearray_cannot_be_resized(self):
         mem = bytearray(65536)
         buf = self.drv.register(mem)

@@ -89,12 +89,27 @@ fn sweep(driver: &ugds::Driver, graveyard: &Graveyard) {
     drop(released);
 }
 
-fn options(interrupt: bool) -> HandleOptions {
+/// The handle's options: from the environment, then `interrupt` and
+/// `mode` (a built-in mode's name) when given.
+fn options(interrupt: bool, mode: Option<&str>) -> PyResult<HandleOptions> {
     let mut o = HandleOptions::from_env();
     if interrupt {
         o.completion = Completion::Interrupt;
     }
-    o
+    if let Some(m) = mode {
+        o.mode = Some(ugds::mode::mode_by_name(m).map_err(err)?);
+    }
+    Ok(o)
+}
+
+/// A request class by name.
+fn priority(name: &str) -> PyResult<ugds::Priority> {
+    match name {
+        "critical" => Ok(ugds::Priority::Critical),
+        "normal" => Ok(ugds::Priority::Normal),
+        "background" => Ok(ugds::Priority::Background),
+        p => Err(InvalidArgument::new_err(format!("unknown priority {p:?} (critical, normal, background)"))),
+    }
 }
 
 impl Handle {
@@ -136,9 +151,11 @@ impl Driver {
         &self,
         py: Python<'_>,
         interrupt: bool,
+        mode: Option<&str>,
         open: impl FnOnce() -> ugds::Result<Arc<dyn ugds::platform::Platform>> + Send,
     ) -> PyResult<Handle> {
-        py.allow_threads(|| self.inner.open_handle(open()?, options(interrupt))).map(Handle::from).map_err(err)
+        let opts = options(interrupt, mode)?;
+        py.allow_threads(|| self.inner.open_handle(open()?, opts)).map(Handle::from).map_err(err)
     }
 }
 
@@ -152,7 +169,8 @@ impl Driver {
     /// Opens a handle on an emulated NVMe controller (runs anywhere). The
     /// namespace lives in memory, or in the file `path` (created if missing;
     /// `direct` reads and writes it with O_DIRECT).
-    #[pyo3(signature = (path=None, size=1<<30, block_size=512, direct=false, interrupt=false))]
+    #[pyo3(signature = (path=None, size=1<<30, block_size=512, direct=false, interrupt=false, mode=None))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn open_emulated(
         &self,
         py: Python<'_>,
@@ -161,6 +179,7 @@ impl Driver {
         block_size: u32,
         direct: bool,
         interrupt: bool,
+        mode: Option<&str>,
     ) -> PyResult<Handle> {
         let ns = match path {
             None => NamespaceConfig::memory(size, block_size),
@@ -168,7 +187,7 @@ impl Driver {
             Some(p) => NamespaceConfig::file(p, size, block_size),
         };
         let cfg = EmuConfig::default().namespaces(vec![ns]);
-        self.open_on(py, interrupt, || Ok(Arc::new(EmuPlatform::new(cfg)?)))
+        self.open_on(py, interrupt, mode, || Ok(Arc::new(EmuPlatform::new(cfg)?)))
     }
 
     /// Opens a handle on a file (on any filesystem) or a block device
@@ -179,32 +198,46 @@ impl Driver {
     /// GPU memory (through pinned bounce buffers). `ring`: "plain",
     /// "sqpoll" (a kernel thread takes submissions) or "iopoll"
     /// (completions polled from the device, where the file allows).
-    #[pyo3(signature = (path, interrupt=false, ring="plain"))]
-    fn open_file(&self, py: Python<'_>, path: std::path::PathBuf, interrupt: bool, ring: &str) -> PyResult<Handle> {
+    #[pyo3(signature = (path, interrupt=false, ring="plain", mode=None))]
+    fn open_file(
+        &self,
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        interrupt: bool,
+        ring: &str,
+        mode: Option<&str>,
+    ) -> PyResult<Handle> {
         let ring = match ring {
             "plain" => ugds::KernelRing::Plain,
             "sqpoll" => ugds::KernelRing::SqPoll,
             "iopoll" => ugds::KernelRing::IoPoll,
             r => return Err(err(ugds::Error::InvalidArgument(format!("ring {r:?}: plain, sqpoll or iopoll")))),
         };
-        let opts = options(interrupt).kernel_ring(ring);
+        let opts = options(interrupt, mode)?.kernel_ring(ring);
         py.allow_threads(|| self.inner.open_file(&path, opts)).map(Handle::from).map_err(err)
     }
 
     /// Opens a handle on a controller bound to the ugds_drv module
     /// (`/dev/ugds_drvN`).
-    #[pyo3(signature = (path, interrupt=false))]
-    fn open_drv(&self, py: Python<'_>, path: &str, interrupt: bool) -> PyResult<Handle> {
-        self.open_on(py, interrupt, || Ok(Arc::new(ugds::platform::ugds_drv::UgdsDrvPlatform::open(path)?)))
+    #[pyo3(signature = (path, interrupt=false, mode=None))]
+    fn open_drv(&self, py: Python<'_>, path: &str, interrupt: bool, mode: Option<&str>) -> PyResult<Handle> {
+        self.open_on(py, interrupt, mode, || Ok(Arc::new(ugds::platform::ugds_drv::UgdsDrvPlatform::open(path)?)))
     }
 
     /// Opens a handle on a controller bound to vfio-pci, by PCI address.
     /// `interface`: "auto" (the vfio cdev and iommufd where the kernel has
     /// them, else the IOMMU group), "cdev" or "group".
-    #[pyo3(signature = (bdf, interrupt=false, interface="auto"))]
-    fn open_vfio(&self, py: Python<'_>, bdf: &str, interrupt: bool, interface: &str) -> PyResult<Handle> {
+    #[pyo3(signature = (bdf, interrupt=false, interface="auto", mode=None))]
+    fn open_vfio(
+        &self,
+        py: Python<'_>,
+        bdf: &str,
+        interrupt: bool,
+        interface: &str,
+        mode: Option<&str>,
+    ) -> PyResult<Handle> {
         let via: ugds::platform::vfio::VfioInterface = interface.parse().map_err(err)?;
-        self.open_on(py, interrupt, || Ok(Arc::new(ugds::platform::vfio::VfioPlatform::open_with(bdf, via)?)))
+        self.open_on(py, interrupt, mode, || Ok(Arc::new(ugds::platform::vfio::VfioPlatform::open_with(bdf, via)?)))
     }
 
     /// Registers `nbytes` at address `ptr`: `kind` is "host", "cuda" or
@@ -429,21 +462,41 @@ fn op(name: &str) -> PyResult<BatchOp> {
 #[pymethods]
 impl Handle {
     /// Reads `size` bytes at byte `file_offset` of the namespace into the
-    /// buffer at `buf_offset`; returns the bytes read.
-    #[pyo3(signature = (buf, size, file_offset, buf_offset=0))]
-    fn read(&self, py: Python<'_>, buf: &Buffer, size: usize, file_offset: u64, buf_offset: usize) -> PyResult<usize> {
+    /// buffer at `buf_offset`; returns the bytes read. `priority`: the
+    /// request's class, "critical", "normal" or "background".
+    #[pyo3(signature = (buf, size, file_offset, buf_offset=0, priority="normal"))]
+    fn read(
+        &self,
+        py: Python<'_>,
+        buf: &Buffer,
+        size: usize,
+        file_offset: u64,
+        buf_offset: usize,
+        priority: &str,
+    ) -> PyResult<usize> {
+        let p = self::priority(priority)?;
         buf.check(py)?;
         let t = buf.token;
-        py.allow_threads(|| self.inner.read(&t, size, file_offset, buf_offset)).map_err(err)
+        py.allow_threads(|| self.inner.read_with_priority(&t, size, file_offset, buf_offset, p)).map_err(err)
     }
 
     /// Writes `size` bytes from the buffer at `buf_offset` to byte
     /// `file_offset` of the namespace; returns the bytes written.
-    #[pyo3(signature = (buf, size, file_offset, buf_offset=0))]
-    fn write(&self, py: Python<'_>, buf: &Buffer, size: usize, file_offset: u64, buf_offset: usize) -> PyResult<usize> {
+    /// `priority` as for read.
+    #[pyo3(signature = (buf, size, file_offset, buf_offset=0, priority="normal"))]
+    fn write(
+        &self,
+        py: Python<'_>,
+        buf: &Buffer,
+        size: usize,
+        file_offset: u64,
+        buf_offset: usize,
+        priority: &str,
+    ) -> PyResult<usize> {
+        let p = self::priority(priority)?;
         buf.check(py)?;
         let t = buf.token;
-        py.allow_threads(|| self.inner.write(&t, size, file_offset, buf_offset)).map_err(err)
+        py.allow_threads(|| self.inner.write_with_priority(&t, size, file_offset, buf_offset, p)).map_err(err)
     }
 
     /// Reads the range at `file_offset` into `segments`, a list of

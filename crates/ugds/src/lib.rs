@@ -69,6 +69,7 @@ pub use engine::batch::RequestStats;
 pub use engine::trace::{LatencyHistogram, TraceEvent};
 pub use engine::KernelRing;
 pub use engine::{BatchEvent, BatchStatus, Completion, ControllerInfo, NamespaceInfo};
+pub use handle::mode::{self, Mode};
 pub use handle::{
     Drain, Handle, HandleOptions, HandleState, Placement, Priority, QueueInfo, QueueLatency, QueueRole, QueueStats,
     QueueTrace, Segment, MAX_SEGMENTS, MAX_TRACE,

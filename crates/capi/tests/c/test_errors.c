@@ -45,6 +45,18 @@ int main(void) {
     CHECK_ERR(uGDSHandleRegister(&fh, &d), UGDS_INVALID_VALUE); /* not an open fd */
     d.handle.fd = fd;
     setenv("UGDS_EMULATE", "1", 1);
+    /* A mode by name (UGDS_MODE): an unknown one refuses the handle. */
+    setenv("UGDS_MODE", "fastest", 1);
+    CHECK_ERR(uGDSHandleRegister(&fh, &d), UGDS_INVALID_VALUE);
+    if (fh != NULL) {
+        fprintf(stderr, "a refused handle was returned\n");
+        return 1;
+    }
+    setenv("UGDS_MODE", "adaptive", 1);
+    CHECK_ERR(uGDSHandleRegister(&fh, &d), UGDS_SUCCESS);
+    CHECK_ERR(uGDSHandleDeregisterEx(fh, 0), UGDS_SUCCESS);
+    fh = NULL;
+    unsetenv("UGDS_MODE");
     CHECK_ERR(uGDSHandleRegister(&fh, &d), UGDS_SUCCESS);
     uGDSHandle_t fh2 = NULL;
     CHECK_ERR(uGDSHandleRegister(&fh2, &d), UGDS_HANDLE_ALREADY_REGISTERED);

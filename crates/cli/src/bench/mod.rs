@@ -8,6 +8,7 @@
 
 mod batch;
 mod mixed;
+mod modes;
 mod options;
 mod queue;
 mod report;
@@ -261,7 +262,10 @@ fn run_one(
         Engine::Queue | Engine::Batch(_) | Engine::Stream if handle.batch_queue_is_shared() => &[QueueRole::Sync],
         _ => &[QueueRole::Batch],
     };
-    let mode = completion_label(handle, used);
+    let mode = match (&o.service, used) {
+        (Some(m), [QueueRole::Sync]) => m.as_str(),
+        _ => completion_label(handle, used),
+    };
     let shape = match engine {
         Engine::Batch(n) => format!("batch {n:<4}"),
         Engine::Stream => format!("stream qd {:<4}", o.qd),
@@ -346,6 +350,9 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     if o.mixed {
         return mixed::run(&o, &target, &Driver::open());
     }
+    if o.modes {
+        return modes::run(&o, &target, &Driver::open());
+    }
     if let Some(n) = o.vectored {
         return vectored::run(&o, &target, &Driver::open(), n);
     }
@@ -384,7 +391,8 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         .stats_dir(HandleOptions::from_env().stats_dir)
         .trace(o.trace)
         .placement(o.placement)
-        .chunk_bytes(o.chunk);
+        .chunk_bytes(o.chunk)
+        .mode(o.service.as_deref().map(ugds::mode::mode_by_name).transpose().map_err(|e| e.to_string())?);
     let mut handle = target.open_handle(&driver, opts.clone()).map_err(|e| e.to_string())?;
     let mut shared_note = "";
     if lent && handle.queue_counts().1 < o.threads {
@@ -399,6 +407,9 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         shared_note = "; too few to lend one per thread: each thread's queue is a context on the batch queue";
     }
     let setup = t_setup.elapsed();
+    if let (Some(m), true) = (&o.service, lent || !o.batches.is_empty() || o.stream) {
+        eprintln!("note: --mode {m} serves synchronous requests (queue depth 1); these runs' queues poll or wait as --interrupt says");
+    }
     let ns = handle.namespace();
     let range = o.range.unwrap_or(ns.capacity()).min(ns.capacity());
     if let Some(&bad) = o.sizes.iter().find(|&&s| s % ns.block_size as usize != 0 || s as u64 > range) {

@@ -9,7 +9,13 @@ Runs I/O against the target and prints, per run, throughput (MiB/s), IOPS
 and latency (mean, p50, p99, p99.9, max) from submission to completion.
 
 Options:
-  -m, --mode MODE         read, write, randread, randwrite [randread]
+      --rw PATTERN        read, write, randread, randwrite [randread]
+  -m, --mode MODE         how the handle serves synchronous requests: latency
+                          (polling, shallow queues), throughput (deep queues,
+                          interrupts), priority (by each request's class) or
+                          adaptive (polling or interrupts by measured service
+                          time) [none: as --interrupt says]; read, write,
+                          randread and randwrite are still taken as --rw
   -s, --size SIZE         request size; a comma list sweeps sizes [4k]
   -t, --threads N         submitting threads, one queue each [1]
   -q, --qd N              requests outstanding per thread [32]
@@ -47,6 +53,12 @@ Options:
       --vectored N        N segments of SIZE (the first -s), scattered in one
                           buffer, read as one call (readv) against N calls
                           (segments/s, CPU time per segment)
+      --modes             the modes' table: a latency-bound workload (SIZE, the
+                          first -s, at QD1 from one thread) and a bandwidth-
+                          bound one (1 MiB at QD1 from -t threads), each with
+                          polling, interrupts and the latency, throughput and
+                          adaptive modes: IOPS, MiB/s, p50/p99 and the CPU
+                          time of the calling threads per GB
       --trace N           the library traces each queue's last N commands and
                           counts their latencies (two clock reads a command);
                           printed per queue after the runs [UGDS_TRACE, or 0]
@@ -95,6 +107,10 @@ impl Mode {
 #[derive(Clone, Debug)]
 pub(super) struct Opts {
     pub(super) mode: Mode,
+    /// The handle's mode (`--mode latency|throughput|priority|adaptive`).
+    pub(super) service: Option<String>,
+    /// The modes' table (`--modes`).
+    pub(super) modes: bool,
     pub(super) sizes: Vec<usize>,
     pub(super) threads: usize,
     pub(super) qd: usize,
@@ -129,6 +145,8 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
     use lexopt::prelude::*;
     let mut o = Opts {
         mode: Mode::RandRead,
+        service: None,
+        modes: false,
         sizes: vec![4096],
         threads: 1,
         qd: 32,
@@ -156,7 +174,21 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
     let err = |e: lexopt::Error| e.to_string();
     while let Some(arg) = p.next().map_err(err)? {
         match arg {
-            Short('m') | Long("mode") => o.mode = Mode::parse(&p.value().map_err(err)?.string().map_err(err)?)?,
+            Long("rw") => o.mode = Mode::parse(&p.value().map_err(err)?.string().map_err(err)?)?,
+            Short('m') | Long("mode") => {
+                let v = p.value().map_err(err)?.string().map_err(err)?;
+                match Mode::parse(&v) {
+                    Ok(m) => o.mode = m,
+                    Err(_) if ugds::mode::MODE_NAMES.contains(&v.as_str()) => o.service = Some(v),
+                    Err(_) => {
+                        return Err(format!(
+                            "unknown mode {v:?}: {} (or, as --rw, read, write, randread, randwrite)",
+                            ugds::mode::MODE_NAMES.join(", ")
+                        ))
+                    }
+                }
+            }
+            Long("modes") => o.modes = true,
             Short('s') | Long("size") => {
                 let v = p.value().map_err(err)?.string().map_err(err)?;
                 o.sizes = v.split(',').map(|s| parse_size(s).map(|n| n as usize)).collect::<Result<_, _>>()?;
@@ -234,9 +266,13 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
     if o.stream && !o.batches.is_empty() {
         return Err("--batch and --stream are separate modes".into());
     }
-    if (o.mixed || o.vectored.is_some()) && (o.verify || o.stream || !o.batches.is_empty() || o.mode != Mode::RandRead)
+    if (o.mixed || o.modes || o.vectored.is_some())
+        && (o.verify || o.stream || !o.batches.is_empty() || o.mode != Mode::RandRead || o.service.is_some())
     {
-        return Err("--mixed and --vectored run reads of their own: no --verify, --stream, --batch or --mode".into());
+        return Err(
+            "--mixed, --modes and --vectored run reads of their own: no --verify, --stream, --batch, --rw or --mode"
+                .into(),
+        );
     }
     if o.verify && o.target.null {
         return Err("--verify needs a namespace that keeps data (not --emu-null)".into());

@@ -198,9 +198,9 @@ impl Handle {
         // A page or less is one command (MDTS is at least a page): no
         // splitting to iterate.
         let (q, r) = if size <= PAGE_SIZE {
-            h.run_scheduled(std::iter::once(cmd(chunks.whole())), name, prio, size)
+            h.run_scheduled(std::iter::once(cmd(chunks.whole())), name, op == NvmOpcode::Write, prio, size)
         } else {
-            h.run_scheduled(chunks.map(cmd), name, prio, size)
+            h.run_scheduled(chunks.map(cmd), name, op == NvmOpcode::Write, prio, size)
         };
         RECENT.set(recent);
         match r {

@@ -16,11 +16,13 @@
 //! wedged handle that is dropped without that leaks them on purpose.
 
 mod api;
+pub mod mode;
 mod options;
 mod scheduler;
 mod vectored;
 
 pub use api::Handle;
+use mode::{Depth, ModeRequest};
 pub use options::{
     Drain, HandleOptions, HandleState, QueueInfo, QueueLatency, QueueRole, QueueStats, QueueTrace, MAX_TRACE,
 };
@@ -108,6 +110,9 @@ impl HandleInner {
                 .first()
                 .ok_or_else(|| Error::Unsupported("controller has no usable namespace".into()))?,
         };
+        if let Some(e) = &opts.env_error {
+            return Err(Error::InvalidArgument(e.clone()));
+        }
         if opts.trace > MAX_TRACE {
             return Err(Error::InvalidArgument(format!(
                 "a trace of {} commands per queue (at most {MAX_TRACE})",
@@ -128,7 +133,10 @@ impl HandleInner {
         // vectors 1.. round robin (vector 0 when it is the only one), as
         // Linux shares them; a lendable queue without a vector of its own
         // polls (its owner waits alone, it cannot share).
-        let vector_for = |qid: u16, lent: bool| match opts.completion {
+        // A mode that may sleep on interrupts needs them on the synchronous queues.
+        let mode_sleeps = opts.mode.as_ref().is_some_and(|m| m.interrupts());
+        let completion_of = |lent: bool| if mode_sleeps && !lent { Completion::Interrupt } else { opts.completion };
+        let vector_for = |qid: u16, lent: bool| match completion_of(lent) {
             Completion::Interrupt if qid < vectors => Some(qid),
             Completion::Interrupt if vectors == 0 => {
                 tracing::warn!(qid, "the platform has no interrupt vectors; the queue polls");
@@ -359,14 +367,38 @@ impl HandleInner {
     }
 
     /// Runs `cmds`, one synchronous request of `size` bytes and class
-    /// `prio`, on the queue the scheduler picks and paced as it says; the
-    /// queue and the outcome (for [`finish`](Self::finish)).
+    /// `prio`, on the queue the scheduler picks and paced as it says (and as
+    /// the handle's mode plans it, if it has one); the queue and the
+    /// outcome (for [`finish`](Self::finish)).
     pub fn run_scheduled<'a>(
+        &self,
+        cmds: impl Iterator<Item = Cmd<'a>>,
+        name: &'static str,
+        write: bool,
+        prio: Priority,
+        size: usize,
+    ) -> (&SyncQueue, std::result::Result<u64, Failure>) {
+        let Some(mode) = self.opts.mode.as_deref() else {
+            return self.run_planned(cmds, name, prio, size, Depth::Scheduler, self.opts.completion);
+        };
+        let req = ModeRequest { bytes: size, write, priority: prio };
+        let plan = mode.plan(&req);
+        let start = plan.measure.then(Instant::now);
+        let (q, r) = self.run_planned(cmds, name, plan.priority, size, plan.depth, plan.completion);
+        if let (Some(start), Ok(_)) = (start, &r) {
+            mode.observe(&req, &plan, start.elapsed());
+        }
+        (q, r)
+    }
+
+    fn run_planned<'a>(
         &self,
         cmds: impl Iterator<Item = Cmd<'a>>,
         name: &'static str,
         prio: Priority,
         size: usize,
+        depth: Depth,
+        completion: Completion,
     ) -> (&SyncQueue, std::result::Result<u64, Failure>) {
         // Once it has made room, a request keeps doing so (see the scheduler).
         let yielded = Cell::new(false);
@@ -377,9 +409,9 @@ impl HandleInner {
                 y
             }
         };
-        let pacing = self.sched.pacing(prio, size, &yield_now);
+        let pacing = self.sched.pacing_at(prio, size, depth, &yield_now);
         let q = self.next_sync_queue();
-        let r = q.execute(cmds, name, self.opts.completion, self.opts.timeout, pacing);
+        let r = q.execute(cmds, name, completion, self.opts.timeout, pacing);
         if prio == Priority::Critical {
             self.sched.critical_done();
         }

@@ -1,9 +1,11 @@
 //! How a handle is set up, and what it reports about itself: its options,
 //! close modes, states and queues.
 
+use super::mode::{mode_by_name, Mode};
 use super::scheduler::Placement;
 use crate::engine::trace::{LatencyHistogram, TraceEvent};
 use crate::engine::{Completion, KernelRing};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How a handle is set up.
@@ -61,6 +63,11 @@ pub struct HandleOptions {
     /// (whole commands, at least one) on the device while other work waits,
     /// as their [`Priority`](crate::Priority) says; 0: never held back. [256 KiB]
     pub chunk_bytes: usize,
+    /// How each synchronous request is served (see [`Mode`]): `None` (the
+    /// default), as `completion` says with the scheduler's interleaving.
+    pub mode: Option<Arc<dyn Mode>>,
+    /// What `from_env` could not read, refused at open.
+    pub(crate) env_error: Option<String>,
 }
 
 /// The most commands a queue pair's trace keeps.
@@ -84,6 +91,8 @@ impl Default for HandleOptions {
             trace: 0,
             placement: Placement::LeastLoaded,
             chunk_bytes: 256 << 10,
+            mode: None,
+            env_error: None,
         }
     }
 }
@@ -202,13 +211,21 @@ impl HandleOptions {
         self.chunk_bytes = bytes;
         self
     }
+
+    /// Sets how synchronous requests are served (see [`Mode`]; `None`: as
+    /// [`completion`](Self::completion) says).
+    pub fn mode(mut self, mode: Option<Arc<dyn Mode>>) -> Self {
+        self.mode = mode;
+        self
+    }
 }
 
 impl HandleOptions {
     /// Interrupt completion when `UGDS_INTERRUPT_MODE=1`, as in the paper;
     /// the kernel path's ring mode from `UGDS_KERNEL_RING` (`sqpoll`,
     /// `iopoll`); statistics published to `UGDS_STATS_DIR` when it is set;
-    /// `UGDS_TRACE=N` traces each queue's last N commands.
+    /// `UGDS_TRACE=N` traces each queue's last N commands; `UGDS_MODE`
+    /// names a built-in [`Mode`] (an unknown name makes the open fail).
     pub fn from_env() -> Self {
         let mut o = HandleOptions::default();
         if std::env::var("UGDS_INTERRUPT_MODE").is_ok_and(|v| v == "1") {
@@ -225,6 +242,13 @@ impl HandleOptions {
                 Ok(n) => o.trace = n,
                 Err(_) => tracing::warn!("UGDS_TRACE={v:?} is not a number of commands; not traced"),
             }
+        }
+        match std::env::var("UGDS_MODE").as_deref() {
+            Err(_) | Ok("") => {}
+            Ok(name) => match mode_by_name(name) {
+                Ok(m) => o.mode = Some(m),
+                Err(e) => o.env_error = Some(format!("UGDS_MODE: {e}")),
+            },
         }
         o
     }

@@ -22,6 +22,7 @@
 //! it, a latency-critical one a clock read and a store when it finishes,
 //! and a request that is not interleaved does not look at all.
 
+use super::mode::Depth;
 use crate::engine::sync::{Pacing, SyncQueue};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -137,12 +138,28 @@ impl Scheduler {
         &queues[best]
     }
 
-    /// How a request of class `prio` and `size` bytes is paced; `yield_now`
-    /// is where the caller keeps [`yields`](Self::yields) for it.
+    /// How a request of class `prio` and `size` bytes is paced at `depth`
+    /// (the scheduler's, unless a mode asks otherwise); `yield_now` is where
+    /// the caller keeps [`yields`](Self::yields) for it.
     #[inline]
-    pub fn pacing<'a>(&self, prio: Priority, size: usize, yield_now: &'a dyn Fn(u64) -> bool) -> Pacing<'a> {
+    pub fn pacing_at<'a>(
+        &self,
+        prio: Priority,
+        size: usize,
+        depth: Depth,
+        yield_now: &'a dyn Fn(u64) -> bool,
+    ) -> Pacing<'a> {
+        fn always(_: u64) -> bool {
+            true
+        }
         let window = match prio {
-            _ if self.chunk_bytes == 0 => None,
+            _ if self.chunk_bytes == 0 || depth == Depth::Deep => None,
+            _ if depth == Depth::Shallow => {
+                return Pacing {
+                    background: prio == Priority::Background,
+                    window: (size > self.chunk_bytes).then_some((self.window_commands, &always)),
+                };
+            }
             Priority::Critical => None,
             Priority::Normal => (size > self.chunk_bytes).then_some(self.window_commands),
             // One command at a time while it yields.
@@ -191,15 +208,18 @@ mod tests {
         let s = Scheduler::new(Placement::LeastLoaded, 256 << 10, None);
         assert_eq!(s.window_commands, 1, "no MDTS: one command is the whole request");
         let never = |_| false;
-        assert!(s.pacing(Priority::Normal, (256 << 10) + 512, &never).window.is_some());
-        assert!(s.pacing(Priority::Normal, 256 << 10, &never).window.is_none());
-        assert!(s.pacing(Priority::Critical, 1 << 30, &never).window.is_none());
-        let b = s.pacing(Priority::Background, 4096, &never);
+        assert!(s.pacing_at(Priority::Normal, (256 << 10) + 512, Depth::Scheduler, &never).window.is_some());
+        assert!(s.pacing_at(Priority::Normal, 256 << 10, Depth::Scheduler, &never).window.is_none());
+        assert!(s.pacing_at(Priority::Critical, 1 << 30, Depth::Scheduler, &never).window.is_none());
+        let b = s.pacing_at(Priority::Background, 4096, Depth::Scheduler, &never);
         assert!(b.background && b.window.is_none(), "small background requests count as background load");
         let s = Scheduler::new(Placement::LeastLoaded, 256 << 10, Some(128 << 10));
-        let b = s.pacing(Priority::Background, (128 << 10) + 512, &never);
+        let b = s.pacing_at(Priority::Background, (128 << 10) + 512, Depth::Scheduler, &never);
         assert_eq!(b.window.map(|(n, _)| n), Some(1), "a background request: one command at a time");
         let off = Scheduler::new(Placement::LeastLoaded, 0, None);
-        assert!(off.pacing(Priority::Background, 1 << 30, &never).window.is_none());
+        assert!(off.pacing_at(Priority::Background, 1 << 30, Depth::Scheduler, &never).window.is_none());
+        let shallow = s.pacing_at(Priority::Normal, 1 << 20, Depth::Shallow, &never);
+        assert!(shallow.window.is_some_and(|(n, y)| n == 2 && y(0)), "shallow: the window holds, whatever waits");
+        assert!(s.pacing_at(Priority::Background, 1 << 20, Depth::Deep, &never).window.is_none());
     }
 }

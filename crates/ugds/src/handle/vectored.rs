@@ -82,7 +82,7 @@ impl Handle {
             })
         });
         let name = if op == NvmOpcode::Read { "Read" } else { "Write" };
-        let (q, r) = h.run_scheduled(cmds, name, prio, total);
+        let (q, r) = h.run_scheduled(cmds, name, op == NvmOpcode::Write, prio, total);
         match r {
             Ok(0) => Ok(total),
             r => {
