@@ -319,6 +319,19 @@ uGDSError_t uGDSReadAsync(uGDSHandle_t fh, void *base, size_t *size_p, off_t *fi
                           ssize_t *bytes_p, void *stream);
 uGDSError_t uGDSWriteAsync(uGDSHandle_t fh, void *base, size_t *size_p, off_t *file_offset_p, off_t *buf_offset_p,
                            ssize_t *bytes_p, void *stream);
+/* Vectored, in stream order (an extension): the range at *file_offset_p
+ * (read when the stream reaches the operation) to or from segs[0..count] in
+ * order, as one request; the bytes moved, or a negative errno, are written
+ * to *bytes_p before later work on the stream runs. The list is read and
+ * checked at the call (as uGDSReadv checks it: UGDS_INVALID_VALUE for a bad
+ * one, nothing enqueued) and may be freed after it. Where the controller
+ * reaches GPU memory only through the stream's copies (UGDS_EMULATE, the
+ * kernel path), each segment is staged and moved as a request of its own;
+ * *bytes_p is then their sum, or the first error. */
+uGDSError_t uGDSReadvAsync(uGDSHandle_t fh, const ugds_segment_t *segs, int count, off_t *file_offset_p,
+                           ssize_t *bytes_p, void *stream);
+uGDSError_t uGDSWritevAsync(uGDSHandle_t fh, const ugds_segment_t *segs, int count, off_t *file_offset_p,
+                            ssize_t *bytes_p, void *stream);
 /* Streams stay the caller's: registering is optional, and a stream may be
  * destroyed once its operations are enqueued; the library never touches a
  * stream except to enqueue on it (deregistering does not wait for it). */

@@ -113,6 +113,25 @@ class Host(unittest.TestCase):
         for buf in (ba, bb, bo):
             self.drv.deregister(buf)
 
+    def test_vectored_io_in_stream_order(self):
+        a, b = bytearray(pattern(4, 65536)), bytearray(65536)
+        ba, bb = self.drv.register(a), self.drv.register(b)
+        s = ugds.Stream.host()
+        at = ugds.Cell(3)  # misaligned if read now
+        w = self.h.writev_async([(ba, 8192, 8192), (ba, 0, 4096)], 1 << 20, s)
+        gate = threading.Event()
+        s.enqueue(gate.wait)  # the stream waits here until the offset is set
+        r = self.h.readv_async([(bb, 4096, 12288)], at, s)
+        at.value = 1 << 20
+        gate.set()
+        s.synchronize()
+        self.assertEqual((w.bytes, r.bytes), (12288, 12288))
+        self.assertEqual(bytes(b[4096:16384]), pattern(4, 65536)[8192:16384] + pattern(4, 65536)[:4096])
+        with self.assertRaises(ugds.InvalidArgument):
+            self.h.readv_async([(bb, 0, 100)], 0, s)
+        for buf in (ba, bb):
+            self.drv.deregister(buf)
+
     def test_modes_and_priorities(self):
         data = bytearray(pattern(9, 65536))
         for mode in ("latency", "throughput", "priority", "adaptive"):

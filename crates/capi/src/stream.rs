@@ -56,6 +56,86 @@ pub(crate) fn async_io(
     }
 }
 
+/// A vectored stream-ordered read or write: the list is read and checked
+/// now, the namespace offset when the stream reaches the operation.
+fn vectored_async(
+    fh: *mut c_void,
+    segs: *const abi::ugds_segment_t,
+    count: c_int,
+    file_offset_p: *mut off_t,
+    bytes_p: *mut ssize_t,
+    stream: *mut c_void,
+    write: bool,
+) -> uGDSError_t {
+    if segs.is_null() || count <= 0 || count > abi::MAX_SEGMENTS || file_offset_p.is_null() || bytes_p.is_null() {
+        return fail(
+            op::INVALID_VALUE,
+            format!("1 to {} segments (not {count}), a file offset and a result, none null", abi::MAX_SEGMENTS),
+        );
+    }
+    let (h, driver) = match lookup(fh) {
+        Ok(x) => x,
+        Err(c) => return fail(c, "no such handle"),
+    };
+    // SAFETY: the caller's array of `count` segments (checked non-null and
+    // counted above), valid for the call.
+    let found = match unsafe { crate::io::segments_of(&driver, segs, count) } {
+        Ok(f) => f,
+        Err(msg) => return fail(op::INVALID_VALUE, msg),
+    };
+    let Some(total) = found.iter().try_fold(0usize, |t, s| t.checked_add(s.2)) else {
+        return fail(op::INVALID_VALUE, "the segments' sizes overflow");
+    };
+    let s = match stream_for(stream, abi::BACKEND_DEFAULT) {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
+    let segments: Vec<ugds::Segment> = found.iter().map(|(t, off, len)| ugds::Segment::new(t, *off, *len)).collect();
+    // SAFETY: the C contract: both pointers stay valid until the stream has
+    // passed the operation.
+    let io = unsafe { StreamIo::from_raw_vectored(total, file_offset_p, bytes_p) };
+    let r = if write { h.writev_async(&segments, io, &*s) } else { h.readv_async(&segments, io, &*s) };
+    match r {
+        Ok(()) => ok(),
+        Err(e) => from_error(e),
+    }
+}
+
+/// Vectored stream-ordered read (an extension): the range at
+/// `*file_offset_p` (read when the stream reaches it) into `segs` in order.
+///
+/// # Safety
+/// `segs` is null (refused) or valid for reads of `count` segments for the
+/// call; `file_offset_p` and `bytes_p` stay valid until the stream has run
+/// the operation.
+#[no_mangle]
+pub unsafe extern "C" fn uGDSReadvAsync(
+    fh: *mut c_void,
+    segs: *const abi::ugds_segment_t,
+    count: c_int,
+    file_offset_p: *mut off_t,
+    bytes_p: *mut ssize_t,
+    stream: *mut c_void,
+) -> uGDSError_t {
+    guard(internal(), || vectored_async(fh, segs, count, file_offset_p, bytes_p, stream, false))
+}
+
+/// Vectored stream-ordered write (an extension); see `uGDSReadvAsync`.
+///
+/// # Safety
+/// As [`uGDSReadvAsync`].
+#[no_mangle]
+pub unsafe extern "C" fn uGDSWritevAsync(
+    fh: *mut c_void,
+    segs: *const abi::ugds_segment_t,
+    count: c_int,
+    file_offset_p: *mut off_t,
+    bytes_p: *mut ssize_t,
+    stream: *mut c_void,
+) -> uGDSError_t {
+    guard(internal(), || vectored_async(fh, segs, count, file_offset_p, bytes_p, stream, true))
+}
+
 /// Stream-ordered read: the values behind the pointers are read when the stream reaches it.
 ///
 /// # Safety

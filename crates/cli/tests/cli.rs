@@ -143,7 +143,8 @@ fn mixed_and_vectored_workloads_print_their_rows() {
 /// used to take still work, and an unknown name is refused.
 #[test]
 fn bench_takes_a_mode() {
-    let (ok, out, err) = ugds(&["bench", "--emu-null", "-q", "1", "-d", "0.2", "--mode", "throughput", "--no-progress"]);
+    let (ok, out, err) =
+        ugds(&["bench", "--emu-null", "-q", "1", "-d", "0.2", "--mode", "throughput", "--no-progress"]);
     assert!(ok, "{err}");
     let row = out.lines().find(|l| l.starts_with("randread")).unwrap_or_else(|| panic!("{out}"));
     assert!(row.contains("qd 1    throughput"), "{row}");

@@ -405,6 +405,33 @@ impl Handle {
     }
 }
 
+impl Handle {
+    fn vectored_async(
+        &self,
+        py: Python<'_>,
+        segments: &[(PyRef<'_, Buffer>, usize, usize)],
+        file_offset: Arg<'_>,
+        stream: &Stream,
+        write: bool,
+    ) -> PyResult<StreamResult> {
+        let tokens = segments
+            .iter()
+            .map(|(b, _, _)| {
+                b.check(py)?;
+                Ok(b.token)
+            })
+            .collect::<PyResult<Vec<ugds::BufferToken>>>()?;
+        let segs: Vec<ugds::Segment> =
+            tokens.iter().zip(segments).map(|(t, (_, off, len))| ugds::Segment::new(t, *off, *len)).collect();
+        let total = segments.iter().map(|s| s.2 as u64).sum::<u64>();
+        let (io, r) = StreamIo::late(Arc::new(AtomicU64::new(total)), file_offset.cell(), Arc::new(AtomicU64::new(0)));
+        let h = &self.inner;
+        if write { h.writev_async(&segs, io, stream.get()) } else { h.readv_async(&segs, io, stream.get()) }
+            .map_err(err)?;
+        Ok(StreamResult { inner: r })
+    }
+}
+
 impl From<ugds::Handle> for Handle {
     fn from(inner: ugds::Handle) -> Self {
         Handle { inner }
@@ -659,6 +686,31 @@ impl Handle {
         stream: &Stream,
     ) -> PyResult<StreamResult> {
         self.one_async(py, BatchOp::Write, buf, [size, file_offset, buf_offset], stream)
+    }
+
+    /// A vectored read in stream order: the range at `file_offset` (an int,
+    /// or a Cell read when the stream gets there) into `segments`, a list
+    /// of (buffer, offset, length) filled in order, as one request. The
+    /// list is checked now. Returns a StreamResult.
+    fn readv_async(
+        &self,
+        py: Python<'_>,
+        segments: Vec<(PyRef<'_, Buffer>, usize, usize)>,
+        file_offset: Arg<'_>,
+        stream: &Stream,
+    ) -> PyResult<StreamResult> {
+        self.vectored_async(py, &segments, file_offset, stream, false)
+    }
+
+    /// A vectored write in stream order; see readv_async.
+    fn writev_async(
+        &self,
+        py: Python<'_>,
+        segments: Vec<(PyRef<'_, Buffer>, usize, usize)>,
+        file_offset: Arg<'_>,
+        stream: &Stream,
+    ) -> PyResult<StreamResult> {
+        self.vectored_async(py, &segments, file_offset, stream, true)
     }
 
     /// An ordered batch: `ios` is a list of `(op, buf, size, file_offset,

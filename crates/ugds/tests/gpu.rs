@@ -186,6 +186,56 @@ fn vectored_io_scatters_into_and_gathers_from_gpu_memory() {
     std::fs::remove_file(&path).unwrap();
 }
 
+/// Vectored operations in stream order into and out of GPU memory on a
+/// CUDA stream, on the emulated controller and the kernel path (both reach
+/// device memory through the stream's staging blocks: a request per
+/// segment, one result).
+#[test]
+fn vectored_stream_ordered_io_with_gpu_memory() {
+    let Some(cuda) = cuda() else { return };
+    let path = std::env::temp_dir().join(format!("ugds-gpu-vectored-async-{}.img", std::process::id()));
+    std::fs::write(&path, pattern(23, 0, 4 << 20)).unwrap();
+    let d = ugds::Driver::open();
+    let (emu_h, _e) = open_emulated(&d, small_emu(), opts()).unwrap();
+    let kernel_h = d.open_file(&path, opts()).unwrap();
+    let gpu = kept(cuda.alloc(1 << 20).unwrap());
+    // SAFETY: `gpu` outlives the registration (deregistered below).
+    let t = unsafe { d.register_cuda(gpu.ptr(), gpu.len()) }.unwrap();
+    let segs: Vec<ugds::Segment> = (0..8).map(|i| ugds::Segment::new(&t, (7 - i) * 65536 + 4096, 16384)).collect();
+    let raw = new_stream();
+    // SAFETY: `raw` outlives `s`.
+    let s = unsafe { cuda.stream(raw.raw(), StreamWait::DeviceSide) }.unwrap();
+    let mut host = Buf::new(&d, 128 << 10);
+    for (name, h) in [("emulated", &emu_h), ("kernel path", &kernel_h)] {
+        if name == "emulated" {
+            host.mem.copy_from_slice(&pattern(23, 1 << 20, 128 << 10));
+            h.write(&host.token, 128 << 10, 1 << 20, 0).unwrap();
+        }
+        let (io, read) = StreamIo::new(128 << 10, 1 << 20, 0);
+        h.readv_async(&segs, io, &s).unwrap();
+        let (io, written) = StreamIo::new(128 << 10, 3 << 20, 0);
+        h.writev_async(&segs, io, &s).unwrap();
+        s.synchronize().unwrap();
+        assert_eq!(read.bytes(), 128 << 10, "{name}: {:?}", read.take_error());
+        assert_eq!(written.bytes(), 128 << 10, "{name}: {:?}", written.take_error());
+        for (i, seg) in segs.iter().enumerate() {
+            let want = pattern(23, (1 << 20) + (i * 16384) as u64, 16384);
+            assert!(download(&gpu, seg.offset, 16384) == want, "{name}: segment {i}");
+        }
+        host.mem.fill(0);
+        h.read(&host.token, 128 << 10, 3 << 20, 0).unwrap();
+        assert!(host.mem[..] == pattern(23, 1 << 20, 128 << 10)[..], "{name}: gathered");
+        // A late size that is not the total fails the whole operation.
+        let (io, bad) = StreamIo::new(4096, 1 << 20, 0);
+        h.readv_async(&segs, io, &s).unwrap();
+        s.synchronize().unwrap();
+        assert_eq!(bad.bytes(), -(libc::EINVAL as i64), "{name}");
+    }
+    drop(s);
+    d.deregister(&t).unwrap();
+    std::fs::remove_file(&path).unwrap();
+}
+
 #[test]
 fn registration_checks_cuda_pointers() {
     let Some(cuda) = cuda() else { return };

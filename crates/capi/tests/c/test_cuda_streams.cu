@@ -152,6 +152,88 @@ static void many_streams(int fd) {
     cudaFree(gpu);
 }
 
+// Vectored reads and writes in stream order on a CUDA stream: host
+// segments gathered to the file and scattered back in reverse, the file
+// offset read when the stream gets there; then GPU segments (staged through
+// the stream on the emulated controller), with a kernel after the read.
+static void vectored_in_stream_order(int fd) {
+    unsigned char *host = NULL, *gpu = NULL;
+    host = (unsigned char *)aligned_alloc(4096, 256 * KIB);
+    CHECK(host != NULL);
+    CHECK(cudaMalloc(&gpu, 64 * KIB) == cudaSuccess);
+    fill(host, 128 * KIB, 21, 0);
+    memset(host + 128 * KIB, 0, 128 * KIB);
+    CHECK_ERR(uGDSDriverOpen(), UGDS_SUCCESS);
+    uGDSHandle_t fh = open_handle(fd);
+    CHECK_ERR(uGDSBufRegister(host, 256 * KIB, 0), UGDS_SUCCESS);
+    CHECK_ERR(uGDSBufRegister(gpu, 64 * KIB, 0), UGDS_SUCCESS);
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+    // Four 32 KiB pieces of the first 128 KiB, in reverse, to 40 MiB.
+    ugds_segment_t w[4], r[2];
+    for (int i = 0; i < 4; i++) w[i] = (ugds_segment_t){host, (off_t)(3 - i) * 32 * KIB, 32 * KIB};
+    off_t woff = 40u << 20, roff = 7; // roff: set after the call
+    ssize_t wdone = 0, rdone = 0;
+    CHECK_ERR(uGDSWritevAsync(fh, w, 4, &woff, &wdone, s), UGDS_SUCCESS);
+    // Back into the second half in two 64 KiB pieces, swapped.
+    r[0] = (ugds_segment_t){host + 192 * KIB, 0, 64 * KIB};
+    r[1] = (ugds_segment_t){host, 128 * KIB, 64 * KIB};
+    CHECK_ERR(uGDSReadvAsync(fh, r, 2, &roff, &rdone, s), UGDS_SUCCESS);
+    roff = 40u << 20;
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+    CHECK(wdone == (ssize_t)(128 * KIB) && rdone == (ssize_t)(128 * KIB));
+    unsigned char *want = (unsigned char *)malloc(128 * KIB);
+    fill(want, 128 * KIB, 21, 0);
+    int bad = 0;
+    // The range: pieces 3, 2, 1, 0; its first 64 KiB (pieces 3, 2) went to
+    // host + 192 KiB, the rest (1, 0) to host + 128 KiB.
+    for (int i = 0; i < 4; i++) {
+        unsigned char *at = host + (i < 2 ? 192 * KIB : 128 * KIB) + (size_t)(i % 2) * 32 * KIB;
+        bad += memcmp(at, want + (size_t)(3 - i) * 32 * KIB, 32 * KIB) != 0;
+    }
+    CHECK(bad == 0);
+    // Refused at the call, nothing enqueued.
+    ugds_segment_t odd = {host, 0, 1000};
+    CHECK_ERR(uGDSReadvAsync(fh, &odd, 1, &roff, &rdone, s), UGDS_INVALID_VALUE);
+    CHECK_ERR(uGDSReadvAsync(fh, r, 0, &roff, &rdone, s), UGDS_INVALID_VALUE);
+    CHECK_ERR(uGDSReadvAsync(fh, r, 2, NULL, &rdone, s), UGDS_INVALID_VALUE);
+    // GPU segments: the 128 KiB range at 40 MiB scattered in two 32 KiB
+    // pieces, swapped, then written back from GPU memory to 44 MiB.
+    CHECK(cudaMemset(gpu, 0, 64 * KIB) == cudaSuccess);
+    ugds_segment_t g[2] = {{gpu, 32 * KIB, 32 * KIB}, {gpu, 0, 32 * KIB}};
+    off_t goff = 40u << 20, g2off = 44u << 20;
+    ssize_t gdone = 0, g2done = 0;
+    CHECK_ERR(uGDSReadvAsync(fh, g, 2, &goff, &gdone, s), UGDS_SUCCESS);
+    add_one<<<4, 256, 0, s>>>(gpu, 64 * KIB); // after the read: sees its data
+    CHECK_ERR(uGDSWritevAsync(fh, g, 2, &g2off, &g2done, s), UGDS_SUCCESS);
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+    CHECK(gdone == (ssize_t)(64 * KIB) && g2done == (ssize_t)(64 * KIB));
+    unsigned char *back = (unsigned char *)malloc(64 * KIB);
+    CHECK(cudaMemcpy(back, gpu, 64 * KIB, cudaMemcpyDeviceToHost) == cudaSuccess);
+    // The range at 40 MiB is pieces 3, 2 of the host data: piece 3 went to
+    // gpu + 32 KiB, piece 2 to gpu.
+    for (size_t i = 0; i < 32 * KIB; i++) {
+        bad += back[32 * KIB + i] != (unsigned char)(want[3 * 32 * KIB + i] + 1);
+        bad += back[i] != (unsigned char)(want[2 * 32 * KIB + i] + 1);
+    }
+    CHECK(bad == 0);
+    CHECK(pread(fd, back, 64 * KIB, 44u << 20) == (ssize_t)(64 * KIB));
+    for (size_t i = 0; i < 32 * KIB; i++) {
+        bad += back[i] != (unsigned char)(want[3 * 32 * KIB + i] + 1);
+        bad += back[32 * KIB + i] != (unsigned char)(want[2 * 32 * KIB + i] + 1);
+    }
+    CHECK(bad == 0);
+    free(back);
+    CHECK(cudaStreamDestroy(s) == cudaSuccess);
+    CHECK_ERR(uGDSBufDeregister(gpu), UGDS_SUCCESS);
+    CHECK_ERR(uGDSBufDeregister(host), UGDS_SUCCESS);
+    uGDSHandleDeregister(fh);
+    CHECK_ERR(uGDSDriverClose(), UGDS_SUCCESS);
+    free(want);
+    cudaFree(gpu);
+    free(host);
+}
+
 int main(void) {
     setenv("UGDS_EMULATE", "1", 1);
     char path[256];
@@ -163,6 +245,7 @@ int main(void) {
     export_only_when_asked(fd);
     for (int order = 0; order < 3; order++) stream_destroyed_first(fd, order);
     many_streams(fd);
+    vectored_in_stream_order(fd);
     close(fd);
     unlink(path);
     free(host);

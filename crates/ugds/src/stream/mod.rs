@@ -19,11 +19,12 @@
 
 use crate::batch::BatchOp;
 use crate::engine::batch::Prepared;
+use crate::engine::hold::Hold;
 use crate::gpu::{GpuStream, StageLease, StageMark};
-use crate::handle::{Handle, HandleInner};
-use crate::registry::{BufGuard, BufferToken};
+use crate::handle::{Handle, HandleInner, Segment};
+use crate::registry::{BufGuard, BufferToken, Recent};
 use crate::{Error, Result};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use ugds_nvme::NvmOpcode;
 use ugds_platform::Recover;
@@ -134,6 +135,49 @@ impl StreamResult {
 enum Sink {
     Shared(Arc<StreamResult>),
     Raw(*mut isize),
+    /// One of several requests whose results add up to one.
+    Sum(Arc<SumSink>),
+}
+
+/// The one result of a vectored operation sent as several requests (staged
+/// pieces): each request's result is added in; the last writes the sum, or
+/// the first error, to the operation's result.
+struct SumSink {
+    left: AtomicUsize,
+    bytes: AtomicU64,
+    error: Mutex<Option<Error>>,
+    out: Mutex<Option<Sink>>,
+}
+
+impl SumSink {
+    fn new(n: usize, out: Sink) -> SumSink {
+        SumSink {
+            left: AtomicUsize::new(n),
+            bytes: AtomicU64::new(0),
+            error: Mutex::new(None),
+            out: Mutex::new(Some(out)),
+        }
+    }
+
+    fn add(&self, r: Result<usize>) {
+        match r {
+            Ok(n) => {
+                self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+            }
+            Err(e) => {
+                self.error.lock().recover().get_or_insert(e);
+            }
+        }
+        if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let r = match self.error.lock().recover().take() {
+                Some(e) => Err(e),
+                None => Ok(self.bytes.load(Ordering::Relaxed) as usize),
+            };
+            if let Some(out) = self.out.lock().recover().take() {
+                out.write(r);
+            }
+        }
+    }
 }
 
 impl Sink {
@@ -150,6 +194,7 @@ impl Sink {
                 s.bytes.store(v, Ordering::Release);
                 s.done.store(true, Ordering::Release);
             }
+            Sink::Sum(s) => s.add(r),
             Sink::Raw(p) => {
                 let v = match r {
                     Ok(n) => n as isize,
@@ -214,6 +259,22 @@ impl StreamIo {
         (io, r)
     }
 
+    /// A vectored operation's parameters ([`Handle::readv_async`]): the
+    /// segments' total size, the namespace offset behind a raw pointer (read
+    /// when the stream reaches the operation) and where the bytes moved go.
+    ///
+    /// # Safety
+    /// Both pointers must be valid, aligned, and not written by anyone else
+    /// (the result) until the stream has moved past the operation.
+    pub unsafe fn from_raw_vectored(total: usize, file_offset: *const i64, bytes: *mut isize) -> StreamIo {
+        StreamIo {
+            size: Src::Value(total as u64),
+            file_offset: Src::Raw(file_offset),
+            buf_offset: Src::Value(0),
+            result: Sink::Raw(bytes),
+        }
+    }
+
     /// Parameters behind raw pointers, as the C API passes them.
     ///
     /// # Safety
@@ -241,6 +302,14 @@ struct Pending {
     io: StreamIo,
     /// Taken at enqueue: the buffer cannot be deregistered meanwhile.
     _hold: BufGuard,
+    /// A vectored request's pieces (buffer, offset, length) in the order of
+    /// the range, `buf` the first's (empty: one piece, `buf` at `io`'s
+    /// buffer offset); their holds after the first's.
+    segments: Vec<(BufferToken, usize, usize)>,
+    _holds: Vec<BufGuard>,
+    /// A vectored request's staging blocks, one per segment (`None`: the
+    /// controller reaches it); with any, each segment is a request of its own.
+    seg_stages: Vec<Option<(StageLease, BufferToken)>>,
     /// Where the data passes through when the controller cannot reach the
     /// buffer (device memory behind the emulated controller): the staging
     /// block and its registration for this handle.
@@ -316,12 +385,59 @@ impl Handle {
         self.stream_op(ios, stream)
     }
 
+    /// A vectored read in stream order: when `stream` reaches this point,
+    /// the range at `io`'s namespace offset goes into `segments` in order,
+    /// as one request; the bytes moved (or `-errno`) are written before
+    /// later work on the stream runs. The list is checked now (as
+    /// [`readv`](Self::readv) checks it) and each buffer claimed until the
+    /// I/O is done; `io`'s size, when read, must be the segments' total and
+    /// its buffer offset 0 ([`StreamIo::new`]`(total, offset, 0)`). Where
+    /// the controller reaches device memory only through a GPU stream's
+    /// copies (an emulated controller, the kernel path), each segment goes
+    /// through a staging block as a request of its own, and the result is
+    /// their sum (or the first error).
+    pub fn readv_async(&self, segments: &[Segment<'_>], io: StreamIo, stream: &dyn Stream) -> Result<()> {
+        self.stream_vectored(BatchOp::Read, segments, io, stream)
+    }
+
+    /// A vectored write in stream order; see [`readv_async`](Self::readv_async).
+    pub fn writev_async(&self, segments: &[Segment<'_>], io: StreamIo, stream: &dyn Stream) -> Result<()> {
+        self.stream_vectored(BatchOp::Write, segments, io, stream)
+    }
+
+    fn stream_vectored(&self, op: BatchOp, segments: &[Segment<'_>], io: StreamIo, stream: &dyn Stream) -> Result<()> {
+        let h = &self.inner;
+        let _in = h.enter()?;
+        crate::handle::check_segments(segments, h.block_size(), op == BatchOp::Read)?;
+        let gpu = stream.as_gpu().filter(|_| h.platform().copies_device_memory());
+        let mark = gpu.map(|_| StageMark::default());
+        let mut holds = Vec::with_capacity(segments.len());
+        let mut seg_stages = Vec::with_capacity(segments.len());
+        for s in segments {
+            holds.push(h.registry().acquire(s.buf, s.offset as u64, s.len as u64)?);
+            seg_stages.push(match (gpu, &mark) {
+                (Some(g), Some(m)) => stage_block(h, g, s.buf, s.len, m)?,
+                _ => None,
+            });
+        }
+        let pieces = segments.iter().map(|s| (*s.buf, s.offset, s.len)).collect();
+        let first = holds.remove(0);
+        let p = Pending {
+            op: if op == BatchOp::Read { NvmOpcode::Read } else { NvmOpcode::Write },
+            buf: *segments[0].buf,
+            io,
+            _hold: first,
+            stage: None,
+            segments: pieces,
+            _holds: holds,
+            seg_stages,
+        };
+        self.stream_launch(vec![p], stream, gpu, mark)
+    }
+
     fn stream_op(&self, ios: Vec<(BatchOp, BufferToken, StreamIo)>, stream: &dyn Stream) -> Result<()> {
         let h = &self.inner;
         let _in = h.enter()?;
-        if h.stream_engine().is_none() {
-            return Err(Error::Unsupported("stream-ordered I/O needs the batch queue, which this handle lacks".into()));
-        }
         let gpu = stream.as_gpu().filter(|_| h.platform().copies_device_memory());
         // What will free this operation's staging blocks (an allocation:
         // only where staging may happen).
@@ -334,9 +450,36 @@ impl Handle {
                 Some(g) => stage_for(h, g, &buf, &io, mark.as_ref().expect("made with gpu"))?,
                 None => None,
             };
-            pending.push(Pending { op, buf, io, _hold: hold, stage });
+            pending.push(Pending {
+                op,
+                buf,
+                io,
+                _hold: hold,
+                stage,
+                segments: Vec::new(),
+                _holds: Vec::new(),
+                seg_stages: Vec::new(),
+            });
         }
-        let Some(g) = gpu.filter(|_| pending.iter().any(|p| p.stage.is_some())) else {
+        self.stream_launch(pending, stream, gpu, mark)
+    }
+
+    /// Puts an operation of `pending` requests on `stream` (the caller has
+    /// entered the handle): bound and sent to the engine when the stream
+    /// reaches it, after the copies into staging blocks where there are any.
+    fn stream_launch(
+        &self,
+        pending: Vec<Pending>,
+        stream: &dyn Stream,
+        gpu: Option<&GpuStream>,
+        mark: Option<StageMark>,
+    ) -> Result<()> {
+        let h = &self.inner;
+        if h.stream_engine().is_none() {
+            return Err(Error::Unsupported("stream-ordered I/O needs the batch queue, which this handle lacks".into()));
+        }
+        let staged = |p: &Pending| p.stage.is_some() || p.seg_stages.iter().any(Option::is_some);
+        let Some(g) = gpu.filter(|_| pending.iter().any(staged)) else {
             h.inflight.fetch_add(1, Ordering::SeqCst);
             let href = HandleRef(h.clone());
             return stream.launch(Box::new(move |signal| {
@@ -348,7 +491,7 @@ impl Handle {
         // before the copies into staging blocks; the operation after them.
         let (mut before, mut after) = (Vec::new(), Vec::new());
         for p in &pending {
-            if let Some((lease, _)) = &p.stage {
+            for (lease, _) in p.stage.iter().chain(p.seg_stages.iter().flatten()) {
                 if p.op == NvmOpcode::Write { &mut before } else { &mut after }.push(lease.header_dev());
             }
         }
@@ -376,16 +519,27 @@ fn stage_for(
     io: &StreamIo,
     mark: &StageMark,
 ) -> Result<Option<(StageLease, BufferToken)>> {
-    let Some(dev) = h.registry().device_memory(buf)? else { return Ok(None) };
-    if dev.runtime.context() == 0 || dev.runtime.context() != g.context() {
-        return Ok(None);
-    }
     // The most this request can move, as far as is known now.
     let bound = match (&io.size, &io.buf_offset) {
         (Src::Value(n), _) => *n as usize,
         (_, Src::Value(off)) => buf.len.saturating_sub(*off as usize),
         _ => buf.len,
     };
+    stage_block(h, g, buf, bound, mark)
+}
+
+/// As [`stage_for`], for a request of at most `bound` bytes.
+fn stage_block(
+    h: &Arc<HandleInner>,
+    g: &GpuStream,
+    buf: &BufferToken,
+    bound: usize,
+    mark: &StageMark,
+) -> Result<Option<(StageLease, BufferToken)>> {
+    let Some(dev) = h.registry().device_memory(buf)? else { return Ok(None) };
+    if dev.runtime.context() == 0 || dev.runtime.context() != g.context() {
+        return Ok(None);
+    }
     let lease = match g.stage(bound.max(1), mark) {
         Ok(l) => l,
         Err(Error::Unsupported(why)) => {
@@ -405,9 +559,8 @@ fn bind(h: &Arc<HandleInner>, pending: Vec<Pending>) -> Bound {
     let mut b =
         Bound { reqs: Vec::with_capacity(pending.len()), sinks: Vec::with_capacity(pending.len()), ..Bound::default() };
     let mut recent = None;
-    for p in pending {
-        let mut stage = p.stage;
-        let bound = (|| -> Result<(Prepared, Option<BufGuard>)> {
+    for mut p in pending {
+        let values = (|| -> Result<(usize, u64, usize)> {
             let size = usize::try_from(p.io.size.get()?).map_err(|_| Error::InvalidArgument("size".into()))?;
             let file_offset = p.io.file_offset.get()?;
             let buf_offset =
@@ -415,44 +568,135 @@ fn bind(h: &Arc<HandleInner>, pending: Vec<Pending>) -> Bound {
             if h.is_wedged() {
                 return Err(Error::Wedged);
             }
-            let (guard, data_off) = h.prepare_recent(&mut recent, &p.buf, size, file_offset, buf_offset)?;
-            let Some((lease, token)) = &stage else {
-                let chunks = h.chunker(file_offset, data_off, size);
-                let pages = recent.as_ref().expect("filled by prepare_recent").shared_pages();
-                return Ok((
-                    Prepared { op: p.op, cookie: 0, len: size, chunks, pages, more: Vec::new(), hold: guard.into() },
-                    None,
-                ));
-            };
-            // Checked exactly as the caller's buffer would be; then the
-            // I/O goes to the staging block and the stream copies.
-            if size > lease.data().1 {
-                return Err(Error::InvalidArgument(format!(
-                    "{size} bytes is more than this staged stream operation can move ({} bytes: the \
-                     emulated controller reaches device memory through a staging block)",
-                    lease.data().1
-                )));
-            }
-            let (sguard, sdata_off) = h.prepare_recent(&mut recent, token, size, file_offset, 0)?;
-            lease.set_copy(p.op == NvmOpcode::Read, (p.buf.base + buf_offset) as u64, size);
-            let chunks = h.chunker(file_offset, sdata_off, size);
-            let pages = recent.as_ref().expect("filled by prepare_recent").shared_pages();
-            Ok((
-                Prepared { op: p.op, cookie: 0, len: size, chunks, pages, more: Vec::new(), hold: sguard.into() },
-                Some(guard),
-            ))
+            Ok((size, file_offset, buf_offset))
         })();
-        match bound {
-            Ok((r, hold)) => {
-                b.reqs.push(r);
-                b.sinks.push(Some(p.io.result));
-                b.holds.extend(hold);
+        let (size, file_offset, buf_offset) = match values {
+            Ok(v) => v,
+            Err(e) => {
+                p.io.result.write(Err(e));
+                b.stages.extend(p.stage.take());
+                b.stages.extend(p.seg_stages.drain(..).flatten());
+                continue;
             }
-            Err(e) => p.io.result.write(Err(e)),
+        };
+        if p.segments.is_empty() {
+            match prepare(h, &mut recent, p.op, &p.buf, size, file_offset, buf_offset, &p.stage) {
+                Ok((r, hold)) => {
+                    b.reqs.push(r);
+                    b.sinks.push(Some(p.io.result));
+                    b.holds.extend(hold);
+                }
+                Err(e) => p.io.result.write(Err(e)),
+            }
+            b.stages.extend(p.stage.take());
+        } else if p.seg_stages.iter().all(Option::is_none) {
+            match bind_vectored(h, p.op, &p.segments, size, file_offset, buf_offset) {
+                Ok(r) => {
+                    b.reqs.push(r);
+                    b.sinks.push(Some(p.io.result));
+                }
+                Err(e) => p.io.result.write(Err(e)),
+            }
+        } else {
+            // Staged pieces: a request per segment, each through its own
+            // staging block, their results summed into the one result.
+            let total: usize = p.segments.iter().map(|s| s.2).sum();
+            let checked =
+                check_total(total, size, buf_offset).and_then(|()| h.check_range(total, file_offset).map(drop));
+            let sum = Arc::new(SumSink::new(p.segments.len(), p.io.result));
+            let mut at = file_offset;
+            for ((buf, off, len), stage) in p.segments.iter().zip(p.seg_stages.drain(..)) {
+                let r = checked.clone().and_then(|()| prepare(h, &mut recent, p.op, buf, *len, at, *off, &stage));
+                match r {
+                    Ok((r, hold)) => {
+                        b.reqs.push(r);
+                        b.sinks.push(Some(Sink::Sum(sum.clone())));
+                        b.holds.extend(hold);
+                    }
+                    Err(e) => Sink::Sum(sum.clone()).write(Err(e)),
+                }
+                b.stages.extend(stage);
+                at += *len as u64;
+            }
         }
-        b.stages.extend(stage.take());
     }
     b
+}
+
+/// One request of `size` bytes at `file_offset` to or from `buf` at
+/// `buf_offset`, through the staging block when there is one (then also
+/// the hold on the caller's buffer, kept until the copies are done).
+#[allow(clippy::too_many_arguments)]
+fn prepare(
+    h: &Arc<HandleInner>,
+    recent: &mut Option<Recent>,
+    op: NvmOpcode,
+    buf: &BufferToken,
+    size: usize,
+    file_offset: u64,
+    buf_offset: usize,
+    stage: &Option<(StageLease, BufferToken)>,
+) -> Result<(Prepared, Option<BufGuard>)> {
+    let (guard, data_off) = h.prepare_recent(recent, buf, size, file_offset, buf_offset)?;
+    let Some((lease, token)) = stage else {
+        let chunks = h.chunker(file_offset, data_off, size);
+        let pages = recent.as_ref().expect("filled by prepare_recent").shared_pages();
+        return Ok((Prepared { op, cookie: 0, len: size, chunks, pages, more: Vec::new(), hold: guard.into() }, None));
+    };
+    // Checked exactly as the caller's buffer would be; then the I/O goes to
+    // the staging block and the stream copies.
+    if size > lease.data().1 {
+        return Err(Error::InvalidArgument(format!(
+            "{size} bytes is more than this staged stream operation can move ({} bytes: the emulated controller \
+             reaches device memory through a staging block)",
+            lease.data().1
+        )));
+    }
+    let (sguard, sdata_off) = h.prepare_recent(recent, token, size, file_offset, 0)?;
+    lease.set_copy(op == NvmOpcode::Read, (buf.base + buf_offset) as u64, size);
+    let chunks = h.chunker(file_offset, sdata_off, size);
+    let pages = recent.as_ref().expect("filled by prepare_recent").shared_pages();
+    Ok((Prepared { op, cookie: 0, len: size, chunks, pages, more: Vec::new(), hold: sguard.into() }, Some(guard)))
+}
+
+/// A vectored operation moves its segments' total from buffer offset 0.
+fn check_total(total: usize, size: usize, buf_offset: usize) -> Result<()> {
+    if size != total || buf_offset != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "a vectored stream operation moves its segments' {total} bytes from buffer offset 0, not {size} bytes \
+             from {buf_offset}"
+        )));
+    }
+    Ok(())
+}
+
+/// Binds a vectored request: the segments' pieces as one request of
+/// `size` bytes (their total) at `file_offset`, each piece claimed again
+/// for the I/O.
+fn bind_vectored(
+    h: &Arc<HandleInner>,
+    op: NvmOpcode,
+    segments: &[(BufferToken, usize, usize)],
+    size: usize,
+    file_offset: u64,
+    buf_offset: usize,
+) -> Result<Prepared> {
+    let total: usize = segments.iter().map(|s| s.2).sum();
+    check_total(total, size, buf_offset)?;
+    h.check_range(total, file_offset)?;
+    let (mut holds, mut pieces) = (Vec::with_capacity(segments.len()), Vec::with_capacity(segments.len()));
+    let mut at = file_offset;
+    for (buf, off, len) in segments {
+        let mut recent = None;
+        let (guard, data_off) = h.prepare_recent(&mut recent, buf, *len, at, *off)?;
+        holds.push(guard.into());
+        let pages = recent.as_ref().expect("filled by prepare_recent").shared_pages();
+        pieces.push((h.chunker(at, data_off, *len), pages));
+        at += *len as u64;
+    }
+    let mut pieces = pieces.into_iter();
+    let (chunks, pages) = pieces.next().expect("at least one segment");
+    Ok(Prepared { op, cookie: 0, len: total, chunks, pages, more: pieces.collect(), hold: Hold::many(holds) })
 }
 
 /// Hands bound requests to the handle's engine; with none left, lets the
