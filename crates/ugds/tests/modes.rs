@@ -18,10 +18,12 @@ fn sync_total(h: &ugds::Handle) -> QueueStats {
 
 /// Throughput mode sleeps on interrupts (the queues got vectors although
 /// the handle's completion is polling); a handle without a mode polls. The
-/// data is right either way.
+/// data is right either way. (Commands take 5 ms: a caller preempted that
+/// long between submitting and waiting finds its completion and does not
+/// sleep, so at least 3 of the 5 are asked to sleep.)
 #[test]
 fn throughput_mode_sleeps_and_the_default_polls() {
-    let model = LatencyModel::new(Duration::from_micros(500), 0);
+    let model = LatencyModel::new(Duration::from_millis(5), 0);
     for mode in [Some(Arc::new(Throughput) as Arc<dyn Mode>), None] {
         let sleeps = mode.is_some();
         let (d, h, _emu) = open(small_emu().latency(Some(model)), opts().mode(mode));
@@ -36,7 +38,7 @@ fn throughput_mode_sleeps_and_the_default_polls() {
         assert!(b.mem[..] == pattern(7, 0, 256 << 10)[..]);
         let t = sync_total(&h);
         if sleeps {
-            assert!(t.interrupts >= 5, "throughput mode: {} interrupt wake-ups for 5 requests", t.interrupts);
+            assert!(t.interrupts >= 3, "throughput mode: {} interrupt wake-ups for 5 requests", t.interrupts);
         } else {
             assert_eq!(t.interrupts, 0, "no mode: polled");
         }
@@ -45,8 +47,8 @@ fn throughput_mode_sleeps_and_the_default_polls() {
 }
 
 /// Adaptive mode on a device that moves 100 MB/s: 4 KiB reads (about 40 us)
-/// keep polling, 1 MiB reads (about 10 ms) go to sleep on interrupts, and
-/// only they wake from interrupts.
+/// keep polling, 1 MiB reads (about 10 ms) go to sleep on interrupts (after
+/// four measured in a row: the 16th), and only they wake from interrupts.
 #[test]
 fn adaptive_mode_sleeps_for_the_slow_size_only() {
     let model = LatencyModel::new(Duration::ZERO, 100_000_000);
@@ -58,14 +60,14 @@ fn adaptive_mode_sleeps_for_the_slow_size_only() {
     }
     assert!(!adaptive.sleeps(4096), "4 KiB reads: {:?} on average", adaptive.average(4096));
     assert_eq!(sync_total(&h).interrupts, 0, "polled so far");
-    for _ in 0..12 {
+    for _ in 0..24 {
         h.read(&b.token, 1 << 20, 0, 0).unwrap();
     }
     let avg = adaptive.average(1 << 20).unwrap();
     assert!(adaptive.sleeps(1 << 20), "1 MiB reads: {avg:?} on average");
     assert!(avg >= Duration::from_millis(9), "{avg:?} for 1 MiB at 100 MB/s");
     let woken = sync_total(&h).interrupts;
-    assert!(woken >= 1, "the 1 MiB reads after the switch sleep");
+    assert!(woken >= 4, "the 1 MiB reads after the switch sleep: {woken} woken");
     for i in 0..20 {
         h.read(&b.token, 4096, i * 4096, 0).unwrap();
     }
@@ -100,7 +102,7 @@ fn latency_mode_keeps_queues_shallow() {
 /// Priority mode: background requests sleep, latency-critical ones poll.
 #[test]
 fn priority_mode_sleeps_for_background_requests_only() {
-    let model = LatencyModel::new(Duration::from_micros(300), 0);
+    let model = LatencyModel::new(Duration::from_millis(5), 0);
     let (d, h, _emu) = open(small_emu().latency(Some(model)), opts().mode(Some(Arc::new(Prioritized))));
     let b = Buf::new(&d, 65536);
     for _ in 0..5 {
@@ -110,7 +112,7 @@ fn priority_mode_sleeps_for_background_requests_only() {
     for _ in 0..5 {
         h.read_with_priority(&b.token, 65536, 0, 0, Priority::Background).unwrap();
     }
-    assert!(sync_total(&h).interrupts >= 5);
+    assert!(sync_total(&h).interrupts >= 3);
 }
 
 /// A mode of the caller's own: it sees each request's size, direction and
@@ -141,7 +143,7 @@ impl Mode for Recorder {
 
 #[test]
 fn a_user_mode_plans_every_synchronous_request() {
-    let model = LatencyModel::new(Duration::from_micros(300), 0);
+    let model = LatencyModel::new(Duration::from_millis(5), 0);
     let rec = Arc::new(Recorder::default());
     let (d, h, _emu) = open(small_emu().latency(Some(model)), opts().mode(Some(rec.clone())));
     let b = Buf::new(&d, 65536);
@@ -155,6 +157,6 @@ fn a_user_mode_plans_every_synchronous_request() {
     );
     let observed = rec.observed.lock().unwrap().clone();
     assert_eq!(observed.len(), 1, "only the write asked to be measured");
-    assert!(observed[0].1 >= Duration::from_micros(300), "{:?} for a 300 us command", observed[0].1);
+    assert!(observed[0].1 >= Duration::from_millis(5), "{:?} for a 5 ms command", observed[0].1);
     assert!(sync_total(&h).interrupts >= 1, "the write slept");
 }

@@ -137,3 +137,31 @@ fn the_scheduler_s_options_are_checked() {
     h.read(&r.token, 1 << 20, 0, 0).unwrap();
     assert!(r.mem[..] == pattern(3, 0, 1 << 20)[..]);
 }
+
+/// Two threads reading 4 MiB at a time: large requests do not make room for
+/// each other (that would only add waits), so each keeps more than a
+/// window's two commands on the device while the other's are there too.
+#[test]
+fn large_requests_do_not_yield_to_each_other() {
+    let model = LatencyModel::new(Duration::from_micros(20), 1_000_000_000);
+    let o = opts().sync_queues(2).trace(4096);
+    let (d, h, _emu) = open(small_emu().mdts(5).latency(Some(model)), o);
+    let (a, b) = (Buf::new(&d, 4 << 20), Buf::new(&d, 4 << 20));
+    std::thread::scope(|s| {
+        for (buf, at) in [(&a, 0u64), (&b, 8 << 20)] {
+            let h = &h;
+            s.spawn(move || {
+                for _ in 0..4 {
+                    h.read(&buf.token, 4 << 20, at, 0).unwrap();
+                }
+            });
+        }
+    });
+    let trace: Vec<TraceEvent> = h.trace().into_iter().flat_map(|t| t.events).collect();
+    let reads = of_size(&trace, 256);
+    let (first, second): (Vec<TraceEvent>, Vec<TraceEvent>) = reads.iter().partition(|e| e.slba < (8 << 20) / 512);
+    assert_eq!((first.len(), second.len()), (128, 128));
+    let (most, staged) = worst_window(&first, &second);
+    assert!(staged >= 4, "too few commands staged while the other's were on the device ({staged}) to judge");
+    assert!(most > 2, "{most} commands of one large read on the device beside the other's");
+}

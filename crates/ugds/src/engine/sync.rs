@@ -65,16 +65,19 @@ pub struct Cmd<'a> {
 pub struct Pacing<'a> {
     /// Its bytes count in the queue's background load too.
     pub background: bool,
+    /// Its bytes count in the queue's urgent load too (what large normal
+    /// requests make room for).
+    pub urgent: bool,
     /// At most this many commands on the device while the function says
-    /// other work waits (asked, with the request's own bytes staged so far,
-    /// before each command beyond them).
-    pub window: Option<(u32, &'a dyn Fn(u64) -> bool)>,
+    /// other work waits (asked before each command beyond them).
+    pub window: Option<(u32, &'a dyn Fn() -> bool)>,
 }
 
 impl std::fmt::Debug for Pacing<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pacing")
             .field("background", &self.background)
+            .field("urgent", &self.urgent)
             .field("window", &self.window.map(|(n, _)| n))
             .finish()
     }
@@ -82,15 +85,13 @@ impl std::fmt::Debug for Pacing<'_> {
 
 impl Pacing<'_> {
     /// A request of normal class, never held back.
-    pub const NONE: Pacing<'static> = Pacing { background: false, window: None };
+    pub const NONE: Pacing<'static> = Pacing { background: false, urgent: false, window: None };
 
     /// Whether the request in `slot` must wait before staging another
     /// command.
     #[inline]
     fn full(&self, slot: &Slot) -> bool {
-        self.window.is_some_and(|(n, yield_now)| {
-            slot.pending.load(Ordering::Relaxed) >= n && yield_now(slot.bytes.load(Ordering::Relaxed))
-        })
+        self.window.is_some_and(|(n, yield_now)| slot.pending.load(Ordering::Relaxed) >= n && yield_now())
     }
 }
 
@@ -113,6 +114,8 @@ struct Slot {
     bytes: AtomicU64,
     /// Whether they count as background load.
     background: AtomicBool,
+    /// Whether they count as urgent load.
+    urgent: AtomicBool,
 }
 
 const STATUS_SET: u32 = 1 << 31;
@@ -162,6 +165,8 @@ pub struct SyncQueue {
     load: super::stats::Counter,
     /// Of `load`, the background requests' bytes.
     background_load: super::stats::Counter,
+    /// Of `load`, the urgent requests' bytes (see [`Pacing::urgent`]).
+    urgent_load: super::stats::Counter,
     /// Whether completions report bytes not moved in DW0 (the kernel
     /// path's; a controller's DW0 of a Read or Write says nothing).
     reports_short: bool,
@@ -259,6 +264,7 @@ impl SyncQueue {
             counters,
             load: Default::default(),
             background_load: Default::default(),
+            urgent_load: Default::default(),
             reports_short,
         })
     }
@@ -283,6 +289,11 @@ impl SyncQueue {
     /// Of [`load`](Self::load), the bytes of background requests.
     pub fn background_load(&self) -> u64 {
         self.background_load.get()
+    }
+
+    /// Of [`load`](Self::load), the bytes of urgent requests.
+    pub fn urgent_load(&self) -> u64 {
+        self.urgent_load.get()
     }
 
     /// Interrupt waits that lasted to their cap (see [`WAIT_CAP`]).
@@ -426,6 +437,9 @@ impl SyncQueue {
                 Ok(_) => {
                     s.pending.fetch_add(1, Ordering::Relaxed);
                     s.bytes.store(s.bytes.load(Ordering::Relaxed) + bytes, Ordering::Relaxed);
+                    if pacing.urgent {
+                        self.urgent_load.add(bytes);
+                    }
                     if pacing.background {
                         self.background_load.add(bytes);
                     }
@@ -561,6 +575,7 @@ impl SyncQueue {
                 self.slots[s as usize].short.store(0, Ordering::Relaxed);
                 self.slots[s as usize].bytes.store(0, Ordering::Relaxed);
                 self.slots[s as usize].background.store(pacing.background, Ordering::Relaxed);
+                self.slots[s as usize].urgent.store(pacing.urgent, Ordering::Relaxed);
                 self.stage(&mut st, s, &mut cmds, pacing);
                 break s;
             }
@@ -691,6 +706,9 @@ impl SyncQueue {
         let s = &self.slots[slot as usize];
         let bytes = s.bytes.load(Ordering::Relaxed);
         self.load.set(self.load.get().saturating_sub(bytes));
+        if s.urgent.load(Ordering::Relaxed) {
+            self.urgent_load.set(self.urgent_load.get().saturating_sub(bytes));
+        }
         if s.background.load(Ordering::Relaxed) {
             self.background_load.set(self.background_load.get().saturating_sub(bytes));
         }

@@ -402,9 +402,9 @@ impl HandleInner {
     ) -> (&SyncQueue, std::result::Result<u64, Failure>) {
         // Once it has made room, a request keeps doing so (see the scheduler).
         let yielded = Cell::new(false);
-        let yield_now = |own| {
+        let yield_now = || {
             yielded.get() || {
-                let y = self.sched.yields(prio, &self.sync, own);
+                let y = self.sched.yields(prio, &self.sync);
                 yielded.set(y);
                 y
             }

@@ -8,10 +8,11 @@
 //! counter's increment per request).
 //!
 //! Interleaving: a normal request of more than `chunk_bytes` keeps at most
-//! that many bytes (whole commands, at least one) on the device while other
-//! normal or latency-critical requests are on the handle, so that small
-//! requests are not queued behind all of it on a device that serves
-//! commands in turn; once it has made room it keeps doing so to its end (so
+//! that many bytes (whole commands, at least one) on the device while
+//! latency-critical requests, or normal ones of at most `chunk_bytes`, are
+//! on the handle, so that small requests are not queued behind all of it on
+//! a device that serves commands in turn (large requests do not make room
+//! for each other: that would cost wake-ups and help no one); once it has made room it keeps doing so to its end (so
 //! that the gaps between another thread's requests do not let all of it
 //! through). A background request keeps one command on the device while
 //! any request that is not background is on the handle, or a
@@ -46,8 +47,8 @@ pub enum Placement {
 pub enum Priority {
     /// Never held back; large normal and background requests make room for it.
     Critical,
-    /// Held back, when large, while another normal or a latency-critical
-    /// synchronous request is on the handle.
+    /// Held back, when large, while a latency-critical synchronous request,
+    /// or a normal one of at most the handle's `chunk_bytes`, is on the handle.
     #[default]
     Normal,
     /// Held back, when large, while any synchronous request that is not
@@ -147,9 +148,9 @@ impl Scheduler {
         prio: Priority,
         size: usize,
         depth: Depth,
-        yield_now: &'a dyn Fn(u64) -> bool,
+        yield_now: &'a dyn Fn() -> bool,
     ) -> Pacing<'a> {
-        fn always(_: u64) -> bool {
+        fn always() -> bool {
             true
         }
         let window = match prio {
@@ -157,6 +158,7 @@ impl Scheduler {
             _ if depth == Depth::Shallow => {
                 return Pacing {
                     background: prio == Priority::Background,
+                    urgent: self.urgent(prio, size),
                     window: (size > self.chunk_bytes).then_some((self.window_commands, &always)),
                 };
             }
@@ -165,20 +167,32 @@ impl Scheduler {
             // One command at a time while it yields.
             Priority::Background => (size > self.per_command).then_some(1),
         };
-        Pacing { background: prio == Priority::Background, window: window.map(|n| (n, yield_now)) }
+        Pacing {
+            background: prio == Priority::Background,
+            urgent: self.urgent(prio, size),
+            window: window.map(|n| (n, yield_now)),
+        }
     }
 
-    /// Whether a request of class `prio` whose own bytes on `queues` are
-    /// `own` yields now (see the module docs).
-    pub fn yields(&self, prio: Priority, queues: &[Arc<SyncQueue>], own: u64) -> bool {
-        let (all, background) = queues.iter().fold((0u64, 0u64), |(a, b), q| (a + q.load(), b + q.background_load()));
-        // Read without the queues' locks, one after another: the two sums
-        // need not agree, so saturating.
-        let foreground = all.saturating_sub(background);
+    /// Whether large normal requests make room for this one: a
+    /// latency-critical request, or a normal one of at most `chunk_bytes`.
+    #[inline]
+    fn urgent(&self, prio: Priority, size: usize) -> bool {
+        prio == Priority::Critical || (prio == Priority::Normal && size <= self.chunk_bytes)
+    }
+
+    /// Whether a request of class `prio` yields now (see the module docs).
+    pub fn yields(&self, prio: Priority, queues: &[Arc<SyncQueue>]) -> bool {
         match prio {
             Priority::Critical => false,
-            Priority::Normal => foreground > own,
-            Priority::Background => foreground > 0 || self.critical_recently(),
+            Priority::Normal => queues.iter().any(|q| q.urgent_load() > 0),
+            Priority::Background => {
+                let (all, background) =
+                    queues.iter().fold((0u64, 0u64), |(a, b), q| (a + q.load(), b + q.background_load()));
+                // Read without the queues' locks, one after another: the two
+                // sums need not agree, so saturating.
+                all.saturating_sub(background) > 0 || self.critical_recently()
+            }
         }
     }
 
@@ -207,7 +221,7 @@ mod tests {
         assert_eq!(s.window_commands, 1, "at least one command");
         let s = Scheduler::new(Placement::LeastLoaded, 256 << 10, None);
         assert_eq!(s.window_commands, 1, "no MDTS: one command is the whole request");
-        let never = |_| false;
+        let never = || false;
         assert!(s.pacing_at(Priority::Normal, (256 << 10) + 512, Depth::Scheduler, &never).window.is_some());
         assert!(s.pacing_at(Priority::Normal, 256 << 10, Depth::Scheduler, &never).window.is_none());
         assert!(s.pacing_at(Priority::Critical, 1 << 30, Depth::Scheduler, &never).window.is_none());
@@ -219,7 +233,7 @@ mod tests {
         let off = Scheduler::new(Placement::LeastLoaded, 0, None);
         assert!(off.pacing_at(Priority::Background, 1 << 30, Depth::Scheduler, &never).window.is_none());
         let shallow = s.pacing_at(Priority::Normal, 1 << 20, Depth::Shallow, &never);
-        assert!(shallow.window.is_some_and(|(n, y)| n == 2 && y(0)), "shallow: the window holds, whatever waits");
+        assert!(shallow.window.is_some_and(|(n, y)| n == 2 && y()), "shallow: the window holds, whatever waits");
         assert!(s.pacing_at(Priority::Background, 1 << 20, Depth::Deep, &never).window.is_none());
     }
 }
