@@ -253,6 +253,22 @@ typedef struct ugds_queue_stats {
 /* Fills up to max entries of out and sets *n to the handle's number of I/O
  * queues (out may be NULL with max 0, to ask for the count). */
 uGDSError_t uGDSGetQueueStats(uGDSHandle_t fh, ugds_queue_stats_t *out, size_t max, size_t *n);
+/* What the requests of a batch context, or the stream-ordered requests
+ * placed on a stream (on every handle), have done (extensions):
+ * uGDSBatchIOGetStats and uGDSStreamGetStats. A stream request counts as
+ * submitted when the stream reaches it, as ended when its result is
+ * written; canceled is a batch context's alone. uGDSStreamGetStats needs a
+ * stream the library knows (registered, or used for stream-ordered I/O). */
+typedef struct ugds_request_stats {
+    uint64_t submitted;
+    uint64_t ended;
+    uint64_t in_flight;
+    uint64_t bytes_read;    /* by the requests that succeeded */
+    uint64_t bytes_written; /* by the requests that succeeded */
+    uint64_t errors;
+    uint64_t canceled;
+    uint64_t timeouts;
+} ugds_request_stats_t;
 void uGDSHandleDeregister(uGDSHandle_t fh);
 /* timeout_sec 0: UGDS_BUSY if I/O is in flight; > 0: wait that long; -1:
  * wait; < -1: after-reset teardown of a wedged handle. */
@@ -310,6 +326,7 @@ uGDSError_t uGDSBatchIOGetStatus(uGDSBatchHandle_t batch, unsigned min_nr, unsig
                                  struct timespec *timeout);
 /* Not in the existing uGDS (cuFile has cuFileBatchIOCancel). */
 uGDSError_t uGDSBatchIOCancel(uGDSBatchHandle_t batch);
+uGDSError_t uGDSBatchIOGetStats(uGDSBatchHandle_t batch, ugds_request_stats_t *out);
 void uGDSBatchIODestroy(uGDSBatchHandle_t batch);
 
 /* stream: a cudaStream_t (or hipStream_t for a stream registered with
@@ -338,6 +355,7 @@ uGDSError_t uGDSWritevAsync(uGDSHandle_t fh, const ugds_segment_t *segs, int cou
 uGDSError_t uGDSStreamRegister(void *stream);
 uGDSError_t uGDSStreamRegisterEx(void *stream, uGDSBackend_t backend);
 uGDSError_t uGDSStreamDeregister(void *stream);
+uGDSError_t uGDSStreamGetStats(void *stream, ugds_request_stats_t *out);
 
 /* The calling thread's last error message (an extension; never NULL). */
 const char *ugds_last_error(void);

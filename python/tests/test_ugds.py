@@ -129,6 +129,9 @@ class Host(unittest.TestCase):
         self.assertEqual(bytes(b[4096:16384]), pattern(4, 65536)[8192:16384] + pattern(4, 65536)[:4096])
         with self.assertRaises(ugds.InvalidArgument):
             self.h.readv_async([(bb, 0, 100)], 0, s)
+        st = s.stats()
+        self.assertEqual((st["submitted"], st["ended"], st["in_flight"]), (2, 2, 0), st)
+        self.assertEqual((st["bytes_read"], st["bytes_written"], st["errors"]), (12288, 12288, 0), st)
         for buf in (ba, bb):
             self.drv.deregister(buf)
 

@@ -185,6 +185,36 @@ pub struct ugds_iov_params_t {
     pub cookie: *mut c_void,
 }
 
+/// `ugds_request_stats_t`: what a batch context's or a stream's requests
+/// have done (`uGDSBatchIOGetStats`, `uGDSStreamGetStats`; an extension).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ugds_request_stats_t {
+    pub submitted: u64,
+    pub ended: u64,
+    pub in_flight: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub errors: u64,
+    pub canceled: u64,
+    pub timeouts: u64,
+}
+
+impl From<ugds::RequestStats> for ugds_request_stats_t {
+    fn from(s: ugds::RequestStats) -> Self {
+        ugds_request_stats_t {
+            submitted: s.submitted,
+            ended: s.ended,
+            in_flight: s.in_flight,
+            bytes_read: s.bytes_read,
+            bytes_written: s.bytes_written,
+            errors: s.errors,
+            canceled: s.canceled,
+            timeouts: s.timeouts,
+        }
+    }
+}
+
 /// The most segments one vectored call takes (`UGDS_MAX_SEGMENTS`).
 pub const MAX_SEGMENTS: c_int = 256;
 
@@ -260,6 +290,9 @@ layouts! {
     ugds_segment_t { base => "base", buf_offset => "buf_offset", size => "size" }
     ugds_iov_params_t { segs => "segs", count => "count", opcode => "opcode", file_offset => "file_offset",
         cookie => "cookie" }
+    ugds_request_stats_t { submitted => "submitted", ended => "ended", in_flight => "in_flight",
+        bytes_read => "bytes_read", bytes_written => "bytes_written", errors => "errors", canceled => "canceled",
+        timeouts => "timeouts" }
 }
 
 fn constant(n: &str) -> Option<c_long> {

@@ -235,6 +235,27 @@ pub unsafe extern "C" fn uGDSBatchIOGetStatus(
     })
 }
 
+/// What a batch context's requests have done (an extension).
+///
+/// # Safety
+/// `out` is null (refused) or valid for one write.
+#[no_mangle]
+pub unsafe extern "C" fn uGDSBatchIOGetStats(batch: *mut c_void, out: *mut abi::ugds_request_stats_t) -> uGDSError_t {
+    guard(internal(), || {
+        if out.is_null() {
+            return fail(op::INVALID_VALUE, "null argument");
+        }
+        match batch_of(batch) {
+            Ok((b, _)) => {
+                // SAFETY: non-null, checked above; valid for a write (caller).
+                unsafe { out.write(b.stats().into()) };
+                ok()
+            }
+            Err(e) => e,
+        }
+    })
+}
+
 /// Cancels a batch context's requests (cuFile's `cuFileBatchIOCancel`).
 ///
 /// # Safety

@@ -206,6 +206,32 @@ pub unsafe extern "C" fn uGDSStreamRegisterEx(stream: *mut c_void, backend: c_in
     })
 }
 
+/// What the stream-ordered requests placed on a stream the library knows
+/// have done (an extension).
+///
+/// # Safety
+/// `out` is null (refused) or valid for one write.
+#[no_mangle]
+pub unsafe extern "C" fn uGDSStreamGetStats(stream: *mut c_void, out: *mut abi::ugds_request_stats_t) -> uGDSError_t {
+    guard(internal(), || {
+        if out.is_null() {
+            return fail(op::INVALID_VALUE, "null argument");
+        }
+        let g = state();
+        let Some(st) = g.as_ref() else {
+            return fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first");
+        };
+        match st.streams.get(&(stream as usize)) {
+            Some(s) => {
+                // SAFETY: non-null, checked above; valid for a write (caller).
+                unsafe { out.write(s.stats().into()) };
+                ok()
+            }
+            None => fail(op::INVALID_VALUE, "a stream the library does not know (uGDSStreamRegister it)"),
+        }
+    })
+}
+
 /// Forgets a stream; does not wait for it or touch it (it stays the caller's).
 ///
 /// # Safety

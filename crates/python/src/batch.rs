@@ -106,20 +106,24 @@ impl Batch {
     /// What this context's requests have done: a dict (submitted, ended,
     /// in_flight, bytes_read, bytes_written, errors, canceled, timeouts).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
-        let s = self.inner.stats();
-        let d = pyo3::types::PyDict::new(py);
-        for (k, v) in [
-            ("submitted", s.submitted),
-            ("ended", s.ended),
-            ("in_flight", s.in_flight),
-            ("bytes_read", s.bytes_read),
-            ("bytes_written", s.bytes_written),
-            ("errors", s.errors),
-            ("canceled", s.canceled),
-            ("timeouts", s.timeouts),
-        ] {
-            d.set_item(k, v)?;
-        }
-        Ok(d)
+        request_stats(py, self.inner.stats())
     }
+}
+
+/// Request totals (a batch context's, a stream's) as a dict.
+pub(crate) fn request_stats(py: Python<'_>, s: ugds::RequestStats) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    let d = pyo3::types::PyDict::new(py);
+    for (k, v) in [
+        ("submitted", s.submitted),
+        ("ended", s.ended),
+        ("in_flight", s.in_flight),
+        ("bytes_read", s.bytes_read),
+        ("bytes_written", s.bytes_written),
+        ("errors", s.errors),
+        ("canceled", s.canceled),
+        ("timeouts", s.timeouts),
+    ] {
+        d.set_item(k, v)?;
+    }
+    Ok(d)
 }

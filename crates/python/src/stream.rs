@@ -108,6 +108,16 @@ impl Stream {
             StreamKind::Gpu(_) => "blocking",
         }
     }
+
+    /// What the stream-ordered requests placed on this stream have done,
+    /// on every handle: a dict as Batch.stats() gives (canceled is 0).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let s = match &self.inner {
+            StreamKind::Host(s) => s.stats(),
+            StreamKind::Gpu(s) => s.stats(),
+        };
+        crate::batch::request_stats(py, s)
+    }
 }
 
 /// The outcome of a stream-ordered operation.

@@ -314,3 +314,38 @@ fn vectored_operations_in_stream_order() {
     assert_eq!(h.queue_stats().iter().map(|q| q.submitted).sum::<u64>(), submitted);
     assert!(b.mem.iter().all(|&x| x == 0));
 }
+
+/// A stream's totals over two handles add up: what the requests moved
+/// equals what the handles' queues moved for them, a refused request counts
+/// as an error, and another stream's totals stay apart.
+#[test]
+fn stream_totals_add_up_over_handles() {
+    let d = ugds::Driver::open();
+    let (h1, _e1) = open_emulated(&d, small_emu(), opts()).unwrap();
+    let (h2, _e2) = open_emulated(&d, small_emu(), opts()).unwrap();
+    let b = Buf::new(&d, 1 << 20);
+    let (s, other) = (HostStream::new(), HostStream::new());
+    let (io, _) = StreamIo::new(65536, 0, 0);
+    h1.write_async(&b.token, io, &s).unwrap();
+    let reads = (0..4).map(|i| (BatchOp::Read, b.token, StreamIo::new(4096, i * 4096, 65536 + i as usize * 4096).0));
+    h1.batch_async(reads.collect(), &s).unwrap();
+    let (io, _) = StreamIo::new(8192, 1 << 20, 0);
+    h2.write_async(&b.token, io, &s).unwrap();
+    let segs = [ugds::Segment::new(&b.token, 131072, 8192), ugds::Segment::new(&b.token, 196608, 4096)];
+    let (io, _) = StreamIo::new(12288, 0, 0);
+    h2.readv_async(&segs, io, &s).unwrap();
+    let (io, bad) = StreamIo::new(4096, 7, 0);
+    h2.read_async(&b.token, io, &s).unwrap();
+    s.synchronize();
+    assert_eq!(bad.bytes(), -(libc::EINVAL as i64));
+    let t = s.stats();
+    assert_eq!((t.submitted, t.ended, t.in_flight), (8, 8, 0), "{t:?}");
+    assert_eq!((t.bytes_written, t.bytes_read, t.errors, t.timeouts), (65536 + 8192, 16384 + 12288, 1, 0), "{t:?}");
+    let moved = |h: &ugds::Handle| {
+        let q = ugds::QueueStats::total(&h.queue_stats()).unwrap();
+        (q.bytes_written, q.bytes_read)
+    };
+    let ((w1, r1), (w2, r2)) = (moved(&h1), moved(&h2));
+    assert_eq!((w1 + w2, r1 + r2), (t.bytes_written, t.bytes_read), "the queues moved what the stream counted");
+    assert_eq!(other.stats(), ugds::RequestStats::default());
+}

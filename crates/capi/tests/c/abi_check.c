@@ -91,6 +91,15 @@ int main(void) {
     FIELD(ugds_iov_params_t, opcode);
     FIELD(ugds_iov_params_t, file_offset);
     FIELD(ugds_iov_params_t, cookie);
+    SIZE(ugds_request_stats_t);
+    FIELD(ugds_request_stats_t, submitted);
+    FIELD(ugds_request_stats_t, ended);
+    FIELD(ugds_request_stats_t, in_flight);
+    FIELD(ugds_request_stats_t, bytes_read);
+    FIELD(ugds_request_stats_t, bytes_written);
+    FIELD(ugds_request_stats_t, errors);
+    FIELD(ugds_request_stats_t, canceled);
+    FIELD(ugds_request_stats_t, timeouts);
 
     CONST(UGDSOP_BASE_ERR);
     CONST(UGDS_SUCCESS);

@@ -87,6 +87,14 @@ int main(void) {
     CHECK_ERR(uGDSBatchIOSubmitv(b, 2, bad, 0), UGDS_INVALID_VALUE);
     CHECK(strstr(ugds_last_error(), "request 1: segment 0") != NULL);
     free(stray);
+    /* The context's totals: N writes, N mixed, one vectored read; the
+     * refused submissions count nothing. */
+    ugds_request_stats_t st;
+    CHECK_ERR(uGDSBatchIOGetStats(b, NULL), UGDS_INVALID_VALUE);
+    CHECK_ERR(uGDSBatchIOGetStats(b, &st), UGDS_SUCCESS);
+    CHECK(st.submitted == 2 * N + 1 && st.ended == 2 * N + 1 && st.in_flight == 0);
+    CHECK(st.bytes_written == (uint64_t)(N + N / 2) * SZ && st.bytes_read == (uint64_t)(N / 2 + 2) * SZ);
+    CHECK(st.errors == 0 && st.canceled == 0 && st.timeouts == 0);
 
     /* More than the context was set up for. */
     io[N] = io[0];

@@ -224,6 +224,13 @@ static void vectored_in_stream_order(int fd) {
     }
     CHECK(bad == 0);
     free(back);
+    // The stream's totals: two host and two GPU operations; the GPU ones
+    // staged as a request per segment.
+    ugds_request_stats_t st;
+    CHECK_ERR(uGDSStreamGetStats(s, &st), UGDS_SUCCESS);
+    CHECK(st.submitted == 6 && st.ended == 6 && st.in_flight == 0 && st.errors == 0);
+    CHECK(st.bytes_read == 128 * KIB + 64 * KIB && st.bytes_written == 128 * KIB + 64 * KIB);
+    CHECK_ERR(uGDSStreamGetStats((void *)0x1234, &st), UGDS_INVALID_VALUE);
     CHECK(cudaStreamDestroy(s) == cudaSuccess);
     CHECK_ERR(uGDSBufDeregister(gpu), UGDS_SUCCESS);
     CHECK_ERR(uGDSBufDeregister(host), UGDS_SUCCESS);

@@ -163,9 +163,7 @@ impl Engine {
                     // Never fits: fail it rather than wait forever.
                     let (_, mut job) = self.waiting.pop_front().expect("front exists");
                     let requested = std::mem::take(&mut job.bound.reqs).len();
-                    for s in job.bound.sinks.iter().flatten() {
-                        s.write(Err(Error::CapacityExceeded { capacity: ENGINE_CAPACITY, requested, outstanding: 0 }));
-                    }
+                    job.fail_all(Error::CapacityExceeded { capacity: ENGINE_CAPACITY, requested, outstanding: 0 });
                     job.release_stages();
                     continue;
                 }
@@ -186,9 +184,7 @@ impl Engine {
                     if matches!(e, Error::Timeout { .. }) {
                         job.handle.0.wedge_holding_nothing();
                     }
-                    for s in job.bound.sinks.iter().flatten() {
-                        s.write(Err(e.clone()));
-                    }
+                    job.fail_all(e);
                     drop(reqs);
                     job.release_stages();
                 }
@@ -208,6 +204,9 @@ impl Engine {
                 Err(Error::Timeout { qid, cid, after }) => Err(Error::Timeout { qid: *qid, cid: *cid, after: *after }),
                 Err(other) => Err(Error::Platform(other.to_string())),
             };
+            if let Some(c) = &job.bound.counters {
+                c.ended(job.bound.writes[idx], &r);
+            }
             s.write(r);
         }
         *left -= 1;

@@ -1,7 +1,8 @@
 //! [`HostStream`]: a host-side stream with a GPU stream's contract, for
 //! machines without a GPU and for tests.
 
-use super::{Stream, StreamSignal};
+use super::{Stream, StreamCounters, StreamSignal};
+use crate::RequestStats;
 use crate::Result;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +35,7 @@ struct HostStreamShared {
 pub struct HostStream {
     shared: Arc<HostStreamShared>,
     thread: Option<JoinHandle<()>>,
+    counters: Arc<StreamCounters>,
 }
 
 impl std::fmt::Debug for HostStream {
@@ -62,7 +64,13 @@ impl HostStream {
             .name("ugds-hoststream".into())
             .spawn(move || HostStream::run(&s))
             .expect("spawn host stream thread");
-        HostStream { shared, thread: Some(thread) }
+        HostStream { shared, thread: Some(thread), counters: Arc::default() }
+    }
+
+    /// What the stream-ordered requests placed on this stream have done
+    /// (see [`StreamCounters`]).
+    pub fn stats(&self) -> RequestStats {
+        self.counters.snapshot()
     }
 
     fn run(s: &HostStreamShared) {
@@ -137,6 +145,10 @@ impl Stream for HostStream {
     fn launch(&self, op: Box<dyn FnOnce(StreamSignal) + Send>) -> Result<()> {
         self.push(Item::Op(op));
         Ok(())
+    }
+
+    fn counters(&self) -> Option<Arc<StreamCounters>> {
+        Some(self.counters.clone())
     }
 }
 

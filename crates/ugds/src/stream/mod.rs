@@ -18,7 +18,7 @@
 //! device at once.
 
 use crate::batch::BatchOp;
-use crate::engine::batch::Prepared;
+use crate::engine::batch::{Prepared, RequestStats};
 use crate::engine::hold::Hold;
 use crate::gpu::{GpuStream, StageLease, StageMark};
 use crate::handle::{Handle, HandleInner, Segment};
@@ -71,6 +71,12 @@ pub trait Stream: Send + Sync {
     /// must return promptly: it starts work, it does not wait for it.
     fn launch(&self, op: Box<dyn FnOnce(StreamSignal) + Send>) -> Result<()>;
 
+    /// Where the requests of the operations placed on this stream are
+    /// counted ([`StreamCounters`]); `None`: not counted.
+    fn counters(&self) -> Option<Arc<StreamCounters>> {
+        None
+    }
+
     /// The GPU stream this is, if it is one: ugds stages device memory
     /// through it where the controller cannot reach that memory itself.
     #[doc(hidden)]
@@ -81,6 +87,56 @@ pub trait Stream: Send + Sync {
 
 mod engine;
 mod host;
+
+/// What the stream-ordered requests placed on one stream have done, on
+/// every handle ([`HostStream::stats`], [`GpuStream::stats`](crate::gpu::GpuStream::stats)). A
+/// request is counted as submitted when the stream reaches it and its
+/// values are bound, and as ended when its result is written (one refused
+/// then ends at once, as an error). Written by the handles' stream engines
+/// (one thread each), so with relaxed atomic additions.
+#[derive(Debug, Default)]
+pub struct StreamCounters {
+    submitted: AtomicU64,
+    ended: AtomicU64,
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+    errors: AtomicU64,
+    timeouts: AtomicU64,
+}
+
+impl StreamCounters {
+    /// The totals now (read one after another: each is current, the set is
+    /// not one instant's).
+    pub fn snapshot(&self) -> RequestStats {
+        let ended = self.ended.load(Ordering::Relaxed);
+        let submitted = self.submitted.load(Ordering::Relaxed).max(ended);
+        RequestStats {
+            submitted,
+            ended,
+            in_flight: submitted - ended,
+            bytes_read: self.bytes_read.load(Ordering::Relaxed),
+            bytes_written: self.bytes_written.load(Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
+            canceled: 0,
+            timeouts: self.timeouts.load(Ordering::Relaxed),
+        }
+    }
+
+    fn submitted(&self, n: u64) {
+        self.submitted.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// One request ended with `r` (a `write` or a read).
+    fn ended(&self, write: bool, r: &Result<usize>) {
+        match r {
+            Ok(n) if write => self.bytes_written.fetch_add(*n as u64, Ordering::Relaxed),
+            Ok(n) => self.bytes_read.fetch_add(*n as u64, Ordering::Relaxed),
+            Err(Error::Timeout { .. }) => self.timeouts.fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.errors.fetch_add(1, Ordering::Relaxed),
+        };
+        self.ended.fetch_add(1, Ordering::Relaxed);
+    }
+}
 
 pub(crate) use engine::StreamEngine;
 pub use host::HostStream;
@@ -321,6 +377,10 @@ struct Pending {
 struct Bound {
     reqs: Vec<Prepared>,
     sinks: Vec<Option<Sink>>,
+    /// Whether each request (as `sinks`) is a write, for the counters.
+    writes: Vec<bool>,
+    /// The stream's counters, if it keeps them.
+    counters: Option<Arc<StreamCounters>>,
     /// The caller's buffers of staged requests, held until the I/O is done.
     holds: Vec<BufGuard>,
     stages: Vec<(StageLease, BufferToken)>,
@@ -336,6 +396,17 @@ struct Job {
 }
 
 impl Job {
+    /// Ends every request of a job that never reached the device with `e`.
+    fn fail_all(&mut self, e: Error) {
+        for (i, s) in self.bound.sinks.iter_mut().enumerate() {
+            if let Some(s) = s.take() {
+                if let Some(c) = &self.bound.counters {
+                    c.ended(self.bound.writes[i], &Err(e.clone()));
+                }
+                s.write(Err(e.clone()));
+            }
+        }
+    }
     /// Once the I/O is done: gives the staging blocks back (they stay
     /// registered with the handle, for its next operations). After a
     /// timeout they stay out of use: the command may still reach them.
@@ -479,11 +550,12 @@ impl Handle {
             return Err(Error::Unsupported("stream-ordered I/O needs the batch queue, which this handle lacks".into()));
         }
         let staged = |p: &Pending| p.stage.is_some() || p.seg_stages.iter().any(Option::is_some);
+        let counters = stream.counters();
         let Some(g) = gpu.filter(|_| pending.iter().any(staged)) else {
             h.inflight.fetch_add(1, Ordering::SeqCst);
             let href = HandleRef(h.clone());
             return stream.launch(Box::new(move |signal| {
-                let bound = bind(&href.0, pending);
+                let bound = bind(&href.0, pending, counters);
                 send(href, bound, signal)
             }));
         };
@@ -500,7 +572,7 @@ impl Handle {
         h.inflight.fetch_add(1, Ordering::SeqCst);
         let href = HandleRef(h.clone());
         let h2 = h.clone();
-        let bind_fn = Box::new(move || *c.lock().recover() = Some(bind(&h2, pending)));
+        let bind_fn = Box::new(move || *c.lock().recover() = Some(bind(&h2, pending, counters)));
         let op = Box::new(move |signal| {
             let bound = cell.lock().recover().take().unwrap_or_default();
             send(href, bound, signal)
@@ -555,11 +627,20 @@ fn stage_block(
 
 /// Binds each request's late values and validates them; a request that
 /// fails has its result written now and is left out.
-fn bind(h: &Arc<HandleInner>, pending: Vec<Pending>) -> Bound {
+fn bind(h: &Arc<HandleInner>, pending: Vec<Pending>, counters: Option<Arc<StreamCounters>>) -> Bound {
     let mut b =
         Bound { reqs: Vec::with_capacity(pending.len()), sinks: Vec::with_capacity(pending.len()), ..Bound::default() };
+    // A request refused here ends at once; one bound is counted as submitted.
+    let refused = |write: bool, sink: Sink, e: Error| {
+        if let Some(c) = &counters {
+            c.submitted(1);
+            c.ended(write, &Err(e.clone()));
+        }
+        sink.write(Err(e));
+    };
     let mut recent = None;
     for mut p in pending {
+        let write = p.op == NvmOpcode::Write;
         let values = (|| -> Result<(usize, u64, usize)> {
             let size = usize::try_from(p.io.size.get()?).map_err(|_| Error::InvalidArgument("size".into()))?;
             let file_offset = p.io.file_offset.get()?;
@@ -573,7 +654,7 @@ fn bind(h: &Arc<HandleInner>, pending: Vec<Pending>) -> Bound {
         let (size, file_offset, buf_offset) = match values {
             Ok(v) => v,
             Err(e) => {
-                p.io.result.write(Err(e));
+                refused(write, p.io.result, e);
                 b.stages.extend(p.stage.take());
                 b.stages.extend(p.seg_stages.drain(..).flatten());
                 continue;
@@ -584,9 +665,10 @@ fn bind(h: &Arc<HandleInner>, pending: Vec<Pending>) -> Bound {
                 Ok((r, hold)) => {
                     b.reqs.push(r);
                     b.sinks.push(Some(p.io.result));
+                    b.writes.push(write);
                     b.holds.extend(hold);
                 }
-                Err(e) => p.io.result.write(Err(e)),
+                Err(e) => refused(write, p.io.result, e),
             }
             b.stages.extend(p.stage.take());
         } else if p.seg_stages.iter().all(Option::is_none) {
@@ -594,8 +676,9 @@ fn bind(h: &Arc<HandleInner>, pending: Vec<Pending>) -> Bound {
                 Ok(r) => {
                     b.reqs.push(r);
                     b.sinks.push(Some(p.io.result));
+                    b.writes.push(write);
                 }
-                Err(e) => p.io.result.write(Err(e)),
+                Err(e) => refused(write, p.io.result, e),
             }
         } else {
             // Staged pieces: a request per segment, each through its own
@@ -611,15 +694,17 @@ fn bind(h: &Arc<HandleInner>, pending: Vec<Pending>) -> Bound {
                     Ok((r, hold)) => {
                         b.reqs.push(r);
                         b.sinks.push(Some(Sink::Sum(sum.clone())));
+                        b.writes.push(write);
                         b.holds.extend(hold);
                     }
-                    Err(e) => Sink::Sum(sum.clone()).write(Err(e)),
+                    Err(e) => refused(write, Sink::Sum(sum.clone()), e),
                 }
                 b.stages.extend(stage);
                 at += *len as u64;
             }
         }
     }
+    b.counters = counters;
     b
 }
 
@@ -703,6 +788,9 @@ fn bind_vectored(
 /// stream go on at once.
 fn send(handle: HandleRef, bound: Bound, signal: StreamSignal) {
     let h = handle.0.clone();
+    if let Some(c) = &bound.counters {
+        c.submitted(bound.reqs.len() as u64);
+    }
     let mut job = Job { bound, signal, handle, timed_out: false };
     if job.bound.reqs.is_empty() {
         job.release_stages();

@@ -31,7 +31,7 @@
 //! addresses and length from the block's header when it runs, so sizes and
 //! offsets bound late by the stream work as they do without staging.
 
-use crate::stream::{Stream, StreamSignal};
+use crate::stream::{Stream, StreamCounters, StreamSignal};
 use crate::{Error, Result};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -114,6 +114,7 @@ pub struct GpuStream {
     /// Held while launching, so that numbers reach the stream in order.
     seq: Mutex<Seq>,
     timing: Arc<Timing>,
+    counters: Arc<StreamCounters>,
 }
 
 impl std::fmt::Debug for GpuStream {
@@ -182,7 +183,7 @@ impl GpuStream {
         let slot = backend.pool().lock().recover().take(&*backend)?;
         let timing = Arc::new(Timing::default());
         let seq = Mutex::new(Seq { last: 0, passed: None, lost: false });
-        let mut s = GpuStream { backend, raw, slot, wait, seq, timing };
+        let mut s = GpuStream { backend, raw, slot, wait, seq, timing, counters: Arc::default() };
         if wait == StreamWait::DeviceSide {
             // The word is 0, so waiting for >= 0 passes at once: a probe of
             // both memory operations, which also makes `passed` 0.
@@ -313,9 +314,19 @@ impl Stream for GpuStream {
     fn as_gpu(&self) -> Option<&GpuStream> {
         Some(self)
     }
+
+    fn counters(&self) -> Option<Arc<StreamCounters>> {
+        Some(self.counters.clone())
+    }
 }
 
 impl GpuStream {
+    /// What the stream-ordered requests placed on this stream have done
+    /// (see [`StreamCounters`]).
+    pub fn stats(&self) -> crate::RequestStats {
+        self.counters.snapshot()
+    }
+
     /// The runtime context of this stream (0: unknown).
     pub(crate) fn context(&self) -> usize {
         self.backend.context()
