@@ -125,6 +125,9 @@ pub struct EmuConfig {
     /// controller thread does it, one command at a time. Not used with a
     /// latency model.
     pub io_workers: usize,
+    /// Take SGLs for I/O commands, and say so in Identify (SGLS 01b), as
+    /// QEMU's controller does.
+    pub sgl: bool,
     /// What Identify claims that is not so.
     pub lies: IdentifyLies,
 }
@@ -142,6 +145,7 @@ impl Default for EmuConfig {
             spin: Duration::from_micros(100),
             reverse_completions: false,
             io_workers: 0,
+            sgl: true,
             lies: IdentifyLies::default(),
         }
     }
@@ -192,6 +196,11 @@ impl EmuConfig {
     /// Completes each sweep's commands in reverse order.
     pub fn reverse_completions(mut self, on: bool) -> Self {
         self.reverse_completions = on;
+        self
+    }
+    /// Takes SGLs or not (see [`EmuConfig::sgl`]).
+    pub fn sgl(mut self, on: bool) -> Self {
+        self.sgl = on;
         self
     }
     /// Sets the latency model.

@@ -48,6 +48,8 @@ pub struct IdentifyController {
     pub oncs: u16,
     /// Volatile Write Cache.
     pub vwc: u8,
+    /// SGL Support (see [`sgl::supported`](crate::sgl::supported)).
+    pub sgls: u32,
 }
 
 impl IdentifyController {
@@ -76,6 +78,7 @@ impl IdentifyController {
             nn: le32(b, 516),
             oncs: le16(b, 520),
             vwc: b[525],
+            sgls: le32(b, 536),
         }
     }
 
@@ -97,6 +100,7 @@ impl IdentifyController {
         b[516..520].copy_from_slice(&self.nn.to_le_bytes());
         b[520..522].copy_from_slice(&self.oncs.to_le_bytes());
         b[525] = self.vwc;
+        b[536..540].copy_from_slice(&self.sgls.to_le_bytes());
         b
     }
 
@@ -226,6 +230,7 @@ mod tests {
             nn: 2,
             oncs: IdentifyController::ONCS_DSM | IdentifyController::ONCS_WRITE_ZEROES,
             vwc: 0,
+            sgls: 1,
         };
         let b = c.to_bytes();
         assert_eq!(b[77], 5);

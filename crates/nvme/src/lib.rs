@@ -15,6 +15,7 @@
 //! - [`ring`]: ring index and phase-tag arithmetic.
 //! - [`cid`]: a command-identifier allocator independent of SQ slots.
 //! - [`prp`]: the PRP planner and the chunking rules around it.
+//! - [`sgl`]: Scatter Gather List descriptors, built and walked.
 //!
 //! Section numbers refer to the NVM Express Base Specification 2.0 unless a
 //! comment says otherwise.
@@ -25,6 +26,7 @@ pub mod identify;
 pub mod prp;
 pub mod regs;
 pub mod ring;
+pub mod sgl;
 pub mod status;
 mod types;
 

@@ -39,6 +39,14 @@ pub mod generic {
     pub const INVALID_NAMESPACE: u8 = 0x0b;
     /// Command Sequence Error.
     pub const COMMAND_SEQUENCE_ERROR: u8 = 0x0c;
+    /// Invalid SGL Segment Descriptor.
+    pub const INVALID_SGL_SEGMENT: u8 = 0x0d;
+    /// Invalid Number of SGL Descriptors.
+    pub const INVALID_SGL_COUNT: u8 = 0x0e;
+    /// Data SGL Length Invalid.
+    pub const INVALID_SGL_LENGTH: u8 = 0x0f;
+    /// SGL Descriptor Type Invalid.
+    pub const INVALID_SGL_TYPE: u8 = 0x11;
     /// PRP Offset Invalid.
     pub const INVALID_PRP_OFFSET: u8 = 0x13;
     /// Namespace is Write Protected.

@@ -123,6 +123,7 @@ fn sync_queue(bdf: &str, secs: f64) -> Result<(), ugds::Error> {
             let cmd = Cmd {
                 sqe: Sqe::rw(NvmOpcode::Read, Cid(0), Nsid(ns.nsid), Lba(lba), blocks, 0, 0),
                 prp: Some(PrpPlan::One { prp1: buf.iova(0) }),
+                sgl: None,
                 bytes: blocks * ns.block_size,
             };
             let (poll, timeout) = (Completion::Poll, Duration::from_secs(5));

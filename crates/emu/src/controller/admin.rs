@@ -68,6 +68,8 @@ impl Controller {
                 nn: self.ns.len() as u32,
                 oncs: IdentifyController::ONCS_DSM | IdentifyController::ONCS_WRITE_ZEROES,
                 vwc: 0,
+                // SGLs supported, no alignment requirement (as QEMU's).
+                sgls: self.cfg.sgl as u32,
             }
             .to_bytes(),
             cns::NAMESPACE => match self.namespace(sqe.nsid) {

@@ -5,7 +5,10 @@ use super::*;
 
 impl Controller {
     pub(super) fn run_command(&mut self, qid: u16, sqe: &Sqe, table: &IovaTable) -> Outcome {
-        if sqe.fuse() != 0 || sqe.psdt() != 0 {
+        // SGLs for I/O commands where Identify says so; admin commands over
+        // PCIe use PRPs.
+        let sgl_ok = qid != 0 && self.cfg.sgl && sqe.psdt() == ugds_nvme::sgl::PSDT_SGL;
+        if sqe.fuse() != 0 || (sqe.psdt() != 0 && !sgl_ok) {
             return done(Status::generic(generic::INVALID_FIELD));
         }
         if qid == 0 {
@@ -122,6 +125,36 @@ impl Controller {
         }
     }
 
+    /// Walks an I/O command's data pointer, PRPs or an SGL, into `self.segs`.
+    pub(super) fn walk_data(&mut self, table: &IovaTable, sqe: &Sqe, len: usize) -> Result<(), Status> {
+        if sqe.psdt() == 0 {
+            return self.walk(table, sqe.prp1, sqe.prp2, len);
+        }
+        self.segs.clear();
+        let segs = &mut self.segs;
+        let read = |addr: u64, n: usize| -> Result<Vec<sgl::Descriptor>, ()> {
+            let region = translate_region(table, addr, n * sgl::DESCRIPTOR_LEN).ok_or(())?;
+            Ok((0..n)
+                .map(|i| {
+                    let mut b = [0u8; sgl::DESCRIPTOR_LEN];
+                    for (k, w) in b.chunks_exact_mut(8).enumerate() {
+                        w.copy_from_slice(&region.read_u64(i * sgl::DESCRIPTOR_LEN + k * 8).to_le_bytes());
+                    }
+                    sgl::Descriptor::from_bytes(&b)
+                })
+                .collect())
+        };
+        let sgl1 = sgl::Descriptor::from_dptr(sqe.prp1, sqe.prp2);
+        match sgl::walk(sgl1, len, read, |a, l| segs.push((a, l))) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                tracing::debug!(?e, "emulator: SGL refused");
+                self.shared.stats.dma_faults.fetch_add(1, Ordering::Relaxed);
+                Err(Status::generic(e.status_code().unwrap_or(generic::DATA_TRANSFER_ERROR)))
+            }
+        }
+    }
+
     /// Translates `self.segs` into host ranges, merging neighbours.
     pub(super) fn translate_segs(&mut self, table: &IovaTable) -> Result<(), Status> {
         self.host_segs.clear();
@@ -157,7 +190,7 @@ impl Controller {
         len: usize,
         table: &IovaTable,
     ) -> Result<(), Status> {
-        self.walk(table, sqe.prp1, sqe.prp2, len)?;
+        self.walk_data(table, sqe, len)?;
         self.translate_segs(table)?;
         let ns = &self.ns[(sqe.nsid - 1) as usize];
         // SAFETY: the segments were translated under `table`'s read lock,

@@ -27,7 +27,7 @@ use ugds_nvme::identify::{IdentifyController, IdentifyNamespace, LbaFormat};
 use ugds_nvme::regs::{self, Aqa, Cc, Csts};
 use ugds_nvme::ring::Ring;
 use ugds_nvme::status::{command_specific as cs, generic};
-use ugds_nvme::{prp, AdminOpcode, Iova, NvmOpcode, Sqe, Status, IDENTIFY_LEN};
+use ugds_nvme::{prp, sgl, AdminOpcode, Iova, NvmOpcode, Sqe, Status, IDENTIFY_LEN};
 use ugds_platform::device::DeviceRuntime;
 use ugds_platform::dma::DmaRegion;
 use ugds_platform::sys::{self, Anonymous};
@@ -419,7 +419,7 @@ impl Controller {
         if self.cfg.mdts != 0 && len > 4096usize << self.cfg.mdts {
             return Some(done(Status::generic(generic::INVALID_FIELD)));
         }
-        if let Err(s) = self.walk(table, sqe.prp1, sqe.prp2, len).and_then(|()| self.translate_segs(table)) {
+        if let Err(s) = self.walk_data(table, sqe, len).and_then(|()| self.translate_segs(table)) {
             return Some(done(s));
         }
         // All of it on the GPU (a command mixing host and device memory runs

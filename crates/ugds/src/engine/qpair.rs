@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use ugds_nvme::prp::PrpPlan;
 use ugds_nvme::ring::{CqCursor, Ring};
+use ugds_nvme::sgl;
 use ugds_nvme::{regs, Cid, Cqe, Qid, Sqe};
 
 pub use super::tracker::{Owner, Tracker};
@@ -108,6 +109,10 @@ impl Shadow {
         regs::dbbuf_need_event(event as u16, new as u16, old as u16)
     }
 }
+
+/// SGL descriptors one list page holds: the most Data Blocks a command
+/// built by [`NvmeQueue::submit_sgl`] may have.
+pub const SGL_PER_PAGE: usize = PAGE_SIZE / ugds_nvme::sgl::DESCRIPTOR_LEN;
 
 /// What kept a command from being staged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -351,23 +356,8 @@ impl NvmeQueue {
     /// As [`submit`](Self::submit), inlined into the caller.
     #[inline(always)]
     pub fn stage(&mut self, mut sqe: Sqe, data: Option<PrpPlan<'_>>, owner: Owner) -> Result<Cid, Full> {
-        if self.sq_ring.is_full(self.sq_head, self.sq_tail) {
-            return Err(Full::Sq);
-        }
-        // Every command in flight must find a free CQ slot when it
-        // completes: consumed entries not yet reported still count as used.
-        if self.cq_unreported > 0
-            && self.cq_unreported as usize + self.tracker.outstanding() + 1 >= self.cq_ring.size() as usize
-        {
-            self.report_cq_head();
-        }
         let list = matches!(data, Some(PrpPlan::List { .. }));
-        if list && self.prp_free.is_empty() {
-            return Err(Full::PrpPages);
-        }
-        if self.tracker.is_full() {
-            return Err(Full::Cid);
-        }
+        self.room(list)?;
         // A page from the pool, held by this command until its completion
         // is consumed: no other command can overwrite it while the
         // controller may still read it.
@@ -389,6 +379,36 @@ impl NvmeQueue {
                 sqe.prp2 = self.prp_pages.iova(page);
             }
         }
+        self.post(cid, sqe);
+        Ok(cid)
+    }
+
+    /// Whether a command can be staged now (with a list page if `list`).
+    #[inline(always)]
+    fn room(&mut self, list: bool) -> Result<(), Full> {
+        if self.sq_ring.is_full(self.sq_head, self.sq_tail) {
+            return Err(Full::Sq);
+        }
+        // Every command in flight must find a free CQ slot when it
+        // completes: consumed entries not yet reported still count as used.
+        if self.cq_unreported > 0
+            && self.cq_unreported as usize + self.tracker.outstanding() + 1 >= self.cq_ring.size() as usize
+        {
+            self.report_cq_head();
+        }
+        if list && self.prp_free.is_empty() {
+            return Err(Full::PrpPages);
+        }
+        if self.tracker.is_full() {
+            return Err(Full::Cid);
+        }
+        Ok(())
+    }
+
+    /// Writes the entry of command `cid` at the tail (the doorbell is rung
+    /// later, once for all staged).
+    #[inline(always)]
+    fn post(&mut self, cid: Cid, mut sqe: Sqe) {
         // Counted from the entry before it is written (read after, its
         // fields would be kept in memory for it).
         self.staged.add(sqe.opcode(), sqe.nlb());
@@ -396,6 +416,39 @@ impl NvmeQueue {
         sqe.set_cid(cid);
         self.sq.write_sqe(self.sq_tail as usize * Sqe::SIZE, &sqe);
         self.sq_tail = self.sq_ring.next(self.sq_tail);
+    }
+
+    /// As [`submit`](Self::submit), for a command whose data is `pieces`
+    /// described by an SGL (the controller takes SGLs: Identify's SGLS):
+    /// SGL1 is one Data Block when one suffices, else a Last Segment of the
+    /// Data Block descriptors written into the command's list page. The
+    /// caller has checked that they fit one page ([`SGL_PER_PAGE`]).
+    pub fn submit_sgl(&mut self, mut sqe: Sqe, pieces: &[sgl::Piece<'_>], owner: Owner) -> Result<Cid, Full> {
+        let n = sgl::describe(pieces, PAGE_SIZE, SGL_PER_PAGE, |_, _| {}).expect("checked by the caller");
+        self.room(n > 1)?;
+        let page = if n > 1 { self.prp_free.pop() } else { None };
+        let cid = self.tracker.begin(owner, page).expect("a CID is free");
+        let sgl1 = match page {
+            None => {
+                let mut one = None;
+                let _ = sgl::describe(pieces, PAGE_SIZE, 1, |_, d| one = Some(d));
+                one.expect("one descriptor")
+            }
+            Some(p) => {
+                let base = p as usize * PAGE_SIZE;
+                let pages = &mut self.prp_pages;
+                let _ = sgl::describe(pieces, PAGE_SIZE, SGL_PER_PAGE, |i, d| {
+                    let b = d.to_bytes();
+                    let at = base + i * sgl::DESCRIPTOR_LEN;
+                    pages.write_u64(at, u64::from_le_bytes(b[0..8].try_into().expect("8 bytes")));
+                    pages.write_u64(at + 8, u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")));
+                });
+                sgl::Descriptor::last_segment(self.prp_pages.iova(base), n)
+            }
+        };
+        (sqe.prp1, sqe.prp2) = sgl1.to_dptr();
+        sqe.cdw0 = (sqe.cdw0 & !(3 << 14)) | sgl::PSDT_SGL << 14;
+        self.post(cid, sqe);
         Ok(cid)
     }
 

@@ -144,6 +144,17 @@ impl QueuePair {
         self.stage(sqe, data, owner)
     }
 
+    /// Stages `sqe` with its data as an SGL (see
+    /// [`NvmeQueue::submit_sgl`](super::qpair::NvmeQueue::submit_sgl)): only
+    /// on a controller whose Identify says it takes SGLs, which the kernel
+    /// path's never does.
+    pub fn submit_sgl(&mut self, sqe: Sqe, pieces: &[ugds_nvme::sgl::Piece<'_>], owner: Owner) -> Result<Cid, Full> {
+        match self {
+            QueuePair::Nvme(q) => q.submit_sgl(sqe, pieces, owner),
+            QueuePair::Uring(_) => unreachable!("the kernel path reports no SGL support"),
+        }
+    }
+
     /// As [`submit`](Self::submit), inlined into the caller: for a request
     /// path that stages one command per request (a lent queue's page-sized
     /// reads and writes), where the call and the plan passed through memory

@@ -54,6 +54,8 @@ pub struct Cmd<'a> {
     pub sqe: Sqe,
     /// Its PRPs, for commands that move data.
     pub prp: Option<PrpPlan<'a>>,
+    /// Or its data as an SGL of these pieces (the controller takes SGLs).
+    pub sgl: Option<&'a [ugds_nvme::sgl::Piece<'a>]>,
     /// The bytes it moves (what it adds to the queue's load).
     pub bytes: u32,
 }
@@ -433,7 +435,11 @@ impl SyncQueue {
             // the queue.
             let bytes = c.bytes as u64;
             self.load.add(bytes);
-            match st.qp.submit(c.sqe, c.prp, Owner::Sync(slot)) {
+            let staged = match c.sgl {
+                Some(pieces) => st.qp.submit_sgl(c.sqe, pieces, Owner::Sync(slot)),
+                None => st.qp.submit(c.sqe, c.prp, Owner::Sync(slot)),
+            };
+            match staged {
                 Ok(_) => {
                     s.pending.fetch_add(1, Ordering::Relaxed);
                     s.bytes.store(s.bytes.load(Ordering::Relaxed) + bytes, Ordering::Relaxed);

@@ -43,6 +43,13 @@ impl Handle {
         (self.inner.sync.len(), self.inner.async_queues)
     }
 
+    /// Whether vectored requests that fit one command go as one command
+    /// with a Scatter Gather List (the controller takes SGLs and
+    /// [`HandleOptions::sgl`](crate::HandleOptions::sgl) allows it).
+    pub fn sgl(&self) -> bool {
+        self.inner.sgl
+    }
+
     /// Whether the I/O queues use shadow doorbells.
     pub fn shadow_doorbells(&self) -> bool {
         self.inner.ctrl.shadow_doorbells()
@@ -191,6 +198,7 @@ impl Handle {
             // Cannot fail: the range was checked against the registration
             // and the chunker keeps each command within one PRP-list page.
             prp: Some(prp::plan(pages, PAGE_SIZE, c.data_off, c.len).expect("validated range plans")),
+            sgl: None,
             bytes: c.len as u32,
         };
         let name = if op == NvmOpcode::Read { "Read" } else { "Write" };
@@ -214,7 +222,7 @@ impl Handle {
         let h = &*self.inner;
         let _in = h.enter()?;
         let q = h.next_sync_queue();
-        let cmd = Cmd { sqe: Sqe::flush(Cid(0), Nsid(h.ns.nsid)), prp: None, bytes: 0 };
+        let cmd = Cmd { sqe: Sqe::flush(Cid(0), Nsid(h.ns.nsid)), prp: None, sgl: None, bytes: 0 };
         let r = q.execute(std::iter::once(cmd), "Flush", h.opts.completion, h.opts.timeout, Pacing::NONE);
         h.finish(q, r, "Flush", None).map(drop)
     }
@@ -230,6 +238,7 @@ impl Handle {
         let cmds = (0..blocks).step_by(65536).map(|b| Cmd {
             sqe: Sqe::write_zeroes(Cid(0), Nsid(h.ns.nsid), Lba(first + b), (blocks - b).min(65536) as u32),
             prp: None,
+            sgl: None,
             bytes: 0,
         });
         let r = q.execute(cmds, "Write Zeroes", h.opts.completion, h.opts.timeout, Pacing::NONE);

@@ -75,6 +75,9 @@ pub(crate) struct HandleInner {
     sync: ManuallyDrop<Box<[Arc<SyncQueue>]>>,
     /// Places synchronous requests and paces the large ones.
     pub sched: scheduler::Scheduler,
+    /// Vectored requests may go as one SGL command (the options allow it
+    /// and the controller takes SGLs).
+    pub sgl: bool,
     pool: ManuallyDrop<Mutex<Vec<QueuePair>>>,
     batch: ManuallyDrop<Option<Arc<BatchQueue>>>,
     stream: Mutex<Option<StreamEngine>>,
@@ -246,6 +249,7 @@ impl HandleInner {
             ns,
             sync: ManuallyDrop::new(sync),
             sched: scheduler::Scheduler::new(opts.placement, opts.chunk_bytes, info.max_transfer),
+            sgl: opts.sgl && ugds_nvme::sgl::supported(info.identify.sgls),
             async_queues: pool.len(),
             publisher: Mutex::new(None),
             queues,
@@ -269,6 +273,11 @@ impl HandleInner {
 
     pub fn ns_nsid(&self) -> u32 {
         self.ns.nsid
+    }
+
+    /// Whether `bytes` fit one command (MDTS, and the 16-bit block count).
+    pub fn fits_one_command(&self, bytes: usize) -> bool {
+        self.ctrl.info().max_transfer.is_none_or(|m| bytes <= m) && bytes / self.ns.block_size as usize <= 1 << 16
     }
 
     /// The namespace's block size in bytes.

@@ -66,6 +66,11 @@ pub struct HandleOptions {
     /// How each synchronous request is served (see [`Mode`]): `None` (the
     /// default), as `completion` says with the scheduler's interleaving.
     pub mode: Option<Arc<dyn Mode>>,
+    /// Send a vectored request as one command whose data is a Scatter
+    /// Gather List when the controller takes SGLs (Identify's SGLS) and the
+    /// request fits one command (MDTS, one page of descriptors); else, and
+    /// when false, as PRP windows (a command or more per segment).
+    pub sgl: bool,
     /// What `from_env` could not read, refused at open.
     pub(crate) env_error: Option<String>,
 }
@@ -92,6 +97,7 @@ impl Default for HandleOptions {
             placement: Placement::LeastLoaded,
             chunk_bytes: 256 << 10,
             mode: None,
+            sgl: true,
             env_error: None,
         }
     }
@@ -209,6 +215,12 @@ impl HandleOptions {
     /// (see [`chunk_bytes`](Self::chunk_bytes); 0: never).
     pub fn chunk_bytes(mut self, bytes: usize) -> Self {
         self.chunk_bytes = bytes;
+        self
+    }
+
+    /// Sets whether vectored requests may go as SGLs (see [`sgl`](Self::sgl)).
+    pub fn sgl(mut self, sgl: bool) -> Self {
+        self.sgl = sgl;
         self
     }
 

@@ -9,7 +9,9 @@
 //! and every buffer claimed, before any command is built.
 
 use super::*;
+use crate::engine::qpair::SGL_PER_PAGE;
 use crate::registry::Recent;
+use ugds_nvme::sgl;
 
 /// The most segments one vectored call takes.
 pub const MAX_SEGMENTS: usize = 256;
@@ -72,17 +74,39 @@ impl Handle {
             at += s.len as u64;
         }
         let nsid = Nsid(h.ns.nsid);
-        let cmds = claimed.iter().flat_map(|(_, recent, data_off, at, len)| {
-            let pages = recent.pages();
-            h.chunker(*at, *data_off, *len).map(move |c| Cmd {
-                sqe: Sqe::rw(op, Cid(0), nsid, Lba(c.slba), c.nlb, 0, 0),
-                // Cannot fail: each segment was checked against its registration.
-                prp: Some(prp::plan(pages, PAGE_SIZE, c.data_off, c.len).expect("validated range plans")),
-                bytes: c.len as u32,
-            })
-        });
-        let name = if op == NvmOpcode::Read { "Read" } else { "Write" };
-        let (q, r) = h.run_scheduled(cmds, name, op == NvmOpcode::Write, prio, total);
+        let (name, write) = if op == NvmOpcode::Read { ("Read", false) } else { ("Write", true) };
+        // One command with an SGL where the controller takes them and it fits.
+        let pieces: Vec<sgl::Piece> = match h.sgl && h.fits_one_command(total) {
+            true => claimed
+                .iter()
+                .map(|(_, recent, data_off, _, len)| sgl::Piece { pages: recent.pages(), offset: *data_off, len: *len })
+                .collect(),
+            false => Vec::new(),
+        };
+        let one_sgl = !pieces.is_empty() && sgl::describe(&pieces, PAGE_SIZE, SGL_PER_PAGE, |_, _| {}).is_ok();
+        let (q, r) = if one_sgl {
+            let bs = h.ns.block_size as u64;
+            let cmd = Cmd {
+                sqe: Sqe::rw(op, Cid(0), nsid, Lba(file_offset / bs), (total as u64 / bs) as u32, 0, 0),
+                prp: None,
+                sgl: Some(&pieces),
+                bytes: total as u32,
+            };
+            h.run_scheduled(std::iter::once(cmd), name, write, prio, total)
+        } else {
+            let cmds = claimed.iter().flat_map(|(_, recent, data_off, at, len)| {
+                let pages = recent.pages();
+                h.chunker(*at, *data_off, *len).map(move |c| Cmd {
+                    sqe: Sqe::rw(op, Cid(0), nsid, Lba(c.slba), c.nlb, 0, 0),
+                    // Cannot fail: each segment was checked against its registration.
+                    prp: Some(prp::plan(pages, PAGE_SIZE, c.data_off, c.len).expect("validated range plans")),
+                    sgl: None,
+                    bytes: c.len as u32,
+                })
+            });
+            h.run_scheduled(cmds, name, write, prio, total)
+        };
+        drop(pieces);
         match r {
             Ok(0) => Ok(total),
             r => {
