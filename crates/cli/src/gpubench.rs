@@ -23,6 +23,8 @@ and a batch of 128 x 4 KiB (first batch and steady state).
 Options:
       --seconds S        time per synchronous size [1]
       --compute-us N     compute per I/O in the overlap experiment [500]
+      --mode MODE        how the handle serves synchronous reads: latency,
+                         throughput, priority or adaptive [none: polling]
   -h, --help
 
 ";
@@ -38,6 +40,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     let mut t = TargetOpts::default();
     let mut seconds = 1.0f64;
     let mut compute_us = 500u64;
+    let mut mode = None;
     let mut p = lexopt::Parser::from_args(args);
     while let Some(arg) = p.next().map_err(|e| e.to_string())? {
         match arg {
@@ -46,6 +49,10 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
                 return Ok(());
             }
             Long("seconds") => seconds = p.value().map_err(|e| e.to_string())?.parse().map_err(|e| format!("{e}"))?,
+            Long("mode") => {
+                let m = p.value().map_err(|e| e.to_string())?.string().map_err(|e| e.to_string())?;
+                mode = Some(ugds::mode::mode_by_name(&m).map_err(|e| e.to_string())?);
+            }
             Long("compute-us") => {
                 compute_us = p.value().map_err(|e| e.to_string())?.parse().map_err(|e| format!("{e}"))?
             }
@@ -58,10 +65,15 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
             _ => return Err(arg.unexpected().to_string()),
         }
     }
-    run(&t, Duration::from_secs_f64(seconds), compute_us).map_err(|e| e.to_string())
+    run(&t, Duration::from_secs_f64(seconds), compute_us, mode).map_err(|e| e.to_string())
 }
 
-fn run(t: &TargetOpts, per_size: Duration, compute_us: u64) -> ugds::Result<()> {
+fn run(
+    t: &TargetOpts,
+    per_size: Duration,
+    compute_us: u64,
+    mode: Option<Arc<dyn ugds::Mode>>,
+) -> ugds::Result<()> {
     let cuda = Cuda::get()?;
     cuda.use_device(0)?;
     // The CUDA context exists and the buffer is allocated before timing,
@@ -72,7 +84,7 @@ fn run(t: &TargetOpts, per_size: Duration, compute_us: u64) -> ugds::Result<()> 
     let target = target::open(t).map_err(ugds::Error::Platform)?;
     let driver = Driver::open();
     let t_open = t0.elapsed();
-    let h = target.open_handle(&driver, HandleOptions::default())?;
+    let h = target.open_handle(&driver, HandleOptions::default().mode(mode))?;
     let t_handle = t0.elapsed();
     // SAFETY: `gpu` outlives the registration (deregistered at the end).
     let tok = unsafe { driver.register_cuda(gpu.ptr(), gpu.len())? };

@@ -48,7 +48,7 @@ fn throughput_mode_sleeps_and_the_default_polls() {
 
 /// Adaptive mode on a device that moves 100 MB/s: 4 KiB reads (about 40 us)
 /// keep polling, 1 MiB reads (about 10 ms) go to sleep on interrupts (after
-/// four measured in a row: the 16th), and only they wake from interrupts.
+/// four in a row), and only they wake from interrupts.
 #[test]
 fn adaptive_mode_sleeps_for_the_slow_size_only() {
     let model = LatencyModel::new(Duration::ZERO, 100_000_000);
@@ -67,7 +67,7 @@ fn adaptive_mode_sleeps_for_the_slow_size_only() {
     assert!(adaptive.sleeps(1 << 20), "1 MiB reads: {avg:?} on average");
     assert!(avg >= Duration::from_millis(9), "{avg:?} for 1 MiB at 100 MB/s");
     let woken = sync_total(&h).interrupts;
-    assert!(woken >= 4, "the 1 MiB reads after the switch sleep: {woken} woken");
+    assert!(woken >= 12, "the 1 MiB reads after the switch sleep: {woken} woken");
     for i in 0..20 {
         h.read(&b.token, 4096, i * 4096, 0).unwrap();
     }

@@ -193,10 +193,14 @@ const SAMPLE: u32 = 4;
 /// Measured requests in a row beyond a threshold that switch a class.
 const STREAK: u32 = 4;
 
+/// A class's first requests, all measured.
+const LEARN: u32 = 16;
+
 /// Polling or interrupts by the service times it measures.
 ///
-/// Requests fall in size classes (powers of two from 4 KiB to 8 MiB); every
-/// fourth request of a class is measured. A class that polls starts
+/// Requests fall in size classes (powers of two from 4 KiB to 8 MiB); the
+/// first 16 requests of a class are measured, then every fourth (so a new
+/// class settles after four requests). A class that polls starts
 /// sleeping on interrupts once four measured requests in a row took longer
 /// than [`to_interrupts`](Self::new) (waits that long leave the CPU more to
 /// gain than a wake-up costs), and polls again once four in a row took less
@@ -312,7 +316,7 @@ impl Mode for Adaptive {
         let seen = c.seen.load(Relaxed);
         c.seen.store(seen.wrapping_add(1), Relaxed);
         let completion = if c.sleeps.load(Relaxed) { Completion::Interrupt } else { Completion::Poll };
-        Plan::new(req).completion(completion).measure(seen % SAMPLE == 0)
+        Plan::new(req).completion(completion).measure(seen < LEARN || seen % SAMPLE == 0)
     }
     fn observe(&self, req: &ModeRequest, _plan: &Plan, took: Duration) {
         self.record(req.bytes, took);
@@ -397,9 +401,11 @@ mod tests {
     }
 
     #[test]
-    fn adaptive_measures_one_request_in_four() {
+    fn adaptive_measures_its_first_requests_then_one_in_four() {
         let a = Adaptive::default();
         let req = ModeRequest { bytes: 1 << 20, write: true, priority: Priority::Normal };
+        let measured = (0..16).filter(|_| a.plan(&req).measure).count();
+        assert_eq!(measured, 16);
         let measured = (0..16).filter(|_| a.plan(&req).measure).count();
         assert_eq!(measured, 4);
     }
