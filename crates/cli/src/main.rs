@@ -221,6 +221,12 @@ fn identify(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         id.oacs,
         yes(id.oacs & ugds::nvme::IdentifyController::OACS_DBBUF != 0)
     );
+    println!(
+        "sgls         {:#010x} (SGLs {}; vectored requests that fit one command go as one {})",
+        id.sgls,
+        yes(ugds::nvme::sgl::supported(id.sgls)),
+        if h.sgl() { "SGL command" } else { "command or more per segment (PRP windows)" }
+    );
     println!("namespaces   {}", c.namespaces.len());
     for ns in &c.namespaces {
         println!("  nsid {:<4} {} blocks x {} bytes = {}", ns.nsid, ns.blocks, ns.block_size, fmt_bytes(ns.capacity()));
