@@ -356,6 +356,17 @@ uGDSError_t uGDSStreamRegister(void *stream);
 uGDSError_t uGDSStreamRegisterEx(void *stream, uGDSBackend_t backend);
 uGDSError_t uGDSStreamDeregister(void *stream);
 uGDSError_t uGDSStreamGetStats(void *stream, ugds_request_stats_t *out);
+/* How the library serves a stream's operations enqueued from now on (an
+ * extension): priority UGDS_PRIORITY_CRITICAL (sent to the device before
+ * other streams' waiting operations), _NORMAL or _BACKGROUND (held back
+ * while another stream's operation is on the device); mode a built-in
+ * mode's name (see UGDS_MODE; "throughput" lets the library nap, its CPU
+ * free, while only such operations are in flight) or NULL.
+ * UGDS_INVALID_VALUE for an unknown priority or mode. */
+#define UGDS_PRIORITY_CRITICAL 0
+#define UGDS_PRIORITY_NORMAL 1
+#define UGDS_PRIORITY_BACKGROUND 2
+uGDSError_t uGDSStreamSetService(void *stream, int priority, const char *mode);
 
 /* The calling thread's last error message (an extension; never NULL). */
 const char *ugds_last_error(void);

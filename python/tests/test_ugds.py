@@ -131,6 +131,14 @@ class Host(unittest.TestCase):
             self.h.readv_async([(bb, 0, 100)], 0, s)
         st = s.stats()
         self.assertEqual((st["submitted"], st["ended"], st["in_flight"]), (2, 2, 0), st)
+        s.set_service("background", "throughput")
+        r = self.h.readv_async([(bb, 0, 8192)], 0, s)
+        s.synchronize()
+        self.assertEqual(r.bytes, 8192)
+        with self.assertRaises(ugds.InvalidArgument):
+            s.set_service("urgent")
+        with self.assertRaises(ugds.InvalidArgument):
+            s.set_service("normal", "fastest")
         self.assertEqual((st["bytes_read"], st["bytes_written"], st["errors"]), (12288, 12288, 0), st)
         for buf in (ba, bb):
             self.drv.deregister(buf)

@@ -223,6 +223,11 @@ pub const UGDS_QUEUE_SYNC: u16 = 0;
 pub const UGDS_QUEUE_BATCH: u16 = 1;
 pub const UGDS_QUEUE_LENDABLE: u16 = 2;
 
+/// Stream priorities of `uGDSStreamSetService`.
+pub const UGDS_PRIORITY_CRITICAL: c_int = 0;
+pub const UGDS_PRIORITY_NORMAL: c_int = 1;
+pub const UGDS_PRIORITY_BACKGROUND: c_int = 2;
+
 impl From<&ugds::QueueStats> for ugds_queue_stats_t {
     fn from(s: &ugds::QueueStats) -> Self {
         ugds_queue_stats_t {
@@ -357,6 +362,9 @@ fn constant(n: &str) -> Option<c_long> {
         "UGDS_BATCH_FAILED" => BATCH_FAILED,
         "UGDS_MAX_BATCH_IO" => MAX_BATCH_IO,
         "UGDS_MAX_SEGMENTS" => MAX_SEGMENTS,
+        "UGDS_PRIORITY_CRITICAL" => UGDS_PRIORITY_CRITICAL,
+        "UGDS_PRIORITY_NORMAL" => UGDS_PRIORITY_NORMAL,
+        "UGDS_PRIORITY_BACKGROUND" => UGDS_PRIORITY_BACKGROUND,
         "NVM_MAP_DMABUF" | "UGDS_REGISTER_DMABUF" => NVM_MAP_DMABUF,
         "NVM_MAP_RDMA" => NVM_MAP_RDMA,
         "NVM_MAP_FORCE_CUDA" => NVM_MAP_FORCE_CUDA,

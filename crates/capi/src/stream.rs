@@ -232,6 +232,44 @@ pub unsafe extern "C" fn uGDSStreamGetStats(stream: *mut c_void, out: *mut abi::
     })
 }
 
+/// How the library serves a stream's operations (an extension).
+///
+/// # Safety
+/// `stream` is a live stream of the current context (as for
+/// `uGDSStreamRegister`); `mode` is null or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn uGDSStreamSetService(
+    stream: *mut c_void,
+    priority: c_int,
+    mode: *const c_char,
+) -> uGDSError_t {
+    guard(internal(), || {
+        let p = match priority {
+            abi::UGDS_PRIORITY_CRITICAL => ugds::Priority::Critical,
+            abi::UGDS_PRIORITY_NORMAL => ugds::Priority::Normal,
+            abi::UGDS_PRIORITY_BACKGROUND => ugds::Priority::Background,
+            _ => return fail(op::INVALID_VALUE, format!("unknown priority {priority}")),
+        };
+        let m = if mode.is_null() {
+            None
+        } else {
+            // SAFETY: the caller's NUL-terminated string, valid for the call.
+            let name = unsafe { std::ffi::CStr::from_ptr(mode) }.to_string_lossy();
+            match ugds::mode::mode_by_name(&name) {
+                Ok(m) => Some(m),
+                Err(e) => return fail(op::INVALID_VALUE, e.to_string()),
+            }
+        };
+        match stream_for(stream, abi::BACKEND_DEFAULT) {
+            Ok(s) => {
+                s.set_service(ugds::StreamService::new(p, m));
+                ok()
+            }
+            Err(e) => e,
+        }
+    })
+}
+
 /// Forgets a stream; does not wait for it or touch it (it stays the caller's).
 ///
 /// # Safety

@@ -68,12 +68,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     run(&t, Duration::from_secs_f64(seconds), compute_us, mode).map_err(|e| e.to_string())
 }
 
-fn run(
-    t: &TargetOpts,
-    per_size: Duration,
-    compute_us: u64,
-    mode: Option<Arc<dyn ugds::Mode>>,
-) -> ugds::Result<()> {
+fn run(t: &TargetOpts, per_size: Duration, compute_us: u64, mode: Option<Arc<dyn ugds::Mode>>) -> ugds::Result<()> {
     let cuda = Cuda::get()?;
     cuda.use_device(0)?;
     // The CUDA context exists and the buffer is allocated before timing,

@@ -124,7 +124,7 @@ fn mixed_and_vectored_workloads_print_their_rows() {
     }
     let (ok, out, err) = ugds(&["bench", "--vectored", "8", "-s", "16k", "--emu-null", "-d", "0.2"]);
     assert!(ok, "{err}");
-    for row in ["readv, one call", "separate calls"] {
+    for row in ["readv, one SGL", "readv, PRP windows", "separate calls"] {
         let line = out.lines().find(|l| l.starts_with(row)).unwrap_or_else(|| panic!("no {row} row: {out}"));
         assert!(line.contains("segments/s") && line.contains("ns CPU per segment"), "{line}");
     }

@@ -34,7 +34,7 @@ create_exception!(_ugds, UnsupportedError, Error, "The platform or device cannot
 create_exception!(_ugds, GpuError, Error, "A GPU runtime call failed, or the pointer is not usable GPU memory.");
 create_exception!(_ugds, DeviceError, Error, "The controller failed the command or is gone.");
 
-fn err(e: ugds::Error) -> PyErr {
+pub(crate) fn err(e: ugds::Error) -> PyErr {
     let msg = e.to_string();
     let errno = e.errno();
     use ugds::ErrorKind as K;
@@ -103,7 +103,7 @@ fn options(interrupt: bool, mode: Option<&str>) -> PyResult<HandleOptions> {
 }
 
 /// A request class by name.
-fn priority(name: &str) -> PyResult<ugds::Priority> {
+pub(crate) fn priority(name: &str) -> PyResult<ugds::Priority> {
     match name {
         "critical" => Ok(ugds::Priority::Critical),
         "normal" => Ok(ugds::Priority::Normal),

@@ -109,6 +109,21 @@ impl Stream {
         }
     }
 
+    /// How the handles' stream engines serve this stream's operations from
+    /// now on: `priority` "critical", "normal" or "background", `mode` a
+    /// built-in mode's name or None (see the Rust StreamService).
+    #[pyo3(signature = (priority="normal", mode=None))]
+    fn set_service(&self, priority: &str, mode: Option<&str>) -> PyResult<()> {
+        let p = crate::priority(priority)?;
+        let m = mode.map(ugds::mode::mode_by_name).transpose().map_err(crate::err)?;
+        let service = ugds::StreamService::new(p, m);
+        match &self.inner {
+            StreamKind::Host(s) => s.set_service(service),
+            StreamKind::Gpu(s) => s.set_service(service),
+        }
+        Ok(())
+    }
+
     /// What the stream-ordered requests placed on this stream have done,
     /// on every handle: a dict as Batch.stats() gives (canceled is 0).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {

@@ -76,7 +76,7 @@ pub use handle::{
 };
 pub use io_queue::IoQueue;
 pub use registry::BufferToken;
-pub use stream::{HostStream, Stream, StreamCounters, StreamIo, StreamResult, StreamSignal};
+pub use stream::{HostStream, Stream, StreamCounters, StreamIo, StreamResult, StreamService, StreamSignal};
 pub use ugds_nvme as nvme;
 pub use ugds_platform::{Error, ErrorKind, Result};
 

@@ -349,3 +349,65 @@ fn stream_totals_add_up_over_handles() {
     assert_eq!((w1 + w2, r1 + r2), (t.bytes_written, t.bytes_read), "the queues moved what the stream counted");
     assert_eq!(other.stats(), ugds::RequestStats::default());
 }
+
+/// A background stream's operation waits while another stream's is on the
+/// device (its command is staged only after the other's completed); a
+/// normal stream's does not wait.
+#[test]
+fn a_background_stream_waits_for_other_streams() {
+    use ugds_emu::LatencyModel;
+    let model = LatencyModel::new(Duration::from_millis(30), 0);
+    for (class, waits) in [(ugds::Priority::Background, true), (ugds::Priority::Normal, false)] {
+        let (d, h, _e) = open(small_emu().latency(Some(model)), opts().trace(64));
+        let b = Buf::new(&d, 65536);
+        let (first, second) = (HostStream::new(), HostStream::new());
+        second.set_service(ugds::StreamService::new(class, None));
+        let (io, r1) = StreamIo::new(4096, 0, 0);
+        h.read_async(&b.token, io, &first).unwrap();
+        // The first is on the device before the second is enqueued.
+        while h.queue_stats().iter().map(|q| q.submitted).sum::<u64>() == 0 {
+            std::thread::yield_now();
+        }
+        let (io, r2) = StreamIo::new(4096, 1 << 20, 4096);
+        h.read_async(&b.token, io, &second).unwrap();
+        first.synchronize();
+        second.synchronize();
+        assert_eq!((r1.bytes(), r2.bytes()), (4096, 4096));
+        let trace: Vec<ugds::TraceEvent> = h.trace().into_iter().flat_map(|t| t.events).collect();
+        let at = |lba| trace.iter().find(|e| e.slba == lba).copied().unwrap();
+        let (a, b2) = (at(0), at((1 << 20) / 512));
+        let staged_after = b2.submitted >= a.completed.unwrap();
+        assert_eq!(
+            staged_after, waits,
+            "{class:?}: staged at {:?}, the first completed at {:?}",
+            b2.submitted, a.completed
+        );
+    }
+}
+
+/// A stream whose mode is adaptive teaches it the operations' times (1 MiB
+/// reads at 100 MB/s: about 10 ms); the mode then sleeps, and the engine
+/// naps while they are in flight; the data is right throughout.
+#[test]
+fn a_stream_s_mode_learns_from_its_operations() {
+    use ugds_emu::LatencyModel;
+    let model = LatencyModel::new(Duration::ZERO, 100_000_000);
+    let (d, h, _e) = open(small_emu().latency(Some(model)), opts());
+    let mut b = Buf::new(&d, 1 << 20);
+    b.mem.copy_from_slice(&pattern(17, 0, 1 << 20));
+    h.write(&b.token, 1 << 20, 0, 0).unwrap();
+    let adaptive = Arc::new(ugds::mode::Adaptive::new(Duration::from_millis(1), Duration::from_millis(2)));
+    let s = HostStream::new();
+    s.set_service(ugds::StreamService::new(ugds::Priority::Normal, Some(adaptive.clone())));
+    for _ in 0..8 {
+        b.mem.fill(0);
+        let (io, r) = StreamIo::new(1 << 20, 0, 0);
+        h.read_async(&b.token, io, &s).unwrap();
+        s.synchronize();
+        assert_eq!(r.bytes(), 1 << 20);
+        assert!(b.mem[..] == pattern(17, 0, 1 << 20)[..]);
+    }
+    let avg = adaptive.average(1 << 20).expect("measured");
+    assert!(avg >= Duration::from_millis(9), "{avg:?} for 1 MiB at 100 MB/s");
+    assert!(adaptive.sleeps(1 << 20), "switched to sleeping after four slow operations");
+}

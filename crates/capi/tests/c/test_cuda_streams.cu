@@ -231,6 +231,15 @@ static void vectored_in_stream_order(int fd) {
     CHECK(st.submitted == 6 && st.ended == 6 && st.in_flight == 0 && st.errors == 0);
     CHECK(st.bytes_read == 128 * KIB + 64 * KIB && st.bytes_written == 128 * KIB + 64 * KIB);
     CHECK_ERR(uGDSStreamGetStats((void *)0x1234, &st), UGDS_INVALID_VALUE);
+    // A background stream in throughput mode still moves its data.
+    CHECK_ERR(uGDSStreamSetService(s, 7, NULL), UGDS_INVALID_VALUE);
+    CHECK_ERR(uGDSStreamSetService(s, UGDS_PRIORITY_NORMAL, "fastest"), UGDS_INVALID_VALUE);
+    CHECK_ERR(uGDSStreamSetService(s, UGDS_PRIORITY_BACKGROUND, "throughput"), UGDS_SUCCESS);
+    roff = 40u << 20;
+    rdone = 0;
+    CHECK_ERR(uGDSReadvAsync(fh, r, 2, &roff, &rdone, s), UGDS_SUCCESS);
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+    CHECK(rdone == (ssize_t)(128 * KIB));
     CHECK(cudaStreamDestroy(s) == cudaSuccess);
     CHECK_ERR(uGDSBufDeregister(gpu), UGDS_SUCCESS);
     CHECK_ERR(uGDSBufDeregister(host), UGDS_SUCCESS);

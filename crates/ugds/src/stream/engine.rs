@@ -5,7 +5,7 @@
 use super::Job;
 use crate::engine::batch::BatchQueue;
 use crate::engine::BatchEvent;
-use crate::handle::HandleInner;
+use crate::handle::{HandleInner, Priority};
 use crate::{Error, Result};
 use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
@@ -24,6 +24,10 @@ const IDLE_SPIN: Duration = Duration::from_micros(200);
 
 /// Requests the engine keeps on the device at once.
 const ENGINE_CAPACITY: usize = 1024;
+
+/// How long the engine sleeps between looks at the device while only
+/// operations whose streams' modes sleep are in flight.
+const NAP: Duration = Duration::from_micros(50);
 
 /// The per-handle thread that runs stream operations' I/O.
 pub(crate) struct StreamEngine {
@@ -138,7 +142,12 @@ impl Engine {
                 if spins % 4096 == 0 {
                     self.expire();
                 }
-                if spins % 64 == 0 {
+                let napping = !self.jobs.is_empty()
+                    && self.waiting.is_empty()
+                    && self.jobs.values().all(|(j, _)| j.bound.service.naps);
+                if napping {
+                    std::thread::sleep(NAP);
+                } else if spins % 64 == 0 {
                     std::thread::yield_now();
                 } else {
                     std::hint::spin_loop();
@@ -155,9 +164,33 @@ impl Engine {
         }
     }
 
-    /// Sends waiting jobs to the device while the context has room.
+    /// The waiting job to send next: the first of the best class (critical,
+    /// normal, background); none while the best is background and another
+    /// class's job is on the device.
+    fn next_waiting(&self) -> Option<usize> {
+        let rank = |p: Priority| match p {
+            Priority::Critical => 0,
+            Priority::Normal => 1,
+            _ => 2,
+        };
+        let (i, (_, job)) =
+            self.waiting.iter().enumerate().min_by_key(|(i, (_, j))| (rank(j.bound.service.class), *i))?;
+        let class = job.bound.service.class;
+        if class == Priority::Background && self.jobs.values().any(|(j, _)| j.bound.service.class != class) {
+            return None;
+        }
+        Some(i)
+    }
+
+    /// Sends waiting jobs to the device while the context has room, best
+    /// class first.
     fn issue_waiting(&mut self) {
-        while let Some((_, job)) = self.waiting.front() {
+        while let Some(i) = self.next_waiting() {
+            if i != 0 {
+                let j = self.waiting.remove(i).expect("found");
+                self.waiting.push_front(j);
+            }
+            let (_, job) = self.waiting.front().expect("front exists");
             if job.bound.reqs.len() > self.queue.room(self.ctx) {
                 if job.bound.reqs.len() > ENGINE_CAPACITY {
                     // Never fits: fail it rather than wait forever.
@@ -177,6 +210,9 @@ impl Engine {
             let n = reqs.len();
             match self.queue.submit(self.ctx, &mut reqs) {
                 Ok(_) => {
+                    if job.bound.service.observe.is_some() {
+                        job.issued = Some(Instant::now());
+                    }
                     self.jobs.insert(id, (job, n));
                 }
                 Err(e) => {
@@ -197,6 +233,7 @@ impl Engine {
         let idx = (e.cookie & 0xf_ffff) as usize;
         let Some((job, left)) = self.jobs.get_mut(&id) else { return };
         job.timed_out |= matches!(e.result, Err(Error::Timeout { .. }));
+        job.failed |= e.result.is_err();
         if let Some(s) = job.bound.sinks.get_mut(idx).and_then(|s| s.take()) {
             let r = match &e.result {
                 Ok(n) => Ok(*n),
@@ -212,6 +249,10 @@ impl Engine {
         *left -= 1;
         if *left == 0 {
             let (mut job, _) = self.jobs.remove(&id).expect("present");
+            if let (Some(o), Some(t), false) = (&job.bound.service.observe, job.issued, job.failed) {
+                let (mode, req, plan) = &**o;
+                mode.observe(req, plan, t.elapsed());
+            }
             job.release_stages();
             let Job { signal, handle, .. } = job;
             // Results are written and the handle released; now the stream

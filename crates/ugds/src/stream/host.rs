@@ -1,7 +1,7 @@
 //! [`HostStream`]: a host-side stream with a GPU stream's contract, for
 //! machines without a GPU and for tests.
 
-use super::{Stream, StreamCounters, StreamSignal};
+use super::{Stream, StreamCounters, StreamService, StreamSignal};
 use crate::RequestStats;
 use crate::Result;
 use std::collections::VecDeque;
@@ -36,6 +36,7 @@ pub struct HostStream {
     shared: Arc<HostStreamShared>,
     thread: Option<JoinHandle<()>>,
     counters: Arc<StreamCounters>,
+    service: Mutex<StreamService>,
 }
 
 impl std::fmt::Debug for HostStream {
@@ -64,13 +65,19 @@ impl HostStream {
             .name("ugds-hoststream".into())
             .spawn(move || HostStream::run(&s))
             .expect("spawn host stream thread");
-        HostStream { shared, thread: Some(thread), counters: Arc::default() }
+        HostStream { shared, thread: Some(thread), counters: Arc::default(), service: Mutex::default() }
     }
 
     /// What the stream-ordered requests placed on this stream have done
     /// (see [`StreamCounters`]).
     pub fn stats(&self) -> RequestStats {
         self.counters.snapshot()
+    }
+
+    /// Sets how the stream engines serve this stream's operations enqueued
+    /// from now on (see [`StreamService`]).
+    pub fn set_service(&self, service: StreamService) {
+        *self.service.lock().recover() = service;
     }
 
     fn run(s: &HostStreamShared) {
@@ -149,6 +156,10 @@ impl Stream for HostStream {
 
     fn counters(&self) -> Option<Arc<StreamCounters>> {
         Some(self.counters.clone())
+    }
+
+    fn service(&self) -> StreamService {
+        self.service.lock().recover().clone()
     }
 }
 

@@ -20,8 +20,10 @@
 use crate::batch::BatchOp;
 use crate::engine::batch::{Prepared, RequestStats};
 use crate::engine::hold::Hold;
+use crate::engine::Completion;
 use crate::gpu::{GpuStream, StageLease, StageMark};
-use crate::handle::{Handle, HandleInner, Segment};
+use crate::handle::mode::{Mode, ModeRequest, Plan};
+use crate::handle::{Handle, HandleInner, Priority, Segment};
 use crate::registry::{BufGuard, BufferToken, Recent};
 use crate::{Error, Result};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -71,6 +73,12 @@ pub trait Stream: Send + Sync {
     /// must return promptly: it starts work, it does not wait for it.
     fn launch(&self, op: Box<dyn FnOnce(StreamSignal) + Send>) -> Result<()>;
 
+    /// How the handles' stream engines serve this stream's operations
+    /// ([`StreamService`]; the default: normal class, no mode).
+    fn service(&self) -> StreamService {
+        StreamService::default()
+    }
+
     /// Where the requests of the operations placed on this stream are
     /// counted ([`StreamCounters`]); `None`: not counted.
     fn counters(&self) -> Option<Arc<StreamCounters>> {
@@ -87,6 +95,78 @@ pub trait Stream: Send + Sync {
 
 mod engine;
 mod host;
+
+/// How the handles' stream engines serve a stream's operations
+/// ([`Stream::service`]; set with `HostStream::set_service` or
+/// `GpuStream::set_service`). A stream runs one operation at a time; the
+/// engine of a handle has the operations of all its streams to serve.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct StreamService {
+    /// The operations' class: an engine sends a latency-critical stream's
+    /// waiting operations to the device before other streams', and holds a
+    /// background stream's back while any other operation is on the device.
+    pub priority: Priority,
+    /// Asked once per operation, when it is enqueued (its size where known
+    /// then, its direction, `priority`): the plan's class replaces
+    /// `priority`; a plan that sleeps (interrupt completion) lets the engine
+    /// nap between looks at the device while only such operations are in
+    /// flight (the batch queue has no interrupt: naps of 50 us, the CPU free
+    /// meanwhile); a plan that asks to measure is told each operation's time
+    /// from its submission to its last completion. Depth is not applied:
+    /// an operation's requests all go to the device at once.
+    pub mode: Option<Arc<dyn Mode>>,
+}
+
+impl StreamService {
+    /// Operations of class `priority`, served as `mode` plans them.
+    pub fn new(priority: Priority, mode: Option<Arc<dyn Mode>>) -> StreamService {
+        StreamService { priority, mode }
+    }
+}
+
+/// What a stream's service decided for one operation.
+#[derive(Clone, Debug)]
+struct JobService {
+    class: Priority,
+    /// The engine may nap while only such operations are in flight.
+    naps: bool,
+    /// Tell the mode the operation's time.
+    observe: Option<Box<Observe>>,
+}
+
+/// A mode to tell an operation's time, with what it was told at enqueue.
+type Observe = (Arc<dyn Mode>, ModeRequest, Plan);
+
+impl Default for JobService {
+    fn default() -> Self {
+        JobService { class: Priority::Normal, naps: false, observe: None }
+    }
+}
+
+impl JobService {
+    fn of(service: StreamService, pending: &[Pending]) -> JobService {
+        let Some(mode) = service.mode else {
+            return JobService { class: service.priority, ..JobService::default() };
+        };
+        let bytes = pending
+            .iter()
+            .map(|p| match (&p.io.size, p.segments.is_empty()) {
+                (_, false) => p.segments.iter().map(|s| s.2).sum(),
+                (Src::Value(n), true) => *n as usize,
+                _ => 0,
+            })
+            .sum();
+        let req =
+            ModeRequest { bytes, write: pending.iter().any(|p| p.op == NvmOpcode::Write), priority: service.priority };
+        let plan = mode.plan(&req);
+        JobService {
+            class: plan.priority,
+            naps: plan.completion == Completion::Interrupt,
+            observe: if plan.measure { Some(Box::new((mode, req, plan))) } else { None },
+        }
+    }
+}
 
 /// What the stream-ordered requests placed on one stream have done, on
 /// every handle ([`HostStream::stats`], [`GpuStream::stats`](crate::gpu::GpuStream::stats)). A
@@ -381,6 +461,8 @@ struct Bound {
     writes: Vec<bool>,
     /// The stream's counters, if it keeps them.
     counters: Option<Arc<StreamCounters>>,
+    /// What the stream's service decided for the operation.
+    service: JobService,
     /// The caller's buffers of staged requests, held until the I/O is done.
     holds: Vec<BufGuard>,
     stages: Vec<(StageLease, BufferToken)>,
@@ -393,6 +475,10 @@ struct Job {
     handle: HandleRef,
     /// A request timed out: the controller may still reach its memory.
     timed_out: bool,
+    /// A request failed (the mode is not told the operation's time).
+    failed: bool,
+    /// When it went to the device (timed when its mode asks).
+    issued: Option<std::time::Instant>,
 }
 
 impl Job {
@@ -551,11 +637,13 @@ impl Handle {
         }
         let staged = |p: &Pending| p.stage.is_some() || p.seg_stages.iter().any(Option::is_some);
         let counters = stream.counters();
+        let service = JobService::of(stream.service(), &pending);
         let Some(g) = gpu.filter(|_| pending.iter().any(staged)) else {
             h.inflight.fetch_add(1, Ordering::SeqCst);
             let href = HandleRef(h.clone());
             return stream.launch(Box::new(move |signal| {
-                let bound = bind(&href.0, pending, counters);
+                let mut bound = bind(&href.0, pending, counters);
+                bound.service = service;
                 send(href, bound, signal)
             }));
         };
@@ -574,7 +662,8 @@ impl Handle {
         let h2 = h.clone();
         let bind_fn = Box::new(move || *c.lock().recover() = Some(bind(&h2, pending, counters)));
         let op = Box::new(move |signal| {
-            let bound = cell.lock().recover().take().unwrap_or_default();
+            let mut bound = cell.lock().recover().take().unwrap_or_default();
+            bound.service = service;
             send(href, bound, signal)
         });
         g.launch_staged(bind_fn, op, before, &after, mark.as_ref().expect("made with gpu"))
@@ -791,7 +880,7 @@ fn send(handle: HandleRef, bound: Bound, signal: StreamSignal) {
     if let Some(c) = &bound.counters {
         c.submitted(bound.reqs.len() as u64);
     }
-    let mut job = Job { bound, signal, handle, timed_out: false };
+    let mut job = Job { bound, signal, handle, timed_out: false, failed: false, issued: None };
     if job.bound.reqs.is_empty() {
         job.release_stages();
         let Job { signal, handle, .. } = job;

@@ -31,7 +31,7 @@
 //! addresses and length from the block's header when it runs, so sizes and
 //! offsets bound late by the stream work as they do without staging.
 
-use crate::stream::{Stream, StreamCounters, StreamSignal};
+use crate::stream::{Stream, StreamCounters, StreamService, StreamSignal};
 use crate::{Error, Result};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -115,6 +115,7 @@ pub struct GpuStream {
     seq: Mutex<Seq>,
     timing: Arc<Timing>,
     counters: Arc<StreamCounters>,
+    service: Mutex<StreamService>,
 }
 
 impl std::fmt::Debug for GpuStream {
@@ -183,7 +184,8 @@ impl GpuStream {
         let slot = backend.pool().lock().recover().take(&*backend)?;
         let timing = Arc::new(Timing::default());
         let seq = Mutex::new(Seq { last: 0, passed: None, lost: false });
-        let mut s = GpuStream { backend, raw, slot, wait, seq, timing, counters: Arc::default() };
+        let mut s =
+            GpuStream { backend, raw, slot, wait, seq, timing, counters: Arc::default(), service: Mutex::default() };
         if wait == StreamWait::DeviceSide {
             // The word is 0, so waiting for >= 0 passes at once: a probe of
             // both memory operations, which also makes `passed` 0.
@@ -318,6 +320,10 @@ impl Stream for GpuStream {
     fn counters(&self) -> Option<Arc<StreamCounters>> {
         Some(self.counters.clone())
     }
+
+    fn service(&self) -> StreamService {
+        self.service.lock().recover().clone()
+    }
 }
 
 impl GpuStream {
@@ -325,6 +331,12 @@ impl GpuStream {
     /// (see [`StreamCounters`]).
     pub fn stats(&self) -> crate::RequestStats {
         self.counters.snapshot()
+    }
+
+    /// Sets how the stream engines serve this stream's operations enqueued
+    /// from now on (see [`StreamService`]).
+    pub fn set_service(&self, service: StreamService) {
+        *self.service.lock().recover() = service;
     }
 
     /// The runtime context of this stream (0: unknown).
