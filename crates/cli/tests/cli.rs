@@ -328,3 +328,25 @@ fn stats_and_top_read_what_a_running_bench_publishes() {
     assert!(!ok && err.contains("-i: seconds"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// What the bench counted is what the queues counted: the I/Os of the run
+/// line equal the commands of the queue lines (4 KiB reads, one command
+/// each), for synchronous calls and lent queues, one thread and two.
+#[test]
+fn the_bench_and_the_queues_count_the_same_commands() {
+    for args in [&["-q", "1", "-t", "2"][..], &["-q", "8", "-t", "2"], &["-q", "1", "--mode", "adaptive"]] {
+        let mut a = vec!["bench", "--emu-null", "-d", "0.2", "--no-progress"];
+        a.extend_from_slice(args);
+        let (ok, out, err) = ugds(&a);
+        assert!(ok, "{err}");
+        let run = out.lines().find(|l| l.starts_with("randread")).unwrap_or_else(|| panic!("{out}"));
+        let ios: u64 = run.rsplit(", ").next().and_then(|s| s.strip_suffix(" I/Os")).unwrap().parse().unwrap();
+        let commands: u64 = out
+            .lines()
+            .filter(|l| l.starts_with("queue "))
+            .map(|l| l.split_whitespace().nth(3).unwrap().parse::<u64>().unwrap())
+            .sum();
+        assert!(ios > 0);
+        assert_eq!(ios, commands, "{args:?}: {out}");
+    }
+}

@@ -150,6 +150,7 @@ impl Batch {
                     pages: recent.as_ref().expect("filled by prepare_recent").shared_pages(),
                     more: Vec::new(),
                     hold: guard.into(),
+                    sgl: false,
                 });
             }
             Ok(())
@@ -179,6 +180,7 @@ impl Batch {
                     pieces.push((h.chunker(at, data_off, s.len), pages));
                     at += s.len as u64;
                 }
+                let sgl = h.one_sgl(total, &crate::engine::batch::pieces(pieces.iter().map(|(c, p)| (c, &p[..]))));
                 let mut pieces = pieces.into_iter();
                 let (chunks, pages) = pieces.next().expect("at least one segment");
                 reqs.push(Prepared {
@@ -189,6 +191,7 @@ impl Batch {
                     pages,
                     more: pieces.collect(),
                     hold: Hold::many(holds),
+                    sgl,
                 });
             }
             Ok(())

@@ -407,7 +407,8 @@ impl<'h> IoQueue<'h> {
         let (guard, data_off) = h.prepare_recent(&mut self.bufs.recent, buf, size, file_offset, buf_offset)?;
         let chunks = h.chunker(file_offset, data_off, size);
         let pages = self.bufs.recent.as_ref().expect("filled by prepare_recent").shared_pages();
-        let p = Prepared { op, cookie: tag, len: size, chunks, pages, more: Vec::new(), hold: guard.into() };
+        let p =
+            Prepared { op, cookie: tag, len: size, chunks, pages, more: Vec::new(), hold: guard.into(), sgl: false };
         let sh = self.shared.as_mut().expect("shared");
         let n = p.commands();
         if n > sh.depth {

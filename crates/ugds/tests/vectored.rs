@@ -180,5 +180,26 @@ fn vectored_requests_go_as_one_sgl_command_where_they_can() {
         for (i, s) in segs.iter().enumerate() {
             assert!(a.mem[s.offset..s.offset + s.len] == want[i * 16384..(i + 1) * 16384], "{what}: segment {i}");
         }
+        // In a batch, and in stream order: the same commands.
+        a.mem.fill(0);
+        let b = h.batch(4).unwrap();
+        let before = submitted(&h);
+        let iov = ugds::BatchIov { op: ugds::BatchOp::Read, segments: &segs, file_offset: 65536, cookie: 5 };
+        b.submit_vectored(&[iov]).unwrap();
+        let mut ev = Vec::new();
+        b.get_status(1, 1, Some(std::time::Duration::from_secs(10)), &mut ev).unwrap();
+        assert_eq!((ev.len(), ev[0].cookie), (1, 5), "{what}");
+        assert!(ev[0].result.as_ref().is_ok_and(|&n| n == 8 * 16384), "{what}: {ev:?}");
+        assert_eq!(submitted(&h) - before, commands, "{what}: commands for one batch request");
+        assert!(a.mem[segs[3].offset..segs[3].offset + 16384] == want[3 * 16384..4 * 16384], "{what}: batch");
+        a.mem.fill(0);
+        let s = ugds::HostStream::new();
+        let before = submitted(&h);
+        let (io, r) = ugds::StreamIo::new(8 * 16384, 65536, 0);
+        h.readv_async(&segs, io, &s).unwrap();
+        s.synchronize();
+        assert_eq!(r.bytes(), 8 * 16384, "{what}");
+        assert_eq!(submitted(&h) - before, commands, "{what}: commands for one stream operation");
+        assert!(a.mem[segs[7].offset..segs[7].offset + 16384] == want[7 * 16384..], "{what}: stream");
     }
 }

@@ -25,6 +25,7 @@ use crate::{Error, Result};
 use std::collections::VecDeque;
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
+use ugds_nvme::sgl::Piece;
 use ugds_nvme::{Cid, Lba, Nsid, NvmOpcode, Sqe, Status};
 
 /// How a batch request ended (cuFile's `CUfileStatus_t`, less the states a
@@ -132,13 +133,29 @@ pub(crate) struct Prepared {
     /// allocation).
     pub more: Vec<(Chunker, Arc<[u64]>)>,
     pub hold: Hold,
+    /// All its pieces go as one command with an SGL (checked to fit).
+    pub sgl: bool,
 }
 
 impl Prepared {
     /// The commands the request takes.
     pub fn commands(&self) -> usize {
+        if self.sgl {
+            return 1;
+        }
         self.chunks.commands() + self.more.iter().map(|(c, _)| c.commands()).sum::<usize>()
     }
+}
+
+/// The SGL pieces of a request's (chunker, pages) parts: each chunker's
+/// whole range in its pages.
+pub(crate) fn pieces<'a>(parts: impl Iterator<Item = (&'a Chunker, &'a [u64])>) -> Vec<Piece<'a>> {
+    parts
+        .map(|(c, pages)| {
+            let (_, data_off, len) = c.range();
+            Piece { pages, offset: data_off, len }
+        })
+        .collect()
 }
 
 /// The queue pair batch contexts use, and the contexts.
@@ -371,45 +388,28 @@ impl BatchQueue {
         }
         let mut waited_since: Option<Instant> = None;
         for (p, &slot) in reqs.drain(..).zip(&slots) {
-            st.batch.ctxs[ctx as usize].as_mut().expect("open").reqs[slot as usize].hold = Some(p.hold);
-            for (chunks, pages) in std::iter::once((p.chunks, p.pages)).chain(p.more) {
+            let Prepared { op, len, chunks, pages, more, hold, sgl, .. } = p;
+            st.batch.ctxs[ctx as usize].as_mut().expect("open").reqs[slot as usize].hold = Some(hold);
+            if sgl {
+                // One command: an SGL of every piece.
+                let parts = std::iter::once((&chunks, &pages[..])).chain(more.iter().map(|(c, p)| (c, &p[..])));
+                let pieces = pieces(parts);
+                let (slba, _, _) = chunks.range();
+                let blocks = (len >> chunks.block_shift()) as u32;
+                let sqe = Sqe::rw(op, Cid(0), self.nsid, Lba(slba), blocks, 0, 0);
+                st = self.stage(st, &mut waited_since, &mut doorbells, |st| {
+                    st.qp.submit_sgl(sqe, &pieces, owner(ctx, slot))
+                })?;
+                continue;
+            }
+            for (chunks, pages) in std::iter::once((chunks, pages)).chain(more) {
                 for ch in chunks {
                     let plan = ugds_nvme::prp::plan(&pages, crate::sys::PAGE_SIZE, ch.data_off, ch.len)
                         .expect("validated range plans");
-                    let sqe = Sqe::rw(p.op, Cid(0), self.nsid, Lba(ch.slba), ch.nlb, 0, 0);
-                    loop {
-                        match st.qp.submit(sqe, Some(plan), owner(ctx, slot)) {
-                            Ok(_) => {
-                                waited_since = None;
-                                break;
-                            }
-                            Err(full) => {
-                                // Ring what is staged, reap, and let others in
-                                // while the device works.
-                                if st.qp.outstanding() > 0 {
-                                    st.qp.ring_sq_doorbell();
-                                    doorbells += 1;
-                                }
-                                drop(st);
-                                std::hint::spin_loop();
-                                st = self.lock();
-                                if self.reap(&mut st) == 0 {
-                                    let since = *waited_since.get_or_insert_with(Instant::now);
-                                    if since.elapsed() > self.timeout {
-                                        tracing::error!(?full, "batch submission found no room within the timeout");
-                                        return Err(Error::Timeout {
-                                            qid: st.qp.qid().0,
-                                            cid: None,
-                                            after: self.timeout,
-                                        });
-                                    }
-                                } else {
-                                    waited_since = None;
-                                }
-                                let _: Full = full;
-                            }
-                        }
-                    }
+                    let sqe = Sqe::rw(op, Cid(0), self.nsid, Lba(ch.slba), ch.nlb, 0, 0);
+                    st = self.stage(st, &mut waited_since, &mut doorbells, |st| {
+                        st.qp.submit(sqe, Some(plan), owner(ctx, slot))
+                    })?;
                 }
             }
         }
@@ -418,6 +418,45 @@ impl BatchQueue {
             c.slots = slots;
         }
         Ok(doorbells + 1)
+    }
+
+    /// Stages one command with `submit`; while the queue is full, rings
+    /// what is staged, reaps and lets others in, until the timeout.
+    fn stage<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        waited_since: &mut Option<Instant>,
+        doorbells: &mut usize,
+        mut submit: impl FnMut(&mut State) -> std::result::Result<Cid, Full>,
+    ) -> Result<MutexGuard<'a, State>> {
+        loop {
+            match submit(&mut st) {
+                Ok(_) => {
+                    *waited_since = None;
+                    return Ok(st);
+                }
+                Err(full) => {
+                    // Ring what is staged, reap, and let others in while
+                    // the device works.
+                    if st.qp.outstanding() > 0 {
+                        st.qp.ring_sq_doorbell();
+                        *doorbells += 1;
+                    }
+                    drop(st);
+                    std::hint::spin_loop();
+                    st = self.lock();
+                    if self.reap(&mut st) == 0 {
+                        let since = *waited_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() > self.timeout {
+                            tracing::error!(?full, "batch submission found no room within the timeout");
+                            return Err(Error::Timeout { qid: st.qp.qid().0, cid: None, after: self.timeout });
+                        }
+                    } else {
+                        *waited_since = None;
+                    }
+                }
+            }
+        }
     }
 
     /// Moves up to `max` finished events of `ctx` into `out`, reaping first.

@@ -79,6 +79,17 @@ impl Chunker {
         }
     }
 
+    /// The whole range: its first block, where it starts in the buffer,
+    /// and its length.
+    pub fn range(&self) -> (u64, usize, usize) {
+        (self.file_off >> self.block_shift, self.data_off, self.remaining)
+    }
+
+    /// log2 of the block size.
+    pub fn block_shift(&self) -> u32 {
+        self.block_shift
+    }
+
     fn first_cap(&self) -> usize {
         prp::max_chunk_bytes(self.page_size, self.data_off & (self.page_size - 1), self.max_transfer, self.block)
             .min(65536 * self.block)

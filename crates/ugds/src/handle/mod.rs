@@ -280,6 +280,16 @@ impl HandleInner {
         self.ctrl.info().max_transfer.is_none_or(|m| bytes <= m) && bytes / self.ns.block_size as usize <= 1 << 16
     }
 
+    /// Whether a vectored request of `total` bytes in `pieces` goes as one
+    /// command with an SGL: the handle may, it fits one command, and its
+    /// descriptors one page.
+    pub fn one_sgl(&self, total: usize, pieces: &[ugds_nvme::sgl::Piece<'_>]) -> bool {
+        use crate::engine::qpair::SGL_PER_PAGE;
+        self.sgl
+            && self.fits_one_command(total)
+            && ugds_nvme::sgl::describe(pieces, PAGE_SIZE, SGL_PER_PAGE, |_, _| {}).is_ok()
+    }
+
     /// The namespace's block size in bytes.
     pub fn block_size(&self) -> usize {
         self.ns.block_size as usize

@@ -196,6 +196,11 @@ const STREAK: u32 = 4;
 /// A class's first requests, all measured.
 const LEARN: u32 = 16;
 
+/// One request in this many of a sleeping class polls, as a probe, while
+/// its requests take less than `PROBE_BELOW` times `to_interrupts`.
+const PROBE: u32 = 8;
+const PROBE_BELOW: u64 = 4;
+
 /// Polling or interrupts by the service times it measures.
 ///
 /// Requests fall in size classes (powers of two from 4 KiB to 8 MiB); the
@@ -205,11 +210,15 @@ const LEARN: u32 = 16;
 /// than [`to_interrupts`](Self::new) (waits that long leave the CPU more to
 /// gain than a wake-up costs), and polls again once four in a row took less
 /// than `to_polling`; anything between keeps what it does. So a workload
-/// near one threshold does not flap (a request that sleeps also pays the
-/// wake-up, which the gap absorbs), and one request that was slow (its
-/// thread preempted, say) changes nothing. The times are those the
-/// handle's requests meet: a class slows down, and sleeps, under load.
-/// Every class starts polling.
+/// near one threshold does not flap, and one request that was slow (its
+/// thread preempted, say) changes nothing. A request that sleeps also pays
+/// the wake-up, which may itself be more than `to_polling` (tens of
+/// microseconds in a VM): while a sleeping class's requests take less than
+/// four times `to_interrupts`, every eighth one polls, and those probes
+/// decide whether it polls again (longer requests are not probed: polling
+/// them could not win, and would spend the CPU sleeping saves). The times
+/// are those the handle's requests meet: a class slows down, and sleeps,
+/// under load. Every class starts polling.
 #[derive(Debug)]
 pub struct Adaptive {
     to_interrupts: u64,
@@ -279,8 +288,9 @@ impl Adaptive {
     }
 
     /// Folds one service time of a request of `bytes` in (what
-    /// [`observe`](Mode::observe) does).
-    pub fn record(&self, bytes: usize, took: Duration) {
+    /// [`observe`](Mode::observe) does); `polled`: the request polled
+    /// (else it slept, and its time includes the wake-up).
+    pub fn record(&self, bytes: usize, took: Duration, polled: bool) {
         let c = &self.classes[Self::index(bytes)];
         let t = took.as_nanos().clamp(1, u64::MAX as u128) as u64;
         // Loads and stores, no read-modify-write: threads racing here may
@@ -292,6 +302,11 @@ impl Adaptive {
         c.average_ns.store(avg, Relaxed);
         let sleeps = c.sleeps.load(Relaxed);
         let beyond = if sleeps { t < self.to_polling } else { t > self.to_interrupts };
+        // A sleeping request's time above `to_polling` says nothing of what
+        // polling would take (the wake-up is in it): only probes reset.
+        if sleeps && !beyond && !polled {
+            return;
+        }
         let streak = if beyond { c.streak.load(Relaxed) + 1 } else { 0 };
         if streak >= STREAK {
             c.sleeps.store(!sleeps, Relaxed);
@@ -315,11 +330,14 @@ impl Mode for Adaptive {
         let c = &self.classes[Self::index(req.bytes)];
         let seen = c.seen.load(Relaxed);
         c.seen.store(seen.wrapping_add(1), Relaxed);
-        let completion = if c.sleeps.load(Relaxed) { Completion::Interrupt } else { Completion::Poll };
-        Plan::new(req).completion(completion).measure(seen < LEARN || seen % SAMPLE == 0)
+        let sleeps = c.sleeps.load(Relaxed);
+        let probe =
+            sleeps && seen % PROBE == 0 && c.average_ns.load(Relaxed) < PROBE_BELOW.saturating_mul(self.to_interrupts);
+        let completion = if sleeps && !probe { Completion::Interrupt } else { Completion::Poll };
+        Plan::new(req).completion(completion).measure(probe || seen < LEARN || seen % SAMPLE == 0)
     }
-    fn observe(&self, req: &ModeRequest, _plan: &Plan, took: Duration) {
-        self.record(req.bytes, took);
+    fn observe(&self, req: &ModeRequest, plan: &Plan, took: Duration) {
+        self.record(req.bytes, took, plan.completion == Completion::Poll);
     }
 }
 
@@ -364,40 +382,71 @@ mod tests {
         let a = Adaptive::new(us(50), us(100));
         let req = ModeRequest { bytes: 4096, write: false, priority: Priority::Normal };
         assert_eq!(a.plan(&req).completion, Completion::Poll, "every class starts polling");
-        a.record(4096, us(90));
+        a.record(4096, us(90), true);
         assert!(!a.sleeps(4096), "90 us is under the threshold");
         // One slow request (or three) in a row changes nothing.
         for n in [1, 3] {
             for _ in 0..n {
-                a.record(4096, us(50_000));
+                a.record(4096, us(50_000), true);
             }
-            a.record(4096, us(20));
+            a.record(4096, us(20), true);
             assert!(!a.sleeps(4096), "{n} slow requests switched");
         }
         for _ in 0..4 {
-            a.record(4096, us(400));
+            a.record(4096, us(400), true);
         }
         assert!(a.sleeps(4096), "four in a row switch");
         assert_eq!(a.switches(4096), 1);
         assert!(!a.sleeps(1 << 20), "classes are apart");
         // Between the thresholds: it keeps sleeping.
         for _ in 0..40 {
-            a.record(4096, us(70));
+            a.record(4096, us(70), true);
         }
         assert!(a.sleeps(4096), "no flapping between the thresholds");
         assert!((us(65)..us(150)).contains(&a.average(4096).unwrap()), "{:?}", a.average(4096));
-        a.record(4096, us(10));
+        a.record(4096, us(10), true);
         assert!(a.sleeps(4096), "one fast request changes nothing");
         for _ in 0..40 {
-            a.record(4096, us(10));
+            a.record(4096, us(10), true);
         }
         assert!(!a.sleeps(4096));
         assert_eq!(a.switches(4096), 2);
         // Samples that straddle the threshold one by one do not flap either.
         for i in 0..100 {
-            a.record(4096, if i % 2 == 0 { us(60) } else { us(130) });
+            a.record(4096, if i % 2 == 0 { us(60) } else { us(130) }, true);
         }
         assert!(a.switches(4096) <= 3, "switched {} times", a.switches(4096));
+    }
+
+    /// A wake-up longer than `to_polling` (a VM's) must not keep a class of
+    /// fast requests asleep: probes that poll bring it back; a class of long
+    /// requests is not probed.
+    #[test]
+    fn adaptive_probes_a_sleeping_class_of_short_requests() {
+        let a = Adaptive::new(us(50), us(100));
+        let small = ModeRequest { bytes: 4096, write: false, priority: Priority::Normal };
+        let large = ModeRequest { bytes: 1 << 20, ..small };
+        // A cold start (say) makes the first four slow: the class sleeps.
+        for _ in 0..4 {
+            a.record(4096, us(400), true);
+        }
+        assert!(a.sleeps(4096));
+        // Asleep, each takes 105 us: 30 of service, 75 of wake-up.
+        for _ in 0..100 {
+            a.record(4096, us(105), false);
+        }
+        assert!(a.sleeps(4096), "a sleeping time says nothing of polling's");
+        let probes = (0..64).filter(|_| a.plan(&small).completion == Completion::Poll).count();
+        assert_eq!(probes, 8, "every eighth polls");
+        for _ in 0..4 {
+            a.record(4096, us(30), true);
+        }
+        assert!(!a.sleeps(4096), "four fast probes: it polls again");
+        for _ in 0..4 {
+            a.record(1 << 20, us(2000), true);
+        }
+        assert!(a.sleeps(1 << 20));
+        assert!((0..64).all(|_| a.plan(&large).completion == Completion::Interrupt), "2 ms requests are not probed");
     }
 
     #[test]

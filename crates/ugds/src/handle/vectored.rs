@@ -9,7 +9,6 @@
 //! and every buffer claimed, before any command is built.
 
 use super::*;
-use crate::engine::qpair::SGL_PER_PAGE;
 use crate::registry::Recent;
 use ugds_nvme::sgl;
 
@@ -76,14 +75,14 @@ impl Handle {
         let nsid = Nsid(h.ns.nsid);
         let (name, write) = if op == NvmOpcode::Read { ("Read", false) } else { ("Write", true) };
         // One command with an SGL where the controller takes them and it fits.
-        let pieces: Vec<sgl::Piece> = match h.sgl && h.fits_one_command(total) {
+        let pieces: Vec<sgl::Piece> = match h.sgl {
             true => claimed
                 .iter()
                 .map(|(_, recent, data_off, _, len)| sgl::Piece { pages: recent.pages(), offset: *data_off, len: *len })
                 .collect(),
             false => Vec::new(),
         };
-        let one_sgl = !pieces.is_empty() && sgl::describe(&pieces, PAGE_SIZE, SGL_PER_PAGE, |_, _| {}).is_ok();
+        let one_sgl = h.one_sgl(total, &pieces);
         let (q, r) = if one_sgl {
             let bs = h.ns.block_size as u64;
             let cmd = Cmd {

@@ -815,7 +815,10 @@ fn prepare(
     let Some((lease, token)) = stage else {
         let chunks = h.chunker(file_offset, data_off, size);
         let pages = recent.as_ref().expect("filled by prepare_recent").shared_pages();
-        return Ok((Prepared { op, cookie: 0, len: size, chunks, pages, more: Vec::new(), hold: guard.into() }, None));
+        return Ok((
+            Prepared { op, cookie: 0, len: size, chunks, pages, more: Vec::new(), hold: guard.into(), sgl: false },
+            None,
+        ));
     };
     // Checked exactly as the caller's buffer would be; then the I/O goes to
     // the staging block and the stream copies.
@@ -830,7 +833,10 @@ fn prepare(
     lease.set_copy(op == NvmOpcode::Read, (buf.base + buf_offset) as u64, size);
     let chunks = h.chunker(file_offset, sdata_off, size);
     let pages = recent.as_ref().expect("filled by prepare_recent").shared_pages();
-    Ok((Prepared { op, cookie: 0, len: size, chunks, pages, more: Vec::new(), hold: sguard.into() }, Some(guard)))
+    Ok((
+        Prepared { op, cookie: 0, len: size, chunks, pages, more: Vec::new(), hold: sguard.into(), sgl: false },
+        Some(guard),
+    ))
 }
 
 /// A vectored operation moves its segments' total from buffer offset 0.
@@ -868,9 +874,10 @@ fn bind_vectored(
         pieces.push((h.chunker(at, data_off, *len), pages));
         at += *len as u64;
     }
+    let sgl = h.one_sgl(total, &crate::engine::batch::pieces(pieces.iter().map(|(c, p)| (c, &p[..]))));
     let mut pieces = pieces.into_iter();
     let (chunks, pages) = pieces.next().expect("at least one segment");
-    Ok(Prepared { op, cookie: 0, len: total, chunks, pages, more: pieces.collect(), hold: Hold::many(holds) })
+    Ok(Prepared { op, cookie: 0, len: total, chunks, pages, more: pieces.collect(), hold: Hold::many(holds), sgl })
 }
 
 /// Hands bound requests to the handle's engine; with none left, lets the
