@@ -99,20 +99,38 @@ fn latency_mode_keeps_queues_shallow() {
     }
 }
 
-/// Priority mode: background requests sleep, latency-critical ones poll.
+/// Commands submitted on the synchronous queues with an interrupt vector
+/// (`true`) or without.
+fn submitted_on(h: &ugds::Handle, vector: bool) -> u64 {
+    let with: Vec<u16> = h
+        .queues()
+        .iter()
+        .filter(|q| q.role == QueueRole::Sync && q.vector.is_some() == vector)
+        .map(|q| q.qid)
+        .collect();
+    h.queue_stats().iter().filter(|s| with.contains(&s.qid)).map(|s| s.submitted).sum()
+}
+
+/// Priority mode: background requests sleep, latency-critical ones poll,
+/// each on synchronous queues of their own kind (a mode that does both gets
+/// queues without a vector for polling: they raise no interrupt).
 #[test]
 fn priority_mode_sleeps_for_background_requests_only() {
     let model = LatencyModel::new(Duration::from_millis(5), 0);
     let (d, h, _emu) = open(small_emu().latency(Some(model)), opts().mode(Some(Arc::new(Prioritized))));
+    let sync: Vec<_> = h.queues().iter().filter(|q| q.role == QueueRole::Sync).map(|q| q.vector.is_some()).collect();
+    assert_eq!(sync, [true, true, false, false], "two queues of each kind");
     let b = Buf::new(&d, 65536);
     for _ in 0..5 {
         h.read_with_priority(&b.token, 65536, 0, 0, Priority::Critical).unwrap();
     }
     assert_eq!(sync_total(&h).interrupts, 0);
+    assert_eq!((submitted_on(&h, false), submitted_on(&h, true)), (5, 0), "polled requests on the polled queues");
     for _ in 0..5 {
         h.read_with_priority(&b.token, 65536, 0, 0, Priority::Background).unwrap();
     }
     assert!(sync_total(&h).interrupts >= 3);
+    assert_eq!((submitted_on(&h, false), submitted_on(&h, true)), (5, 5), "sleeping requests on the others");
 }
 
 /// A mode of the caller's own: it sees each request's size, direction and

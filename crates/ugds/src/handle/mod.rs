@@ -78,6 +78,10 @@ pub(crate) struct HandleInner {
     /// Vectored requests may go as one SGL command (the options allow it
     /// and the controller takes SGLs).
     pub sgl: bool,
+    /// Where the synchronous queues without a vector start, when the mode
+    /// both polls and sleeps: requests planned to poll go to them, the
+    /// others to the queues before.
+    pub polled_from: Option<usize>,
     pool: ManuallyDrop<Mutex<Vec<QueuePair>>>,
     batch: ManuallyDrop<Option<Arc<BatchQueue>>>,
     stream: Mutex<Option<StreamEngine>>,
@@ -127,7 +131,15 @@ impl HandleInner {
         let granted = info.io_queues.max(1);
         let nbatch = (opts.batch_queue && granted >= 2) as u16;
         let avail = granted - nbatch;
-        let nsync = opts.sync_queues.clamp(1, avail);
+        // A mode that both polls and sleeps gets synchronous queues of each
+        // kind (where the controller grants them): a queue with a vector
+        // interrupts on every completion, polled or not, which costs the
+        // CPU the polling was for (as Linux keeps poll queues apart).
+        let split =
+            opts.completion == Completion::Poll && opts.mode.as_ref().is_some_and(|m| m.interrupts() && m.polls());
+        let nsleep = opts.sync_queues.clamp(1, avail);
+        let npoll = if split { nsleep.min(avail - nsleep) } else { 0 };
+        let nsync = nsleep + npoll;
         let nasync = opts.async_queues.min(avail - nsync);
         let platform = ctrl.platform().clone();
         let vectors = platform.interrupt_vectors();
@@ -163,7 +175,8 @@ impl HandleInner {
             let made = if nbatch == 1 && qid == batch_qid {
                 ctrl.create_io_qpair_with(qid, opts.batch_depth.max(2), None, opts.batch_prp_pages)
             } else {
-                ctrl.create_io_qpair(qid, depth, vector_for(qid, qid > nsync))
+                let polled = qid > nsleep && qid <= nsync;
+                ctrl.create_io_qpair(qid, depth, if polled { None } else { vector_for(qid, qid > nsync) })
             };
             match made {
                 Ok(qp) => created.push(qp),
@@ -249,6 +262,7 @@ impl HandleInner {
             ns,
             sync: ManuallyDrop::new(sync),
             sched: scheduler::Scheduler::new(opts.placement, opts.chunk_bytes, info.max_transfer),
+            polled_from: (npoll > 0).then_some(nsleep as usize),
             sgl: opts.sgl && ugds_nvme::sgl::supported(info.identify.sgls),
             async_queues: pool.len(),
             publisher: Mutex::new(None),
@@ -429,7 +443,12 @@ impl HandleInner {
             }
         };
         let pacing = self.sched.pacing_at(prio, size, depth, &yield_now);
-        let q = self.next_sync_queue();
+        let queues = match (self.polled_from, completion) {
+            (Some(i), Completion::Poll) => &self.sync[i..],
+            (Some(i), _) => &self.sync[..i],
+            (None, _) => &self.sync[..],
+        };
+        let q = self.sched.pick(queues);
         let r = q.execute(cmds, name, completion, self.opts.timeout, pacing);
         if prio == Priority::Critical {
             self.sched.critical_done();

@@ -123,6 +123,13 @@ pub trait Mode: Send + Sync + std::fmt::Debug {
     /// opens, to give the synchronous queues interrupt vectors.
     fn interrupts(&self) -> bool;
 
+    /// Whether its plans may poll (asked with [`interrupts`](Self::interrupts)):
+    /// a mode that does both gets synchronous queues of each kind, polled
+    /// requests on queues without a vector (which raise no interrupt).
+    fn polls(&self) -> bool {
+        true
+    }
+
     /// The plan for one request.
     fn plan(&self, req: &ModeRequest) -> Plan;
 
@@ -158,6 +165,9 @@ impl Mode for Throughput {
     }
     fn interrupts(&self) -> bool {
         true
+    }
+    fn polls(&self) -> bool {
+        false
     }
     fn plan(&self, req: &ModeRequest) -> Plan {
         Plan::new(req).completion(Completion::Interrupt).depth(Depth::Deep)
