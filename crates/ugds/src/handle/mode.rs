@@ -218,8 +218,9 @@ const PROBE_BELOW: u64 = 4;
 /// class settles after four requests). A class that polls starts
 /// sleeping on interrupts once four measured requests in a row took longer
 /// than [`to_interrupts`](Self::new) (waits that long leave the CPU more to
-/// gain than a wake-up costs), and polls again once four in a row took less
-/// than `to_polling`; anything between keeps what it does. So a workload
+/// gain than a wake-up costs) and so did the class's moving average
+/// (weight 1/8), and polls again once four in a row took less than
+/// `to_polling`; anything between keeps what it does. So a workload
 /// near one threshold does not flap, and one request that was slow (its
 /// thread preempted, say) changes nothing. A request that sleeps also pays
 /// the wake-up, which may itself be more than `to_polling` (tens of
@@ -318,7 +319,9 @@ impl Adaptive {
             return;
         }
         let streak = if beyond { c.streak.load(Relaxed) + 1 } else { 0 };
-        if streak >= STREAK {
+        // To sleep, the moving average must say so too: a burst of slow
+        // requests in a fast class (a VM's stalls) moves it less.
+        if streak >= STREAK && (sleeps || avg > self.to_interrupts) {
             c.sleeps.store(!sleeps, Relaxed);
             c.switches.store(c.switches.load(Relaxed).wrapping_add(1), Relaxed);
             c.streak.store(0, Relaxed);
@@ -426,6 +429,24 @@ mod tests {
             a.record(4096, if i % 2 == 0 { us(60) } else { us(130) }, true);
         }
         assert!(a.switches(4096) <= 3, "switched {} times", a.switches(4096));
+    }
+
+    /// A burst of slow requests in a fast class (a VM stalled for a moment)
+    /// does not put it to sleep: the moving average must agree.
+    #[test]
+    fn adaptive_rides_out_a_burst() {
+        let a = Adaptive::new(us(50), us(100));
+        for _ in 0..20 {
+            a.record(4096, us(35), true);
+        }
+        for _ in 0..4 {
+            a.record(4096, us(150), true);
+        }
+        assert!(!a.sleeps(4096), "average {:?}", a.average(4096));
+        for _ in 0..8 {
+            a.record(4096, us(150), true);
+        }
+        assert!(a.sleeps(4096), "a lasting change does: average {:?}", a.average(4096));
     }
 
     /// A wake-up longer than `to_polling` (a VM's) must not keep a class of
