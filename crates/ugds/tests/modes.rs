@@ -120,6 +120,13 @@ fn priority_mode_sleeps_for_background_requests_only() {
     let (d, h, _emu) = open(small_emu().latency(Some(model)), opts().mode(Some(Arc::new(Prioritized))));
     let sync: Vec<_> = h.queues().iter().filter(|q| q.role == QueueRole::Sync).map(|q| q.vector.is_some()).collect();
     assert_eq!(sync, [true, true, false, false], "two queues of each kind");
+    assert_eq!(h.queue_counts(), (4, 2), "asked of the controller: the lendable queues stay");
+    // One synchronous queue, nothing else (as `ugds bench --modes` asks):
+    // still one of each kind (a controller grants what is asked).
+    let one = opts().sync_queues(1).async_queues(0).batch_queue(false).mode(Some(Arc::new(Prioritized)));
+    let (_d2, h2, _e2) = open(small_emu(), one);
+    let kinds: Vec<_> = h2.queues().iter().map(|q| (q.role, q.vector.is_some())).collect();
+    assert_eq!(kinds, [(QueueRole::Sync, true), (QueueRole::Sync, false)]);
     let b = Buf::new(&d, 65536);
     for _ in 0..5 {
         h.read_with_priority(&b.token, 65536, 0, 0, Priority::Critical).unwrap();
@@ -177,4 +184,28 @@ fn a_user_mode_plans_every_synchronous_request() {
     assert_eq!(observed.len(), 1, "only the write asked to be measured");
     assert!(observed[0].1 >= Duration::from_millis(5), "{:?} for a 5 ms command", observed[0].1);
     assert!(sync_total(&h).interrupts >= 1, "the write slept");
+}
+
+/// A fast class put to sleep (by a cold start, say: here by hand) comes
+/// back to polling through its probes, although a sleeping request here
+/// takes longer than `to_polling` (the wake-up); most requests after that
+/// poll.
+#[test]
+fn adaptive_mode_wakes_a_fast_class_that_fell_asleep() {
+    let model = LatencyModel::new(Duration::from_micros(20), 0);
+    let adaptive = Arc::new(Adaptive::default());
+    let (d, h, _emu) = open(small_emu().latency(Some(model)), opts().mode(Some(adaptive.clone())));
+    let b = Buf::new(&d, 65536);
+    for _ in 0..4 {
+        adaptive.record(4096, Duration::from_millis(1), true);
+    }
+    assert!(adaptive.sleeps(4096));
+    let mut slept_reads = 0;
+    for i in 0..400 {
+        let before = sync_total(&h).interrupts;
+        h.read(&b.token, 4096, (i % 16) * 4096, 0).unwrap();
+        slept_reads += (sync_total(&h).interrupts > before) as u32;
+    }
+    assert!(!adaptive.sleeps(4096), "back to polling: average {:?}", adaptive.average(4096));
+    assert!(slept_reads < 200, "{slept_reads} of 400 reads slept");
 }

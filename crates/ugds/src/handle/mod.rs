@@ -135,8 +135,7 @@ impl HandleInner {
         // kind (where the controller grants them): a queue with a vector
         // interrupts on every completion, polled or not, which costs the
         // CPU the polling was for (as Linux keeps poll queues apart).
-        let split =
-            opts.completion == Completion::Poll && opts.mode.as_ref().is_some_and(|m| m.interrupts() && m.polls());
+        let split = opts.split_sync();
         let nsleep = opts.sync_queues.clamp(1, avail);
         let npoll = if split { nsleep.min(avail - nsleep) } else { 0 };
         let nsync = nsleep + npoll;

@@ -119,10 +119,27 @@ impl HandleOptions {
                 + (prp_pages as usize).clamp(1, e - 1) * PAGE
         };
         let admin = crate::engine::controller::ADMIN_ENTRIES;
-        let io = (self.sync_queues + self.async_queues) as usize
+        let io = (self.sync_queues_wanted() + self.async_queues) as usize
             * queue(self.queue_depth, self.queue_depth.saturating_sub(1));
         let batch = if self.batch_queue { queue(self.batch_depth, self.batch_prp_pages) } else { 0 };
         io + batch + queue(admin, admin - 1) + 3 * ugds_nvme::IDENTIFY_LEN
+    }
+
+    /// Whether the handle gets synchronous queues without a vector beside
+    /// those with one: its mode both polls and sleeps (see [`Mode::polls`]).
+    pub(crate) fn split_sync(&self) -> bool {
+        self.completion == Completion::Poll && self.mode.as_ref().is_some_and(|m| m.interrupts() && m.polls())
+    }
+
+    /// Synchronous queue pairs to ask the controller for: twice
+    /// `sync_queues` when [`split_sync`](Self::split_sync).
+    pub(crate) fn sync_queues_wanted(&self) -> u16 {
+        let n = self.sync_queues.max(1);
+        if self.split_sync() {
+            n.saturating_mul(2)
+        } else {
+            n
+        }
     }
 
     /// Sets the namespace to use (`None`: the first active one).
