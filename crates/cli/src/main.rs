@@ -5,6 +5,7 @@
 
 mod bench;
 mod bind;
+mod clock;
 mod doctor;
 mod gpubench;
 mod hist;

@@ -151,6 +151,12 @@ fn bench_takes_a_mode() {
     assert!(out.contains("interrupts per command") && !out.contains("0.000 interrupts per command"), "{out}");
     let (ok, out, err) = ugds(&["bench", "--emu-null", "-q", "1", "-d", "0.2", "-m", "read", "--no-progress"]);
     assert!(ok && out.lines().any(|l| l.starts_with("read ")), "{err}");
+    // Sampled latencies say so; `--sample 1` times every call.
+    let (ok, out, err) = ugds(&["bench", "--emu-null", "-q", "1", "-d", "0.2", "--sample", "4", "--no-progress"]);
+    assert!(ok, "{err}");
+    assert!(out.lines().any(|l| l.starts_with("latency  at queue depth 1 one call in 4 timed")), "{out}");
+    let (ok, out, err) = ugds(&["bench", "--emu-null", "-q", "1", "-d", "0.2", "--sample", "1", "--no-progress"]);
+    assert!(ok && out.lines().any(|l| l.starts_with("latency  every I/O timed")), "{err}{out}");
 }
 
 #[test]
@@ -168,6 +174,7 @@ fn bad_arguments_are_refused() {
         &["bench", "--mixed", "--verify"],
         &["bench", "--placement", "random"],
         &["bench", "--mode", "fastest"],
+        &["bench", "--sample", "0"],
         &["bench", "--modes", "--mode", "latency"],
         &["identify", "--emu-block", "1024"],
         &["nonsense"],

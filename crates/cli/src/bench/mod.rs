@@ -20,6 +20,7 @@ pub use options::HELP;
 use options::{parse, Mode, Opts};
 use report::{completion_label, describe_queues, fmt_count, granted_entries, progress_bar, us};
 
+use crate::clock::Clock;
 use crate::histogram::Histogram;
 use crate::target::{self, TargetOpts};
 use crate::{fmt_bytes, parse_size};
@@ -110,6 +111,10 @@ struct Run<'a> {
     budget: Option<&'a AtomicU64>,
     stop: &'a AtomicBool,
     done_ios: &'a AtomicU64,
+    /// Where latencies are read from.
+    clock: Clock,
+    /// Synchronous calls: one in this many is timed.
+    sample: u32,
 }
 
 struct Slots {
@@ -130,14 +135,20 @@ impl Run<'_> {
         }
     }
 
+    /// The next request's namespace offset: uniform over the range, or
+    /// this thread's next in sequence. No division per request (a helper
+    /// call under QEMU's TCG): the random index by multiply and shift.
     fn offset(&self, tid: usize, threads: usize, seq: &mut u64, rng: &mut Rng) -> u64 {
         let n = (self.range / self.size as u64).max(1);
         let i = if self.mode.random() {
-            rng.next() % n
+            ((rng.next() as u128 * n as u128) >> 64) as u64
         } else {
-            let start = n / threads as u64 * tid as u64;
-            let i = (start + *seq) % n;
-            *seq += 1;
+            if *seq == 0 {
+                // Each thread starts at its share of the range.
+                *seq = n / threads as u64 * tid as u64 + 1;
+            }
+            let i = *seq - 1;
+            *seq = if i + 1 == n { 1 } else { i + 2 };
             i
         };
         i * self.size as u64
@@ -184,6 +195,8 @@ fn run_one(
         budget: budget.as_ref(),
         stop: &stop,
         done_ios: &done_ios,
+        clock: o.clock,
+        sample: o.sample,
     };
     let label = format!("{} {}", o.mode.name(), fmt_bytes(size as u64));
     let lines = o.progress_lines;
@@ -437,6 +450,14 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     if o.interrupt {
         println!("         completion: {}", describe_queues(&handle));
     }
+    println!(
+        "latency  {}, read from {}",
+        match o.sample {
+            1 => "every I/O timed".to_string(),
+            n => format!("at queue depth 1 one call in {n} timed (--sample 1: every one), deeper every I/O"),
+        },
+        o.clock.describe()
+    );
     match handle.batch_geometry() {
         Some((entries, _)) if handle.batch_queue_is_shared() => {
             println!("         batch queue: the one queue pair, shared with synchronous I/O ({entries} entries)")

@@ -18,7 +18,7 @@ impl Run<'_> {
         // Per slot: namespace offset, submit time, and whether a verifying
         // write is now being read back.
         let mut slot_off = vec![0u64; self.qd];
-        let mut slot_t0 = vec![Instant::now(); self.qd];
+        let mut slot_t0 = vec![0u64; self.qd];
         let mut slot_readback = vec![false; self.qd];
         let mut done: Vec<(u64, Result<usize, ugds::Error>)> = Vec::with_capacity(self.qd);
         let size = self.size;
@@ -46,7 +46,7 @@ impl Run<'_> {
                 break;
             }
             start_slot(slot, &mut rng, &mut seq, &mut slot_off);
-            slot_t0[slot] = Instant::now();
+            slot_t0[slot] = self.clock.now();
             match submit(&mut q, slot, slot_off[slot], !self.mode.writes()) {
                 Ok(()) => {}
                 Err(ugds::Error::QueueFull) => backlog.push(slot),
@@ -66,7 +66,7 @@ impl Run<'_> {
                 }
                 if !backlog.is_empty() {
                     let slot = backlog.pop().expect("non-empty");
-                    slot_t0[slot] = Instant::now();
+                    slot_t0[slot] = self.clock.now();
                     if let Err(ugds::Error::QueueFull) = submit(&mut q, slot, slot_off[slot], !self.mode.writes()) {
                         backlog.push(slot);
                     }
@@ -75,7 +75,7 @@ impl Run<'_> {
                 q.wait(Duration::from_millis(100));
                 continue;
             }
-            let now = Instant::now();
+            let now = self.clock.now();
             if !stopping && self.stop.load(Ordering::Relaxed) {
                 stopping = true;
             }
@@ -90,7 +90,7 @@ impl Run<'_> {
                             r.checked += 1;
                             slot_readback[slot] = false;
                         } else {
-                            r.hist.record(now.duration_since(slot_t0[slot]).as_nanos() as u64);
+                            r.hist.record(self.clock.ns(slot_t0[slot], now));
                             r.ios += 1;
                             r.bytes += bytes as u64;
                             pending_progress += 1;

@@ -9,19 +9,26 @@ impl Run<'_> {
         let mut rng = Rng(0x1234_5678_9abc_def1 ^ (tid as u64 + 1).wrapping_mul(0x9e37_79b9));
         let mut seq = 0u64;
         let mut pending_progress = 0u64;
+        // Timed when this reaches 0 (one call in `sample`).
+        let mut countdown = 1u32;
         while !self.stop.load(Ordering::Relaxed) && self.take() {
             let off = self.offset(tid, threads, &mut seq, &mut rng);
             if self.mode.writes() && self.verify {
                 // SAFETY: the slot is ours and idle.
                 unsafe { fill_pattern(s.base, self.size, off) };
             }
-            let t0 = Instant::now();
+            countdown -= 1;
+            let timed = countdown == 0;
+            let t0 = if timed { self.clock.now() } else { 0 };
             let res = if self.mode.writes() {
                 self.handle.write(&s.token, self.size, off, 0)
             } else {
                 self.handle.read(&s.token, self.size, off, 0)
             };
-            r.hist.record(t0.elapsed().as_nanos() as u64);
+            if timed {
+                r.hist.record(self.clock.ns(t0, self.clock.now()));
+                countdown = self.sample;
+            }
             match res {
                 Ok(n) => {
                     r.ios += 1;
