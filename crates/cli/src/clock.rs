@@ -65,6 +65,17 @@ impl Clock {
     }
 }
 
+/// CPU time of `clock` (a thread's or the process's), from `clock_gettime`.
+pub fn cpu_time(clock: libc::clockid_t) -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec on this stack for the call to fill.
+    let r = unsafe { libc::clock_gettime(clock, &mut ts) };
+    if r != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
 #[cfg(target_arch = "x86_64")]
 fn invariant_tsc() -> bool {
     use std::arch::x86_64::__cpuid;

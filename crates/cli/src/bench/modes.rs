@@ -4,21 +4,11 @@
 //! spent per GB moved.
 
 use super::*;
+use crate::clock::cpu_time;
 use ugds::mode::mode_by_name;
 
 /// The bandwidth-bound workload's request size.
 const LARGE: usize = 1 << 20;
-
-/// CPU time of `clock` (a thread's or the process's), from `clock_gettime`.
-pub(super) fn cpu_time(clock: libc::clockid_t) -> Duration {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid timespec on this stack for the call to fill.
-    let r = unsafe { libc::clock_gettime(clock, &mut ts) };
-    if r != 0 {
-        return Duration::ZERO;
-    }
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
 
 /// One way of serving the requests: a mode by name, or none with the
 /// handle's completion.

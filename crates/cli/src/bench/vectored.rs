@@ -2,18 +2,8 @@
 //! (`Handle::readv`) against N separate calls, from one thread.
 
 use super::*;
+use crate::clock::cpu_time;
 use ugds::Segment;
-
-/// CPU time (user + system) this process has used, from /proc/self/stat
-/// (utime and stime, in Linux's fixed 100 ticks a second).
-fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command name (which may hold spaces): state is the
-    // first, utime the 12th and stime the 13th.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<u64> = rest.split_whitespace().skip(11).take(2).filter_map(|v| v.parse().ok()).collect();
-    Duration::from_millis(f.iter().sum::<u64>() * 10)
-}
 
 pub(super) fn run(o: &Opts, target: &target::Target, driver: &Driver, n: usize) -> Result<(), String> {
     let size = o.sizes[0];
@@ -67,7 +57,7 @@ pub(super) fn run(o: &Opts, target: &target::Target, driver: &Driver, n: usize) 
             handle = Some(open(false)?);
         }
         let h = handle.as_ref().expect("open");
-        let (start, cpu0) = (Instant::now(), cpu_time());
+        let (start, cpu0) = (Instant::now(), cpu_time(libc::CLOCK_PROCESS_CPUTIME_ID));
         let (mut calls, mut k) = (0u64, 0u64);
         while start.elapsed() < o.duration {
             let off = (k % extents) * total as u64;
@@ -81,7 +71,8 @@ pub(super) fn run(o: &Opts, target: &target::Target, driver: &Driver, n: usize) 
             }
             calls += 1;
         }
-        let (secs, cpu) = (start.elapsed().as_secs_f64(), (cpu_time() - cpu0).as_secs_f64());
+        let (secs, cpu) =
+            (start.elapsed().as_secs_f64(), (cpu_time(libc::CLOCK_PROCESS_CPUTIME_ID) - cpu0).as_secs_f64());
         let segments = calls * n as u64;
         println!(
             "{name:<18} {:>12.0} segments/s {:>10.1} MiB/s {:>8.1} us per {n} segments {:>8.0} ns CPU per segment",

@@ -74,6 +74,9 @@ struct Engine {
     rx: Receiver<Msg>,
     ctx: u32,
     jobs: HashMap<u64, (Job, usize)>,
+    /// Of `jobs`, those whose plan does not nap (counted, so that an idle
+    /// look at the device need not walk the jobs).
+    awake: usize,
     waiting: VecDeque<(u64, Job)>,
     next_job: u64,
     events: Vec<BatchEvent>,
@@ -88,6 +91,7 @@ impl Engine {
             rx,
             ctx,
             jobs: HashMap::new(),
+            awake: 0,
             waiting: VecDeque::new(),
             next_job: 1,
             events: Vec::with_capacity(ENGINE_CAPACITY),
@@ -142,10 +146,7 @@ impl Engine {
                 if spins % 4096 == 0 {
                     self.expire();
                 }
-                let napping = !self.jobs.is_empty()
-                    && self.waiting.is_empty()
-                    && self.jobs.values().all(|(j, _)| j.bound.service.naps);
-                if napping {
+                if !self.jobs.is_empty() && self.waiting.is_empty() && self.awake == 0 {
                     std::thread::sleep(NAP);
                 } else if spins % 64 == 0 {
                     std::thread::yield_now();
@@ -213,6 +214,7 @@ impl Engine {
                     if job.bound.service.observe.is_some() {
                         job.issued = Some(Instant::now());
                     }
+                    self.awake += !job.bound.service.naps as usize;
                     self.jobs.insert(id, (job, n));
                 }
                 Err(e) => {
@@ -249,6 +251,7 @@ impl Engine {
         *left -= 1;
         if *left == 0 {
             let (mut job, _) = self.jobs.remove(&id).expect("present");
+            self.awake -= !job.bound.service.naps as usize;
             if let (Some(o), Some(t), false) = (&job.bound.service.observe, job.issued, job.failed) {
                 let (mode, req, plan) = &**o;
                 mode.observe(req, plan, t.elapsed());
