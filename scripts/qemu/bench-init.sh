@@ -36,10 +36,11 @@ kernel_round() {
 }
 ugds_round() {
     /bin/floor $BDF $D raw1,read,raw32,queue32
+    /bin/ugds bench --pci $BDF -m randread -s 4096 -q 1 -d 0.2 --no-progress | grep -m1 "doorbells:" | sed 's/^ */UGDS-GUEST: default /'
     for w in "4096 1" "4096 32" "131072 8"; do
         set -- $w
-        for sd in "" "--no-shadow-doorbells"; do
-            echo "UGDS-BENCH size=$1 qd=$2 shadow=$([ -z "$sd" ] && echo on || echo off)"
+        for sd in --shadow-doorbells --no-shadow-doorbells; do
+            echo "UGDS-BENCH size=$1 qd=$2 shadow=$([ "$sd" = --shadow-doorbells ] && echo on || echo off)"
             /bin/ugds bench --pci $BDF -m randread -s $1 -q $2 -d $D --range $R --no-progress $sd | grep randread
         done
         if [ -n "$UGDS_BENCH_EXTRA" ]; then

@@ -202,6 +202,37 @@ fn library_messages_go_to_stderr_at_the_asked_level() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("controller up"));
 }
 
+/// The bench says which doorbells it rang and why: the flags and
+/// UGDS_SHADOW_DOORBELLS ask, the controller decides (the emulated one
+/// offers no Doorbell Buffer Config; QEMU's does, in the conformance runs).
+#[test]
+fn bench_says_which_doorbells_and_why() {
+    let bench = |env: Option<&str>, flag: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_ugds"));
+        c.args(["bench", "--emu-null", "-d", "0.1", "--no-progress"]).args(flag);
+        c.env_remove("UGDS_SHADOW_DOORBELLS");
+        if let Some(v) = env {
+            c.env("UGDS_SHADOW_DOORBELLS", v);
+        }
+        let out = c.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let out = String::from_utf8_lossy(&out.stdout).into_owned();
+        words(out.lines().find(|l| l.contains("doorbells:")).unwrap_or_else(|| panic!("{out}")))
+    };
+    assert_eq!(bench(None, Some("--no-shadow-doorbells")), "doorbells: MMIO (shadow doorbells not asked for)");
+    assert_eq!(bench(Some("0"), None), "doorbells: MMIO (shadow doorbells not asked for)");
+    let offers_none = "doorbells: MMIO (the controller offers no Doorbell Buffer Config)";
+    assert_eq!(bench(None, Some("--shadow-doorbells")), offers_none);
+    assert_eq!(bench(Some("1"), None), offers_none);
+    assert_eq!(bench(Some("1"), Some("--no-shadow-doorbells")), "doorbells: MMIO (shadow doorbells not asked for)");
+    // Left to the default: asked for exactly where a hypervisor traps doorbell writes.
+    let default = bench(None, None);
+    match ugds::trapping_hypervisor() {
+        Some(_) => assert_eq!(default, offers_none),
+        None => assert_eq!(default, "doorbells: MMIO (shadow doorbells not asked for)"),
+    }
+}
+
 /// Collapses runs of spaces, so that checks read the words, not the layout.
 fn words(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")

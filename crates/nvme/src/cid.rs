@@ -86,7 +86,7 @@ impl CidAllocator {
     }
 
     /// Takes a free identifier, or `None` when all are in use.
-    #[inline]
+    #[inline(always)]
     pub fn alloc(&mut self) -> Option<Cid> {
         let i = self.free.pop()?;
         let slot = &mut self.slots[i as usize];
@@ -111,7 +111,7 @@ impl CidAllocator {
     /// Returns `cid`; refuses one that is not allocated (a double free, a
     /// completion for a command that was never submitted, or one naming an
     /// earlier command of a slot in use again).
-    #[inline]
+    #[inline(always)]
     pub fn free(&mut self, cid: Cid) -> Result<(), NotAllocated> {
         if !self.is_allocated(cid) {
             return Err(NotAllocated(cid.0));

@@ -113,6 +113,15 @@ impl DmaRegion {
         unsafe { self.at::<u32>(off).read_volatile() }
     }
 
+    /// `N` volatile dword reads from `off` on, checked once (a completion
+    /// entry's first three dwords).
+    #[inline(always)]
+    pub fn read_u32s<const N: usize>(&self, off: usize) -> [u32; N] {
+        let p = self.at::<[u32; N]>(off).cast::<u32>();
+        // SAFETY: `at` checked that the N dwords lie in the region, aligned.
+        std::array::from_fn(|i| unsafe { p.add(i).read_volatile() })
+    }
+
     /// Volatile dword write.
     #[inline]
     pub fn write_u32(&self, off: usize, v: u32) {

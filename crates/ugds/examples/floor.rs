@@ -7,7 +7,10 @@
 //!
 //! Usage: floor <pci-bdf> [seconds [modes]]   (emulated null controller when the BDF is "emu")
 //! modes: comma-separated, of raw1 clock1 sync read read-shadow raw32 queue32 queue32-shadow clock
-//! (all but clock by default)
+//! (all but clock by default), and on the emulator `percoreNxD`: one thread keeping a lent
+//! `IoQueue` on each of N emulated null controllers at depth D, with the CPU time of that
+//! thread and of each controller's thread (IOPS per submitting core, and whether a
+//! controller was the limit).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -198,6 +201,100 @@ fn handle(bdf: &str, secs: f64, qd: usize, shadow: bool) -> Result<(), ugds::Err
     Ok(())
 }
 
+/// CPU seconds of the calling thread.
+fn thread_cpu() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// CPU seconds (user + system, in clock ticks) of this process's threads
+/// named `ugds-emu` (the emulated controllers' own threads), by thread id.
+fn emulator_cpu() -> Vec<(u32, f64)> {
+    let tick = 100.0; // USER_HZ
+    let mut out = Vec::new();
+    for t in std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten() {
+        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else { continue };
+        let Some((name, rest)) = stat.split_once(" (").and_then(|(_, r)| r.rsplit_once(") ")) else { continue };
+        if name != "ugds-emu" {
+            continue;
+        }
+        // Fields after the name: state is the first; utime and stime the 12th and 13th.
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let (u, s) = (f[11].parse::<f64>().unwrap_or(0.0), f[12].parse::<f64>().unwrap_or(0.0));
+        let tid = t.file_name().to_string_lossy().parse().unwrap_or(0);
+        out.push((tid, (u + s) / tick));
+    }
+    out.sort_by_key(|x| x.0);
+    out
+}
+
+/// One thread keeps a lent `IoQueue` on each of `n` emulated null
+/// controllers `qd` deep: what the driver does per I/O on one core, with
+/// the controllers' threads beside it (each below 100% of a core: they
+/// were not the limit).
+fn per_core(secs: f64, n: usize, qd: usize) -> Result<(), ugds::Error> {
+    let driver = Driver::open();
+    let opts = HandleOptions::default().sync_queues(1).async_queues(1).queue_depth((qd + 1).next_power_of_two() as u16);
+    let handles = (0..n).map(|_| driver.open_handle(platform("emu")?, opts.clone())).collect::<Result<Vec<_>, _>>()?;
+    let mut b = HostBuffer::new(4096 * qd)?;
+    // SAFETY: `b` outlives its registration (deregistered below).
+    let token = unsafe { driver.register(b.as_mut_ptr(), b.len())? };
+    let span = handles[0].namespace().capacity() / 4096;
+    let mut queues = handles.iter().map(|h| h.io_queue()).collect::<Result<Vec<_>, _>>()?;
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for q in queues.iter_mut() {
+        for slot in 0..qd {
+            q.submit_read(&token, 4096, rng.next() % span * 4096, slot * 4096, slot as u64)?;
+        }
+    }
+    let (emu0, cpu0) = (emulator_cpu(), thread_cpu());
+    let mut n_ios = 0u64;
+    let mut done = Vec::with_capacity(qd);
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(secs);
+    while Instant::now() < end {
+        for _ in 0..64 {
+            for q in queues.iter_mut() {
+                q.poll(usize::MAX, |tag, r| done.push((tag, r)));
+                for (slot, r) in done.drain(..) {
+                    r?;
+                    q.submit_read(&token, 4096, rng.next() % span * 4096, slot as usize * 4096, slot)?;
+                    n_ios += 1;
+                }
+            }
+        }
+    }
+    let (el, cpu) = (start.elapsed(), thread_cpu() - cpu0);
+    let emu = emulator_cpu();
+    for q in queues.iter_mut() {
+        q.drain(|_, _| {})?;
+    }
+    drop(queues);
+    let wall = el.as_secs_f64();
+    report(&format!("IoQueue x{n} qd {qd}, one thread"), n_ios, el);
+    let loads: Vec<String> = emu
+        .iter()
+        .map(|(tid, c)| {
+            let before = emu0.iter().find(|x| x.0 == *tid).map_or(0.0, |x| x.1);
+            format!("{:.0}%", (c - before) / wall * 100.0)
+        })
+        .collect();
+    println!(
+        "floor IoQueue x{n} qd {qd}: submitting thread {:.0}% of a core, {:.2} M IOPS per core; controller threads {}",
+        cpu / wall * 100.0,
+        n_ios as f64 / cpu / 1e6,
+        loads.join(" ")
+    );
+    driver.deregister(&token)?;
+    drop(b);
+    for h in handles {
+        h.close(ugds::Drain::NoWait)?;
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), ugds::Error> {
     let mut args = std::env::args().skip(1);
     let bdf = args.next().unwrap_or_else(|| "emu".into());
@@ -222,6 +319,19 @@ fn main() -> Result<(), ugds::Error> {
                 }
                 let ns = last.duration_since(t0).as_nanos() as f64 / n as f64;
                 println!("floor one clock read (Instant::now)        {ns:>9.1} ns");
+            }
+            _ if m.starts_with("percore") => {
+                let parse = || {
+                    let (n, d) = m.strip_prefix("percore")?.split_once('x')?;
+                    Some((n.parse().ok()?, d.parse().ok()?))
+                };
+                let Some((n, d)) = parse() else {
+                    return Err(ugds::Error::InvalidArgument(format!("{m}: percoreNxD, e.g. percore2x128")));
+                };
+                if bdf != "emu" {
+                    return Err(ugds::Error::InvalidArgument(format!("{m}: on the emulator only (BDF emu)")));
+                }
+                per_core(secs, n, d)?
             }
             _ => return Err(ugds::Error::InvalidArgument(format!("unknown mode {m}"))),
         }

@@ -292,6 +292,7 @@ impl<'h> IoQueue<'h> {
         self.submit(NvmOpcode::Write, buf, size, file_offset, buf_offset, tag)
     }
 
+    #[inline(always)]
     fn submit(
         &mut self,
         op: NvmOpcode,

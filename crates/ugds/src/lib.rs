@@ -71,8 +71,8 @@ pub use engine::KernelRing;
 pub use engine::{BatchEvent, BatchStatus, Completion, ControllerInfo, NamespaceInfo};
 pub use handle::mode::{self, Mode};
 pub use handle::{
-    Drain, Handle, HandleOptions, HandleState, Placement, Priority, QueueInfo, QueueLatency, QueueRole, QueueStats,
-    QueueTrace, Segment, MAX_SEGMENTS, MAX_TRACE,
+    trapping_hypervisor, Drain, Handle, HandleOptions, HandleState, Placement, Priority, QueueInfo, QueueLatency,
+    QueueRole, QueueStats, QueueTrace, Segment, MAX_SEGMENTS, MAX_TRACE,
 };
 pub use io_queue::IoQueue;
 pub use registry::BufferToken;

@@ -447,6 +447,18 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         if handle.shadow_doorbells() { ", shadow doorbells" } else { "" },
         shared_note
     );
+    if !target.is_kernel_path() {
+        println!(
+            "         doorbells: {} ({})",
+            if handle.shadow_doorbells() { "shadow" } else { "MMIO" },
+            match (o.shadow_doorbells, ugds::trapping_hypervisor()) {
+                (false, _) => "shadow doorbells not asked for".to_string(),
+                (true, _) if !handle.shadow_doorbells() => "the controller offers no Doorbell Buffer Config".into(),
+                (true, Some(hv)) => format!("the controller offers them; doorbell writes trap to {hv}"),
+                (true, None) => "asked for; the controller offers them".into(),
+            }
+        );
+    }
     if o.interrupt {
         println!("         completion: {}", describe_queues(&handle));
     }

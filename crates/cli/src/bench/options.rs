@@ -35,8 +35,11 @@ Options:
                           IOPS over the last second), on any stderr
       --queue             at queue depth 1 too, use a lent I/O queue rather
                           than synchronous calls
-      --no-shadow-doorbells  MMIO doorbells even where the controller offers
-                          Doorbell Buffer Config
+      --shadow-doorbells  shadow doorbells where the controller offers
+                          Doorbell Buffer Config [default: only under a
+                          hypervisor where doorbell writes trap (KVM, Hyper-V,
+                          VMware, Xen), or UGDS_SHADOW_DOORBELLS=1|0]
+      --no-shadow-doorbells  MMIO doorbells always
       --kernel-ring plain|sqpoll|iopoll  with --file: how its io_uring rings
                           run (sqpoll: a kernel thread takes submissions;
                           iopoll: completions polled from the device) [plain]
@@ -169,7 +172,7 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
         progress_lines: false,
         batches: Vec::new(),
         stream: false,
-        shadow_doorbells: true,
+        shadow_doorbells: HandleOptions::from_env().shadow_doorbells,
         kernel_ring: ugds::KernelRing::Plain,
         force_queue: false,
         trace: HandleOptions::from_env().trace,
@@ -231,6 +234,7 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
             }
             Long("stream") => o.stream = true,
             Long("no-shadow-doorbells") => o.shadow_doorbells = false,
+            Long("shadow-doorbells") => o.shadow_doorbells = true,
             Long("kernel-ring") => {
                 o.kernel_ring = match p.value().map_err(err)?.string().map_err(err)?.as_str() {
                     "plain" => ugds::KernelRing::Plain,

@@ -66,19 +66,6 @@ impl Chunker {
         self.clone().fold(0, |n, _| n + 1)
     }
 
-    /// The whole request as one command, for a caller that knows it fits
-    /// one (at most a page: MDTS is never below one page).
-    #[inline]
-    pub fn whole(&self) -> Chunk {
-        debug_assert!(self.remaining <= self.first_cap());
-        Chunk {
-            slba: self.file_off >> self.block_shift,
-            nlb: (self.remaining >> self.block_shift) as u32,
-            data_off: self.data_off,
-            len: self.remaining,
-        }
-    }
-
     /// The whole range: its first block, where it starts in the buffer,
     /// and its length.
     pub fn range(&self) -> (u64, usize, usize) {

@@ -506,8 +506,8 @@ impl NvmeQueue {
             }
             // Read the rest of the entry only after its phase.
             barrier::dma_rmb();
-            let cqe =
-                Cqe::from_dwords([self.cq.read_u32(off), self.cq.read_u32(off + 4), self.cq.read_u32(off + 8), dw3]);
+            let [d0, d1, d2] = self.cq.read_u32s(off);
+            let cqe = Cqe::from_dwords([d0, d1, d2, dw3]);
             // Mark the consumed entry's CID invalid (0xffff, never handed
             // out). The slot is ours until the CQ head doorbell says
             // otherwise, so the controller's next entry here replaces it
@@ -528,14 +528,7 @@ impl NvmeQueue {
             if fetched {
                 self.sq_head = h;
             } else {
-                self.protocol_errors += 1;
-                tracing::error!(
-                    qid = self.qid.0,
-                    sqhd = cqe.sqhd,
-                    head = self.sq_head,
-                    tail = self.last_sq_tail,
-                    "completion with an SQ head outside what was submitted; ignored"
-                );
+                self.bad_sq_head(cqe.sqhd);
             }
             match self.tracker.end(Cid(cqe.cid), cqe.status) {
                 Ok(t) => {
@@ -546,10 +539,7 @@ impl NvmeQueue {
                     failed += !cqe.status().is_success() as u64;
                     f(t.owner, &cqe)
                 }
-                Err(e) => {
-                    self.protocol_errors += 1;
-                    tracing::error!(qid = self.qid.0, "completion ignored: {e}");
-                }
+                Err(e) => self.bad_completion(e),
             }
         }
         if n > 0 {
@@ -563,6 +553,29 @@ impl NvmeQueue {
             }
         }
         n
+    }
+
+    /// A completion whose SQ head lies outside what was submitted (kept
+    /// off the reaping loop, which then has registers to spare).
+    #[cold]
+    #[inline(never)]
+    fn bad_sq_head(&mut self, sqhd: u16) {
+        self.protocol_errors += 1;
+        tracing::error!(
+            qid = self.qid.0,
+            sqhd,
+            head = self.sq_head,
+            tail = self.last_sq_tail,
+            "completion with an SQ head outside what was submitted; ignored"
+        );
+    }
+
+    /// A completion naming no outstanding command.
+    #[cold]
+    #[inline(never)]
+    fn bad_completion(&mut self, e: ugds_nvme::cid::NotAllocated) {
+        self.protocol_errors += 1;
+        tracing::error!(qid = self.qid.0, "completion ignored: {e}");
     }
 
     /// Tells the controller how far the completion queue has been consumed.

@@ -193,6 +193,30 @@ impl Handle {
         };
         let pages = recent.as_ref().expect("filled by prepare_recent").pages();
         let nsid = Nsid(h.ns.nsid);
+        let name = if op == NvmOpcode::Read { "Read" } else { "Write" };
+        // A page or less is one command (MDTS is at least a page), planned
+        // in place: no chunker, no splitting to iterate. Its PRPs as two
+        // entries, the second 0 when unused (what One means on the wire).
+        if size <= PAGE_SIZE {
+            let (prp1, prp2) = match prp::plan(pages, PAGE_SIZE, data_off, size) {
+                Ok(prp::PrpPlan::One { prp1 }) => (prp1, 0),
+                Ok(prp::PrpPlan::Two { prp1, prp2 }) => (prp1, prp2),
+                _ => unreachable!("a validated range of a page or less plans as one or two entries"),
+            };
+            let shift = h.ns.block_size.trailing_zeros();
+            let cmd = Cmd {
+                sqe: Sqe::rw(op, Cid(0), nsid, Lba(file_offset >> shift), (size >> shift) as u32, 0, 0),
+                prp: Some(prp::PrpPlan::Two { prp1, prp2 }),
+                sgl: None,
+                bytes: size as u32,
+            };
+            let (q, r) = h.run_scheduled(std::iter::once(cmd), name, op == NvmOpcode::Write, prio, size);
+            RECENT.set(recent);
+            return match r {
+                Ok(0) => Ok(size),
+                r => h.finish(q, r, name, Some(guard)).map(|short| size.saturating_sub(short as usize)),
+            };
+        }
         let cmd = |c: Chunk| Cmd {
             sqe: Sqe::rw(op, Cid(0), nsid, Lba(c.slba), c.nlb, 0, 0),
             // Cannot fail: the range was checked against the registration
@@ -201,15 +225,8 @@ impl Handle {
             sgl: None,
             bytes: c.len as u32,
         };
-        let name = if op == NvmOpcode::Read { "Read" } else { "Write" };
         let chunks = h.chunker(file_offset, data_off, size);
-        // A page or less is one command (MDTS is at least a page): no
-        // splitting to iterate.
-        let (q, r) = if size <= PAGE_SIZE {
-            h.run_scheduled(std::iter::once(cmd(chunks.whole())), name, op == NvmOpcode::Write, prio, size)
-        } else {
-            h.run_scheduled(chunks.map(cmd), name, op == NvmOpcode::Write, prio, size)
-        };
+        let (q, r) = h.run_scheduled(chunks.map(cmd), name, op == NvmOpcode::Write, prio, size);
         RECENT.set(recent);
         match r {
             Ok(0) => Ok(size),

@@ -24,7 +24,8 @@ mod vectored;
 pub use api::Handle;
 use mode::{Depth, ModeRequest};
 pub use options::{
-    Drain, HandleOptions, HandleState, QueueInfo, QueueLatency, QueueRole, QueueStats, QueueTrace, MAX_TRACE,
+    trapping_hypervisor, Drain, HandleOptions, HandleState, QueueInfo, QueueLatency, QueueRole, QueueStats, QueueTrace,
+    MAX_TRACE,
 };
 pub use scheduler::{Placement, Priority};
 use ugds_platform::Recover;
@@ -402,6 +403,7 @@ impl HandleInner {
     /// `prio`, on the queue the scheduler picks and paced as it says (and as
     /// the handle's mode plans it, if it has one); the queue and the
     /// outcome (for [`finish`](Self::finish)).
+    #[inline(always)]
     pub fn run_scheduled<'a>(
         &self,
         cmds: impl Iterator<Item = Cmd<'a>>,
@@ -423,6 +425,7 @@ impl HandleInner {
         (q, r)
     }
 
+    #[inline(always)]
     fn run_planned<'a>(
         &self,
         cmds: impl Iterator<Item = Cmd<'a>>,

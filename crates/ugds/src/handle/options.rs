@@ -39,7 +39,11 @@ pub struct HandleOptions {
     pub batch_prp_pages: u16,
     /// Use shadow doorbells (Doorbell Buffer Config) when the controller
     /// offers them, as virtual controllers in VMs do: most doorbell MMIO
-    /// writes, each a VM exit there, are replaced by memory writes.
+    /// writes, each a VM exit there, are replaced by memory writes. On by
+    /// default only where a doorbell write traps to a hypervisor (see
+    /// [`trapping_hypervisor`]): under software emulation (QEMU's TCG) they
+    /// cost more than the writes they save (measured in
+    /// `docs/benchmarks.md`), and physical controllers do not offer them.
     pub shadow_doorbells: bool,
     /// The kernel path only: how its rings hand work to the kernel and take
     /// completions (see [`KernelRing`]).
@@ -90,7 +94,7 @@ impl Default for HandleOptions {
             batch_queue: true,
             batch_depth: 1024,
             batch_prp_pages: 128,
-            shadow_doorbells: true,
+            shadow_doorbells: trapping_hypervisor().is_some(),
             kernel_ring: KernelRing::Plain,
             stats_dir: None,
             trace: 0,
@@ -272,6 +276,11 @@ impl HandleOptions {
                 Err(_) => tracing::warn!("UGDS_TRACE={v:?} is not a number of commands; not traced"),
             }
         }
+        match std::env::var("UGDS_SHADOW_DOORBELLS").as_deref() {
+            Ok("1") => o.shadow_doorbells = true,
+            Ok("0") => o.shadow_doorbells = false,
+            _ => {}
+        }
         match std::env::var("UGDS_MODE").as_deref() {
             Err(_) | Ok("") => {}
             Ok(name) => match mode_by_name(name) {
@@ -281,6 +290,39 @@ impl HandleOptions {
         }
         o
     }
+}
+
+/// The hardware-assisted hypervisor this process runs under, by its CPUID
+/// signature (leaf 0x4000_0000, present when CPUID.1:ECX bit 31 says a
+/// hypervisor is): there an MMIO doorbell write to a virtual controller is a
+/// VM exit, which shadow doorbells exist to avoid. `None` on bare metal, on
+/// other architectures, and under QEMU's TCG (it names no such hypervisor),
+/// where every instruction is emulated and the shadow page costs the
+/// device model more than the doorbell write it saves.
+pub fn trapping_hypervisor() -> Option<&'static str> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::__cpuid;
+        if __cpuid(1).ecx & (1 << 31) == 0 {
+            return None;
+        }
+        let r = __cpuid(0x4000_0000);
+        let mut sig = [0u8; 12];
+        for (i, w) in [r.ebx, r.ecx, r.edx].into_iter().enumerate() {
+            sig[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
+        }
+        return match &sig {
+            b"KVMKVMKVM\0\0\0" => Some("KVM"),
+            b"Microsoft Hv" => Some("Hyper-V"),
+            b"VMwareVMware" => Some("VMware"),
+            b"XenVMMXenVMM" => Some("Xen"),
+            b"ACRNACRNACRN" => Some("ACRN"),
+            b"bhyve bhyve " => Some("bhyve"),
+            _ => None,
+        };
+    }
+    #[allow(unreachable_code)]
+    None
 }
 
 /// How [`Handle::close`](crate::Handle::close) treats I/O still in flight.
