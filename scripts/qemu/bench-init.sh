@@ -35,7 +35,8 @@ kernel_round() {
     done
 }
 ugds_round() {
-    /bin/floor $BDF $D raw1,read,raw32,queue32
+    /bin/floor $BDF $D ${FLOOR_MODES:-raw1,read,raw32,queue32}
+    [ -n "$FLOOR_ONLY" ] && return
     /bin/ugds bench --pci $BDF -m randread -s 4096 -q 1 -d 0.2 --no-progress | grep -m1 "doorbells:" | sed 's/^ */UGDS-GUEST: default /'
     for w in "4096 1" "4096 32" "131072 8"; do
         set -- $w
@@ -51,7 +52,7 @@ ugds_round() {
 }
 for i in $(seq 1 ${ROUNDS:-2}); do
     echo "UGDS-GUEST: round $i"
-    kernel_round
+    [ -z "$FLOOR_ONLY" ] && kernel_round
     /bin/ugds bind $BDF vfio-pci > /dev/null || echo "UGDS-GUEST: bind vfio-pci failed"
     ugds_round
     /bin/ugds bind $BDF nvme > /dev/null || echo "UGDS-GUEST: bind nvme failed"
