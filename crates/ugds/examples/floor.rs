@@ -7,7 +7,9 @@
 //!
 //! Usage: floor <pci-bdf> [seconds [modes]]   (emulated null controller when the BDF is "emu")
 //! modes: comma-separated, of raw1 clock1 sync read read-shadow raw32 queue32 queue32-shadow clock
-//! (all but clock by default), and on the emulator `percoreNxD`: one thread keeping a lent
+//! (all but clock by default), peek1, lock1 and gapN (the bare queue pair in the synchronous
+//! queue's shape, or with N ns between a completion and the next submission: see
+//! `raw_shaped`), queue1 (a lent `IoQueue` at depth 1), and on the emulator `percoreNxD`: one thread keeping a lent
 //! `IoQueue` on each of N emulated null controllers at depth D, with the CPU time of that
 //! thread and of each controller's thread (IOPS per submitting core, and whether a
 //! controller was the limit).
@@ -104,6 +106,67 @@ fn raw(bdf: &str, secs: f64, qd: usize, clock: bool) -> Result<(), ugds::Error> 
     Ok(())
 }
 
+/// The bare queue pair at depth 1 in the shape of the engine's synchronous
+/// queue, one step at a time, to find what costs where the engine differs
+/// from the bare loop: `peek` spins on the phase tag before reaping (as
+/// `SyncQueue::execute` does); `lock` adds a mutex held around staging
+/// and around reaping, taken twice per I/O as there; `delay_ns` waits that
+/// long (reading the clock) between a completion and the next submission,
+/// as any layer's bookkeeping does.
+fn raw_shaped(bdf: &str, secs: f64, lock: bool, delay_ns: u64) -> Result<(), ugds::Error> {
+    let platform = platform(bdf)?;
+    let ctrl = Controller::bring_up(platform.clone(), 1)?;
+    let ns = ctrl.info().namespaces[0];
+    let qp = std::sync::Mutex::new(ctrl.create_io_qpair(1, 64, None)?);
+    let buf = platform.alloc_dma(4096)?;
+    let blocks = 4096 / ns.block_size;
+    let span = ns.blocks / blocks as u64;
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut n = 0u64;
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(secs);
+    let mut bare = if lock { None } else { Some(qp.lock().unwrap()) };
+    while Instant::now() < end {
+        for _ in 0..64 {
+            let lba = rng.next() % span * blocks as u64;
+            let sqe = Sqe::rw(NvmOpcode::Read, Cid(0), Nsid(ns.nsid), Lba(lba), blocks, 0, 0);
+            if delay_ns > 0 {
+                let t = Instant::now();
+                while (t.elapsed().as_nanos() as u64) < delay_ns {}
+            }
+            {
+                let mut g = if lock { Some(qp.lock().unwrap()) } else { None };
+                let q = g.as_deref_mut().or(bare.as_deref_mut()).expect("one of the two");
+                q.submit(sqe, Some(PrpPlan::One { prp1: buf.iova(0) }), Owner::Own(0))?;
+                q.ring_sq_doorbell();
+            }
+            loop {
+                let mut g = if lock { Some(qp.lock().unwrap()) } else { None };
+                let q = g.as_deref_mut().or(bare.as_deref_mut()).expect("one of the two");
+                if !q.completion_pending() {
+                    continue;
+                }
+                if q.process_completions(usize::MAX, |_, cqe| assert!(cqe.status().is_success())) > 0 {
+                    break;
+                }
+            }
+        }
+        n += 64;
+    }
+    let el = start.elapsed();
+    drop(bare);
+    let what = match (lock, delay_ns) {
+        (true, _) => "queue pair qd 1, peek + lock".to_string(),
+        (false, 0) => "queue pair qd 1, peek".to_string(),
+        (false, ns) => format!("queue pair qd 1, {ns} ns gap"),
+    };
+    report(&what, n, el);
+    let q = qp.into_inner().unwrap();
+    ctrl.delete_io_qpair(&q)?;
+    ctrl.shutdown()?;
+    Ok(())
+}
+
 /// The engine's shared synchronous queue (`SyncQueue::execute`: slot,
 /// lock, stage, wait) on a bare queue pair: what `Handle::read` adds on top
 /// of it is the registry, the range checks and the chunker.
@@ -144,10 +207,15 @@ fn sync_queue(bdf: &str, secs: f64) -> Result<(), ugds::Error> {
 
 /// ugds's public API: `Handle::read` at depth 1, an `IoQueue` deeper.
 fn handle(bdf: &str, secs: f64, qd: usize, shadow: bool) -> Result<(), ugds::Error> {
+    handle_as(bdf, secs, qd, shadow, qd > 1)
+}
+
+/// As `handle`, with `lent`: a lent `IoQueue` (at any depth) rather than `Handle::read`.
+fn handle_as(bdf: &str, secs: f64, qd: usize, shadow: bool, lent: bool) -> Result<(), ugds::Error> {
     let driver = Driver::open();
     let opts = HandleOptions::default()
         .sync_queues(1)
-        .async_queues(if qd > 1 { 1 } else { 0 })
+        .async_queues(if lent { 1 } else { 0 })
         .queue_depth(64)
         .shadow_doorbells(shadow);
     let h = driver.open_handle(platform(bdf)?, opts)?;
@@ -160,7 +228,7 @@ fn handle(bdf: &str, secs: f64, qd: usize, shadow: bool) -> Result<(), ugds::Err
     let mut n = 0u64;
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(secs);
-    if qd == 1 {
+    if !lent {
         while Instant::now() < end {
             for _ in 0..64 {
                 h.read(&token, 4096, rng.next() % span * 4096, 0)?;
@@ -189,7 +257,7 @@ fn handle(bdf: &str, secs: f64, qd: usize, shadow: bool) -> Result<(), ugds::Err
     report(
         &format!(
             "{} qd {qd}, shadow {}",
-            if qd == 1 { "Handle::read" } else { "IoQueue" },
+            if !lent { "Handle::read" } else { "IoQueue" },
             if shadow { "on" } else { "off" }
         ),
         n,
@@ -305,8 +373,11 @@ fn main() -> Result<(), ugds::Error> {
             "raw1" => raw(&bdf, secs, 1, false)?,
             "clock1" => raw(&bdf, secs, 1, true)?,
             "sync" => sync_queue(&bdf, secs)?,
+            "peek1" => raw_shaped(&bdf, secs, false, 0)?,
+            "lock1" => raw_shaped(&bdf, secs, true, 0)?,
             "read" => handle(&bdf, secs, 1, false)?,
             "read-shadow" => handle(&bdf, secs, 1, true)?,
+            "queue1" => handle_as(&bdf, secs, 1, false, true)?,
             "raw32" => raw(&bdf, secs, 32, false)?,
             "queue32" => handle(&bdf, secs, 32, false)?,
             "queue32-shadow" => handle(&bdf, secs, 32, true)?,
@@ -319,6 +390,12 @@ fn main() -> Result<(), ugds::Error> {
                 }
                 let ns = last.duration_since(t0).as_nanos() as f64 / n as f64;
                 println!("floor one clock read (Instant::now)        {ns:>9.1} ns");
+            }
+            _ if m.starts_with("gap") => {
+                let Some(ns) = m.strip_prefix("gap").and_then(|n| n.parse().ok()) else {
+                    return Err(ugds::Error::InvalidArgument(format!("{m}: gapN, N in ns, e.g. gap250")));
+                };
+                raw_shaped(&bdf, secs, false, ns)?
             }
             _ if m.starts_with("percore") => {
                 let parse = || {
