@@ -47,7 +47,11 @@ impl CidAllocator {
     /// out because some controllers treat it as "no command").
     pub fn new(capacity: u16) -> CidAllocator {
         assert!((1..u16::MAX).contains(&capacity));
-        let shift = u16::BITS - (capacity - 1).leading_zeros();
+        // Index bits for `capacity` itself, not `capacity - 1`: the index
+        // field is then never all ones, so no CID is 0xffff, with no check
+        // per allocation (a power-of-two capacity gives up one generation
+        // bit for it when the four do not fit besides).
+        let shift = u16::BITS - capacity.leading_zeros();
         let gens = (u16::BITS - shift).min(4);
         let gen_step = if gens == 0 { 0 } else { 1u32 << shift };
         CidAllocator {
@@ -92,11 +96,8 @@ impl CidAllocator {
         let slot = &mut self.slots[i as usize];
         // The next generation, in place (wrapping within its bits).
         let next = |last: u32| (last + self.gen_step) & self.gen_bits | i as u32;
-        let mut cid = next(*slot);
-        // 0xffff is kept out (some controllers read it as "no command").
-        if cid == u16::MAX as u32 {
-            cid = next(cid);
-        }
+        // Never 0xffff: the index field is never all ones (see `new`).
+        let cid = next(*slot);
         *slot = cid | BUSY;
         Some(Cid(cid as u16))
     }
@@ -159,7 +160,7 @@ mod tests {
 
     #[test]
     fn generations_wrap_and_never_make_ffff() {
-        // 4096 slots: 12 index bits, 4 generation bits.
+        // 4096 slots: 13 index bits (the field is never all ones), 3 generation bits.
         let mut a = CidAllocator::new(4096);
         let all: Vec<_> = (0..4096).map(|_| a.alloc().unwrap()).collect();
         let last = *all.iter().find(|c| a.index(**c) == 4095).unwrap();
@@ -191,6 +192,23 @@ mod tests {
         let x = b.alloc().unwrap();
         b.free(x).unwrap();
         assert_eq!(b.alloc(), Some(x));
+    }
+
+    #[test]
+    fn no_capacity_hands_out_ffff() {
+        for cap in [1u16, 2, 3, 63, 64, 65, 4095, 4096, 32767, 32768, 65534] {
+            let mut a = CidAllocator::new(cap);
+            // Every slot through more generations than it has.
+            for _ in 0..20 {
+                let all: Vec<_> = (0..cap).map(|_| a.alloc().unwrap()).collect();
+                assert!(a.alloc().is_none());
+                for c in all {
+                    assert_ne!(c.0, u16::MAX, "capacity {cap}");
+                    assert!(a.index(c) < cap as usize);
+                    a.free(c).unwrap();
+                }
+            }
+        }
     }
 
     proptest! {

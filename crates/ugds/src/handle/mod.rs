@@ -498,6 +498,7 @@ impl HandleInner {
         &self.driver.registry
     }
 
+    #[inline]
     pub fn is_wedged(&self) -> bool {
         self.state.load(Ordering::SeqCst) == WEDGED
     }
