@@ -644,6 +644,14 @@ impl Drop for IoQueue<'_> {
     }
 }
 
+/// A completion of a request reported timed out already (the queue is
+/// dead): not reported again.
+#[cold]
+#[inline(never)]
+fn late_completion(cqe: &Cqe) {
+    tracing::warn!(cid = cqe.cid, "completion of a request reported timed out; ignored");
+}
+
 /// Credits one completion to its request; reports the request (`f`) and
 /// frees its entry when it was the last command, and then returns true.
 /// `short`: DW0 says how many bytes a read did not move (the kernel path's
@@ -661,12 +669,10 @@ fn complete(
     let Owner::Own(idx) = owner else { unreachable!("a lent queue pair's commands are its own") };
     let r = &mut reqs[idx as usize];
     if r.pending == 0 {
-        // Reported timed out already (the queue is dead): a late
-        // completion is not reported again.
-        tracing::warn!(cid = cqe.cid, "completion of a request reported timed out; ignored");
+        late_completion(cqe);
         return false;
     }
-    if !cqe.status().is_success() && r.status.is_none() {
+    if !cqe.is_success() && r.status.is_none() {
         r.status = Some(cqe.status);
     }
     if short {

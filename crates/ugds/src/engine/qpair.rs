@@ -536,7 +536,7 @@ impl NvmeQueue {
                         self.prp_free.push(page);
                     }
                     done += 1;
-                    failed += !cqe.status().is_success() as u64;
+                    failed += !cqe.is_success() as u64;
                     f(t.owner, &cqe)
                 }
                 Err(e) => self.bad_completion(e),
