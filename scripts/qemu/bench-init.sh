@@ -35,7 +35,7 @@ kernel_round() {
     done
 }
 ugds_round() {
-    /bin/floor $BDF $D ${FLOOR_MODES:-raw1,read,raw32,queue32}
+    /bin/floor $BDF $D ${FLOOR_MODES:-raw1,read,raw32,queue32,raw8-128k,queue8-128k}
     [ -n "$FLOOR_ONLY" ] && return
     /bin/ugds bench --pci $BDF -m randread -s 4096 -q 1 -d 0.2 --no-progress | grep -m1 "doorbells:" | sed 's/^ */UGDS-GUEST: default /'
     for w in "4096 1" "4096 32" "131072 8"; do

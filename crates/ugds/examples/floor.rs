@@ -9,7 +9,8 @@
 //! modes: comma-separated, of raw1 clock1 sync read read-shadow raw32 queue32 queue32-shadow clock
 //! (all but clock by default), peek1, lock1 and gapN (the bare queue pair in the synchronous
 //! queue's shape, or with N ns between a completion and the next submission: see
-//! `raw_shaped`), queue1 (a lent `IoQueue` at depth 1), and on the emulator `percoreNxD`: one thread keeping a lent
+//! `raw_shaped`), queue1 (a lent `IoQueue` at depth 1), raw8-128k and queue8-128k
+//! (128 KiB reads at depth 8, bare and through a lent `IoQueue`), and on the emulator `percoreNxD`: one thread keeping a lent
 //! `IoQueue` on each of N emulated null controllers at depth D, with the CPU time of that
 //! thread and of each controller's thread (IOPS per submitting core, and whether a
 //! controller was the limit).
@@ -52,12 +53,19 @@ fn platform(bdf: &str) -> Result<Arc<dyn Platform>, ugds::Error> {
 /// write per sweep. `clock` adds two clock reads per I/O (what a benchmark
 /// that times every I/O pays).
 fn raw(bdf: &str, secs: f64, qd: usize, clock: bool) -> Result<(), ugds::Error> {
+    raw_sized(bdf, secs, qd, 4096, clock)
+}
+
+/// As `raw`, with reads of `size` bytes (a PRP list past two pages).
+fn raw_sized(bdf: &str, secs: f64, qd: usize, size: usize, clock: bool) -> Result<(), ugds::Error> {
     let platform = platform(bdf)?;
     let ctrl = Controller::bring_up(platform.clone(), 1)?;
     let ns = ctrl.info().namespaces[0];
     let mut qp = ctrl.create_io_qpair(1, 64, None)?;
-    let buf = platform.alloc_dma(4096 * qd)?;
-    let blocks = 4096 / ns.block_size;
+    let buf = platform.alloc_dma(size * qd)?;
+    let pages: Vec<u64> = (0..size * qd / 4096).map(|i| buf.iova(i * 4096)).collect();
+    let plan = |slot: usize| ugds::nvme::prp::plan(&pages, 4096, slot * size, size).expect("a whole buffer plans");
+    let blocks = (size / ns.block_size as usize) as u32;
     let span = ns.blocks / blocks as u64;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let sqe = |rng: &mut Rng| {
@@ -66,7 +74,7 @@ fn raw(bdf: &str, secs: f64, qd: usize, clock: bool) -> Result<(), ugds::Error> 
     };
     let mut t_sum = 0u128;
     for slot in 0..qd {
-        qp.submit(sqe(&mut rng), Some(PrpPlan::One { prp1: buf.iova(slot * 4096) }), Owner::Own(slot as u32))?;
+        qp.submit(sqe(&mut rng), Some(plan(slot)), Owner::Own(slot as u32))?;
     }
     qp.ring_sq_doorbell();
     let mut n = 0u64;
@@ -82,7 +90,7 @@ fn raw(bdf: &str, secs: f64, qd: usize, clock: bool) -> Result<(), ugds::Error> 
             });
             for &owner in &done {
                 let Owner::Own(slot) = owner else { unreachable!() };
-                qp.submit(sqe(&mut rng), Some(PrpPlan::One { prp1: buf.iova(slot as usize * 4096) }), owner)?;
+                qp.submit(sqe(&mut rng), Some(plan(slot as usize)), owner)?;
             }
             n += done.len() as u64;
             done.clear();
@@ -100,7 +108,8 @@ fn raw(bdf: &str, secs: f64, qd: usize, clock: bool) -> Result<(), ugds::Error> 
         qp.process_completions(usize::MAX, |_, _| {});
     }
     std::hint::black_box(t_sum);
-    report(&format!("queue pair qd {qd}{}", if clock { " + clock per poll" } else { "" }), n, el);
+    let kib = if size == 4096 { String::new() } else { format!(", {} KiB", size >> 10) };
+    report(&format!("queue pair qd {qd}{kib}{}", if clock { " + clock per poll" } else { "" }), n, el);
     ctrl.delete_io_qpair(&qp)?;
     ctrl.shutdown()?;
     Ok(())
@@ -207,11 +216,12 @@ fn sync_queue(bdf: &str, secs: f64) -> Result<(), ugds::Error> {
 
 /// ugds's public API: `Handle::read` at depth 1, an `IoQueue` deeper.
 fn handle(bdf: &str, secs: f64, qd: usize, shadow: bool) -> Result<(), ugds::Error> {
-    handle_as(bdf, secs, qd, shadow, qd > 1)
+    handle_as(bdf, secs, qd, 4096, shadow, qd > 1)
 }
 
-/// As `handle`, with `lent`: a lent `IoQueue` (at any depth) rather than `Handle::read`.
-fn handle_as(bdf: &str, secs: f64, qd: usize, shadow: bool, lent: bool) -> Result<(), ugds::Error> {
+/// As `handle`, with reads of `size` bytes, and `lent`: a lent `IoQueue`
+/// (at any depth) rather than `Handle::read`.
+fn handle_as(bdf: &str, secs: f64, qd: usize, size: usize, shadow: bool, lent: bool) -> Result<(), ugds::Error> {
     let driver = Driver::open();
     let opts = HandleOptions::default()
         .sync_queues(1)
@@ -220,8 +230,8 @@ fn handle_as(bdf: &str, secs: f64, qd: usize, shadow: bool, lent: bool) -> Resul
         .shadow_doorbells(shadow);
     let h = driver.open_handle(platform(bdf)?, opts)?;
     let ns = h.namespace();
-    let span = ns.capacity() / 4096;
-    let mut b = HostBuffer::new(4096 * qd)?;
+    let span = ns.capacity() / size as u64;
+    let mut b = HostBuffer::new(size * qd)?;
     // SAFETY: `b` outlives its registration (deregistered below).
     let token = unsafe { driver.register(b.as_mut_ptr(), b.len())? };
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
@@ -231,14 +241,14 @@ fn handle_as(bdf: &str, secs: f64, qd: usize, shadow: bool, lent: bool) -> Resul
     if !lent {
         while Instant::now() < end {
             for _ in 0..64 {
-                h.read(&token, 4096, rng.next() % span * 4096, 0)?;
+                h.read(&token, size, rng.next() % span * size as u64, 0)?;
             }
             n += 64;
         }
     } else {
         let mut q = h.io_queue()?;
         for slot in 0..qd {
-            q.submit_read(&token, 4096, rng.next() % span * 4096, slot * 4096, slot as u64)?;
+            q.submit_read(&token, size, rng.next() % span * size as u64, slot * size, slot as u64)?;
         }
         let mut done = Vec::with_capacity(qd);
         while Instant::now() < end {
@@ -246,7 +256,7 @@ fn handle_as(bdf: &str, secs: f64, qd: usize, shadow: bool, lent: bool) -> Resul
                 q.poll(usize::MAX, |tag, r| done.push((tag, r)));
                 for (slot, r) in done.drain(..) {
                     r?;
-                    q.submit_read(&token, 4096, rng.next() % span * 4096, slot as usize * 4096, slot)?;
+                    q.submit_read(&token, size, rng.next() % span * size as u64, slot as usize * size, slot)?;
                     n += 1;
                 }
             }
@@ -254,9 +264,10 @@ fn handle_as(bdf: &str, secs: f64, qd: usize, shadow: bool, lent: bool) -> Resul
         q.drain(|_, _| {})?;
     }
     let el = start.elapsed();
+    let kib = if size == 4096 { String::new() } else { format!(", {} KiB", size >> 10) };
     report(
         &format!(
-            "{} qd {qd}, shadow {}",
+            "{} qd {qd}{kib}, shadow {}",
             if !lent { "Handle::read" } else { "IoQueue" },
             if shadow { "on" } else { "off" }
         ),
@@ -377,7 +388,9 @@ fn main() -> Result<(), ugds::Error> {
             "lock1" => raw_shaped(&bdf, secs, true, 0)?,
             "read" => handle(&bdf, secs, 1, false)?,
             "read-shadow" => handle(&bdf, secs, 1, true)?,
-            "queue1" => handle_as(&bdf, secs, 1, false, true)?,
+            "queue1" => handle_as(&bdf, secs, 1, 4096, false, true)?,
+            "raw8-128k" => raw_sized(&bdf, secs, 8, 128 << 10, false)?,
+            "queue8-128k" => handle_as(&bdf, secs, 8, 128 << 10, false, true)?,
             "raw32" => raw(&bdf, secs, 32, false)?,
             "queue32" => handle(&bdf, secs, 32, false)?,
             "queue32-shadow" => handle(&bdf, secs, 32, true)?,
