@@ -18,7 +18,9 @@
  * UGDS_MODE=latency|throughput|priority|adaptive serves each synchronous
  * request of handles registered afterwards as that mode says (an unknown
  * name refuses the registration with UGDS_INVALID_VALUE); UGDS_TRACE=N
- * traces each queue's last N commands.
+ * traces each queue's last N commands; UGDS_SHADOW_DOORBELLS=1|0 asks for
+ * shadow doorbells or not (default: only under a hypervisor where doorbell
+ * writes trap, such as KVM).
  *
  * Apache-2.0 OR MIT.
  */
