@@ -196,9 +196,13 @@ mod tests {
 
     #[test]
     fn no_capacity_hands_out_ffff() {
-        for cap in [1u16, 2, 3, 63, 64, 65, 4095, 4096, 32767, 32768, 65534] {
+        // Under Miri (CI runs this crate's tests there) the small
+        // capacities only: the large ones take it hours.
+        let caps: &[u16] =
+            if cfg!(miri) { &[1, 2, 3, 15, 16, 17] } else { &[1, 2, 3, 63, 64, 65, 4095, 4096, 32767, 32768, 65534] };
+        for &cap in caps {
             let mut a = CidAllocator::new(cap);
-            // Every slot through more generations than it has.
+            // Every slot through more generations than it has (16 at most).
             for _ in 0..20 {
                 let all: Vec<_> = (0..cap).map(|_| a.alloc().unwrap()).collect();
                 assert!(a.alloc().is_none());

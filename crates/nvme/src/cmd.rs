@@ -508,8 +508,9 @@ mod tests {
 
     #[test]
     fn is_success_agrees_with_the_decoded_status() {
-        // Every field value: phase, more, dnr and crd do not matter.
-        for field in 0..=u16::MAX {
+        // Every field value (every 97th under Miri, which CI runs this
+        // crate's tests in): phase, more, dnr and crd do not matter.
+        for field in (0..=u16::MAX).step_by(if cfg!(miri) { 97 } else { 1 }) {
             let c = Cqe::from_dwords([0, 0, 0, (field as u32) << 16]);
             assert_eq!(c.is_success(), c.status().is_success(), "field {field:#06x}");
         }
