@@ -115,6 +115,42 @@ fn raw_sized(bdf: &str, secs: f64, qd: usize, size: usize, clock: bool) -> Resul
     Ok(())
 }
 
+/// One controller with one I/O queue pair of 64 entries and a page of DMA
+/// memory: what the depth-1 modes below read into, 4 KiB at random offsets.
+struct OnePage {
+    ctrl: Controller,
+    platform: Arc<dyn Platform>,
+    buf: ugds::platform::dma::DmaBuffer,
+    nsid: u32,
+    blocks: u32,
+    span: u64,
+    rng: Rng,
+}
+
+impl OnePage {
+    fn open(bdf: &str) -> Result<OnePage, ugds::Error> {
+        let platform = platform(bdf)?;
+        let ctrl = Controller::bring_up(platform.clone(), 1)?;
+        let ns = ctrl.info().namespaces[0];
+        let buf = platform.alloc_dma(4096)?;
+        let blocks = 4096 / ns.block_size;
+        let span = ns.blocks / blocks as u64;
+        Ok(OnePage { ctrl, platform, buf, nsid: ns.nsid, blocks, span, rng: Rng(0x9e37_79b9_7f4a_7c15) })
+    }
+
+    /// Its I/O queue pair (qid 1, 64 entries, polled).
+    fn queue(&self) -> Result<ugds::engine::QueuePair, ugds::Error> {
+        self.ctrl.create_io_qpair(1, 64, None)
+    }
+
+    /// The next 4 KiB read, into the page.
+    fn read(&mut self) -> (Sqe, PrpPlan<'static>) {
+        let lba = self.rng.next() % self.span * self.blocks as u64;
+        let sqe = Sqe::rw(NvmOpcode::Read, Cid(0), Nsid(self.nsid), Lba(lba), self.blocks, 0, 0);
+        (sqe, PrpPlan::One { prp1: self.buf.iova(0) })
+    }
+}
+
 /// The bare queue pair at depth 1 in the shape of the engine's synchronous
 /// queue, one step at a time, to find what costs where the engine differs
 /// from the bare loop: `peek` spins on the phase tag before reaping (as
@@ -123,22 +159,15 @@ fn raw_sized(bdf: &str, secs: f64, qd: usize, size: usize, clock: bool) -> Resul
 /// long (reading the clock) between a completion and the next submission,
 /// as any layer's bookkeeping does.
 fn raw_shaped(bdf: &str, secs: f64, lock: bool, delay_ns: u64) -> Result<(), ugds::Error> {
-    let platform = platform(bdf)?;
-    let ctrl = Controller::bring_up(platform.clone(), 1)?;
-    let ns = ctrl.info().namespaces[0];
-    let qp = std::sync::Mutex::new(ctrl.create_io_qpair(1, 64, None)?);
-    let buf = platform.alloc_dma(4096)?;
-    let blocks = 4096 / ns.block_size;
-    let span = ns.blocks / blocks as u64;
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut p = OnePage::open(bdf)?;
+    let qp = std::sync::Mutex::new(p.queue()?);
     let mut n = 0u64;
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(secs);
     let mut bare = if lock { None } else { Some(qp.lock().unwrap()) };
     while Instant::now() < end {
         for _ in 0..64 {
-            let lba = rng.next() % span * blocks as u64;
-            let sqe = Sqe::rw(NvmOpcode::Read, Cid(0), Nsid(ns.nsid), Lba(lba), blocks, 0, 0);
+            let (sqe, prp) = p.read();
             if delay_ns > 0 {
                 let t = Instant::now();
                 while (t.elapsed().as_nanos() as u64) < delay_ns {}
@@ -146,7 +175,7 @@ fn raw_shaped(bdf: &str, secs: f64, lock: bool, delay_ns: u64) -> Result<(), ugd
             {
                 let mut g = if lock { Some(qp.lock().unwrap()) } else { None };
                 let q = g.as_deref_mut().or(bare.as_deref_mut()).expect("one of the two");
-                q.submit(sqe, Some(PrpPlan::One { prp1: buf.iova(0) }), Owner::Own(0))?;
+                q.submit(sqe, Some(prp), Owner::Own(0))?;
                 q.ring_sq_doorbell();
             }
             loop {
@@ -171,8 +200,8 @@ fn raw_shaped(bdf: &str, secs: f64, lock: bool, delay_ns: u64) -> Result<(), ugd
     };
     report(&what, n, el);
     let q = qp.into_inner().unwrap();
-    ctrl.delete_io_qpair(&q)?;
-    ctrl.shutdown()?;
+    p.ctrl.delete_io_qpair(&q)?;
+    p.ctrl.shutdown()?;
     Ok(())
 }
 
@@ -181,26 +210,15 @@ fn raw_shaped(bdf: &str, secs: f64, lock: bool, delay_ns: u64) -> Result<(), ugd
 /// of it is the registry, the range checks and the chunker.
 fn sync_queue(bdf: &str, secs: f64) -> Result<(), ugds::Error> {
     use ugds::engine::sync::{Cmd, Completion, Pacing, SyncQueue};
-    let platform = platform(bdf)?;
-    let ctrl = Controller::bring_up(platform.clone(), 1)?;
-    let ns = ctrl.info().namespaces[0];
-    let q = SyncQueue::new(ctrl.create_io_qpair(1, 64, None)?, platform.clone())?;
-    let buf = platform.alloc_dma(4096)?;
-    let blocks = 4096 / ns.block_size;
-    let span = ns.blocks / blocks as u64;
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut p = OnePage::open(bdf)?;
+    let q = SyncQueue::new(p.queue()?, p.platform.clone())?;
     let mut n = 0u64;
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(secs);
     while Instant::now() < end {
         for _ in 0..64 {
-            let lba = rng.next() % span * blocks as u64;
-            let cmd = Cmd {
-                sqe: Sqe::rw(NvmOpcode::Read, Cid(0), Nsid(ns.nsid), Lba(lba), blocks, 0, 0),
-                prp: Some(PrpPlan::One { prp1: buf.iova(0) }),
-                sgl: None,
-                bytes: blocks * ns.block_size,
-            };
+            let (sqe, prp) = p.read();
+            let cmd = Cmd { sqe, prp: Some(prp), sgl: None, bytes: 4096 };
             let (poll, timeout) = (Completion::Poll, Duration::from_secs(5));
             if q.execute(std::iter::once(cmd), "Read", poll, timeout, Pacing::NONE).is_err() {
                 return Err(ugds::Error::Platform("read failed".into()));
@@ -209,8 +227,8 @@ fn sync_queue(bdf: &str, secs: f64) -> Result<(), ugds::Error> {
         n += 64;
     }
     report("SyncQueue::execute qd 1", n, start.elapsed());
-    q.with_qp(|qp| ctrl.delete_io_qpair(qp))?;
-    ctrl.shutdown()?;
+    q.with_qp(|qp| p.ctrl.delete_io_qpair(qp))?;
+    p.ctrl.shutdown()?;
     Ok(())
 }
 
