@@ -30,7 +30,7 @@ pub mod sgl;
 pub mod status;
 mod types;
 
-pub use cid::CidAllocator;
+pub use cid::{CidAllocator, CidTable};
 pub use cmd::{AdminOpcode, Cqe, NvmOpcode, Sqe};
 pub use identify::{IdentifyController, IdentifyNamespace, LbaFormat};
 pub use prp::{PrpError, PrpPlan};

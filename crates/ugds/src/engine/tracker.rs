@@ -15,7 +15,7 @@ use super::trace::{Histogram, Trace, TraceEvent};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ugds_nvme::cid::NotAllocated;
-use ugds_nvme::{Cid, CidAllocator, Sqe};
+use ugds_nvme::{Cid, CidTable, Sqe};
 
 /// Who a command's completion is credited to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,16 +50,16 @@ pub struct Tracked<X = ()> {
     pub extra: X,
 }
 
-impl<X: Default> Tracked<X> {
-    fn idle() -> Tracked<X> {
+impl<X: Default> Default for Tracked<X> {
+    fn default() -> Tracked<X> {
         Tracked { owner: Owner::Own(0), prp_page: None, seen: None, extra: X::default() }
     }
 }
 
 /// The commands of one queue pair; see the module docs.
 pub struct Tracker<X = ()> {
-    cids: CidAllocator,
-    entries: Box<[Tracked<X>]>,
+    /// The entries, one per CID slot, in the table that hands out CIDs.
+    cids: CidTable<Tracked<X>>,
     /// The command lifecycle trace, when the handle asked for one.
     trace: Option<Box<Trace>>,
 }
@@ -67,17 +67,13 @@ pub struct Tracker<X = ()> {
 impl<X: Copy + Default> Tracker<X> {
     /// A tracker for up to `capacity` commands at once.
     pub fn new(capacity: u16) -> Tracker<X> {
-        Tracker {
-            cids: CidAllocator::new(capacity),
-            entries: vec![Tracked::idle(); capacity as usize].into_boxed_slice(),
-            trace: None,
-        }
+        Tracker { cids: CidTable::new(capacity), trace: None }
     }
 
     /// Traces the last `depth` commands from now on, timed from `base`,
     /// their latencies counted into `latency` (see [`super::trace`]).
     pub fn enable_trace(&mut self, depth: usize, base: Instant, latency: Arc<Histogram>) {
-        self.trace = Some(Box::new(Trace::new(depth, self.entries.len(), base, latency)));
+        self.trace = Some(Box::new(Trace::new(depth, self.cids.capacity() as usize, base, latency)));
     }
 
     /// Notes the entry of command `cid` as staged, when traced.
@@ -94,7 +90,7 @@ impl<X: Copy + Default> Tracker<X> {
     /// The traced commands (see [`Trace::events`]); `None` when not traced.
     pub fn trace_events(&self) -> Option<Vec<TraceEvent>> {
         let t = self.trace.as_ref()?;
-        Some(t.events((0..self.entries.len()).filter_map(|i| self.cids.current(i).map(|c| (c, i)))))
+        Some(t.events(self.cids.outstanding_iter().map(|(c, i, _)| (c, i))))
     }
 
     /// Commands it can hold at once.
@@ -123,20 +119,14 @@ impl<X: Copy + Default> Tracker<X> {
     /// As [`begin`](Self::begin), with the transport's `extra`.
     #[inline(always)]
     pub fn begin_with(&mut self, owner: Owner, prp_page: Option<u16>, extra: X) -> Option<Cid> {
-        let cid = self.cids.alloc()?;
-        self.entries[self.cids.index(cid)] = Tracked { owner, prp_page, seen: None, extra };
-        Some(cid)
+        self.cids.alloc(Tracked { owner, prp_page, seen: None, extra })
     }
 
     /// The entry of an outstanding command; `None` when no command with
     /// that CID and generation is outstanding.
     #[inline]
     pub fn get_mut(&mut self, cid: Cid) -> Option<&mut Tracked<X>> {
-        if self.cids.is_allocated(cid) {
-            Some(&mut self.entries[self.cids.index(cid)])
-        } else {
-            None
-        }
+        self.cids.get_mut(cid)
     }
 
     /// Ends a command whose completion names `cid` with status field
@@ -145,11 +135,9 @@ impl<X: Copy + Default> Tracker<X> {
     /// duplicate, a stale generation, a CID never handed out).
     #[inline]
     pub fn end(&mut self, cid: Cid, status: u16) -> Result<Tracked<X>, NotAllocated> {
-        self.cids.free(cid)?;
+        let t = *self.cids.free(cid)?;
         self.completed(cid, status);
-        // Left as it is: a free entry is never read (every look goes
-        // through the CID allocator) and `begin` overwrites it whole.
-        Ok(self.entries[self.cids.index(cid)])
+        Ok(t)
     }
 
     /// Notes command `cid` as completed with status field `status`, when
@@ -164,22 +152,19 @@ impl<X: Copy + Default> Tracker<X> {
     /// Takes back a command begun but never given to the device (not
     /// traced).
     pub fn undo(&mut self, cid: Cid) -> Result<Tracked<X>, NotAllocated> {
-        self.cids.free(cid)?;
-        Ok(std::mem::replace(&mut self.entries[self.cids.index(cid)], Tracked::idle()))
+        self.cids.free(cid).map(std::mem::take)
     }
 
     /// Every outstanding command.
     pub fn outstanding_commands(&self) -> impl Iterator<Item = (Cid, &Tracked<X>)> + '_ {
-        (0..self.entries.len()).filter_map(|i| self.cids.current(i).map(|c| (c, &self.entries[i])))
+        self.cids.outstanding_iter().map(|(c, _, t)| (c, t))
     }
 
     /// Outstanding commands first seen by a check more than `limit` ago;
     /// stamps those not seen before with `now`.
     pub fn late(&mut self, now: Instant, limit: Duration) -> Vec<(Cid, Owner)> {
         let mut late = Vec::new();
-        for i in 0..self.entries.len() {
-            let Some(cid) = self.cids.current(i) else { continue };
-            let e = &mut self.entries[i];
+        for (cid, e) in self.cids.outstanding_iter_mut() {
             let seen = *e.seen.get_or_insert(now);
             if now.duration_since(seen) > limit {
                 late.push((cid, e.owner));
@@ -192,8 +177,7 @@ impl<X: Copy + Default> Tracker<X> {
     /// deletion, when no completion can come): the pages they held.
     pub fn forget_all(&mut self) -> Vec<u16> {
         let pages = self.outstanding_commands().filter_map(|(_, t)| t.prp_page).collect();
-        self.cids = CidAllocator::new(self.cids.capacity());
-        self.entries.fill(Tracked::idle());
+        self.cids.clear();
         pages
     }
 }
