@@ -196,6 +196,17 @@ pub enum Error {
         /// The address.
         ptr: u64,
     },
+    /// A member of a volume failed its part of a request; the request as a
+    /// whole failed (never reported as a partial success).
+    #[error("volume member {member} ({name}): {source}")]
+    Member {
+        /// The member's index in the volume.
+        member: usize,
+        /// What the member is (its controller and namespace).
+        name: String,
+        /// What the member reported.
+        source: Box<Error>,
+    },
     /// An operating system call failed.
     #[error("{op}: {}", std::io::Error::from_raw_os_error(*errno))]
     Os {
@@ -305,6 +316,7 @@ impl Error {
                 _ => K::Platform,
             },
             Error::Platform(_) => K::Platform,
+            Error::Member { source, .. } => source.kind(),
         }
     }
 
@@ -314,6 +326,9 @@ impl Error {
     /// Protected; else one per [`ErrorKind`].
     pub fn errno(&self) -> i32 {
         use ErrorKind as K;
+        if let Error::Member { source, .. } = self {
+            return source.errno();
+        }
         if let Error::Os { errno, .. } = self {
             return *errno;
         }

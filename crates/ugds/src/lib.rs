@@ -14,6 +14,8 @@
 //! - [`Stream`], [`StreamIo`]: stream-ordered I/O with late-bound
 //!   parameters ([`Handle::read_async`]); [`HostStream`] runs a stream on a
 //!   host thread where there is no GPU.
+//! - [`Volume`]: one handle over several namespaces, striped or
+//!   concatenated, on any mix of controllers.
 //! - [`BufferToken`]: a registration, checked on every use.
 //! - [`platform::Platform`]: where the controller lives (the
 //!   `ugds-platform` crate: vfio-pci, the ugds_drv module); the `ugds-emu`
@@ -57,6 +59,7 @@ pub mod log;
 pub mod publish;
 mod registry;
 pub mod stream;
+pub mod volume;
 
 /// Where a controller lives (the `ugds-platform` crate).
 pub use ugds_platform as platform;
@@ -79,6 +82,7 @@ pub use registry::BufferToken;
 pub use stream::{HostStream, Stream, StreamCounters, StreamIo, StreamResult, StreamService, StreamSignal};
 pub use ugds_nvme as nvme;
 pub use ugds_platform::{Error, ErrorKind, Result};
+pub use volume::{Volume, VolumeLayout};
 
 /// The ugds_drv ioctl ABI version this library speaks.
 pub const UGDS_DRV_ABI_VERSION: u32 = ugds_platform::ugds_drv::ABI_VERSION;

@@ -498,6 +498,12 @@ impl HandleInner {
         &self.driver.registry
     }
 
+    /// Whether `other` was opened by the same driver (shares its
+    /// registrations).
+    pub fn same_driver(&self, other: &HandleInner) -> bool {
+        Arc::ptr_eq(&self.driver, &other.driver)
+    }
+
     #[inline]
     pub fn is_wedged(&self) -> bool {
         self.state.load(Ordering::SeqCst) == WEDGED
