@@ -210,3 +210,107 @@ fn members_must_share_a_driver_and_a_block_size() {
     let e = Volume::new(hs, VolumeLayout::Striped { stripe: 3 << 12 }).unwrap_err();
     assert!(e.to_string().contains("power of two"), "{e}");
 }
+
+fn io(op: ugds::BatchOp, b: &Buf, size: usize, file_offset: u64, buf_offset: usize, cookie: u64) -> ugds::BatchIo {
+    ugds::BatchIo { op, buf: b.token, size, file_offset, buf_offset, cookie }
+}
+
+#[test]
+fn a_volume_batch_completes_each_request_as_one_event() {
+    use ugds::{BatchOp, BatchStatus};
+    let d = Driver::open();
+    let (hs, _c) = members(&d, 3, 4 << 20);
+    let v = Volume::new(hs, VolumeLayout::Striped { stripe: 16384 }).unwrap();
+    let mut b = Buf::new(&d, 4 * MIB);
+    let want = pattern(7, 0, 4 * MIB);
+    b.mem.copy_from_slice(&want);
+    let batch = v.batch(32).unwrap();
+    // 16 writes of 4 KiB to 128 KiB at scattered offsets: some on one
+    // member, most across two or three.
+    let reqs: Vec<(usize, u64)> = (0..16).map(|i| (4096 * (1 + i * 2), (i as u64 * 131072) + 512 * i as u64)).collect();
+    let ios: Vec<_> = reqs
+        .iter()
+        .enumerate()
+        .map(|(i, &(len, off))| io(BatchOp::Write, &b, len, off, off as usize, i as u64))
+        .collect();
+    batch.submit(&ios).unwrap();
+    let mut evs = Vec::new();
+    assert_eq!(batch.get_status(16, 16, None, &mut evs).unwrap(), 16);
+    let mut seen: Vec<u64> = evs.iter().map(|e| e.cookie).collect();
+    seen.sort();
+    assert_eq!(seen, (0..16).collect::<Vec<_>>(), "one event per request");
+    for e in &evs {
+        assert_eq!(e.status, BatchStatus::Complete, "{:?}", e.result);
+        assert_eq!(*e.result.as_ref().unwrap(), reqs[e.cookie as usize].0);
+    }
+    // Read them back through the batch, into a zeroed buffer.
+    b.mem.fill(0);
+    let ios: Vec<_> = reqs
+        .iter()
+        .enumerate()
+        .map(|(i, &(len, off))| io(BatchOp::Read, &b, len, off, off as usize, i as u64))
+        .collect();
+    batch.submit(&ios).unwrap();
+    evs.clear();
+    assert_eq!(batch.get_status(16, 16, None, &mut evs).unwrap(), 16);
+    assert!(evs.iter().all(|e| e.status == BatchStatus::Complete));
+    for &(len, off) in &reqs {
+        let o = off as usize;
+        assert!(b.mem[o..o + len] == want[o..o + len], "request at {off:#x}");
+    }
+    assert_eq!(batch.outstanding(), 0);
+}
+
+#[test]
+fn a_volume_batch_fails_only_the_requests_a_member_failed() {
+    use ugds::{BatchOp, BatchStatus};
+    let d = Driver::open();
+    let (hs, c) = members(&d, 3, 1 << 20);
+    let v = Volume::new(hs, VolumeLayout::Striped { stripe: 4096 }).unwrap();
+    let b = Buf::new(&d, 64 << 10);
+    let media = Status { sct: 2, sc: 0x81, dnr: true, more: false, crd: 0 };
+    c[2].inject(Fault::next(FaultTarget::Io(Some(0x02)), FaultAction::Status(media)));
+    // Request 0 on member 0 alone, request 1 across all three (member 2's
+    // part fails), request 2 on member 1 alone.
+    let ios = [
+        io(BatchOp::Read, &b, 4096, 0, 0, 10),
+        io(BatchOp::Read, &b, 12288, 12288, 16384, 11),
+        io(BatchOp::Read, &b, 4096, 4096, 4096, 12),
+    ];
+    let batch = v.batch(4).unwrap();
+    batch.submit(&ios).unwrap();
+    let mut evs = Vec::new();
+    assert_eq!(batch.get_status(3, 3, None, &mut evs).unwrap(), 3);
+    evs.sort_by_key(|e| e.cookie);
+    assert_eq!(evs[0].status, BatchStatus::Complete);
+    assert_eq!(evs[2].status, BatchStatus::Complete);
+    assert_eq!(evs[1].status, BatchStatus::Failed);
+    match &evs[1].result {
+        Err(Error::Member { member: 2, .. }) => {}
+        other => panic!("request 1: {other:?}"),
+    }
+}
+
+#[test]
+fn a_volume_batch_refuses_bad_input_and_overflow_with_nothing_submitted() {
+    use ugds::BatchOp;
+    let d = Driver::open();
+    let (hs, c) = members(&d, 2, 1 << 20);
+    let v = Volume::new(hs, VolumeLayout::Concat).unwrap();
+    let b = Buf::new(&d, 64 << 10);
+    let batch = v.batch(2).unwrap();
+    let before = writes(&c);
+    let good = io(BatchOp::Write, &b, 8192, (1 << 20) - 4096, 0, 1);
+    let bad = io(BatchOp::Write, &b, 8192, 100, 0, 2);
+    assert!(matches!(batch.submit(&[good, bad]), Err(Error::Misaligned { .. })));
+    let e = batch.submit(&[good, good, good]).unwrap_err();
+    assert!(matches!(e, Error::CapacityExceeded { .. }), "{e}");
+    assert!(batch.submit(&[]).is_err());
+    assert_eq!(writes(&c), before, "nothing reached a member");
+    assert_eq!(batch.outstanding(), 0);
+    batch.submit(&[good]).unwrap();
+    let mut evs = Vec::new();
+    batch.get_status(1, 1, None, &mut evs).unwrap();
+    assert_eq!(evs[0].result.as_ref().ok(), Some(&8192));
+    assert_eq!(writes(&c), vec![before[0] + 1, before[1] + 1], "one part on each member");
+}

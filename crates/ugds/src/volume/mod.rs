@@ -19,9 +19,11 @@
 //! All members come from the same [`Driver`](crate::Driver), so one
 //! registration serves them all, and have the same block size.
 
+mod batch;
 pub mod layout;
 pub mod topology;
 
+pub use batch::VolumeBatch;
 pub use layout::{Geometry, Piece, Run, VolumeLayout, MIN_STRIPE};
 
 use crate::batch::{Batch, BatchIov, BatchOp};

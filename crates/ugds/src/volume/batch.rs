@@ -1,0 +1,268 @@
+//! Batch I/O on a volume: as [`Batch`] on a handle (submit many, collect
+//! events by cookie in any order), each request split into its members'
+//! parts, which go to a batch context per member; a request's event comes
+//! when its last part has ended, carrying the bytes of the whole request
+//! or the first member's failure ([`Error::Member`]).
+
+use super::{Part, Volume};
+use crate::batch::{Batch, BatchIo, BatchIov, BatchOp};
+use crate::engine::{BatchEvent, BatchStatus};
+use crate::{Error, Result};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use ugds_platform::Recover;
+
+/// Parts one member's context may hold per volume request of capacity (a
+/// request of many small stripes can have more parts on a member than one
+/// vectored request takes).
+const PARTS_PER_REQUEST: usize = 4;
+
+/// A batch context on a volume; see the module docs.
+pub struct VolumeBatch<'v> {
+    volume: &'v Volume,
+    members: Vec<Batch>,
+    capacity: usize,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for VolumeBatch<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VolumeBatch").field("capacity", &self.capacity).finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// Requests by slot; a free slot is `None`.
+    reqs: Vec<Option<Req>>,
+    free: Vec<usize>,
+    /// Parts on each member's context.
+    parts_out: Vec<usize>,
+    /// Requests ended, their events not yet collected.
+    done: Vec<BatchEvent>,
+    events: Vec<BatchEvent>,
+}
+
+struct Req {
+    cookie: u64,
+    len: usize,
+    /// Parts not yet ended.
+    pending: usize,
+    moved: usize,
+    /// The first failure by member order, with its status.
+    failure: Option<(usize, BatchStatus, Error)>,
+}
+
+impl Req {
+    fn fail(&mut self, member: usize, status: BatchStatus, e: Error) {
+        if self.failure.as_ref().is_none_or(|(m, _, _)| member < *m) {
+            self.failure = Some((member, status, e));
+        }
+    }
+}
+
+impl Volume {
+    /// A batch context for up to `capacity` outstanding requests on the
+    /// volume (each member's context holds four parts per request).
+    pub fn batch(&self, capacity: usize) -> Result<VolumeBatch<'_>> {
+        if capacity == 0 || capacity * PARTS_PER_REQUEST > Batch::MAX_CAPACITY {
+            return Err(Error::InvalidArgument(format!(
+                "a volume batch context's capacity is 1 to {}, not {capacity}",
+                Batch::MAX_CAPACITY / PARTS_PER_REQUEST
+            )));
+        }
+        let members = (0..self.members.len())
+            .map(|m| self.members[m].batch(capacity * PARTS_PER_REQUEST).map_err(|e| self.member_error(m, e)))
+            .collect::<Result<Vec<_>>>()?;
+        let state = State { parts_out: vec![0; members.len()], ..State::default() };
+        Ok(VolumeBatch { volume: self, members, capacity, state: Mutex::new(state) })
+    }
+}
+
+impl VolumeBatch<'_> {
+    /// The most requests this context may have outstanding.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Requests submitted whose events have not been collected.
+    pub fn outstanding(&self) -> usize {
+        let s = self.state.lock().recover();
+        s.reqs.iter().filter(|r| r.is_some()).count() + s.done.len()
+    }
+
+    /// Submits `ios`: all are checked first (bad input submits none, on any
+    /// member), then each member's parts go to its context at once.
+    pub fn submit(&self, ios: &[BatchIo]) -> Result<()> {
+        if ios.is_empty() {
+            return Err(Error::InvalidArgument("empty batch".into()));
+        }
+        let v = self.volume;
+        let mut st = self.state.lock().recover();
+        let outstanding = st.reqs.iter().filter(|r| r.is_some()).count() + st.done.len();
+        if outstanding + ios.len() > self.capacity {
+            return Err(Error::CapacityExceeded { capacity: self.capacity, requested: ios.len(), outstanding });
+        }
+        let segs: Vec<[crate::Segment<'_>; 1]> =
+            ios.iter().map(|io| [crate::Segment::new(&io.buf, io.buf_offset, io.size)]).collect();
+        let mut all: Vec<(usize, Vec<Part<'_>>)> = Vec::with_capacity(ios.len());
+        let mut claims = Vec::new();
+        let mut need = vec![0usize; v.members.len()];
+        for (i, io) in ios.iter().enumerate() {
+            let (total, c) = v.check(io.op, &segs[i], io.file_offset)?;
+            claims.extend(c);
+            let parts = v.parts(&segs[i], io.file_offset, total);
+            for p in &parts {
+                need[p.member] += 1;
+            }
+            all.push((total, parts));
+        }
+        for (m, n) in need.iter().enumerate() {
+            let room = self.members[m].capacity() - st.parts_out[m];
+            if *n > room {
+                // A part is a request on the member's context.
+                return Err(v.member_error(
+                    m,
+                    Error::CapacityExceeded {
+                        capacity: self.members[m].capacity(),
+                        requested: *n,
+                        outstanding: st.parts_out[m],
+                    },
+                ));
+            }
+        }
+        // Slots and member cookies: (slot << 32) | part index.
+        let mut by_member: Vec<Vec<(u64, BatchOp, &Part<'_>)>> = (0..v.members.len()).map(|_| Vec::new()).collect();
+        let mut slots = Vec::with_capacity(ios.len());
+        for (io, (total, parts)) in ios.iter().zip(&all) {
+            let req = Req { cookie: io.cookie, len: *total, pending: parts.len(), moved: 0, failure: None };
+            let slot = match st.free.pop() {
+                Some(s) => {
+                    st.reqs[s] = Some(req);
+                    s
+                }
+                None => {
+                    st.reqs.push(Some(req));
+                    st.reqs.len() - 1
+                }
+            };
+            slots.push(slot);
+            for (k, p) in parts.iter().enumerate() {
+                by_member[p.member].push(((slot as u64) << 32 | k as u64, io.op, p));
+            }
+        }
+        for (m, list) in by_member.iter().enumerate() {
+            if list.is_empty() {
+                continue;
+            }
+            let iovs: Vec<BatchIov<'_>> = list
+                .iter()
+                .map(|&(cookie, op, p)| BatchIov { op, segments: &p.segments, file_offset: p.member_offset, cookie })
+                .collect();
+            match self.members[m].submit_vectored(&iovs) {
+                Ok(_) => st.parts_out[m] += iovs.len(),
+                Err(e) => {
+                    // These parts never reached the member: they end now,
+                    // failed; the requests' other parts still complete.
+                    for (cookie, _, _) in list {
+                        let slot = (*cookie >> 32) as usize;
+                        let r = st.reqs[slot].as_mut().expect("just started");
+                        r.fail(m, BatchStatus::Failed, e.clone());
+                        r.pending -= 1;
+                    }
+                }
+            }
+        }
+        for &slot in &slots {
+            Self::finish_if_done(&mut st, v, slot);
+        }
+        Ok(())
+    }
+
+    /// Moves request `slot` to the collectable events once its last part
+    /// has ended.
+    fn finish_if_done(st: &mut State, v: &Volume, slot: usize) {
+        if st.reqs[slot].as_ref().is_none_or(|r| r.pending > 0) {
+            return;
+        }
+        let r = st.reqs[slot].take().expect("checked");
+        st.free.push(slot);
+        let ev = match r.failure {
+            Some((m, status, e)) => BatchEvent { cookie: r.cookie, status, result: Err(v.member_error(m, e)) },
+            None if r.moved == r.len => {
+                BatchEvent { cookie: r.cookie, status: BatchStatus::Complete, result: Ok(r.len) }
+            }
+            None => BatchEvent {
+                cookie: r.cookie,
+                status: BatchStatus::Failed,
+                result: Err(Error::Platform(format!("volume request moved {} of {} bytes", r.moved, r.len))),
+            },
+        };
+        st.done.push(ev);
+    }
+
+    /// Collects ended requests into `out`: waits until at least `min_nr`
+    /// are available or `timeout` passes (`None`: no limit; the members'
+    /// own timeouts still end every request), takes at most `max`.
+    pub fn get_status(
+        &self,
+        min_nr: usize,
+        max: usize,
+        timeout: Option<Duration>,
+        out: &mut Vec<BatchEvent>,
+    ) -> Result<usize> {
+        if min_nr > max {
+            return Err(Error::InvalidArgument(format!("min_nr {min_nr} is more than max {max}")));
+        }
+        let start = Instant::now();
+        let mut got = 0;
+        loop {
+            let mut st = self.state.lock().recover();
+            let mut busy = false;
+            for (m, b) in self.members.iter().enumerate() {
+                if st.parts_out[m] == 0 {
+                    continue;
+                }
+                busy = true;
+                let mut evs = std::mem::take(&mut st.events);
+                b.get_status(0, usize::MAX, None, &mut evs).map_err(|e| self.volume.member_error(m, e))?;
+                for ev in evs.drain(..) {
+                    st.parts_out[m] -= 1;
+                    let slot = (ev.cookie >> 32) as usize;
+                    let Some(r) = st.reqs[slot].as_mut() else { continue };
+                    r.pending -= 1;
+                    match ev.result {
+                        Ok(n) => r.moved += n,
+                        Err(e) => r.fail(m, ev.status, e),
+                    }
+                    Self::finish_if_done(&mut st, self.volume, slot);
+                }
+                st.events = evs;
+            }
+            let take = st.done.len().min(max - got);
+            out.extend(st.done.drain(..take));
+            got += take;
+            let waiting = st.reqs.iter().any(|r| r.is_some());
+            drop(st);
+            if got >= min_nr || got == max || (!waiting && !busy) {
+                return Ok(got);
+            }
+            if timeout.is_some_and(|t| start.elapsed() >= t) {
+                return Ok(got);
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Cancels every member's context (see [`Batch::cancel`]); the
+    /// requests' events stay collectable.
+    pub fn cancel(&self) -> Result<()> {
+        let mut first = None;
+        for (m, b) in self.members.iter().enumerate() {
+            if let Err(e) = b.cancel() {
+                first.get_or_insert(self.volume.member_error(m, e));
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+}
