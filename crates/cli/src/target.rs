@@ -47,6 +47,23 @@ pub struct TargetOpts {
     pub drv: Option<String>,
     /// A file or block device through the kernel path (io_uring).
     pub kernel_file: Option<PathBuf>,
+    /// Every `--pci`, `--drv` and `--file` given, in order: more than one
+    /// makes a volume of them (`ugds bench`).
+    pub targets: Vec<Member>,
+    /// Emulated controllers (`--emu-controllers N`): more than one makes a
+    /// volume of them, each with a namespace as the `--emu-*` flags say.
+    pub emu_controllers: usize,
+}
+
+/// One target named on the command line, of several.
+#[derive(Clone, Debug)]
+pub enum Member {
+    /// `--pci BDF`.
+    Pci(String),
+    /// `--drv PATH`.
+    Drv(String),
+    /// `--file PATH`.
+    File(PathBuf),
 }
 
 impl Default for TargetOpts {
@@ -72,6 +89,8 @@ impl Default for TargetOpts {
             vfio: Default::default(),
             drv: None,
             kernel_file: None,
+            targets: Vec::new(),
+            emu_controllers: 1,
         }
     }
 }
@@ -96,10 +115,23 @@ pub fn parse_long(t: &mut TargetOpts, name: &str, p: &mut lexopt::Parser) -> Res
         "nsid" => t.nsid = Some(p.value()?.parse()?),
         "emu-spin-us" => t.spin_us = Some(p.value()?.parse()?),
         "emu-io-workers" => t.io_workers = p.value()?.parse()?,
-        "pci" => t.pci = Some(p.value()?.string()?),
+        "pci" => {
+            let v = p.value()?.string()?;
+            t.targets.push(Member::Pci(v.clone()));
+            t.pci.get_or_insert(v);
+        }
         "vfio" => t.vfio = p.value()?.parse()?,
-        "drv" => t.drv = Some(p.value()?.string()?),
-        "file" => t.kernel_file = Some(p.value()?.into()),
+        "drv" => {
+            let v = p.value()?.string()?;
+            t.targets.push(Member::Drv(v.clone()));
+            t.drv.get_or_insert(v);
+        }
+        "file" => {
+            let v: PathBuf = p.value()?.into();
+            t.targets.push(Member::File(v.clone()));
+            t.kernel_file.get_or_insert(v);
+        }
+        "emu-controllers" => t.emu_controllers = p.value()?.parse()?,
         _ => return Ok(false),
     }
     Ok(true)
@@ -137,6 +169,11 @@ Target (default: an emulated controller whose namespace is a temporary file):
       --emu-spin-us N         emulator spins N us after its last work, then parks
                               [100; bench: 20000]
       --nsid N                namespace to use [first active]
+      --emu-controllers N     N emulated controllers, each as the --emu-* flags
+                              say (`ugds bench`: as one volume) [1]
+
+Several --pci, --drv and --file flags (in any mix) name several targets;
+`ugds bench` runs on them as one volume (see --stripe and --concat).
 ";
 
 /// A temporary backing file, removed on drop.
@@ -150,6 +187,12 @@ impl Drop for TempFile {
 
 /// The emulator configuration, and the temporary file to remove after.
 pub fn emu_config(t: &TargetOpts) -> (EmuConfig, Option<TempFile>) {
+    emu_config_of(t, 0)
+}
+
+/// As [`emu_config`], for emulated controller `k` of several (its own
+/// backing files).
+fn emu_config_of(t: &TargetOpts, k: usize) -> (EmuConfig, Option<TempFile>) {
     let mut tmp = None;
     let mut namespaces = Vec::new();
     for i in 0..t.namespaces.max(1) {
@@ -157,10 +200,11 @@ pub fn emu_config(t: &TargetOpts) -> (EmuConfig, Option<TempFile>) {
             NamespaceConfig::memory(t.size, t.block)
         } else {
             let path = match &t.file {
-                Some(f) if i == 0 => f.clone(),
-                Some(f) => PathBuf::from(format!("{}.{}", f.display(), i + 1)),
+                Some(f) if i == 0 && k == 0 => f.clone(),
+                Some(f) if k == 0 => PathBuf::from(format!("{}.{}", f.display(), i + 1)),
+                Some(f) => PathBuf::from(format!("{}.c{k}.{}", f.display(), i + 1)),
                 None => {
-                    let p = std::env::temp_dir().join(format!("ugds-emu-{}-{}.img", std::process::id(), i + 1));
+                    let p = std::env::temp_dir().join(temp_name(k, i as usize + 1));
                     if i == 0 {
                         tmp = Some(TempFile(p.clone()));
                     }
@@ -196,12 +240,23 @@ pub fn emu_config(t: &TargetOpts) -> (EmuConfig, Option<TempFile>) {
 
 /// Extra temporary files of namespaces 2.. (removed with the first).
 pub fn extra_temp_files(t: &TargetOpts) -> Vec<TempFile> {
+    extra_temp_files_of(t, 0)
+}
+
+/// As [`extra_temp_files`], of emulated controller `k`.
+fn extra_temp_files_of(t: &TargetOpts, k: usize) -> Vec<TempFile> {
     if t.file.is_some() || t.memory || t.null {
         return vec![];
     }
-    (2..=t.namespaces)
-        .map(|i| TempFile(std::env::temp_dir().join(format!("ugds-emu-{}-{}.img", std::process::id(), i))))
-        .collect()
+    (2..=t.namespaces).map(|i| TempFile(std::env::temp_dir().join(temp_name(k, i as usize)))).collect()
+}
+
+/// The temporary backing file of namespace `ns` of emulated controller `k`.
+fn temp_name(k: usize, ns: usize) -> String {
+    match k {
+        0 => format!("ugds-emu-{}-{ns}.img", std::process::id()),
+        _ => format!("ugds-emu-{}-c{k}-{ns}.img", std::process::id()),
+    }
 }
 
 /// A one-line description of the target.
@@ -289,4 +344,38 @@ pub fn open(t: &TargetOpts) -> Result<Target, String> {
     let p = ugds_emu::EmuPlatform::new(cfg).map_err(|e| e.to_string())?;
     let emu = Some(p.control());
     Ok(Target { source: Source::Controller(std::sync::Arc::new(p)), emu, description, _tmp: tmp, _more: more })
+}
+
+/// Opens every target the flags name: several `--pci`/`--drv`/`--file`
+/// targets in order, or `--emu-controllers` emulated ones; one otherwise.
+pub fn open_all(t: &TargetOpts) -> Result<Vec<Target>, String> {
+    if t.targets.len() > 1 {
+        return t
+            .targets
+            .iter()
+            .map(|m| {
+                let mut one = t.clone();
+                (one.pci, one.drv, one.kernel_file) = (None, None, None);
+                match m {
+                    Member::Pci(b) => one.pci = Some(b.clone()),
+                    Member::Drv(d) => one.drv = Some(d.clone()),
+                    Member::File(f) => one.kernel_file = Some(f.clone()),
+                }
+                open(&one)
+            })
+            .collect();
+    }
+    if t.emu_controllers > 1 && t.targets.is_empty() {
+        return (0..t.emu_controllers)
+            .map(|k| {
+                let (cfg, tmp) = emu_config_of(t, k);
+                let description = describe(t, &tmp);
+                let p = ugds_emu::EmuPlatform::new(cfg).map_err(|e| e.to_string())?;
+                let emu = Some(p.control());
+                let source = Source::Controller(std::sync::Arc::new(p));
+                Ok(Target { source, emu, description, _tmp: tmp, _more: extra_temp_files_of(t, k) })
+            })
+            .collect();
+    }
+    open(t).map(|x| vec![x])
 }

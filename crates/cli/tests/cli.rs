@@ -388,3 +388,49 @@ fn the_bench_and_the_queues_count_the_same_commands() {
         assert_eq!(ios, commands, "{args:?}: {out}");
     }
 }
+
+#[test]
+fn bench_runs_several_targets_as_one_volume() {
+    let dir = std::env::temp_dir().join(format!("ugds-cli-volume-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("volume.json");
+    // Two files through the kernel, striped, every byte read from the
+    // volume checked against the pattern written through it.
+    let (a, b) = (dir.join("a.img"), dir.join("b.img"));
+    for f in [&a, &b] {
+        std::fs::write(f, vec![0u8; 4 << 20]).unwrap();
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_ugds"))
+        .args(["bench", "--file", a.to_str().unwrap(), "--file", b.to_str().unwrap(), "--stripe", "64k"])
+        .args(["-s", "128k", "-q", "4", "-d", "0.3", "--verify", "--no-progress", "--json", json.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("volume of 2: striped (RAID 0), 64 KiB stripes"), "{text}");
+    assert!(text.contains("member 0 alone") && text.contains("the volume"), "{text}");
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let runs = doc["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert!(runs.iter().all(|r| r["errors"] == 0 && r["mismatched_words"] == 0 && r["ios"].as_u64().unwrap() > 0));
+    assert!(runs[1]["vs_one_member"].as_f64().is_some());
+    // Emulated controllers, concatenated, at qd 1.
+    let out = Command::new(env!("CARGO_BIN_EXE_ugds"))
+        .args(["bench", "--emu-controllers", "3", "--emu-memory", "--emu-size", "8m", "--concat"])
+        .args(["-s", "4k", "-q", "1", "-d", "0.2", "--verify", "--no-progress"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("volume of 3: concatenated"), "{text}");
+    // Refused: a stripe that is not a power of two; a volume with --stream.
+    for bad in [&["--stripe", "96k"][..], &["--stream"][..]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ugds"))
+            .args(["bench", "--emu-controllers", "2", "--emu-memory", "--emu-size", "8m", "-d", "0.1", "--no-progress"])
+            .args(bad)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{bad:?} accepted");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

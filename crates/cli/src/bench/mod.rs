@@ -15,6 +15,7 @@ mod report;
 mod stream;
 mod sync;
 mod vectored;
+mod volume;
 
 pub use options::HELP;
 use options::{parse, Mode, Opts};
@@ -356,8 +357,16 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     // controller's thread awake across the short gaps of a run (it otherwise
     // parks after 100 us idle, and the next command pays a wake-up of up to a
     // few hundred microseconds on a VM), unless told otherwise.
-    if o.target.spin_us.is_none() {
+    // Not where the emulated controllers' threads and the bench's would
+    // then be more than the cores: spinning threads that share a core wait
+    // for each other's time slices (milliseconds).
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let spinners = if o.target.targets.len() > 1 { 0 } else { o.target.emu_controllers };
+    if o.target.spin_us.is_none() && (spinners <= 1 || spinners + o.threads <= cores) {
         o.target.spin_us = Some(20_000);
+    }
+    if let Some(layout) = o.volume {
+        return volume::run(&o, layout);
     }
     let target = target::open(&o.target)?;
     if o.mixed {

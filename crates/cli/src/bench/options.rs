@@ -62,6 +62,13 @@ Options:
                           polling, interrupts and the latency, throughput and
                           adaptive modes: IOPS, MiB/s, p50/p99 and the CPU
                           time of the calling threads per GB
+      --stripe SIZE       over several targets (several --pci, --drv or --file
+                          flags, or --emu-controllers N): stripe them as one
+                          volume (RAID 0) with SIZE stripes, a power of two of
+                          at least 4k [128k]; the workload runs on the first
+                          target alone, then on the volume (qd above 1 through
+                          a volume batch context)
+      --concat            over several targets: concatenate them instead
       --sample N          at queue depth 1, time one call in N (1: every
                           call; two clock reads and a histogram entry cost
                           about 8% of a 0.5 us call, hundreds of ns in VMs
@@ -150,6 +157,8 @@ pub(super) struct Opts {
     pub(super) target: TargetOpts,
     /// Where to write every figure as JSON (`--json FILE`).
     pub(super) json: Option<std::path::PathBuf>,
+    /// The targets as one volume (`--stripe SIZE`, `--concat`).
+    pub(super) volume: Option<ugds::VolumeLayout>,
 }
 
 pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, String> {
@@ -182,6 +191,7 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
         chunk: HandleOptions::default().chunk_bytes,
         target: TargetOpts::default(),
         json: None,
+        volume: None,
     };
     let mut p = lexopt::Parser::from_args(args);
     let err = |e: lexopt::Error| e.to_string();
@@ -261,6 +271,11 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
                 }
             }
             Long("chunk") => o.chunk = parse_size(&p.value().map_err(err)?.string().map_err(err)?)? as usize,
+            Long("stripe") => {
+                let stripe = parse_size(&p.value().map_err(err)?.string().map_err(err)?)?;
+                o.volume = Some(ugds::VolumeLayout::Striped { stripe });
+            }
+            Long("concat") => o.volume = Some(ugds::VolumeLayout::Concat),
             Long("interrupt") => o.interrupt = true,
             Long("no-progress") => o.progress = false,
             Long("progress-lines") => o.progress_lines = true,
@@ -296,6 +311,18 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
             "--mixed, --modes and --vectored run reads of their own: no --verify, --stream, --batch, --rw or --mode"
                 .into(),
         );
+    }
+    let several = o.target.targets.len() > 1 || o.target.emu_controllers > 1;
+    if several && o.volume.is_none() {
+        o.volume = Some(ugds::VolumeLayout::Striped { stripe: 128 << 10 });
+    }
+    if o.volume.is_some() && (o.mixed || o.modes || o.vectored.is_some() || o.stream || !o.batches.is_empty()) {
+        return Err("a volume runs synchronous calls (qd 1) or a volume batch context: no --mixed, --modes, \
+                    --vectored, --stream or --batch"
+            .into());
+    }
+    if o.target.emu_controllers == 0 {
+        return Err("--emu-controllers 0: at least one".into());
     }
     if o.verify && o.target.null {
         return Err("--verify needs a namespace that keeps data (not --emu-null)".into());

@@ -1,0 +1,345 @@
+//! `ugds bench` over several targets as one volume (several --pci, --drv
+//! or --file flags, or --emu-controllers N): the workload on the first
+//! member alone (a one-member volume, the same code path), then on the
+//! whole volume, and the ratio.
+
+use super::*;
+use ugds::{BatchEvent, Volume, VolumeLayout};
+
+/// One run's figures.
+struct Figures {
+    ios: u64,
+    secs: f64,
+    /// Latencies of the timed I/Os, in nanoseconds, sorted.
+    lat: Vec<u64>,
+    errors: u64,
+    first_error: Option<String>,
+    mismatched_words: u64,
+}
+
+impl Figures {
+    fn mib_s(&self, size: usize) -> f64 {
+        (self.ios * size as u64) as f64 / self.secs / (1 << 20) as f64
+    }
+    fn pct_us(&self, p: f64) -> f64 {
+        if self.lat.is_empty() {
+            return 0.0;
+        }
+        let i = ((self.lat.len() - 1) as f64 * p).round() as usize;
+        self.lat[i] as f64 / 1e3
+    }
+}
+
+/// A thread's buffer: `qd` slots of the largest size.
+struct ThreadBuf {
+    token: ugds::BufferToken,
+    mem: HostBuffer,
+}
+
+// SAFETY: each thread touches only its own buffer, and only the slots with
+// no I/O in flight; the buffer outlives the scoped threads.
+unsafe impl Sync for ThreadBuf {}
+
+pub(super) fn run(o: &Opts, layout: VolumeLayout) -> Result<(), String> {
+    let targets = target::open_all(&o.target)?;
+    let driver = Driver::open();
+    let opts = || {
+        HandleOptions::default()
+            .nsid(o.target.nsid)
+            .sync_queues(o.threads.clamp(1, 8) as u16)
+            .async_queues(0)
+            .queue_depth((o.qd * 4).clamp(32, 1024) as u16)
+            .shadow_doorbells(o.shadow_doorbells)
+            .completion(if o.interrupt { Completion::Interrupt } else { Completion::Poll })
+    };
+    let open_all = || -> Result<Volume, String> {
+        let hs = targets.iter().map(|t| t.open_handle(&driver, opts())).collect::<ugds::Result<Vec<_>>>();
+        Volume::new(hs.map_err(|e| e.to_string())?, layout).map_err(|e| e.to_string())
+    };
+    let volume = open_all()?;
+    let n = targets.len();
+    println!("target   volume of {n}: {}", describe_layout(layout));
+    for (i, t) in targets.iter().enumerate() {
+        println!("member {i} {} ({})", t.description, volume.member_name(i));
+    }
+    let max_size = *o.sizes.iter().max().expect("a size");
+    let bufs: Vec<ThreadBuf> = (0..o.threads)
+        .map(|_| {
+            let mut mem = HostBuffer::new(o.qd * max_size)?;
+            // SAFETY: `mem` lives in the ThreadBuf, deregistered before it is dropped (below).
+            let token = unsafe { driver.register(mem.as_mut_ptr(), mem.len())? };
+            Ok(ThreadBuf { token, mem })
+        })
+        .collect::<ugds::Result<_>>()
+        .map_err(|e| e.to_string())?;
+    let cap = volume.capacity();
+    let range = o.range.unwrap_or(cap).min(cap);
+    if o.verify {
+        prefill(&volume, &bufs[0], range).map_err(|e| format!("writing the pattern: {e}"))?;
+    }
+    let block = volume.block_size();
+    // A controller takes one handle at a time: each run opens its own.
+    drop(volume);
+    println!(
+        "{} {} thread(s) x qd {}, {:.1} s per run{}",
+        o.mode.name(),
+        o.threads,
+        o.qd,
+        o.duration.as_secs_f64(),
+        if o.verify { ", every byte read from the volume checked" } else { "" }
+    );
+    println!(
+        "{:<9} {:<14} {:>10} {:>10} {:>9} {:>9} {:>9}",
+        "size", "on", "MiB/s", "IOPS", "p50 us", "p99 us", "vs one"
+    );
+    let mut rows = Vec::new();
+    let mut failed = None;
+    for &size in &o.sizes {
+        if size % block != 0 || size as u64 > range {
+            return Err(format!("size {size}: whole blocks of {block} bytes within the range"));
+        }
+        // One member alone first (opened anew, so that the volume's handles
+        // are not in use meanwhile), then the volume.
+        let mut one_mib = None;
+        let runs: &[(&str, bool)] =
+            if n > 1 { &[("member 0 alone", false), ("the volume", true)] } else { &[("the volume", true)] };
+        for &(name, whole) in runs {
+            let v = if whole {
+                open_all()?
+            } else {
+                let h = targets[0].open_handle(&driver, opts()).map_err(|e| e.to_string())?;
+                Volume::new(vec![h], layout).map_err(|e| e.to_string())?
+            };
+            let range = range.min(v.capacity());
+            // The pattern was written through the volume: only its reads are checked.
+            let f = run_one(o, &v, &bufs, size, range, whole);
+            let ratio = one_mib.map(|m: f64| f.mib_s(size) / m);
+            println!(
+                "{:<9} {:<14} {:>10.1} {:>10.0} {:>9.1} {:>9.1} {:>9}",
+                fmt_bytes(size as u64),
+                name,
+                f.mib_s(size),
+                f.ios as f64 / f.secs,
+                f.pct_us(0.5),
+                f.pct_us(0.99),
+                ratio.map_or(String::new(), |r| format!("{r:.2}x"))
+            );
+            if n > 1 && one_mib.is_none() {
+                one_mib = Some(f.mib_s(size));
+            }
+            if f.errors > 0 || f.mismatched_words > 0 {
+                let why = f
+                    .first_error
+                    .clone()
+                    .unwrap_or_else(|| format!("{} words differ from the pattern", f.mismatched_words));
+                println!("          {} errors, {} mismatched words: {why}", f.errors, f.mismatched_words);
+                failed.get_or_insert(why);
+            }
+            rows.push(serde_json::json!({
+                "size": size, "on": name, "members": if name == "the volume" { n } else { 1 },
+                "seconds": f.secs, "ios": f.ios, "mib_s": f.mib_s(size), "iops": f.ios as f64 / f.secs,
+                "p50_us": f.pct_us(0.5), "p99_us": f.pct_us(0.99), "errors": f.errors,
+                "mismatched_words": f.mismatched_words, "vs_one_member": ratio,
+            }));
+        }
+    }
+    if o.target.null {
+        println!("          (null emulator: no data was moved)");
+    }
+    if let Some(path) = &o.json {
+        let doc = serde_json::json!({
+            "ugds_version": env!("CARGO_PKG_VERSION"), "workload": "volume", "layout": describe_layout(layout),
+            "members": targets.iter().map(|t| t.description.clone()).collect::<Vec<_>>(),
+            "mode": o.mode.name(), "threads": o.threads, "qd": o.qd, "machine": crate::machine(), "runs": rows,
+        });
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+        std::fs::write(path, text + "\n").map_err(|e| format!("--json {}: {e}", path.display()))?;
+    }
+    for b in &bufs {
+        driver.deregister(&b.token).map_err(|e| e.to_string())?;
+    }
+    match failed {
+        Some(why) => Err(format!("the runs had errors: {why}")),
+        None => Ok(()),
+    }
+}
+
+fn describe_layout(l: VolumeLayout) -> String {
+    match l {
+        VolumeLayout::Striped { stripe } => format!("striped (RAID 0), {} stripes", fmt_bytes(stripe)),
+        _ => "concatenated".to_string(),
+    }
+}
+
+/// Writes the pattern over `range` of the volume, 1 MiB at a time
+/// through `b`'s first slot (as much of it as there is).
+fn prefill(v: &Volume, b: &ThreadBuf, range: u64) -> ugds::Result<()> {
+    let chunk = (b.mem.len() as u64).min(1 << 20) / v.block_size() as u64 * v.block_size() as u64;
+    let mut off = 0;
+    while off < range {
+        let n = chunk.min(range - off) as usize;
+        // SAFETY: no I/O is in flight on the buffer; `n` is within it and a
+        // multiple of the block size (so of 8).
+        unsafe { fill_pattern(b.mem.as_ptr() as *mut u8, n, off) };
+        v.write(&b.token, n, off, 0)?;
+        off += n as u64;
+    }
+    Ok(())
+}
+
+fn run_one(o: &Opts, v: &Volume, bufs: &[ThreadBuf], size: usize, range: u64, verify: bool) -> Figures {
+    let stop = AtomicBool::new(false);
+    let budget = o.bytes.map(|b| AtomicU64::new(b.div_ceil(size as u64)));
+    let take = || {
+        budget
+            .as_ref()
+            .is_none_or(|b| b.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok())
+    };
+    let start = Instant::now();
+    let results: Vec<Figures> = std::thread::scope(|sc| {
+        let workers: Vec<_> = (0..o.threads)
+            .map(|tid| {
+                let (b, stop, take) = (&bufs[tid], &stop, &take);
+                sc.spawn(move || thread_loop(o, v, b, (size, range, verify), tid, stop, take))
+            })
+            .collect();
+        while start.elapsed() < o.duration && !workers.iter().all(|w| w.is_finished()) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        stop.store(true, Ordering::Relaxed);
+        workers.into_iter().map(|w| w.join().expect("bench thread")).collect()
+    });
+    let secs = start.elapsed().as_secs_f64();
+    let mut all = Figures { ios: 0, secs, lat: Vec::new(), errors: 0, first_error: None, mismatched_words: 0 };
+    for r in results {
+        all.ios += r.ios;
+        all.lat.extend(r.lat);
+        all.errors += r.errors;
+        all.mismatched_words += r.mismatched_words;
+        all.first_error = all.first_error.or(r.first_error);
+    }
+    all.lat.sort_unstable();
+    all
+}
+
+/// One thread: `qd` requests outstanding (synchronous calls at qd 1, a
+/// volume batch context otherwise) until stopped or the budget is spent.
+fn thread_loop(
+    o: &Opts,
+    v: &Volume,
+    b: &ThreadBuf,
+    (size, range, verify): (usize, u64, bool),
+    tid: usize,
+    stop: &AtomicBool,
+    take: &(dyn Fn() -> bool + Sync),
+) -> Figures {
+    let mut f = Figures { ios: 0, secs: 0.0, lat: Vec::new(), errors: 0, first_error: None, mismatched_words: 0 };
+    let mut rng = Rng(0x9e37_79b9 ^ (tid as u64 + 1).wrapping_mul(0x1234_5678_9abc_def1));
+    let slots = (range / size as u64).max(1);
+    let mut seq = slots / o.threads as u64 * tid as u64;
+    let mut next_off = || {
+        let i = if o.mode.random() {
+            ((rng.next() as u128 * slots as u128) >> 64) as u64
+        } else {
+            seq = (seq + 1) % slots;
+            seq
+        };
+        i * size as u64
+    };
+    let op = if o.mode.writes() { BatchOp::Write } else { BatchOp::Read };
+    let base = b.mem.as_ptr() as *mut u8;
+    let fail = |f: &mut Figures, e: String| {
+        f.errors += 1;
+        f.first_error.get_or_insert(e);
+    };
+    // Before a write, the slot holds the pattern of where it goes; after a
+    // read, it is checked against it.
+    let prepare = |slot: usize, off: u64| {
+        if op == BatchOp::Write {
+            // SAFETY: the slot lies in this thread's buffer with no I/O in flight on it.
+            unsafe { fill_pattern(base.add(slot * size), size, off) };
+        }
+    };
+    let check = |slot: usize, off: u64| -> u64 {
+        if verify && o.verify && op == BatchOp::Read {
+            // SAFETY: the slot's read has completed; nothing else writes it.
+            unsafe { check_pattern(base.add(slot * size), size, off) }
+        } else {
+            0
+        }
+    };
+    if o.qd == 1 {
+        while !stop.load(Ordering::Relaxed) && take() {
+            let off = next_off();
+            prepare(0, off);
+            let t = Instant::now();
+            let r = if op == BatchOp::Read { v.read(&b.token, size, off, 0) } else { v.write(&b.token, size, off, 0) };
+            f.lat.push(t.elapsed().as_nanos() as u64);
+            match r {
+                Ok(_) => {
+                    f.ios += 1;
+                    f.mismatched_words += check(0, off);
+                }
+                Err(e) => fail(&mut f, e.to_string()),
+            }
+        }
+        return f;
+    }
+    let batch = match v.batch(o.qd) {
+        Ok(b) => b,
+        Err(e) => {
+            fail(&mut f, format!("volume batch context: {e}"));
+            return f;
+        }
+    };
+    let mut started: Vec<(Instant, u64)> = vec![(Instant::now(), 0); o.qd];
+    let submit = |slot: usize, off: u64| {
+        let io = BatchIo { op, buf: b.token, size, file_offset: off, buf_offset: slot * size, cookie: slot as u64 };
+        batch.submit(&[io])
+    };
+    let mut outstanding = 0;
+    for (slot, start) in started.iter_mut().enumerate() {
+        if !take() {
+            break;
+        }
+        let off = next_off();
+        prepare(slot, off);
+        *start = (Instant::now(), off);
+        match submit(slot, off) {
+            Ok(()) => outstanding += 1,
+            Err(e) => fail(&mut f, e.to_string()),
+        }
+    }
+    let mut events: Vec<BatchEvent> = Vec::with_capacity(o.qd);
+    while outstanding > 0 {
+        events.clear();
+        if let Err(e) = batch.get_status(1, o.qd, None, &mut events) {
+            fail(&mut f, e.to_string());
+            break;
+        }
+        for ev in events.drain(..) {
+            outstanding -= 1;
+            let slot = ev.cookie as usize;
+            let (t, off) = started[slot];
+            f.lat.push(t.elapsed().as_nanos() as u64);
+            match ev.result {
+                Ok(_) => {
+                    f.ios += 1;
+                    f.mismatched_words += check(slot, off);
+                }
+                Err(e) => fail(&mut f, e.to_string()),
+            }
+            if stop.load(Ordering::Relaxed) || !take() {
+                continue;
+            }
+            let off = next_off();
+            prepare(slot, off);
+            started[slot] = (Instant::now(), off);
+            match submit(slot, off) {
+                Ok(()) => outstanding += 1,
+                Err(e) => fail(&mut f, e.to_string()),
+            }
+        }
+    }
+    f
+}
