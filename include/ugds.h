@@ -306,6 +306,19 @@ typedef struct ugds_segment {
 ssize_t uGDSReadv(uGDSHandle_t fh, const ugds_segment_t *segs, int count, off_t file_offset);
 ssize_t uGDSWritev(uGDSHandle_t fh, const ugds_segment_t *segs, int count, off_t file_offset);
 
+/* Volumes (an extension): one handle over count registered handles (1 to
+ * UGDS_MAX_VOLUME_MEMBERS, one block size), striped with stripe_bytes
+ * stripes (RAID 0: a power of two of at least 4096) or, with stripe_bytes
+ * 0, concatenated in order. A volume's handle takes uGDSRead, uGDSWrite,
+ * uGDSReadv, uGDSWritev, uGDSGetDeviceCapacity and uGDSHandleDeregister
+ * (other calls refuse it with UGDS_IO_NOT_SUPPORTED); a request spanning
+ * members runs on them at once and completes whole or fails whole, and
+ * ugds_last_error() names the member that failed. Members stay usable on
+ * their own; deregistering one is refused (UGDS_BUSY) while a volume holds
+ * it. */
+#define UGDS_MAX_VOLUME_MEMBERS 64
+uGDSError_t uGDSVolumeOpen(uGDSHandle_t *vh, const uGDSHandle_t *members, int count, uint64_t stripe_bytes);
+
 /* A vectored request of a batch (an extension): the range at file_offset to
  * or from segs[0..count] in order (as uGDSReadv), opcode UGDS_READ or
  * UGDS_WRITE; cookie comes back in its one event. */

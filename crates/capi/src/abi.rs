@@ -52,6 +52,8 @@ pub mod op {
 }
 
 pub const HANDLE_TYPE_OPAQUE_FD: c_int = 1;
+/// The most members `uGDSVolumeOpen` takes (`UGDS_MAX_VOLUME_MEMBERS`).
+pub const MAX_VOLUME_MEMBERS: c_int = 64;
 pub const HANDLE_TYPE_OPAQUE_WIN32: c_int = 2;
 pub const HANDLE_TYPE_USERSPACE_FS: c_int = 3;
 pub const BACKEND_DEFAULT: c_int = 0;
@@ -362,6 +364,7 @@ fn constant(n: &str) -> Option<c_long> {
         "UGDS_BATCH_FAILED" => BATCH_FAILED,
         "UGDS_MAX_BATCH_IO" => MAX_BATCH_IO,
         "UGDS_MAX_SEGMENTS" => MAX_SEGMENTS,
+        "UGDS_MAX_VOLUME_MEMBERS" => MAX_VOLUME_MEMBERS,
         "UGDS_PRIORITY_CRITICAL" => UGDS_PRIORITY_CRITICAL,
         "UGDS_PRIORITY_NORMAL" => UGDS_PRIORITY_NORMAL,
         "UGDS_PRIORITY_BACKGROUND" => UGDS_PRIORITY_BACKGROUND,

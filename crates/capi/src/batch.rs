@@ -18,7 +18,7 @@ pub unsafe extern "C" fn uGDSBatchIOSetUp(batch: *mut *mut c_void, fh: *mut c_vo
         }
         let h = match lookup(fh) {
             Ok((h, _)) => h,
-            Err(c) => return fail(c, "no such handle"),
+            Err(c) => return fail(c, no_handle(c)),
         };
         let b = match h.batch(nr as usize) {
             Ok(b) => Arc::new(b),

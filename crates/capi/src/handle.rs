@@ -131,25 +131,44 @@ pub unsafe extern "C" fn uGDSHandleRegister(fh: *mut *mut c_void, descr: *mut ab
             return fail(op::HANDLE_ALREADY_REGISTERED, format!("fd {fd} is registered already"));
         }
         let obj = Box::into_raw(Box::new(HandleObj { fd }));
-        s.handles.insert(obj as usize, Registered { handle, fd });
+        s.handles.insert(obj as usize, Registered { dev: Dev::One(handle), fd });
         // SAFETY: non-null, checked above.
         unsafe { *fh = obj.cast() };
         ok()
     })
 }
 
-pub(crate) fn handle_of(s: &State, fh: *mut c_void) -> Option<Arc<Handle>> {
-    s.handles.get(&(fh as usize)).map(|r| r.handle.clone())
+/// A controller's handle for a call that takes no volume: a volume's
+/// handle is refused with `UGDS_IO_NOT_SUPPORTED` (see [`no_handle`]).
+pub(crate) fn lookup(fh: *mut c_void) -> Result<(Arc<Handle>, ugds::Driver), c_int> {
+    match lookup_dev(fh)? {
+        (Dev::One(h), d) => Ok((h, d)),
+        (Dev::Volume(..), _) => Err(op::IO_NOT_SUPPORTED),
+    }
 }
 
-pub(crate) fn lookup(fh: *mut c_void) -> Result<(Arc<Handle>, ugds::Driver), c_int> {
+/// What `fh` is: a controller's handle or a volume.
+pub(crate) fn lookup_dev(fh: *mut c_void) -> Result<(Dev, ugds::Driver), c_int> {
     let g = state();
     let s = g.as_ref().ok_or(op::DRIVER_NOT_INITIALIZED)?;
     if fh.is_null() {
         return Err(op::INVALID_VALUE);
     }
-    let h = handle_of(s, fh).ok_or(op::HANDLE_NOT_REGISTERED)?;
-    Ok((h, s.driver.clone()))
+    let r = s.handles.get(&(fh as usize)).ok_or(op::HANDLE_NOT_REGISTERED)?;
+    Ok((r.dev.clone(), s.driver.clone()))
+}
+
+/// Why [`lookup`] refused a handle.
+pub(crate) fn no_handle(c: c_int) -> &'static str {
+    match c {
+        op::IO_NOT_SUPPORTED => {
+            "a volume's handle: this call takes a controller's handle (a volume takes uGDSRead, uGDSWrite, \
+             uGDSReadv, uGDSWritev, uGDSGetDeviceCapacity and uGDSHandleDeregister)"
+        }
+        op::DRIVER_NOT_INITIALIZED => "uGDSDriverOpen first",
+        op::INVALID_VALUE => "null handle",
+        _ => "no such handle",
+    }
 }
 
 /// The namespace's capacity in bytes.
@@ -163,14 +182,14 @@ pub unsafe extern "C" fn uGDSGetDeviceCapacity(fh: *mut c_void, bytes: *mut u64)
         if bytes.is_null() {
             return fail(op::INVALID_VALUE, "null argument");
         }
-        match lookup(fh) {
-            Ok((h, _)) => {
-                // SAFETY: non-null, checked above.
-                unsafe { *bytes = h.capacity() };
-                ok()
-            }
-            Err(c) => fail(c, "no such handle"),
-        }
+        let cap = match lookup_dev(fh) {
+            Ok((Dev::One(h), _)) => h.capacity(),
+            Ok((Dev::Volume(v, _), _)) => v.capacity(),
+            Err(c) => return fail(c, no_handle(c)),
+        };
+        // SAFETY: non-null, checked above.
+        unsafe { *bytes = cap };
+        ok()
     })
 }
 
@@ -202,7 +221,7 @@ pub unsafe extern "C" fn uGDSGetQueueStats(
                 unsafe { *n = stats.len() };
                 ok()
             }
-            Err(c) => fail(c, "no such handle"),
+            Err(c) => fail(c, no_handle(c)),
         }
     })
 }
@@ -232,10 +251,28 @@ pub unsafe extern "C" fn uGDSHandleDeregister(fh: *mut c_void) {
 #[no_mangle]
 pub unsafe extern "C" fn uGDSHandleDeregisterEx(fh: *mut c_void, timeout_sec: c_int) -> uGDSError_t {
     guard(internal(), || {
-        let h = match lookup(fh) {
-            Ok((h, _)) => h,
-            Err(c) => return fail(c, "no such handle"),
+        let h = match lookup_dev(fh) {
+            Ok((Dev::One(h), _)) => h,
+            Ok((Dev::Volume(..), _)) => {
+                // A volume holds no queues of its own: its members' stay
+                // open (requests on it have ended when its calls returned).
+                with_state!(s, ok());
+                s.handles.remove(&(fh as usize));
+                return ok();
+            }
+            Err(c) => return fail(c, no_handle(c)),
         };
+        {
+            with_state!(s, fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed"));
+            let n = s
+                .handles
+                .values()
+                .filter(|r| matches!(&r.dev, Dev::Volume(_, m) if m.contains(&(fh as usize))))
+                .count();
+            if n > 0 {
+                return fail(op::BUSY, format!("the handle is a member of {n} volume(s): deregister them first"));
+            }
+        }
         let drain = match timeout_sec {
             0 => Drain::NoWait,
             -1 => Drain::Forever,
@@ -262,6 +299,66 @@ pub unsafe extern "C" fn uGDSHandleDeregisterEx(fh: *mut c_void, timeout_sec: c_
         }
         with_state!(s, ok());
         s.handles.remove(&(fh as usize));
+        ok()
+    })
+}
+
+/// Opens a volume (an extension) over `count` registered handles: striped
+/// with `stripe_bytes` stripes (a power of two of at least 4096), or
+/// concatenated in order when `stripe_bytes` is 0. The volume's handle
+/// takes uGDSRead, uGDSWrite, uGDSReadv, uGDSWritev, uGDSGetDeviceCapacity
+/// and uGDSHandleDeregister; a member's failure fails the request whole
+/// (the error names the member). Members stay usable on their own and
+/// cannot be deregistered while a volume holds them.
+///
+/// # Safety
+/// `vh` is null (refused) or valid for a write; `members` is null
+/// (refused) or valid for reads of `count` handles.
+#[no_mangle]
+pub unsafe extern "C" fn uGDSVolumeOpen(
+    vh: *mut *mut c_void,
+    members: *const *mut c_void,
+    count: c_int,
+    stripe_bytes: u64,
+) -> uGDSError_t {
+    guard(internal(), || {
+        if vh.is_null() || members.is_null() || count <= 0 || count > abi::MAX_VOLUME_MEMBERS {
+            return fail(
+                op::INVALID_VALUE,
+                format!("null argument, or {count} members (1 to {})", abi::MAX_VOLUME_MEMBERS),
+            );
+        }
+        // SAFETY: non-null and `count` entries, by the caller's contract.
+        let list = unsafe { std::slice::from_raw_parts(members, count as usize) };
+        let mut keys: Vec<usize> = Vec::with_capacity(list.len());
+        let mut handles = Vec::with_capacity(list.len());
+        for (i, &m) in list.iter().enumerate() {
+            if keys.contains(&(m as usize)) {
+                return fail(op::INVALID_VALUE, format!("member {i} is given twice"));
+            }
+            match lookup(m) {
+                Ok((h, _)) => handles.push(h),
+                Err(c) => return fail(c, format!("member {i}: {}", no_handle(c))),
+            }
+            keys.push(m as usize);
+        }
+        let layout = match stripe_bytes {
+            0 => ugds::VolumeLayout::Concat,
+            s => ugds::VolumeLayout::Striped { stripe: s },
+        };
+        let volume = match ugds::Volume::with_shared(handles, layout) {
+            Ok(v) => v,
+            Err(e) => return from_error(e),
+        };
+        with_state!(s, fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed"));
+        // Checked again under the write lock: a member may have gone meanwhile.
+        if let Some(i) = keys.iter().position(|k| !s.handles.contains_key(k)) {
+            return fail(op::HANDLE_NOT_REGISTERED, format!("member {i} was deregistered meanwhile"));
+        }
+        let obj = Box::into_raw(Box::new(HandleObj { fd: -1 }));
+        s.handles.insert(obj as usize, Registered { dev: Dev::Volume(volume, keys), fd: -1 });
+        // SAFETY: non-null, checked above.
+        unsafe { *vh = obj.cast() };
         ok()
     })
 }

@@ -30,7 +30,7 @@ pub(crate) fn sync_io(
         Ok(x) => x,
         Err(n) => return n,
     };
-    let bs = h.namespace().block_size as i64;
+    let bs = h.block_size() as i64;
     if file_offset % bs != 0 || size as i64 % bs != 0 {
         remember(format!("offset {file_offset} or size {size} is not a multiple of the {bs}-byte block"));
         return neg(libc::EINVAL);
@@ -206,12 +206,51 @@ pub(crate) unsafe fn segments_of(
     Ok(found)
 }
 
-/// The handle (and driver) for an I/O call, or the negative code it returns.
-fn lookup_io(fh: *mut c_void) -> Result<(Arc<Handle>, ugds::Driver), ssize_t> {
-    lookup(fh).map_err(|c| {
-        remember("no such handle".into());
+/// The handle or volume (and driver) for an I/O call, or the negative
+/// code it returns.
+fn lookup_io(fh: *mut c_void) -> Result<(Dev, ugds::Driver), ssize_t> {
+    lookup_dev(fh).map_err(|c| {
+        remember(no_handle(c).into());
         neg(c)
     })
+}
+
+/// The synchronous calls, on a handle or a volume alike.
+impl Dev {
+    fn block_size(&self) -> usize {
+        match self {
+            Dev::One(h) => h.namespace().block_size as usize,
+            Dev::Volume(v, _) => v.block_size(),
+        }
+    }
+
+    fn read(&self, buf: &BufferToken, size: usize, file_offset: u64, buf_offset: usize) -> ugds::Result<usize> {
+        match self {
+            Dev::One(h) => h.read(buf, size, file_offset, buf_offset),
+            Dev::Volume(v, _) => v.read(buf, size, file_offset, buf_offset),
+        }
+    }
+
+    fn write(&self, buf: &BufferToken, size: usize, file_offset: u64, buf_offset: usize) -> ugds::Result<usize> {
+        match self {
+            Dev::One(h) => h.write(buf, size, file_offset, buf_offset),
+            Dev::Volume(v, _) => v.write(buf, size, file_offset, buf_offset),
+        }
+    }
+
+    fn readv(&self, segments: &[ugds::Segment<'_>], file_offset: u64) -> ugds::Result<usize> {
+        match self {
+            Dev::One(h) => h.readv(segments, file_offset),
+            Dev::Volume(v, _) => v.readv(segments, file_offset),
+        }
+    }
+
+    fn writev(&self, segments: &[ugds::Segment<'_>], file_offset: u64) -> ugds::Result<usize> {
+        match self {
+            Dev::One(h) => h.writev(segments, file_offset),
+            Dev::Volume(v, _) => v.writev(segments, file_offset),
+        }
+    }
 }
 
 /// What an I/O call returns for a library error.

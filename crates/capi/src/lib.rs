@@ -40,8 +40,17 @@ use ugds::{BatchIo, BatchOp, BatchStatus, BufferToken, Drain, Error, Handle, Han
 use ugds_emu::{EmuConfig, EmuPlatform, NamespaceConfig};
 
 struct Registered {
-    handle: Arc<Handle>,
+    dev: Dev,
     fd: c_int,
+}
+
+/// What a registered `uGDSHandle_t` is.
+#[derive(Clone)]
+pub(crate) enum Dev {
+    /// A controller's namespace (or a file through the kernel).
+    One(Arc<Handle>),
+    /// A volume over registered handles (`uGDSVolumeOpen`), with their keys.
+    Volume(ugds::Volume, Vec<usize>),
 }
 
 struct State {
@@ -189,8 +198,13 @@ pub extern "C" fn uGDSDriverClose() -> uGDSError_t {
         drop(st.streams);
         drop(st.batches);
         let mut stuck = Vec::new();
-        for (_, r) in st.handles {
-            if let Err(e) = r.handle.close(Drain::Forever) {
+        // Volumes first: they hold their members' handles.
+        let (volumes, handles): (Vec<_>, Vec<_>) =
+            st.handles.into_values().partition(|r| matches!(r.dev, Dev::Volume(..)));
+        drop(volumes);
+        for r in handles {
+            let Dev::One(h) = r.dev else { continue };
+            if let Err(e) = h.close(Drain::Forever) {
                 stuck.push(format!(
                     "the handle on fd {} ({e}): its queues, DMA memory and the buffers its stuck commands \
                      target stay pinned, because the device may still write them; only \

@@ -37,7 +37,7 @@ pub(crate) fn async_io(
     }
     let (h, driver) = match lookup(fh) {
         Ok(x) => x,
-        Err(c) => return fail(c, "no such handle"),
+        Err(c) => return fail(c, no_handle(c)),
     };
     let Some(t) = driver.token_at(base.cast()) else {
         return fail(op::MEMORY_NOT_REGISTERED, "stream-ordered I/O needs a registered buffer (by its base)");
@@ -75,7 +75,7 @@ fn vectored_async(
     }
     let (h, driver) = match lookup(fh) {
         Ok(x) => x,
-        Err(c) => return fail(c, "no such handle"),
+        Err(c) => return fail(c, no_handle(c)),
     };
     // SAFETY: the caller's array of `count` segments (checked non-null and
     // counted above), valid for the call.

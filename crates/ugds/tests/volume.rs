@@ -45,7 +45,7 @@ fn striping_puts_stripe_i_on_member_i_mod_n() {
     let r = Buf::new(&d, stripe);
     for s in 0..(off as usize + MIB).div_ceil(stripe) {
         let (m, row) = (s % 3, s / 3);
-        v.members()[m].read(&r.token, stripe, (row * stripe) as u64, 0).unwrap();
+        v.member(m).read(&r.token, stripe, (row * stripe) as u64, 0).unwrap();
         let lo = (s * stripe).max(off as usize);
         let hi = ((s + 1) * stripe).min(off as usize + MIB);
         let got = &r.mem[lo - s * stripe..hi - s * stripe];

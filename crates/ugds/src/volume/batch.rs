@@ -4,10 +4,11 @@
 //! when its last part has ended, carrying the bytes of the whole request
 //! or the first member's failure ([`Error::Member`]).
 
-use super::{Part, Volume};
+use super::{Inner, Part, Volume};
 use crate::batch::{Batch, BatchIo, BatchIov, BatchOp};
 use crate::engine::{BatchEvent, BatchStatus};
 use crate::{Error, Result};
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use ugds_platform::Recover;
@@ -18,14 +19,14 @@ use ugds_platform::Recover;
 const PARTS_PER_REQUEST: usize = 4;
 
 /// A batch context on a volume; see the module docs.
-pub struct VolumeBatch<'v> {
-    volume: &'v Volume,
+pub struct VolumeBatch {
+    volume: Arc<Inner>,
     members: Vec<Batch>,
     capacity: usize,
     state: Mutex<State>,
 }
 
-impl std::fmt::Debug for VolumeBatch<'_> {
+impl std::fmt::Debug for VolumeBatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VolumeBatch").field("capacity", &self.capacity).finish_non_exhaustive()
     }
@@ -64,22 +65,23 @@ impl Req {
 impl Volume {
     /// A batch context for up to `capacity` outstanding requests on the
     /// volume (each member's context holds four parts per request).
-    pub fn batch(&self, capacity: usize) -> Result<VolumeBatch<'_>> {
+    pub fn batch(&self, capacity: usize) -> Result<VolumeBatch> {
+        let v = &self.inner;
         if capacity == 0 || capacity * PARTS_PER_REQUEST > Batch::MAX_CAPACITY {
             return Err(Error::InvalidArgument(format!(
                 "a volume batch context's capacity is 1 to {}, not {capacity}",
                 Batch::MAX_CAPACITY / PARTS_PER_REQUEST
             )));
         }
-        let members = (0..self.members.len())
-            .map(|m| self.members[m].batch(capacity * PARTS_PER_REQUEST).map_err(|e| self.member_error(m, e)))
+        let members = (0..v.members.len())
+            .map(|m| v.members[m].batch(capacity * PARTS_PER_REQUEST).map_err(|e| v.member_error(m, e)))
             .collect::<Result<Vec<_>>>()?;
         let state = State { parts_out: vec![0; members.len()], ..State::default() };
-        Ok(VolumeBatch { volume: self, members, capacity, state: Mutex::new(state) })
+        Ok(VolumeBatch { volume: v.clone(), members, capacity, state: Mutex::new(state) })
     }
 }
 
-impl VolumeBatch<'_> {
+impl VolumeBatch {
     /// The most requests this context may have outstanding.
     pub fn capacity(&self) -> usize {
         self.capacity
@@ -97,7 +99,7 @@ impl VolumeBatch<'_> {
         if ios.is_empty() {
             return Err(Error::InvalidArgument("empty batch".into()));
         }
-        let v = self.volume;
+        let v = &*self.volume;
         let mut st = self.state.lock().recover();
         let outstanding = st.reqs.iter().filter(|r| r.is_some()).count() + st.done.len();
         if outstanding + ios.len() > self.capacity {
@@ -181,7 +183,7 @@ impl VolumeBatch<'_> {
 
     /// Moves request `slot` to the collectable events once its last part
     /// has ended.
-    fn finish_if_done(st: &mut State, v: &Volume, slot: usize) {
+    fn finish_if_done(st: &mut State, v: &Inner, slot: usize) {
         if st.reqs[slot].as_ref().is_none_or(|r| r.pending > 0) {
             return;
         }
@@ -235,7 +237,7 @@ impl VolumeBatch<'_> {
                         Ok(n) => r.moved += n,
                         Err(e) => r.fail(m, ev.status, e),
                     }
-                    Self::finish_if_done(&mut st, self.volume, slot);
+                    Self::finish_if_done(&mut st, &self.volume, slot);
                 }
                 st.events = evs;
             }

@@ -31,15 +31,21 @@ use crate::engine::BatchEvent;
 use crate::handle::{Handle, Segment, MAX_SEGMENTS};
 use crate::registry::BufGuard;
 use crate::{Error, Result};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use ugds_platform::Recover;
 
 /// Requests one member's batch context of a lane holds at once.
 const LANE_DEPTH: usize = 64;
 
-/// A volume over several handles; see the module docs.
+/// A volume over several handles; see the module docs. Shareable between
+/// threads; cloning it gives another reference to the same volume.
+#[derive(Clone)]
 pub struct Volume {
-    members: Vec<Handle>,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    members: Vec<Arc<Handle>>,
     names: Vec<String>,
     geometry: Geometry,
     block: usize,
@@ -53,10 +59,11 @@ struct Lane(Vec<Option<Batch>>);
 
 impl std::fmt::Debug for Volume {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let v = &self.inner;
         f.debug_struct("Volume")
-            .field("layout", &self.geometry.layout())
-            .field("members", &self.names)
-            .field("capacity", &self.geometry.capacity())
+            .field("layout", &v.geometry.layout())
+            .field("members", &v.names)
+            .field("capacity", &v.geometry.capacity())
             .finish_non_exhaustive()
     }
 }
@@ -76,6 +83,12 @@ impl Volume {
     /// stripe that is not a power of two of at least 4 KiB, a member that
     /// holds no whole stripe.
     pub fn new(members: Vec<Handle>, layout: VolumeLayout) -> Result<Volume> {
+        Volume::with_shared(members.into_iter().map(Arc::new).collect(), layout)
+    }
+
+    /// As [`new`](Self::new), on handles shared with others (the C
+    /// library's registered handles stay usable on their own).
+    pub fn with_shared(members: Vec<Arc<Handle>>, layout: VolumeLayout) -> Result<Volume> {
         let Some(first) = members.first() else {
             return Err(Error::InvalidArgument("a volume needs at least one member".into()));
         };
@@ -97,70 +110,79 @@ impl Volume {
         let geometry = Geometry::new(layout, &caps, block as u64)?;
         let names =
             members.iter().map(|m| format!("{} namespace {}", m.controller().platform, m.namespace().nsid)).collect();
-        Ok(Volume { members, names, geometry, block, lanes: Mutex::new(Vec::new()) })
+        let inner = Inner { members, names, geometry, block, lanes: Mutex::new(Vec::new()) };
+        Ok(Volume { inner: Arc::new(inner) })
     }
 
     /// Size in bytes.
     pub fn capacity(&self) -> u64 {
-        self.geometry.capacity()
+        self.inner.geometry.capacity()
     }
 
     /// The members' logical block size.
     pub fn block_size(&self) -> usize {
-        self.block
+        self.inner.block
     }
 
     /// How the bytes are laid out.
     pub fn layout(&self) -> VolumeLayout {
-        self.geometry.layout()
+        self.inner.geometry.layout()
     }
 
-    /// The members, in order.
-    pub fn members(&self) -> &[Handle] {
-        &self.members
+    /// Members.
+    pub fn member_count(&self) -> usize {
+        self.inner.members.len()
+    }
+
+    /// Member `i`'s handle.
+    pub fn member(&self, i: usize) -> &Handle {
+        &self.inner.members[i]
     }
 
     /// What member `i` is, as errors name it.
     pub fn member_name(&self, i: usize) -> &str {
-        &self.names[i]
+        &self.inner.names[i]
     }
 
     /// Reads `size` bytes at `file_offset` of the volume into `buf` at
     /// `buf_offset`. Returns the bytes read (all of them: a member's
     /// failure fails the request).
     pub fn read(&self, buf: &crate::BufferToken, size: usize, file_offset: u64, buf_offset: usize) -> Result<usize> {
-        self.rwv(BatchOp::Read, &[Segment::new(buf, buf_offset, size)], file_offset)
+        self.inner.rwv(BatchOp::Read, &[Segment::new(buf, buf_offset, size)], file_offset)
     }
 
     /// Writes `size` bytes of `buf` at `buf_offset` to `file_offset` of the
     /// volume.
     pub fn write(&self, buf: &crate::BufferToken, size: usize, file_offset: u64, buf_offset: usize) -> Result<usize> {
-        self.rwv(BatchOp::Write, &[Segment::new(buf, buf_offset, size)], file_offset)
+        self.inner.rwv(BatchOp::Write, &[Segment::new(buf, buf_offset, size)], file_offset)
     }
 
     /// Reads the range at `file_offset` into `segments`, in order (see
     /// [`Handle::readv`]).
     pub fn readv(&self, segments: &[Segment<'_>], file_offset: u64) -> Result<usize> {
-        self.rwv(BatchOp::Read, segments, file_offset)
+        self.inner.rwv(BatchOp::Read, segments, file_offset)
     }
 
     /// Writes `segments`, in order, to the range at `file_offset`.
     pub fn writev(&self, segments: &[Segment<'_>], file_offset: u64) -> Result<usize> {
-        self.rwv(BatchOp::Write, segments, file_offset)
+        self.inner.rwv(BatchOp::Write, segments, file_offset)
     }
 
     /// Flushes every member's volatile write cache; the first member to
     /// fail is named.
     pub fn flush(&self) -> Result<()> {
+        let v = &self.inner;
         let mut first = None;
-        for (i, m) in self.members.iter().enumerate() {
+        for (i, m) in v.members.iter().enumerate() {
             if let Err(e) = m.flush() {
-                first.get_or_insert(self.member_error(i, e));
+                first.get_or_insert(v.member_error(i, e));
             }
         }
         first.map_or(Ok(()), Err)
     }
+}
 
+impl Inner {
     fn member_error(&self, member: usize, e: Error) -> Error {
         Error::Member { member, name: self.names[member].clone(), source: Box::new(e) }
     }
@@ -174,7 +196,7 @@ impl Volume {
         if file_offset % bs != 0 {
             return Err(Error::Misaligned { what: "file offset", value: file_offset, alignment: bs });
         }
-        let cap = self.capacity();
+        let cap = self.geometry.capacity();
         if file_offset.checked_add(total as u64).is_none_or(|e| e > cap) {
             return Err(Error::OutOfRange { offset: file_offset, len: total as u64, capacity: cap });
         }
