@@ -273,7 +273,7 @@ mod tests {
         let handle = driver.open_handle(Arc::new(p), opts).unwrap();
         let fd = 4242;
         let obj = Box::into_raw(Box::new(HandleObj { fd }));
-        state_mut().as_mut().unwrap().handles.insert(obj as usize, Registered { handle: Arc::new(handle), fd });
+        state_mut().as_mut().unwrap().handles.insert(obj as usize, Registered { dev: Dev::One(Arc::new(handle)), fd });
         // The buffer is leaked on purpose: the device may still write it.
         let buf: &'static mut [u8] = Box::leak(vec![0u8; 8192].into_boxed_slice());
         emu.inject(Fault::next(FaultTarget::Io(None), FaultAction::LoseCompletion));
