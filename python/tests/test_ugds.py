@@ -404,6 +404,57 @@ def gpu_or_skip():
     raise unittest.SkipTest(why)
 
 
+class Volumes(unittest.TestCase):
+    def setUp(self):
+        self.drv = ugds.Driver()
+        self.hs = [self.drv.open_emulated(size=4 << 20) for _ in range(3)]
+
+    def tearDown(self):
+        for h in self.hs:
+            h.close()
+
+    def test_striped_round_trip_lands_on_the_members(self):
+        v = ugds.Volume(self.hs, stripe=65536)
+        self.assertEqual((v.capacity, v.block_size, v.stripe), (12 << 20, 512, 65536))
+        self.assertEqual(len(v.members), 3)
+        want = pattern(4, 1 << 20)
+        mem = bytearray(want)
+        buf = self.drv.register(mem)
+        self.assertEqual(v.write(buf, 1 << 20, 32768), 1 << 20)
+        mem[:] = bytes(1 << 20)
+        self.assertEqual(v.read(buf, 1 << 20, 32768), 1 << 20)
+        self.assertEqual(bytes(mem), want)
+        # Volume stripe 1 (bytes 64K..128K) is member 1's first stripe.
+        mem[:] = bytes(1 << 20)
+        self.assertEqual(self.hs[1].read(buf, 65536, 0), 65536)
+        self.assertEqual(bytes(mem[:65536]), want[32768 : 32768 + 65536])
+        # Vectored, across members.
+        mem[:] = bytes(1 << 20)
+        self.assertEqual(v.readv([(buf, 4096, 131072), (buf, 524288, 8192)], 32768), 139264)
+        self.assertEqual(bytes(mem[4096 : 4096 + 131072]), want[:131072])
+        self.assertEqual(bytes(mem[524288 : 524288 + 8192]), want[131072 : 131072 + 8192])
+        self.drv.deregister(buf)
+
+    def test_concatenated_and_bad_input(self):
+        v = ugds.Volume(self.hs[:2], stripe=0)
+        self.assertEqual((v.capacity, v.stripe), (8 << 20, 0))
+        mem = bytearray(pattern(6, 65536))
+        buf = self.drv.register(mem)
+        self.assertEqual(v.write(buf, 65536, (4 << 20) - 32768), 65536)
+        mem[:] = bytes(65536)
+        self.assertEqual(self.hs[1].read(buf, 32768, 0), 32768)
+        self.assertEqual(bytes(mem[:32768]), pattern(6, 65536)[32768:])
+        with self.assertRaises(ugds.InvalidArgument):
+            v.read(buf, 4096, 7)
+        with self.assertRaises(ugds.InvalidArgument):
+            v.read(buf, 65536, (8 << 20) - 4096)
+        with self.assertRaises(ugds.InvalidArgument):
+            ugds.Volume(self.hs, stripe=3 * 4096)
+        with self.assertRaises(ugds.InvalidArgument):
+            ugds.Volume([], stripe=0)
+        self.drv.deregister(buf)
+
+
 class KernelPath(unittest.TestCase):
     """A file through the kernel (io_uring): `Driver.open_file`."""
 

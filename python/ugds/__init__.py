@@ -46,13 +46,14 @@ from ._ugds import (
     StreamResult,
     TimeoutError,
     UnsupportedError,
+    Volume,
     WedgedError,
     __version__,
 )
 from ._ugds import Driver as _Driver
 
 __all__ = [
-    "Driver", "Handle", "Buffer", "Batch", "Stream", "StreamResult", "Cell", "memory_of",
+    "Driver", "Handle", "Volume", "Buffer", "Batch", "Stream", "StreamResult", "Cell", "memory_of",
     "Error", "InvalidArgument", "NotRegistered", "AlreadyRegistered", "BusyError", "TimeoutError",
     "WedgedError", "ClosedError", "UnsupportedError", "GpuError", "DeviceError", "__version__",
 ]

@@ -122,15 +122,8 @@ impl Handle {
         file_offset: u64,
         write: bool,
     ) -> PyResult<usize> {
-        let tokens = segments
-            .iter()
-            .map(|(b, _, _)| {
-                b.check(py)?;
-                Ok(b.token)
-            })
-            .collect::<PyResult<Vec<ugds::BufferToken>>>()?;
-        let segs: Vec<ugds::Segment> =
-            tokens.iter().zip(segments).map(|(t, (_, off, len))| ugds::Segment::new(t, *off, *len)).collect();
+        let tokens = checked_tokens(py, segments)?;
+        let segs = as_segments(&tokens, segments);
         let h = &self.inner;
         py.allow_threads(|| if write { h.writev(&segs, file_offset) } else { h.readv(&segs, file_offset) }).map_err(err)
     }
@@ -384,7 +377,8 @@ impl Buffer {
 /// the GIL; any number of threads may use one handle.
 #[pyclass(module = "ugds._ugds", frozen)]
 struct Handle {
-    inner: ugds::Handle,
+    /// Shared with the volumes made of it.
+    inner: Arc<ugds::Handle>,
 }
 
 impl Handle {
@@ -414,15 +408,8 @@ impl Handle {
         stream: &Stream,
         write: bool,
     ) -> PyResult<StreamResult> {
-        let tokens = segments
-            .iter()
-            .map(|(b, _, _)| {
-                b.check(py)?;
-                Ok(b.token)
-            })
-            .collect::<PyResult<Vec<ugds::BufferToken>>>()?;
-        let segs: Vec<ugds::Segment> =
-            tokens.iter().zip(segments).map(|(t, (_, off, len))| ugds::Segment::new(t, *off, *len)).collect();
+        let tokens = checked_tokens(py, segments)?;
+        let segs = as_segments(&tokens, segments);
         let total = segments.iter().map(|s| s.2 as u64).sum::<u64>();
         let (io, r) = StreamIo::late(Arc::new(AtomicU64::new(total)), file_offset.cell(), Arc::new(AtomicU64::new(0)));
         let h = &self.inner;
@@ -434,8 +421,137 @@ impl Handle {
 
 impl From<ugds::Handle> for Handle {
     fn from(inner: ugds::Handle) -> Self {
-        Handle { inner }
+        Handle { inner: Arc::new(inner) }
     }
+}
+
+/// Several handles as one: striped (RAID 0) or concatenated. read, write,
+/// readv and writev as on a Handle; a request spanning members runs on them
+/// at once and completes whole, or raises naming the member that failed.
+/// The members stay usable on their own.
+#[pyclass(module = "ugds._ugds", frozen)]
+struct Volume {
+    inner: ugds::Volume,
+}
+
+#[pymethods]
+impl Volume {
+    /// A volume over `handles` (in order; one driver, one block size):
+    /// striped with `stripe`-byte stripes (a power of two of at least
+    /// 4096), or concatenated when `stripe` is 0.
+    #[new]
+    #[pyo3(signature = (handles, stripe=0))]
+    fn new(handles: Vec<PyRef<'_, Handle>>, stripe: u64) -> PyResult<Volume> {
+        let members = handles.iter().map(|h| h.inner.clone()).collect();
+        let layout = match stripe {
+            0 => ugds::VolumeLayout::Concat,
+            s => ugds::VolumeLayout::Striped { stripe: s },
+        };
+        ugds::Volume::with_shared(members, layout).map(|inner| Volume { inner }).map_err(err)
+    }
+
+    /// Reads `size` bytes at byte `file_offset` of the volume into the
+    /// buffer at `buf_offset`; returns the bytes read.
+    #[pyo3(signature = (buf, size, file_offset, buf_offset=0))]
+    fn read(&self, py: Python<'_>, buf: &Buffer, size: usize, file_offset: u64, buf_offset: usize) -> PyResult<usize> {
+        buf.check(py)?;
+        let t = buf.token;
+        py.allow_threads(|| self.inner.read(&t, size, file_offset, buf_offset)).map_err(err)
+    }
+
+    /// Writes `size` bytes from the buffer at `buf_offset` to byte
+    /// `file_offset` of the volume; returns the bytes written.
+    #[pyo3(signature = (buf, size, file_offset, buf_offset=0))]
+    fn write(&self, py: Python<'_>, buf: &Buffer, size: usize, file_offset: u64, buf_offset: usize) -> PyResult<usize> {
+        buf.check(py)?;
+        let t = buf.token;
+        py.allow_threads(|| self.inner.write(&t, size, file_offset, buf_offset)).map_err(err)
+    }
+
+    /// As Handle.readv, on the volume.
+    fn readv(
+        &self,
+        py: Python<'_>,
+        segments: Vec<(PyRef<'_, Buffer>, usize, usize)>,
+        file_offset: u64,
+    ) -> PyResult<usize> {
+        let tokens = checked_tokens(py, &segments)?;
+        let segs = as_segments(&tokens, &segments);
+        py.allow_threads(|| self.inner.readv(&segs, file_offset)).map_err(err)
+    }
+
+    /// As Handle.writev, on the volume.
+    fn writev(
+        &self,
+        py: Python<'_>,
+        segments: Vec<(PyRef<'_, Buffer>, usize, usize)>,
+        file_offset: u64,
+    ) -> PyResult<usize> {
+        let tokens = checked_tokens(py, &segments)?;
+        let segs = as_segments(&tokens, &segments);
+        py.allow_threads(|| self.inner.writev(&segs, file_offset)).map_err(err)
+    }
+
+    /// Flushes every member's volatile write cache.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        py.allow_threads(|| self.inner.flush()).map_err(err)
+    }
+
+    /// Size in bytes.
+    #[getter]
+    fn capacity(&self) -> u64 {
+        self.inner.capacity()
+    }
+
+    /// The members' logical block size.
+    #[getter]
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+
+    /// Stripe size in bytes, 0 when concatenated.
+    #[getter]
+    fn stripe(&self) -> u64 {
+        match self.inner.layout() {
+            ugds::VolumeLayout::Striped { stripe } => stripe,
+            _ => 0,
+        }
+    }
+
+    /// What each member is, in order.
+    #[getter]
+    fn members(&self) -> Vec<String> {
+        (0..self.inner.member_count()).map(|i| self.inner.member_name(i).to_string()).collect()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<ugds.Volume {} members, {} bytes, stripe {}>",
+            self.inner.member_count(),
+            self.capacity(),
+            self.stripe()
+        )
+    }
+}
+
+/// The registrations of (buffer, offset, length) segments, each buffer
+/// checked live.
+fn checked_tokens(py: Python<'_>, segments: &[(PyRef<'_, Buffer>, usize, usize)]) -> PyResult<Vec<ugds::BufferToken>> {
+    segments
+        .iter()
+        .map(|(b, _, _)| {
+            b.check(py)?;
+            Ok(b.token)
+        })
+        .collect()
+}
+
+/// The segments as the library takes them, on `tokens` (in order).
+fn as_segments<'t>(
+    tokens: &'t [ugds::BufferToken],
+    segments: &[(PyRef<'_, Buffer>, usize, usize)],
+) -> Vec<ugds::Segment<'t>> {
+    tokens.iter().zip(segments).map(|(t, (_, off, len))| ugds::Segment::new(t, *off, *len)).collect()
 }
 
 /// A late-bound value for stream-ordered I/O: read when the stream reaches
@@ -765,6 +881,7 @@ fn _ugds(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<Driver>()?;
     m.add_class::<Handle>()?;
+    m.add_class::<Volume>()?;
     m.add_class::<Buffer>()?;
     m.add_class::<Batch>()?;
     m.add_class::<Stream>()?;
