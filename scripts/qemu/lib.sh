@@ -266,8 +266,11 @@ make_initramfs() {
 #   iommufd  as default, booted on the iommufd kernel (vfio cdev)
 #   debug    as default, booted on the debug kernel (KASAN, lockdep, DMA-API debug, kmemleak)
 #   null     a null namespace (no data kept, reads return zeros)
+#   volume   three controllers: two under an emulated PCIe switch (x3130
+#            upstream port, two xio3130 downstream ports) below one root port,
+#            the third on a root port of its own
 controller_args() {
-    local cfg=$1 img1=$2 img2=$3
+    local cfg=$1 img1=$2 img2=$3 img3=${4:-}
     case $cfg in
         default) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-default,drive=nvm1" ;;
         small) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-small,drive=nvm1,mdts=2,mqes=15,max_ioqpairs=2" ;;
@@ -277,6 +280,12 @@ controller_args() {
         iommufd) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-iommufd,drive=nvm1" ;;
         debug) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-debug,drive=nvm1" ;;
         null) echo "-drive driver=null-co,read-zeroes=on,if=none,id=nvm1 -device nvme,serial=ugds-null,drive=nvm1" ;;
+        volume) echo "-device pcie-root-port,id=rp1,bus=pcie.0,chassis=1,slot=1 -device x3130-upstream,id=up1,bus=rp1" \
+            "-device xio3130-downstream,id=dn1,bus=up1,chassis=2,slot=0 -device xio3130-downstream,id=dn2,bus=up1,chassis=3,slot=0" \
+            "-device pcie-root-port,id=rp2,bus=pcie.0,chassis=4,slot=2" \
+            "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-vol0,drive=nvm1,bus=dn1" \
+            "-drive file=$img2,if=none,id=nvm2,format=raw -device nvme,serial=ugds-vol1,drive=nvm2,bus=dn2" \
+            "-drive file=$img3,if=none,id=nvm3,format=raw -device nvme,serial=ugds-vol2,drive=nvm3,bus=rp2" ;;
         *) return 1 ;;
     esac
 }
@@ -286,9 +295,10 @@ controller_args() {
 # Debian's.
 run_guest() {
     local cfg=$1 initrd=$2 con=$3 tr=$4 append=${5:-}
-    local img1=$W/$cfg-ns1.img img2=$W/$cfg-ns2.img
-    rm -f "$img1" "$img2" "$tr"; truncate -s 64M "$img1"; truncate -s 64M "$img2"
-    local dev; dev=$(controller_args "$cfg" "$img1" "$img2") || { echo "unknown configuration $cfg"; return 2; }
+    local img1=$W/$cfg-ns1.img img2=$W/$cfg-ns2.img img3=$W/$cfg-ns3.img
+    rm -f "$img1" "$img2" "$img3" "$tr"; truncate -s 64M "$img1"; truncate -s 64M "$img2"
+    [ "$cfg" = volume ] && truncate -s 64M "$img3"
+    local dev; dev=$(controller_args "$cfg" "$img1" "$img2" "$img3") || { echo "unknown configuration $cfg"; return 2; }
     local kernel=$K/boot/vmlinuz-$KV
     [ "$cfg" = iommufd ] && kernel=$IOMMUFD_KERNEL
     # The checkers report at warning level, which `quiet` would hide.

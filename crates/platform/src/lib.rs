@@ -131,6 +131,14 @@ pub trait Platform: Send + Sync {
 
     /// Number of interrupt vectors available (0: polling only).
     fn interrupt_vectors(&self) -> u16;
+
+    /// The controller's PCI address (`0000:01:00.0`), where it is a PCI
+    /// function: where it sits in the PCIe hierarchy (volumes steer a GPU
+    /// to the members nearest it). `None` for an emulated controller or a
+    /// file.
+    fn pci_address(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The one way ugds takes a lock: a lock whose holder panicked is used as

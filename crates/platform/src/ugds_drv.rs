@@ -221,4 +221,17 @@ impl Platform for UgdsDrvPlatform {
     fn interrupt_vectors(&self) -> u16 {
         self.vectors.len() as u16
     }
+
+    fn pci_address(&self) -> Option<String> {
+        pci_address_in(std::path::Path::new("/sys"), &self.path)
+    }
+}
+
+/// The PCI function behind the module's character device `dev`
+/// (`/dev/ugds_drv0`), from its class device's `device` link under the
+/// sysfs mounted at `sysfs`.
+pub fn pci_address_in(sysfs: &std::path::Path, dev: &str) -> Option<String> {
+    let name = std::path::Path::new(dev).file_name()?.to_str()?;
+    let link = std::fs::read_link(sysfs.join("class/ugds_drv").join(name).join("device")).ok()?;
+    Some(link.file_name()?.to_str()?.to_string())
 }

@@ -382,4 +382,8 @@ impl Platform for VfioPlatform {
     fn interrupt_vectors(&self) -> u16 {
         self.vectors.len() as u16
     }
+
+    fn pci_address(&self) -> Option<String> {
+        Some(self.bdf.clone())
+    }
 }

@@ -1,16 +1,56 @@
-//! Volumes (`ugds::Volume`): several emulated controllers (and a file
-//! through the kernel) as one handle, striped or concatenated; data lands
-//! on the member the layout names, a request spanning members completes as
-//! one, bad input changes nothing on any member, and a member's failure
-//! fails the request with the member named.
+//! Volumes (`ugds::Volume`): several controllers (and a file through the
+//! kernel) as one handle, striped or concatenated; data lands on the member
+//! the layout names, a request spanning members completes as one, bad input
+//! changes nothing on any member, and a member's failure fails the request
+//! with the member named.
+//!
+//! By default the members are emulated controllers; with
+//! `UGDS_TEST_VOLUME=<bdf>,<bdf>,...` the tests that need no injected fault
+//! run on those controllers bound to vfio-pci (QEMU's, three of them behind
+//! a PCIe switch and a root port, in `scripts/qemu-conformance volume`),
+//! with `UGDS_TEST_INTERRUPT=1` in interrupt completion mode. Run them one
+//! at a time there (`--test-threads=1`).
 
 mod common;
 use common::*;
+use std::sync::Arc;
 use ugds::nvme::Status;
-use ugds::{Driver, Error, Handle, Segment, Volume, VolumeLayout};
+use ugds::{Driver, Error, Handle, QueueStats, Segment, Volume, VolumeLayout};
 use ugds_emu::{EmuConfig, EmuControl, Fault, FaultAction, FaultTarget, NamespaceConfig};
 
 const MIB: usize = 1 << 20;
+
+/// `UGDS_TEST_VOLUME`: the controllers to make volumes of.
+fn pci_members() -> Option<Vec<String>> {
+    let v = std::env::var("UGDS_TEST_VOLUME").ok().filter(|s| !s.is_empty())?;
+    Some(v.split(',').map(str::to_string).collect())
+}
+
+/// The members of the tests that run on real controllers: those
+/// `UGDS_TEST_VOLUME` names (at least `n` of them: the first `n`), or `n`
+/// emulated ones of `bytes` each.
+fn volume_members(d: &Driver, n: usize, bytes: u64) -> Vec<Handle> {
+    match pci_members() {
+        Some(bdfs) => {
+            assert!(bdfs.len() >= n, "UGDS_TEST_VOLUME names {} controllers; the test needs {n}", bdfs.len());
+            let interrupt = std::env::var("UGDS_TEST_INTERRUPT").is_ok_and(|v| v == "1");
+            let o = opts().completion(if interrupt { ugds::Completion::Interrupt } else { ugds::Completion::Poll });
+            bdfs[..n]
+                .iter()
+                .map(|b| {
+                    let p = ugds::platform::vfio::VfioPlatform::open(b).unwrap_or_else(|e| panic!("open {b}: {e}"));
+                    d.open_handle(Arc::new(p), o.clone()).unwrap_or_else(|e| panic!("handle on {b}: {e}"))
+                })
+                .collect()
+        }
+        None => members(d, n, bytes).0,
+    }
+}
+
+/// Commands the members' queues have taken.
+fn submitted(v: &Volume) -> Vec<u64> {
+    (0..v.member_count()).map(|i| QueueStats::total(&v.member(i).queue_stats()).unwrap().submitted).collect()
+}
 
 fn emu(bytes: u64, block: u32) -> EmuConfig {
     EmuConfig::default().namespaces(vec![NamespaceConfig::memory(bytes, block)])
@@ -21,17 +61,14 @@ fn members(d: &Driver, n: usize, bytes: u64) -> (Vec<Handle>, Vec<EmuControl>) {
     (0..n).map(|_| open_emulated(d, emu(bytes, 512), opts()).unwrap()).unzip()
 }
 
-fn writes(c: &[EmuControl]) -> Vec<u64> {
-    c.iter().map(|c| c.stats().writes).collect()
-}
-
 #[test]
 fn striping_puts_stripe_i_on_member_i_mod_n() {
     let d = Driver::open();
-    let (hs, _c) = members(&d, 3, 4 << 20);
+    let hs = volume_members(&d, 3, 4 << 20);
+    let least = hs.iter().map(|h| h.capacity()).min().unwrap();
     let stripe = 64 << 10;
     let v = Volume::new(hs, VolumeLayout::Striped { stripe: stripe as u64 }).unwrap();
-    assert_eq!(v.capacity(), 3 * (4 << 20));
+    assert_eq!(v.capacity(), 3 * (least / stripe as u64 * stripe as u64));
     // 1 MiB from half a stripe in: every member, several rows each.
     let mut b = Buf::new(&d, MIB);
     let off = stripe as u64 / 2;
@@ -84,7 +121,7 @@ fn concatenation_crosses_members_in_order_and_mixes_platforms() {
 #[test]
 fn vectored_requests_split_across_members_and_segments() {
     let d = Driver::open();
-    let (hs, _c) = members(&d, 4, 2 << 20);
+    let hs = volume_members(&d, 3, 2 << 20);
     let v = Volume::new(hs, VolumeLayout::Striped { stripe: 4096 }).unwrap();
     let mut a = Buf::new(&d, 256 << 10);
     let mut b = Buf::new(&d, 64 << 10);
@@ -123,7 +160,7 @@ fn a_request_needing_more_than_one_vectored_call_per_member_still_completes() {
     // 4 KiB stripes over 2 members: a 4 MiB request gives each member 512
     // pieces, more than one vectored call takes.
     let d = Driver::open();
-    let (hs, _c) = members(&d, 2, 4 << 20);
+    let hs = volume_members(&d, 2, 4 << 20);
     let v = Volume::new(hs, VolumeLayout::Striped { stripe: 4096 }).unwrap();
     let len = 4 * MIB;
     let mut b = Buf::new(&d, len);
@@ -138,10 +175,10 @@ fn a_request_needing_more_than_one_vectored_call_per_member_still_completes() {
 #[test]
 fn bad_input_changes_nothing_on_any_member() {
     let d = Driver::open();
-    let (hs, c) = members(&d, 3, 1 << 20);
+    let hs = volume_members(&d, 3, 1 << 20);
     let v = Volume::new(hs, VolumeLayout::Striped { stripe: 8192 }).unwrap();
     let b = Buf::new(&d, 64 << 10);
-    let before = writes(&c);
+    let before = submitted(&v);
     let stale = {
         let x = Buf::new(&d, 4096);
         x.token
@@ -164,7 +201,7 @@ fn bad_input_changes_nothing_on_any_member() {
         let e = r.expect_err(what);
         assert!(!matches!(e, Error::Member { .. }), "{what}: refused before any member saw it: {e}");
     }
-    assert_eq!(writes(&c), before, "no member wrote anything");
+    assert_eq!(submitted(&v), before, "no member was given a command");
 }
 
 #[test]
@@ -219,7 +256,7 @@ fn io(op: ugds::BatchOp, b: &Buf, size: usize, file_offset: u64, buf_offset: usi
 fn a_volume_batch_completes_each_request_as_one_event() {
     use ugds::{BatchOp, BatchStatus};
     let d = Driver::open();
-    let (hs, _c) = members(&d, 3, 4 << 20);
+    let hs = volume_members(&d, 3, 4 << 20);
     let v = Volume::new(hs, VolumeLayout::Striped { stripe: 16384 }).unwrap();
     let mut b = Buf::new(&d, 4 * MIB);
     let want = pattern(7, 0, 4 * MIB);
@@ -295,22 +332,47 @@ fn a_volume_batch_fails_only_the_requests_a_member_failed() {
 fn a_volume_batch_refuses_bad_input_and_overflow_with_nothing_submitted() {
     use ugds::BatchOp;
     let d = Driver::open();
-    let (hs, c) = members(&d, 2, 1 << 20);
+    let hs = volume_members(&d, 2, 1 << 20);
+    let first = hs[0].capacity();
     let v = Volume::new(hs, VolumeLayout::Concat).unwrap();
     let b = Buf::new(&d, 64 << 10);
     let batch = v.batch(2).unwrap();
-    let before = writes(&c);
-    let good = io(BatchOp::Write, &b, 8192, (1 << 20) - 4096, 0, 1);
+    let before = submitted(&v);
+    let good = io(BatchOp::Write, &b, 8192, first - 4096, 0, 1);
     let bad = io(BatchOp::Write, &b, 8192, 100, 0, 2);
     assert!(matches!(batch.submit(&[good, bad]), Err(Error::Misaligned { .. })));
     let e = batch.submit(&[good, good, good]).unwrap_err();
     assert!(matches!(e, Error::CapacityExceeded { .. }), "{e}");
     assert!(batch.submit(&[]).is_err());
-    assert_eq!(writes(&c), before, "nothing reached a member");
+    assert_eq!(submitted(&v), before, "nothing reached a member");
     assert_eq!(batch.outstanding(), 0);
     batch.submit(&[good]).unwrap();
     let mut evs = Vec::new();
     batch.get_status(1, 1, None, &mut evs).unwrap();
     assert_eq!(evs[0].result.as_ref().ok(), Some(&8192));
-    assert_eq!(writes(&c), vec![before[0] + 1, before[1] + 1], "one part on each member");
+    assert_eq!(submitted(&v), vec![before[0] + 1, before[1] + 1], "one part, one command, on each member");
+}
+
+/// In the QEMU guest of `scripts/qemu-conformance volume`
+/// (`UGDS_TEST_VOLUME_TOPOLOGY=1`): members 0 and 1 sit under one emulated
+/// PCIe switch, member 2 on a root port of its own; the members nearest a
+/// device come first.
+#[test]
+fn members_near_follow_the_pcie_hierarchy() {
+    use ugds::volume::topology::Affinity;
+    if std::env::var("UGDS_TEST_VOLUME_TOPOLOGY").map_or(true, |v| v != "1") {
+        eprintln!("SKIPPED: UGDS_TEST_VOLUME_TOPOLOGY is not set (runs in the QEMU guest of the volume configuration)");
+        return;
+    }
+    let d = Driver::open();
+    let v = Volume::new(volume_members(&d, 3, 1 << 20), VolumeLayout::Striped { stripe: 4096 }).unwrap();
+    let at = |i: usize| v.member(i).pci_address().expect("a PCI function");
+    assert_eq!(
+        v.members_near(&at(1)),
+        vec![(0, Affinity::SameSwitch), (1, Affinity::SameSwitch), (2, Affinity::SameHostBridge)]
+    );
+    assert_eq!(
+        v.members_near(&at(2)),
+        vec![(2, Affinity::SameRootPort), (0, Affinity::SameHostBridge), (1, Affinity::SameHostBridge)]
+    );
 }

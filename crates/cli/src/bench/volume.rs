@@ -30,10 +30,20 @@ impl Figures {
     }
 }
 
-/// A thread's buffer: `qd` slots of the largest size.
+/// A thread's buffer: `qd` slots of the largest size, in host memory or
+/// (`--gpu`) in GPU 0's.
 struct ThreadBuf {
     token: ugds::BufferToken,
-    mem: HostBuffer,
+    /// The memory, where it is host memory.
+    host: Option<HostBuffer>,
+    /// Held until the end (freed after its deregistration).
+    _gpu: Option<ugds::gpu::cuda::DeviceBuffer>,
+}
+
+impl ThreadBuf {
+    fn host(&self) -> Option<&HostBuffer> {
+        self.host.as_ref()
+    }
 }
 
 // SAFETY: each thread touches only its own buffer, and only the slots with
@@ -63,19 +73,39 @@ pub(super) fn run(o: &Opts, layout: VolumeLayout) -> Result<(), String> {
         println!("member {i} {} ({})", t.description, volume.member_name(i));
     }
     let max_size = *o.sizes.iter().max().expect("a size");
+    let cuda = if o.gpu {
+        let c = ugds::gpu::cuda::Cuda::get().map_err(|e| format!("--gpu: {e}"))?;
+        c.use_device(0).map_err(|e| format!("--gpu: {e}"))?;
+        Some(c)
+    } else {
+        None
+    };
     let bufs: Vec<ThreadBuf> = (0..o.threads)
-        .map(|_| {
-            let mut mem = HostBuffer::new(o.qd * max_size)?;
-            // SAFETY: `mem` lives in the ThreadBuf, deregistered before it is dropped (below).
-            let token = unsafe { driver.register(mem.as_mut_ptr(), mem.len())? };
-            Ok(ThreadBuf { token, mem })
+        .map(|_| match &cuda {
+            Some(c) => {
+                let g = c.alloc(o.qd * max_size)?;
+                // SAFETY: `g` lives in the ThreadBuf, deregistered before it is dropped (below).
+                let token = unsafe { driver.register_cuda(g.ptr(), g.len())? };
+                Ok(ThreadBuf { token, host: None, _gpu: Some(g) })
+            }
+            None => {
+                let mut mem = HostBuffer::new(o.qd * max_size)?;
+                // SAFETY: `mem` lives in the ThreadBuf, deregistered before it is dropped (below).
+                let token = unsafe { driver.register(mem.as_mut_ptr(), mem.len())? };
+                Ok(ThreadBuf { token, host: Some(mem), _gpu: None })
+            }
         })
         .collect::<ugds::Result<_>>()
         .map_err(|e| e.to_string())?;
+    println!("buffers  {}", if o.gpu { "GPU 0's memory (CUDA)" } else { "host memory" });
     let cap = volume.capacity();
     let range = o.range.unwrap_or(cap).min(cap);
-    if o.verify {
-        prefill(&volume, &bufs[0], range).map_err(|e| format!("writing the pattern: {e}"))?;
+    // The pattern goes in first for --verify, and into emulated memory
+    // namespaces always: reads of memory never written would copy the
+    // zero page, not the data.
+    let memory = o.target.targets.is_empty() && o.target.memory && !o.target.null;
+    if o.verify || memory {
+        prefill(&driver, &volume, range).map_err(|e| format!("writing the pattern: {e}"))?;
     }
     let block = volume.block_size();
     // A controller takes one handle at a time: each run opens its own.
@@ -113,7 +143,9 @@ pub(super) fn run(o: &Opts, layout: VolumeLayout) -> Result<(), String> {
             let range = range.min(v.capacity());
             // The pattern was written through the volume: only its reads are checked.
             let f = run_one(o, &v, &bufs, size, range, whole);
-            let ratio = one_mib.map(|m: f64| f.mib_s(size) / m);
+            // With --verify the volume's reads are checked and member 0's
+            // are not: no ratio then.
+            let ratio = one_mib.filter(|_| !o.verify).map(|m: f64| f.mib_s(size) / m);
             println!(
                 "{:<9} {:<14} {:>10.1} {:>10.0} {:>9.1} {:>9.1} {:>9}",
                 fmt_bytes(size as u64),
@@ -172,19 +204,23 @@ fn describe_layout(l: VolumeLayout) -> String {
 }
 
 /// Writes the pattern over `range` of the volume, 1 MiB at a time
-/// through `b`'s first slot (as much of it as there is).
-fn prefill(v: &Volume, b: &ThreadBuf, range: u64) -> ugds::Result<()> {
-    let chunk = (b.mem.len() as u64).min(1 << 20) / v.block_size() as u64 * v.block_size() as u64;
+/// through a host buffer of its own.
+fn prefill(driver: &Driver, v: &Volume, range: u64) -> ugds::Result<()> {
+    let mut mem = HostBuffer::new(1 << 20)?;
+    // SAFETY: `mem` outlives the registration (deregistered below).
+    let token = unsafe { driver.register(mem.as_mut_ptr(), mem.len())? };
     let mut off = 0;
-    while off < range {
-        let n = chunk.min(range - off) as usize;
+    let mut r = Ok(());
+    while off < range && r.is_ok() {
+        let n = (range - off).min(mem.len() as u64) as usize;
         // SAFETY: no I/O is in flight on the buffer; `n` is within it and a
         // multiple of the block size (so of 8).
-        unsafe { fill_pattern(b.mem.as_ptr() as *mut u8, n, off) };
-        v.write(&b.token, n, off, 0)?;
+        unsafe { fill_pattern(mem.as_mut_ptr(), n, off) };
+        r = v.write(&token, n, off, 0).map(|_| ());
         off += n as u64;
     }
-    Ok(())
+    driver.deregister(&token)?;
+    r
 }
 
 fn run_one(o: &Opts, v: &Volume, bufs: &[ThreadBuf], size: usize, range: u64, verify: bool) -> Figures {
@@ -247,7 +283,14 @@ fn thread_loop(
         i * size as u64
     };
     let op = if o.mode.writes() { BatchOp::Write } else { BatchOp::Read };
-    let base = b.mem.as_ptr() as *mut u8;
+    if let Err(e) = if o.gpu { ugds::gpu::cuda::Cuda::get().and_then(|c| c.use_device(0)) } else { Ok(()) } {
+        f.errors += 1;
+        f.first_error = Some(format!("--gpu: {e}"));
+        return f;
+    }
+    // Patterns are written and checked in host memory only (`--verify` and
+    // writes' contents need no GPU memory: there they are whatever it holds).
+    let base = b.host().map_or(std::ptr::null_mut(), |h| h.as_ptr() as *mut u8);
     let fail = |f: &mut Figures, e: String| {
         f.errors += 1;
         f.first_error.get_or_insert(e);
@@ -255,13 +298,13 @@ fn thread_loop(
     // Before a write, the slot holds the pattern of where it goes; after a
     // read, it is checked against it.
     let prepare = |slot: usize, off: u64| {
-        if op == BatchOp::Write {
+        if op == BatchOp::Write && !base.is_null() {
             // SAFETY: the slot lies in this thread's buffer with no I/O in flight on it.
             unsafe { fill_pattern(base.add(slot * size), size, off) };
         }
     };
     let check = |slot: usize, off: u64| -> u64 {
-        if verify && o.verify && op == BatchOp::Read {
+        if verify && o.verify && op == BatchOp::Read && !base.is_null() {
             // SAFETY: the slot's read has completed; nothing else writes it.
             unsafe { check_pattern(base.add(slot * size), size, off) }
         } else {

@@ -9,6 +9,12 @@ pub struct Handle {
 }
 
 impl Handle {
+    /// The controller's PCI address, where it is a PCI function (not an
+    /// emulated controller or a file).
+    pub fn pci_address(&self) -> Option<String> {
+        self.inner.platform().pci_address()
+    }
+
     /// What bring-up learned about the controller.
     pub fn controller(&self) -> &ControllerInfo {
         self.inner.ctrl.info()

@@ -144,6 +144,15 @@ impl Volume {
         &self.inner.names[i]
     }
 
+    /// The members nearest the GPU (or any PCI function) at `gpu` first,
+    /// by where they sit in the PCIe hierarchy (see [`topology`]): the
+    /// ones to give its requests where the data is on several, the order to
+    /// pick members in when building a volume for it.
+    pub fn members_near(&self, gpu: &str) -> Vec<(usize, topology::Affinity)> {
+        let addrs: Vec<Option<String>> = self.inner.members.iter().map(|m| m.pci_address()).collect();
+        topology::rank(std::path::Path::new("/sys"), gpu, &addrs)
+    }
+
     /// Reads `size` bytes at `file_offset` of the volume into `buf` at
     /// `buf_offset`. Returns the bytes read (all of them: a member's
     /// failure fails the request).

@@ -11,7 +11,7 @@
 //! devices are as near as the deepest bridge their paths share.
 
 use crate::{Error, Result};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// How near two PCIe devices are, nearest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -89,15 +89,6 @@ impl PciPath {
     }
 }
 
-/// The PCI function behind a character device of the ugds_drv module
-/// (`/dev/ugds_drv0`), from its class device's `device` link.
-pub fn drv_pci_address(sysfs: &Path, dev: &str) -> Option<String> {
-    let name = Path::new(dev).file_name()?.to_str()?;
-    let link: PathBuf = sysfs.join("class/ugds_drv").join(name).join("device");
-    let target = std::fs::read_link(link).ok()?;
-    Some(target.file_name()?.to_str()?.to_string())
-}
-
 /// Orders `members` (PCI addresses, `None` for those that are not PCI
 /// devices) nearest to the GPU at `gpu` first, stably: the members'
 /// indices with their affinity.
@@ -121,6 +112,8 @@ pub fn rank(sysfs: &Path, gpu: &str, members: &[Option<String>]) -> Vec<(usize, 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    use std::path::PathBuf;
 
     /// A directory removed when dropped.
     pub(crate) struct Fixture(PathBuf);
@@ -212,13 +205,11 @@ pub(crate) mod tests {
         let f = fixture(&[SSD_SWITCH]);
         let class = f.path().join("class/ugds_drv/ugds_drv0");
         std::fs::create_dir_all(&class).unwrap();
-        std::os::unix::fs::symlink(
-            "../../../devices/pci0000:00/0000:00:02.0/0000:01:00.0/0000:02:02.0/0000:04:00.0",
-            class.join("device"),
-        )
-        .unwrap();
-        assert_eq!(drv_pci_address(f.path(), "/dev/ugds_drv0").as_deref(), Some("0000:04:00.0"));
-        assert_eq!(drv_pci_address(f.path(), "/dev/ugds_drv1"), None);
+        let target = "../../../devices/pci0000:00/0000:00:02.0/0000:01:00.0/0000:02:02.0/0000:04:00.0";
+        std::os::unix::fs::symlink(target, class.join("device")).unwrap();
+        let at = |dev| ugds_platform::ugds_drv::pci_address_in(f.path(), dev);
+        assert_eq!(at("/dev/ugds_drv0").as_deref(), Some("0000:04:00.0"));
+        assert_eq!(at("/dev/ugds_drv1"), None);
     }
 
     #[test]
