@@ -154,31 +154,49 @@ impl VolumeBatch {
             }
         }
         for (m, list) in by_member.iter().enumerate() {
-            if list.is_empty() {
-                continue;
+            // A part of one buffer piece goes as a plain request (the
+            // member's cheaper path), the others as vectored ones.
+            let (plain, vectored): (Vec<_>, Vec<_>) = list.iter().partition(|(_, _, p)| p.segments.len() == 1);
+            if !plain.is_empty() {
+                let ios: Vec<BatchIo> = plain
+                    .iter()
+                    .map(|&&(cookie, op, p)| {
+                        let s = &p.segments[0];
+                        BatchIo { op, buf: *s.buf, size: s.len, file_offset: p.member_offset, buf_offset: s.offset, cookie }
+                    })
+                    .collect();
+                let r = self.members[m].submit(&ios).map(|_| ());
+                Self::submitted(&mut st, m, plain.iter().map(|x| x.0), r);
             }
-            let iovs: Vec<BatchIov<'_>> = list
-                .iter()
-                .map(|&(cookie, op, p)| BatchIov { op, segments: &p.segments, file_offset: p.member_offset, cookie })
-                .collect();
-            match self.members[m].submit_vectored(&iovs) {
-                Ok(_) => st.parts_out[m] += iovs.len(),
-                Err(e) => {
-                    // These parts never reached the member: they end now,
-                    // failed; the requests' other parts still complete.
-                    for (cookie, _, _) in list {
-                        let slot = (*cookie >> 32) as usize;
-                        let r = st.reqs[slot].as_mut().expect("just started");
-                        r.fail(m, BatchStatus::Failed, e.clone());
-                        r.pending -= 1;
-                    }
-                }
+            if !vectored.is_empty() {
+                let iovs: Vec<BatchIov<'_>> = vectored
+                    .iter()
+                    .map(|&&(cookie, op, p)| BatchIov { op, segments: &p.segments, file_offset: p.member_offset, cookie })
+                    .collect();
+                let r = self.members[m].submit_vectored(&iovs).map(|_| ());
+                Self::submitted(&mut st, m, vectored.iter().map(|x| x.0), r);
             }
         }
         for &slot in &slots {
             Self::finish_if_done(&mut st, v, slot);
         }
         Ok(())
+    }
+
+    /// Books parts (by cookie) handed to member `m`: on the member's context,
+    /// or, refused (`r`), ended now as failed; the requests' other parts
+    /// still complete.
+    fn submitted(st: &mut State, m: usize, cookies: impl ExactSizeIterator<Item = u64>, r: Result<()>) {
+        match r {
+            Ok(()) => st.parts_out[m] += cookies.len(),
+            Err(e) => {
+                for cookie in cookies {
+                    let r = st.reqs[(cookie >> 32) as usize].as_mut().expect("just started");
+                    r.fail(m, BatchStatus::Failed, e.clone());
+                    r.pending -= 1;
+                }
+            }
+        }
     }
 
     /// Moves request `slot` to the collectable events once its last part
