@@ -376,3 +376,41 @@ fn members_near_follow_the_pcie_hierarchy() {
         vec![(2, Affinity::SameRootPort), (0, Affinity::SameHostBridge), (1, Affinity::SameHostBridge)]
     );
 }
+
+#[test]
+fn stream_ordered_io_on_a_volume_runs_in_order_with_late_values() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use ugds::{HostStream, StreamIo};
+    let d = Driver::open();
+    let v = Volume::new(volume_members(&d, 3, 4 << 20), VolumeLayout::Striped { stripe: 16384 }).unwrap();
+    let mut b = Buf::new(&d, 2 * MIB);
+    let want = pattern(8, 0, MIB);
+    b.mem[..MIB].copy_from_slice(&want);
+    let s = HostStream::new();
+    // The write's offset is set by work placed on the stream before it.
+    let (size, off, boff) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (io, wrote) = StreamIo::late(size.clone(), off.clone(), boff.clone());
+    {
+        let (size, off) = (size.clone(), off.clone());
+        s.enqueue(move || {
+            size.store(MIB as u64, Ordering::Release);
+            off.store(96 << 10, Ordering::Release);
+        });
+    }
+    v.write_async(&b.token, io, &s).unwrap();
+    // Read back after it, in order, into the second half of the buffer.
+    let (io, read) = StreamIo::new(MIB, 96 << 10, MIB);
+    v.read_async(&b.token, io, &s).unwrap();
+    // Past the end: refused when the stream reaches it, nothing moved.
+    let (io, bad) = StreamIo::new(MIB, v.capacity() - 4096, 0);
+    v.read_async(&b.token, io, &s).unwrap();
+    s.synchronize();
+    assert_eq!((wrote.bytes(), read.bytes()), (MIB as i64, MIB as i64));
+    assert!(b.mem[MIB..] == want[..], "read back in stream order");
+    assert!(bad.is_done() && bad.bytes() == -(libc::EINVAL as i64), "{}", bad.bytes());
+    assert!(matches!(bad.take_error(), Some(Error::OutOfRange { .. })));
+    // A deregistered buffer is refused at enqueue.
+    let gone = Buf::new(&d, 4096).token;
+    let (io, _) = StreamIo::new(4096, 0, 0);
+    assert!(matches!(v.read_async(&gone, io, &s), Err(Error::NotRegistered { .. } | Error::StaleToken { .. })));
+}

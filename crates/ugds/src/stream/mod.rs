@@ -411,6 +411,20 @@ impl StreamIo {
         }
     }
 
+    /// The values, read now (when the stream has reached the operation):
+    /// size, namespace offset, buffer offset.
+    pub(crate) fn values(&self) -> Result<(usize, u64, usize)> {
+        let size = usize::try_from(self.size.get()?).map_err(|_| Error::InvalidArgument("size too large".into()))?;
+        let buf_offset =
+            usize::try_from(self.buf_offset.get()?).map_err(|_| Error::InvalidArgument("offset too large".into()))?;
+        Ok((size, self.file_offset.get()?, buf_offset))
+    }
+
+    /// Writes the operation's outcome where the caller reads it.
+    pub(crate) fn finish(self, r: Result<usize>) {
+        self.result.write(r)
+    }
+
     /// Parameters behind raw pointers, as the C API passes them.
     ///
     /// # Safety

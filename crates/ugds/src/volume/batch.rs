@@ -162,7 +162,14 @@ impl VolumeBatch {
                     .iter()
                     .map(|&&(cookie, op, p)| {
                         let s = &p.segments[0];
-                        BatchIo { op, buf: *s.buf, size: s.len, file_offset: p.member_offset, buf_offset: s.offset, cookie }
+                        BatchIo {
+                            op,
+                            buf: *s.buf,
+                            size: s.len,
+                            file_offset: p.member_offset,
+                            buf_offset: s.offset,
+                            cookie,
+                        }
                     })
                     .collect();
                 let r = self.members[m].submit(&ios).map(|_| ());
@@ -171,7 +178,12 @@ impl VolumeBatch {
             if !vectored.is_empty() {
                 let iovs: Vec<BatchIov<'_>> = vectored
                     .iter()
-                    .map(|&&(cookie, op, p)| BatchIov { op, segments: &p.segments, file_offset: p.member_offset, cookie })
+                    .map(|&&(cookie, op, p)| BatchIov {
+                        op,
+                        segments: &p.segments,
+                        file_offset: p.member_offset,
+                        cookie,
+                    })
                     .collect();
                 let r = self.members[m].submit_vectored(&iovs).map(|_| ());
                 Self::submitted(&mut st, m, vectored.iter().map(|x| x.0), r);

@@ -21,6 +21,7 @@
 
 mod batch;
 pub mod layout;
+mod stream;
 pub mod topology;
 
 pub use batch::VolumeBatch;
@@ -52,6 +53,8 @@ struct Inner {
     /// Idle lanes: a batch context per member (made when first needed),
     /// one lane per synchronous request that spans members at once.
     lanes: Mutex<Vec<Lane>>,
+    /// Runs stream-ordered operations (made at the first).
+    stream: stream::StreamThread,
 }
 
 /// One request's batch contexts, a slot per member.
@@ -110,7 +113,8 @@ impl Volume {
         let geometry = Geometry::new(layout, &caps, block as u64)?;
         let names =
             members.iter().map(|m| format!("{} namespace {}", m.controller().platform, m.namespace().nsid)).collect();
-        let inner = Inner { members, names, geometry, block, lanes: Mutex::new(Vec::new()) };
+        let inner =
+            Inner { members, names, geometry, block, lanes: Mutex::new(Vec::new()), stream: Default::default() };
         Ok(Volume { inner: Arc::new(inner) })
     }
 
