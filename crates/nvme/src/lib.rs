@@ -13,21 +13,27 @@
 //! - [`identify`]: parsing of Identify Controller, Identify Namespace and the
 //!   active namespace list.
 //! - [`ring`]: ring index and phase-tag arithmetic.
-//! - [`cid`]: a command-identifier allocator independent of SQ slots.
+//! - [`cid`]: command identifiers independent of SQ slots, with a value per
+//!   command.
 //! - [`prp`]: the PRP planner and the chunking rules around it.
 //! - [`sgl`]: Scatter Gather List descriptors, built and walked.
+//! - [`fabrics`]: NVMe over Fabrics commands (Connect, Property Get and
+//!   Set) and their data and responses.
+//! - [`tcp`]: NVMe/TCP PDUs, built and parsed, with their digests.
 //!
 //! Section numbers refer to the NVM Express Base Specification 2.0 unless a
 //! comment says otherwise.
 
 pub mod cid;
 pub mod cmd;
+pub mod fabrics;
 pub mod identify;
 pub mod prp;
 pub mod regs;
 pub mod ring;
 pub mod sgl;
 pub mod status;
+pub mod tcp;
 mod types;
 
 pub use cid::{CidAllocator, CidTable};

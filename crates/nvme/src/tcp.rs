@@ -1,0 +1,647 @@
+//! NVMe/TCP PDUs (the NVMe over Fabrics TCP transport binding): what the
+//! host sends, built; what the controller sends, parsed and checked. Pure:
+//! the connection that carries them is the transport's.
+//!
+//! Every PDU starts with an 8-byte common header (type, flags, header
+//! length, data offset, total length). After the connection's ICReq and
+//! ICResp, commands go as CapsuleCmd (the 64-byte entry, then in-capsule
+//! data), completions come back as CapsuleResp (the 16-byte entry), data
+//! to the host as C2HData, and data to the controller as H2CData when an
+//! R2T asks for it. Header and data digests (CRC32C) are used where the
+//! ICReq asked for them and the ICResp granted them.
+//!
+//! Parsing never trusts a length: a PDU whose fields disagree (lengths,
+//! offsets, a type the host does not expect, a digest that does not match)
+//! is an error naming what is wrong, for the transport to end the
+//! connection with, never to wait on.
+
+use crate::{Cqe, Sqe};
+
+/// PDU types.
+pub mod pdu_type {
+    /// Initialize Connection Request (host to controller).
+    pub const IC_REQ: u8 = 0x00;
+    /// Initialize Connection Response.
+    pub const IC_RESP: u8 = 0x01;
+    /// Host to controller Terminate Connection Request.
+    pub const H2C_TERM_REQ: u8 = 0x02;
+    /// Controller to host Terminate Connection Request.
+    pub const C2H_TERM_REQ: u8 = 0x03;
+    /// Command Capsule.
+    pub const CAPSULE_CMD: u8 = 0x04;
+    /// Response Capsule.
+    pub const CAPSULE_RESP: u8 = 0x05;
+    /// Host to controller data.
+    pub const H2C_DATA: u8 = 0x06;
+    /// Controller to host data.
+    pub const C2H_DATA: u8 = 0x07;
+    /// Ready to Transfer.
+    pub const R2T: u8 = 0x09;
+}
+
+/// Common header flags.
+pub mod flags {
+    /// A header digest follows the header.
+    pub const HDGSTF: u8 = 1 << 0;
+    /// A data digest follows the data.
+    pub const DDGSTF: u8 = 1 << 1;
+    /// C2HData and H2CData: the last data PDU of the command.
+    pub const LAST_PDU: u8 = 1 << 2;
+    /// C2HData: the command succeeded; no CapsuleResp follows.
+    pub const SUCCESS: u8 = 1 << 3;
+}
+
+/// Bytes of the common header.
+pub const CH_LEN: usize = 8;
+/// Bytes of a digest.
+pub const DIGEST_LEN: usize = 4;
+/// Bytes of the ICReq and ICResp PDUs.
+pub const IC_LEN: usize = 128;
+/// Header bytes of CapsuleCmd (the common header and the entry).
+pub const CAPSULE_CMD_HLEN: usize = CH_LEN + Sqe::SIZE;
+/// Header bytes of CapsuleResp, C2HData, H2CData, R2T and TermReq.
+pub const SHORT_HLEN: usize = 24;
+/// The most error data a TermReq carries.
+pub const TERM_DATA_MAX: usize = 128;
+/// The least MAXH2CDATA a controller may grant.
+pub const MIN_MAXH2CDATA: u32 = 4096;
+
+/// Which digests a connection uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Digests {
+    /// CRC32C of each PDU header, after the header.
+    pub header: bool,
+    /// CRC32C of each PDU's data, after the data.
+    pub data: bool,
+}
+
+impl Digests {
+    fn bits(self) -> u8 {
+        self.header as u8 | (self.data as u8) << 1
+    }
+
+    fn header_len(self) -> usize {
+        if self.header {
+            DIGEST_LEN
+        } else {
+            0
+        }
+    }
+
+    fn data_len(self) -> usize {
+        if self.data {
+            DIGEST_LEN
+        } else {
+            0
+        }
+    }
+}
+
+/// What the handshake settled for the PDUs the host sends: the digests and
+/// the data alignment the controller asked for (CPDA).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Framing {
+    /// The connection's digests.
+    pub digests: Digests,
+    /// Data of host PDUs starts at a multiple of `(cpda + 1) * 4` bytes.
+    pub cpda: u8,
+}
+
+/// The CRC32C digest of `bytes`, as NVMe/TCP places it (little-endian).
+pub fn digest(bytes: &[u8]) -> [u8; DIGEST_LEN] {
+    crc32c::crc32c(bytes).to_le_bytes()
+}
+
+/// What is wrong with a PDU the controller sent.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PduError {
+    /// Fewer bytes than the PDU needs.
+    #[error("PDU of {got} bytes: {want} needed")]
+    Short {
+        /// Bytes needed.
+        want: usize,
+        /// Bytes there are.
+        got: usize,
+    },
+    /// A type the host does not take here.
+    #[error("unexpected PDU type {0:#04x}")]
+    Type(u8),
+    /// A header length other than the type's.
+    #[error("PDU type {ty:#04x} with a header of {hlen} bytes ({want} expected)")]
+    HeaderLength {
+        /// The type.
+        ty: u8,
+        /// Its header length.
+        hlen: u8,
+        /// The type's.
+        want: usize,
+    },
+    /// A total length that does not fit the header, the digests and the data.
+    #[error("PDU type {ty:#04x} of {plen} bytes: {why}")]
+    Length {
+        /// The type.
+        ty: u8,
+        /// Its total length.
+        plen: u32,
+        /// What does not fit.
+        why: String,
+    },
+    /// A header digest that does not match.
+    #[error("header digest mismatch on PDU type {ty:#04x}: {got:#010x} received, {want:#010x} computed")]
+    HeaderDigest {
+        /// The type.
+        ty: u8,
+        /// The digest in the PDU.
+        got: u32,
+        /// The digest of the header.
+        want: u32,
+    },
+    /// A data digest that does not match.
+    #[error("data digest mismatch on PDU type {ty:#04x}: {got:#010x} received, {want:#010x} computed")]
+    DataDigest {
+        /// The type.
+        ty: u8,
+        /// The digest in the PDU.
+        got: u32,
+        /// The digest of the data.
+        want: u32,
+    },
+    /// A field with a value the host did not ask for or cannot take.
+    #[error("{0}")]
+    Field(String),
+}
+
+/// The common header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommonHeader {
+    /// PDU type.
+    pub pdu_type: u8,
+    /// Flags.
+    pub flags: u8,
+    /// Header length (digest not included).
+    pub hlen: u8,
+    /// Where the data starts (0: no data).
+    pub pdo: u8,
+    /// Total length.
+    pub plen: u32,
+}
+
+impl CommonHeader {
+    /// Reads the first eight bytes of a PDU.
+    pub fn parse(b: &[u8; CH_LEN]) -> CommonHeader {
+        CommonHeader {
+            pdu_type: b[0],
+            flags: b[1],
+            hlen: b[2],
+            pdo: b[3],
+            plen: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+        }
+    }
+
+    /// The eight bytes.
+    pub fn to_bytes(self) -> [u8; CH_LEN] {
+        let p = self.plen.to_le_bytes();
+        [self.pdu_type, self.flags, self.hlen, self.pdo, p[0], p[1], p[2], p[3]]
+    }
+
+    /// How many bytes the PDU this header starts has in all, checked
+    /// against the type's header length and `max` (what the host takes in
+    /// one PDU): what to read before [`parse`] sees it whole. Refuses a
+    /// type the controller never sends.
+    pub fn pdu_len(&self, max: u32) -> Result<usize, PduError> {
+        let want = match self.pdu_type {
+            pdu_type::IC_RESP => IC_LEN,
+            pdu_type::CAPSULE_RESP | pdu_type::C2H_DATA | pdu_type::R2T | pdu_type::C2H_TERM_REQ => SHORT_HLEN,
+            t => return Err(PduError::Type(t)),
+        };
+        if self.hlen as usize != want {
+            return Err(PduError::HeaderLength { ty: self.pdu_type, hlen: self.hlen, want });
+        }
+        if (self.plen as usize) < want || self.plen > max {
+            return Err(PduError::Length {
+                ty: self.pdu_type,
+                plen: self.plen,
+                why: format!("not between its header's {want} bytes and the {max} the host takes"),
+            });
+        }
+        Ok(self.plen as usize)
+    }
+}
+
+/// The host's ICReq: `hpda` (the data alignment the host asks of the
+/// controller's PDUs, in dwords less one), the digests it asks for, and
+/// `maxr2t` (outstanding R2Ts per command, zero-based).
+pub fn ic_req(hpda: u8, digests: Digests, maxr2t: u32) -> [u8; IC_LEN] {
+    let mut b = [0u8; IC_LEN];
+    let ch = CommonHeader { pdu_type: pdu_type::IC_REQ, flags: 0, hlen: IC_LEN as u8, pdo: 0, plen: IC_LEN as u32 };
+    b[..CH_LEN].copy_from_slice(&ch.to_bytes());
+    // PFV 0 (bytes 8-9), HPDA, DGST, MAXR2T.
+    b[10] = hpda;
+    b[11] = digests.bits();
+    b[12..16].copy_from_slice(&maxr2t.to_le_bytes());
+    b
+}
+
+/// What the controller's ICResp granted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IcResp {
+    /// The data alignment the controller asks of the host's PDUs (dwords
+    /// less one).
+    pub cpda: u8,
+    /// The digests the connection uses.
+    pub digests: Digests,
+    /// The most data bytes in one H2CData PDU.
+    pub maxh2cdata: u32,
+}
+
+/// Reads the controller's ICResp, checked against what the host asked
+/// (`asked`: digests it did not ask for are a protocol error).
+pub fn parse_ic_resp(b: &[u8], asked: Digests) -> Result<IcResp, PduError> {
+    if b.len() < IC_LEN {
+        return Err(PduError::Short { want: IC_LEN, got: b.len() });
+    }
+    let ch = CommonHeader::parse(b[..CH_LEN].try_into().expect("eight bytes"));
+    if ch.pdu_type != pdu_type::IC_RESP {
+        return Err(PduError::Type(ch.pdu_type));
+    }
+    if ch.hlen as usize != IC_LEN || ch.plen as usize != IC_LEN || b.len() != IC_LEN {
+        return Err(PduError::Length {
+            ty: ch.pdu_type,
+            plen: ch.plen,
+            why: format!("an ICResp is {IC_LEN} bytes (header {}, received {})", ch.hlen, b.len()),
+        });
+    }
+    let pfv = u16::from_le_bytes([b[8], b[9]]);
+    if pfv != 0 {
+        return Err(PduError::Field(format!("ICResp: PDU format version {pfv} (0 supported)")));
+    }
+    let cpda = b[10];
+    if cpda > 31 {
+        return Err(PduError::Field(format!("ICResp: CPDA {cpda} (31 at most)")));
+    }
+    let dgst = b[11];
+    let digests = Digests { header: dgst & 1 != 0, data: dgst & 2 != 0 };
+    if dgst & !3 != 0 || (digests.header && !asked.header) || (digests.data && !asked.data) {
+        return Err(PduError::Field(format!("ICResp: digests {dgst:#x} granted, {:#x} asked for", asked.bits())));
+    }
+    let maxh2cdata = u32::from_le_bytes([b[12], b[13], b[14], b[15]]);
+    if maxh2cdata < MIN_MAXH2CDATA || maxh2cdata % 4 != 0 {
+        return Err(PduError::Field(format!("ICResp: MAXH2CDATA {maxh2cdata} (a multiple of 4, at least 4096)")));
+    }
+    Ok(IcResp { cpda, digests, maxh2cdata })
+}
+
+/// Where data starts in a PDU sent to the controller: after the header
+/// and its digest, aligned as CPDA asks.
+fn data_offset(hlen: usize, digests: Digests, cpda: u8) -> usize {
+    let at = hlen + digests.header_len();
+    let align = (cpda as usize + 1) * 4;
+    if cpda == 0 {
+        at
+    } else {
+        at.div_ceil(align) * align
+    }
+}
+
+/// Appends a PDU of header `hdr` (its common header's lengths filled in
+/// here) and `data` to `out`, with the connection's digests.
+fn build(out: &mut Vec<u8>, mut hdr: Vec<u8>, data: &[u8], flags_: u8, framing: Framing) {
+    let Framing { digests, cpda } = framing;
+    let hlen = hdr.len();
+    let (pdo, plen) = if data.is_empty() {
+        (0, hlen + digests.header_len())
+    } else {
+        let pdo = data_offset(hlen, digests, cpda);
+        (pdo, pdo + data.len() + digests.data_len())
+    };
+    let f = flags_
+        | if digests.header { flags::HDGSTF } else { 0 }
+        | if digests.data && !data.is_empty() { flags::DDGSTF } else { 0 };
+    hdr[1] = f;
+    hdr[2] = hlen as u8;
+    hdr[3] = pdo as u8;
+    hdr[4..8].copy_from_slice(&(plen as u32).to_le_bytes());
+    let start = out.len();
+    out.extend_from_slice(&hdr);
+    if digests.header {
+        out.extend_from_slice(&digest(&hdr));
+    }
+    if !data.is_empty() {
+        out.resize(start + pdo, 0);
+        out.extend_from_slice(data);
+        if digests.data {
+            out.extend_from_slice(&digest(data));
+        }
+    }
+    debug_assert_eq!(out.len() - start, plen);
+}
+
+/// Appends a CapsuleCmd of `sqe` with `data` in the capsule (empty: none)
+/// to `out`.
+pub fn capsule_cmd(out: &mut Vec<u8>, sqe: &Sqe, data: &[u8], framing: Framing) {
+    let mut hdr = vec![0u8; CAPSULE_CMD_HLEN];
+    hdr[0] = pdu_type::CAPSULE_CMD;
+    hdr[CH_LEN..].copy_from_slice(&sqe.to_bytes());
+    build(out, hdr, data, 0, framing);
+}
+
+/// Appends an H2CData PDU to `out`: `data` at offset `datao` of command
+/// `cccid`'s data, answering the R2T of tag `ttag`; `last` for the last
+/// PDU of that R2T.
+pub fn h2c_data(out: &mut Vec<u8>, cccid: u16, ttag: u16, datao: u32, data: &[u8], last: bool, framing: Framing) {
+    let mut hdr = vec![0u8; SHORT_HLEN];
+    hdr[0] = pdu_type::H2C_DATA;
+    hdr[8..10].copy_from_slice(&cccid.to_le_bytes());
+    hdr[10..12].copy_from_slice(&ttag.to_le_bytes());
+    hdr[12..16].copy_from_slice(&datao.to_le_bytes());
+    hdr[16..20].copy_from_slice(&(data.len() as u32).to_le_bytes());
+    build(out, hdr, data, if last { flags::LAST_PDU } else { 0 }, framing);
+}
+
+/// A PDU from the controller, after the handshake.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Pdu<'a> {
+    /// A completion.
+    CapsuleResp(Cqe),
+    /// Data of command `cccid` at offset `datao` of its data.
+    C2HData {
+        /// The command.
+        cccid: u16,
+        /// Where the bytes go in the command's data.
+        datao: u32,
+        /// The bytes.
+        data: &'a [u8],
+        /// The command's last data PDU.
+        last: bool,
+        /// The command succeeded and no CapsuleResp follows.
+        success: bool,
+    },
+    /// The controller is ready for `r2tl` bytes of command `cccid`'s data
+    /// at offset `r2to`, to be sent with tag `ttag`.
+    R2T {
+        /// The command.
+        cccid: u16,
+        /// The transfer's tag.
+        ttag: u16,
+        /// Offset in the command's data.
+        r2to: u32,
+        /// Bytes.
+        r2tl: u32,
+    },
+    /// The controller ends the connection: why (FES) and where (FEI).
+    TermReq {
+        /// Fatal Error Status.
+        fes: u16,
+        /// Fatal Error Information.
+        fei: u32,
+    },
+}
+
+/// Reads a whole PDU `b` (exactly its total length; see
+/// [`CommonHeader::pdu_len`]) on a connection with `digests`: lengths,
+/// offsets and digests checked.
+pub fn parse(b: &[u8], digests: Digests) -> Result<Pdu<'_>, PduError> {
+    if b.len() < CH_LEN {
+        return Err(PduError::Short { want: CH_LEN, got: b.len() });
+    }
+    let ch = CommonHeader::parse(b[..CH_LEN].try_into().expect("eight bytes"));
+    let ty = ch.pdu_type;
+    let len_err = |why: String| PduError::Length { ty, plen: ch.plen, why };
+    if ty == pdu_type::IC_RESP {
+        return Err(PduError::Type(ty));
+    }
+    // The type's header length, and a total length at least that.
+    ch.pdu_len(u32::MAX)?;
+    let hlen = ch.hlen as usize;
+    if ch.plen as usize != b.len() {
+        return Err(len_err(format!("{} bytes received", b.len())));
+    }
+    // A TermReq is read as it comes: the controller is ending the connection.
+    let hd = if ty == pdu_type::C2H_TERM_REQ { 0 } else { digests.header_len() };
+    if digests.header && ty != pdu_type::C2H_TERM_REQ {
+        if ch.flags & flags::HDGSTF == 0 {
+            return Err(PduError::Field(format!("PDU type {ty:#04x} without the header digest the connection uses")));
+        }
+        if b.len() < hlen + DIGEST_LEN {
+            return Err(len_err(format!("no room for the header digest after {hlen} bytes")));
+        }
+        let got = u32::from_le_bytes(b[hlen..hlen + DIGEST_LEN].try_into().expect("four bytes"));
+        let want = crc32c::crc32c(&b[..hlen]);
+        if got != want {
+            return Err(PduError::HeaderDigest { ty, got, want });
+        }
+    }
+    let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+    let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    match ty {
+        pdu_type::CAPSULE_RESP | pdu_type::R2T => {
+            if b.len() != hlen + hd || ch.pdo != 0 {
+                return Err(len_err(format!(
+                    "a header of {hlen} bytes{} and no data",
+                    if hd > 0 { ", its digest" } else { "" }
+                )));
+            }
+            if ty == pdu_type::CAPSULE_RESP {
+                let d: [u32; 4] = std::array::from_fn(|i| u32_at(CH_LEN + 4 * i));
+                return Ok(Pdu::CapsuleResp(Cqe::from_dwords(d)));
+            }
+            Ok(Pdu::R2T { cccid: u16_at(8), ttag: u16_at(10), r2to: u32_at(12), r2tl: u32_at(16) })
+        }
+        pdu_type::C2H_DATA => {
+            let dd = digests.data_len();
+            let pdo = ch.pdo as usize;
+            let datal = u32_at(16) as usize;
+            if pdo < hlen + hd || pdo.checked_add(datal).and_then(|e| e.checked_add(dd)) != Some(b.len()) {
+                return Err(len_err(format!(
+                    "data offset {pdo} and data length {datal} do not fit (header {hlen}, digests {hd}+{dd})"
+                )));
+            }
+            if datal == 0 {
+                return Err(PduError::Field("C2HData with no data".into()));
+            }
+            if digests.data && ch.flags & flags::DDGSTF == 0 {
+                return Err(PduError::Field("C2HData without the data digest the connection uses".into()));
+            }
+            let data = &b[pdo..pdo + datal];
+            if digests.data {
+                let got = u32_at(pdo + datal);
+                let want = crc32c::crc32c(data);
+                if got != want {
+                    return Err(PduError::DataDigest { ty, got, want });
+                }
+            }
+            let (last, success) = (ch.flags & flags::LAST_PDU != 0, ch.flags & flags::SUCCESS != 0);
+            if success && !last {
+                return Err(PduError::Field("C2HData with SUCCESS but not LAST_PDU".into()));
+            }
+            Ok(Pdu::C2HData { cccid: u16_at(8), datao: u32_at(12), data, last, success })
+        }
+        pdu_type::C2H_TERM_REQ => {
+            if b.len() > SHORT_HLEN + TERM_DATA_MAX {
+                return Err(len_err(format!("a TermReq carries at most {TERM_DATA_MAX} bytes of error data")));
+            }
+            Ok(Pdu::TermReq { fes: u16_at(8), fei: u32_at(10) })
+        }
+        t => Err(PduError::Type(t)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Cid;
+
+    const BOTH: Digests = Digests { header: true, data: true };
+
+    #[test]
+    fn crc32c_is_the_castagnoli_check_value() {
+        // The standard check value of CRC-32C over "123456789".
+        assert_eq!(crc32c::crc32c(b"123456789"), 0xe306_9283);
+        assert_eq!(digest(b"123456789"), [0x83, 0x92, 0x06, 0xe3]);
+    }
+
+    #[test]
+    fn ic_req_and_ic_resp() {
+        let r = ic_req(0, BOTH, 0);
+        assert_eq!((r[0], r[2], u32::from_le_bytes(r[4..8].try_into().unwrap())), (0, 128, 128));
+        assert_eq!(r[11], 3);
+        let mut resp = [0u8; IC_LEN];
+        resp[..CH_LEN]
+            .copy_from_slice(&CommonHeader { pdu_type: 1, flags: 0, hlen: 128, pdo: 0, plen: 128 }.to_bytes());
+        resp[11] = 1;
+        resp[12..16].copy_from_slice(&131072u32.to_le_bytes());
+        let ok = parse_ic_resp(&resp, BOTH).unwrap();
+        assert_eq!(ok, IcResp { cpda: 0, digests: Digests { header: true, data: false }, maxh2cdata: 131072 });
+        // Digests not asked for, a small MAXH2CDATA, a wrong length, a wrong type.
+        assert!(matches!(parse_ic_resp(&resp, Digests::default()), Err(PduError::Field(_))));
+        let mut small = resp;
+        small[12..16].copy_from_slice(&1024u32.to_le_bytes());
+        assert!(matches!(parse_ic_resp(&small, BOTH), Err(PduError::Field(_))));
+        assert!(matches!(parse_ic_resp(&resp[..100], BOTH), Err(PduError::Short { .. })));
+        let mut wrong = resp;
+        wrong[0] = pdu_type::CAPSULE_RESP;
+        assert_eq!(parse_ic_resp(&wrong, BOTH), Err(PduError::Type(5)));
+    }
+
+    #[test]
+    fn capsule_cmd_with_in_capsule_data_and_digests() {
+        let sqe = Sqe::connect(Cid(1), 0, 32, 15_000);
+        let data = [7u8; 1024];
+        let mut out = Vec::new();
+        capsule_cmd(&mut out, &sqe, &data, Framing { digests: BOTH, cpda: 0 });
+        let ch = CommonHeader::parse(out[..8].try_into().unwrap());
+        assert_eq!((ch.pdu_type, ch.hlen, ch.pdo), (pdu_type::CAPSULE_CMD, 72, 76));
+        assert_eq!(ch.flags, flags::HDGSTF | flags::DDGSTF);
+        assert_eq!(ch.plen as usize, 72 + 4 + 1024 + 4);
+        assert_eq!(out.len(), ch.plen as usize);
+        assert_eq!(out[72..76], digest(&out[..72]));
+        assert_eq!(out[76..1100], data);
+        assert_eq!(out[1100..], digest(&data));
+        assert_eq!(out[8..72], sqe.to_bytes());
+        // No digests, CPDA 3 (16-byte alignment): data at 80.
+        let mut out = Vec::new();
+        capsule_cmd(&mut out, &sqe, &data, Framing { digests: Digests::default(), cpda: 3 });
+        assert_eq!((out[3], out.len()), (80, 80 + 1024));
+        // No data: no PDO.
+        let mut out = Vec::new();
+        capsule_cmd(&mut out, &Sqe::property_get(Cid(2), 0, true), &[], Framing::default());
+        assert_eq!((out[3], out.len()), (0, 72));
+    }
+
+    /// A controller PDU as a target would send it.
+    fn c2h(ty: u8, fields: &[u8], data: &[u8], flags_: u8, d: Digests) -> Vec<u8> {
+        let mut hdr = vec![0u8; SHORT_HLEN];
+        hdr[0] = ty;
+        hdr[8..8 + fields.len()].copy_from_slice(fields);
+        let mut out = Vec::new();
+        build(&mut out, hdr, data, flags_, Framing { digests: d, cpda: 0 });
+        out
+    }
+
+    fn data_fields(cccid: u16, datao: u32, datal: u32) -> Vec<u8> {
+        let mut f = vec![0u8; 12];
+        f[0..2].copy_from_slice(&cccid.to_le_bytes());
+        f[4..8].copy_from_slice(&datao.to_le_bytes());
+        f[8..12].copy_from_slice(&datal.to_le_bytes());
+        f
+    }
+
+    #[test]
+    fn controller_pdus_are_read_and_checked() {
+        for d in [Digests::default(), BOTH] {
+            let data = vec![0x5a; 4096];
+            let p = c2h(pdu_type::C2H_DATA, &data_fields(9, 8192, 4096), &data, flags::LAST_PDU, d);
+            let ch = CommonHeader::parse(p[..8].try_into().unwrap());
+            assert_eq!(ch.pdu_len(1 << 20).unwrap(), p.len());
+            assert_eq!(
+                parse(&p, d).unwrap(),
+                Pdu::C2HData { cccid: 9, datao: 8192, data: &data, last: true, success: false }
+            );
+            let cqe = Cqe { dw0: 5, dw1: 0, sqhd: 1, sqid: 0, cid: 9, status: 0 };
+            let mut f = Vec::new();
+            for w in [cqe.dw0, cqe.dw1, cqe.dw2(), cqe.dw3()] {
+                f.extend_from_slice(&w.to_le_bytes());
+            }
+            assert_eq!(parse(&c2h(pdu_type::CAPSULE_RESP, &f, &[], 0, d), d).unwrap(), Pdu::CapsuleResp(cqe));
+            let mut r = vec![0u8; 12];
+            r[0..2].copy_from_slice(&3u16.to_le_bytes());
+            r[2..4].copy_from_slice(&77u16.to_le_bytes());
+            r[8..12].copy_from_slice(&65536u32.to_le_bytes());
+            assert_eq!(
+                parse(&c2h(pdu_type::R2T, &r, &[], 0, d), d).unwrap(),
+                Pdu::R2T { cccid: 3, ttag: 77, r2to: 0, r2tl: 65536 }
+            );
+        }
+    }
+
+    #[test]
+    fn every_violation_is_an_error() {
+        let data = vec![1u8; 512];
+        let good = c2h(pdu_type::C2H_DATA, &data_fields(1, 0, 512), &data, flags::LAST_PDU, BOTH);
+        // A flipped data byte, a flipped header byte.
+        let mut bad = good.clone();
+        bad[40] ^= 1;
+        assert!(matches!(parse(&bad, BOTH), Err(PduError::DataDigest { .. })));
+        let mut bad = good.clone();
+        bad[9] ^= 1;
+        assert!(matches!(parse(&bad, BOTH), Err(PduError::HeaderDigest { .. })));
+        // DATAL that disagrees with PLEN; a truncated PDU; PLEN past the host's limit.
+        let mut bad = c2h(pdu_type::C2H_DATA, &data_fields(1, 0, 600), &data, flags::LAST_PDU, Digests::default());
+        assert!(matches!(parse(&bad, Digests::default()), Err(PduError::Length { .. })));
+        bad.truncate(100);
+        assert!(matches!(parse(&bad, Digests::default()), Err(PduError::Length { .. })));
+        let ch = CommonHeader::parse(good[..8].try_into().unwrap());
+        assert!(matches!(ch.pdu_len(256), Err(PduError::Length { .. })));
+        // Types the controller never sends; a wrong header length.
+        for ty in [pdu_type::IC_REQ, pdu_type::CAPSULE_CMD, pdu_type::H2C_DATA, 0x08, 0x0a, 0xff] {
+            let ch = CommonHeader { pdu_type: ty, flags: 0, hlen: 24, pdo: 0, plen: 24 };
+            assert_eq!(ch.pdu_len(1 << 20), Err(PduError::Type(ty)));
+        }
+        let ch = CommonHeader { pdu_type: pdu_type::CAPSULE_RESP, flags: 0, hlen: 20, pdo: 0, plen: 24 };
+        assert!(matches!(ch.pdu_len(1 << 20), Err(PduError::HeaderLength { .. })));
+        // Digests the connection uses, missing from a PDU; SUCCESS without LAST_PDU.
+        let plain = c2h(pdu_type::C2H_DATA, &data_fields(1, 0, 512), &data, flags::LAST_PDU, Digests::default());
+        assert!(matches!(parse(&plain, BOTH), Err(PduError::Field(_) | PduError::Length { .. })));
+        let odd = c2h(pdu_type::C2H_DATA, &data_fields(1, 0, 512), &data, flags::SUCCESS, Digests::default());
+        assert!(matches!(parse(&odd, Digests::default()), Err(PduError::Field(_))));
+        // A response with data; a TermReq is read.
+        let resp = c2h(pdu_type::CAPSULE_RESP, &[0; 16], &data, 0, Digests::default());
+        assert!(matches!(parse(&resp, Digests::default()), Err(PduError::Length { .. })));
+        let term = c2h(pdu_type::C2H_TERM_REQ, &[3, 0, 8, 0, 0, 0], &[], 0, Digests::default());
+        assert_eq!(parse(&term, BOTH).unwrap(), Pdu::TermReq { fes: 3, fei: 8 });
+    }
+
+    #[test]
+    fn h2c_data_is_laid_out() {
+        let mut out = Vec::new();
+        h2c_data(&mut out, 4, 9, 4096, &[3u8; 100], true, Framing { digests: BOTH, cpda: 0 });
+        let ch = CommonHeader::parse(out[..8].try_into().unwrap());
+        assert_eq!((ch.pdu_type, ch.hlen, ch.pdo, ch.flags & flags::LAST_PDU), (pdu_type::H2C_DATA, 24, 28, 4));
+        assert_eq!(u16::from_le_bytes([out[8], out[9]]), 4);
+        assert_eq!(u16::from_le_bytes([out[10], out[11]]), 9);
+        assert_eq!(u32::from_le_bytes(out[12..16].try_into().unwrap()), 4096);
+        assert_eq!(u32::from_le_bytes(out[16..20].try_into().unwrap()), 100);
+        assert_eq!(out.len(), 24 + 4 + 100 + 4);
+    }
+}
