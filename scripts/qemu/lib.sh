@@ -219,7 +219,7 @@ make_initramfs() {
     rm -rf "$I" && mkdir -p "$I"/{bin,dev,proc,sys,mods,tmp}
     cp /bin/busybox "$I/bin/busybox"
     for a in sh mount umount cat echo sleep insmod rmmod basename readlink mkdir rmdir rm poweroff ls grep head kill \
-        mke2fs unshare mkswap swapon swapoff losetup truncate; do
+        mke2fs unshare mkswap swapon swapoff losetup truncate ip ln; do
         ln -s busybox "$I/bin/$a"
     done
     # File-system tools for the binding steps, with the libraries they load.
@@ -240,7 +240,7 @@ make_initramfs() {
         order+=("$rel")
     }
     for m in nvme vfio vfio-pci vfio_iommu_type1 ext4 crc32c_generic crc32c-intel loop btrfs xfs nvmet \
-        target_core_iblock; do
+        nvmet-tcp target_core_iblock; do
         local rel; rel=$(grep -E "/${m}\.ko(\.xz|\.zst)?:" "$MD/modules.dep" | cut -d: -f1 || true)
         [[ -n $rel ]] && resolve "$rel"
     done
@@ -266,6 +266,7 @@ make_initramfs() {
 #   iommufd  as default, booted on the iommufd kernel (vfio cdev)
 #   debug    as default, booted on the debug kernel (KASAN, lockdep, DMA-API debug, kmemleak)
 #   null     a null namespace (no data kept, reads return zeros)
+#   tcp      no controller: nvmet exports a file over NVMe/TCP on loopback
 #   volume   three controllers: two under an emulated PCIe switch (x3130
 #            upstream port, two xio3130 downstream ports) below one root port,
 #            the third on a root port of its own
@@ -280,6 +281,7 @@ controller_args() {
         iommufd) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-iommufd,drive=nvm1" ;;
         debug) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-debug,drive=nvm1" ;;
         null) echo "-drive driver=null-co,read-zeroes=on,if=none,id=nvm1 -device nvme,serial=ugds-null,drive=nvm1" ;;
+        tcp) echo "" ;;
         volume) echo "-device pcie-root-port,id=rp1,bus=pcie.0,chassis=1,slot=1 -device x3130-upstream,id=up1,bus=rp1" \
             "-device xio3130-downstream,id=dn1,bus=up1,chassis=2,slot=0 -device xio3130-downstream,id=dn2,bus=up1,chassis=3,slot=0" \
             "-device pcie-root-port,id=rp2,bus=pcie.0,chassis=4,slot=2" \

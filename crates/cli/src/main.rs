@@ -171,16 +171,52 @@ pub fn fmt_bytes(n: u64) -> String {
     format!("{v} {}", U[i])
 }
 
+const IDENTIFY_TCP_HELP: &str = "\
+NVMe over TCP (the admin queue so far: connect, enable, identify):
+      --tcp HOST:PORT         a target's NVMe/TCP port (4420 by convention)
+      --nqn NQN               the subsystem to connect to
+      --digests               ask for header and data digests (CRC32C)
+";
+
+/// `ugds identify --tcp`: a target's controller through NVMe/TCP.
+fn identify_tcp(addr: &str, nqn: &str, digests: bool) -> Result<(), String> {
+    let mut t = ugds::fabrics::TcpTarget::new(addr, nqn);
+    t.digests = ugds::fabrics::Digests { header: digests, data: digests };
+    let p = ugds::fabrics::probe(&t).map_err(|e| e.to_string())?;
+    let id = &p.identify;
+    println!("target       {nqn} at {addr} (NVMe/TCP)");
+    println!(
+        "digests      header {}, data {}",
+        if p.digests.header { "on" } else { "off" },
+        if p.digests.data { "on" } else { "off" }
+    );
+    println!("controller   {} (given by Connect)", p.cntlid);
+    println!("model        {}", id.mn);
+    println!("serial       {}", id.sn);
+    println!("firmware     {}", id.fr);
+    println!("version      {}", p.version);
+    println!("mqes         {} entries per queue", p.cap.mqes() as u32 + 1);
+    println!("namespaces   {}", p.namespaces.len());
+    for (nsid, blocks, bs) in &p.namespaces {
+        println!("  nsid {nsid:<4} {blocks} blocks x {bs} bytes = {}", fmt_bytes(blocks * *bs as u64));
+    }
+    Ok(())
+}
+
 fn identify(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     use lexopt::prelude::*;
     let mut t = target::TargetOpts::default();
+    let (mut tcp, mut nqn, mut digests) = (None, None, false);
     let mut p = lexopt::Parser::from_args(args);
     while let Some(arg) = p.next().map_err(|e| e.to_string())? {
         match arg {
             Short('h') | Long("help") => {
-                print!("Usage: ugds identify [TARGET]\n\n{}", target::HELP);
+                print!("Usage: ugds identify [TARGET]\n\n{}\n{IDENTIFY_TCP_HELP}", target::HELP);
                 return Ok(());
             }
+            Long("tcp") => tcp = Some(p.value().map_err(|e| e.to_string())?.string().map_err(|e| e.to_string())?),
+            Long("nqn") => nqn = Some(p.value().map_err(|e| e.to_string())?.string().map_err(|e| e.to_string())?),
+            Long("digests") => digests = true,
             Long(l) => {
                 let l = l.to_owned();
                 if !target::parse_long(&mut t, &l, &mut p).map_err(|e| e.to_string())? {
@@ -189,6 +225,10 @@ fn identify(args: Vec<std::ffi::OsString>) -> Result<(), String> {
             }
             _ => return Err(arg.unexpected().to_string()),
         }
+    }
+    if let Some(addr) = tcp {
+        let nqn = nqn.ok_or("--tcp needs --nqn: the subsystem to connect to")?;
+        return identify_tcp(&addr, &nqn, digests);
     }
     let target = target::open(&t)?;
     let driver = Driver::open();

@@ -52,6 +52,7 @@ mod engine;
 #[cfg(feature = "engine-internals")]
 #[doc(hidden)]
 pub mod engine;
+pub mod fabrics;
 pub mod gpu;
 mod handle;
 mod io_queue;

@@ -12,6 +12,7 @@
 //! - [`sync`]: shared queue pairs for synchronous callers.
 //! - [`batch`]: the deep batch queue shared by batch contexts.
 //! - `hold`: what keeps a request's memory registered while it is in flight.
+//! - [`tcp`]: NVMe over TCP, the host side (so far the admin queue).
 
 pub mod batch;
 pub mod chunk;
@@ -22,6 +23,7 @@ pub mod qpair;
 pub mod queue;
 pub mod stats;
 pub mod sync;
+pub mod tcp;
 pub mod trace;
 pub mod tracker;
 pub mod uring;

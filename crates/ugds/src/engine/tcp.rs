@@ -1,0 +1,488 @@
+//! NVMe over TCP, the host side: a connection to a target (Linux's nvmet-tcp,
+//! SPDK's, an array's), its handshake, commands as capsules and their data
+//! and completions as PDUs (`ugds_nvme::tcp`), every receive bounded by the
+//! connection's timeout. On it, the admin queue: Fabrics Connect, the
+//! controller's registers through Property Get and Set, and admin commands
+//! with their data (Identify).
+//!
+//! What exists so far is the admin queue ([`probe`]): connect, enable the
+//! controller, identify it and its namespaces, and leave. I/O queues, and a
+//! queue pair the engine above can use as it uses the other transports',
+//! are the next step.
+
+use crate::{Error, Result};
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+use ugds_nvme::fabrics::{self, ConnectData, Connected, CNTLID_DYNAMIC};
+use ugds_nvme::identify::parse_active_ns_list;
+use ugds_nvme::regs::{self, Cap, Cc, Csts, Version};
+use ugds_nvme::tcp::{self, CommonHeader, Digests, Framing, Pdu, PduError};
+use ugds_nvme::{Cid, Cqe, IdentifyController, IdentifyNamespace, Nsid, Sqe, IDENTIFY_LEN};
+
+/// The most bytes one PDU from the target may have: a C2HData of up to
+/// 1 MiB and its header, digests and padding.
+const MAX_PDU: u32 = (1 << 20) + 256;
+
+/// Where a target is and how to talk to it.
+#[derive(Clone, Debug)]
+pub struct TcpTarget {
+    /// `host:port` (4420 is NVMe/TCP's port).
+    pub addr: String,
+    /// The subsystem's NQN.
+    pub subnqn: String,
+    /// The host's NQN.
+    pub hostnqn: String,
+    /// The host's identifier.
+    pub hostid: [u8; 16],
+    /// The digests to ask for.
+    pub digests: Digests,
+    /// The longest any connect, send or receive may take.
+    pub timeout: Duration,
+}
+
+impl TcpTarget {
+    /// A target at `addr` exporting `subnqn`, with this host named by a
+    /// fixed NQN, no digests, a 10-second timeout.
+    pub fn new(addr: &str, subnqn: &str) -> TcpTarget {
+        TcpTarget {
+            addr: addr.to_string(),
+            subnqn: subnqn.to_string(),
+            hostnqn: "nqn.2014-08.org.nvmexpress:uuid:75676473-0000-4000-8000-000000000001".into(),
+            hostid: [0x75, 0x67, 0x64, 0x73, 0, 0, 0x40, 0, 0x80, 0, 0, 0, 0, 0, 0, 1],
+            digests: Digests::default(),
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// One NVMe/TCP connection (one queue).
+#[derive(Debug)]
+pub struct TcpConnection {
+    stream: TcpStream,
+    addr: String,
+    framing: Framing,
+    maxh2cdata: u32,
+    timeout: Duration,
+    qid: u16,
+    next_cid: u16,
+    out: Vec<u8>,
+    pdu: Vec<u8>,
+}
+
+impl TcpConnection {
+    /// Connects to `t` and does the handshake (ICReq, ICResp): digests
+    /// granted only as asked, every wait bounded by `t.timeout`.
+    pub fn connect(t: &TcpTarget, qid: u16) -> Result<TcpConnection> {
+        let addr = t
+            .addr
+            .to_socket_addrs()
+            .map_err(|e| os(&format!("resolving {}", t.addr), e))?
+            .next()
+            .ok_or_else(|| Error::InvalidArgument(format!("{}: no address", t.addr)))?;
+        let stream =
+            TcpStream::connect_timeout(&addr, t.timeout).map_err(|e| os(&format!("connecting to {addr}"), e))?;
+        stream.set_nodelay(true).map_err(|e| os("TCP_NODELAY", e))?;
+        stream.set_read_timeout(Some(t.timeout)).map_err(|e| os("SO_RCVTIMEO", e))?;
+        stream.set_write_timeout(Some(t.timeout)).map_err(|e| os("SO_SNDTIMEO", e))?;
+        let mut c = TcpConnection {
+            stream,
+            addr: t.addr.clone(),
+            framing: Framing::default(),
+            maxh2cdata: 0,
+            timeout: t.timeout,
+            qid,
+            next_cid: 0,
+            out: Vec::new(),
+            pdu: Vec::new(),
+        };
+        c.send_raw(&tcp::ic_req(0, t.digests, 0))?;
+        let mut resp = [0u8; tcp::IC_LEN];
+        c.read_exact(&mut resp, None)?;
+        let ic = tcp::parse_ic_resp(&resp, t.digests).map_err(|e| c.protocol(e))?;
+        c.framing = Framing { digests: ic.digests, cpda: ic.cpda };
+        c.maxh2cdata = ic.maxh2cdata;
+        Ok(c)
+    }
+
+    /// The digests in use.
+    pub fn digests(&self) -> Digests {
+        self.framing.digests
+    }
+
+    fn protocol(&self, e: PduError) -> Error {
+        Error::Platform(format!("NVMe/TCP from {}: {e}; the connection is closed", self.addr))
+    }
+
+    fn send_raw(&mut self, b: &[u8]) -> Result<()> {
+        self.stream.write_all(b).map_err(|e| os(&format!("sending to {}", self.addr), e))
+    }
+
+    /// Reads exactly `b.len()` bytes; a timeout names the command waited
+    /// for (`cid`), a closed connection says so.
+    fn read_exact(&mut self, b: &mut [u8], cid: Option<Cid>) -> Result<()> {
+        match self.stream.read_exact(b) {
+            Ok(()) => Ok(()),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                Err(Error::Timeout { qid: self.qid, cid, after: self.timeout })
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                Err(Error::Platform(format!("NVMe/TCP: {} closed the connection", self.addr)))
+            }
+            Err(e) => Err(os(&format!("receiving from {}", self.addr), e)),
+        }
+    }
+
+    /// Runs one command: its capsule (with `data_out` in it, where the
+    /// command sends data), then the target's PDUs until its completion,
+    /// copying C2HData into `data_in`. Returns the completion (a failed
+    /// status is the caller's to judge); a PDU that breaks the protocol
+    /// (another command's, data outside `data_in`, an R2T for a command that
+    /// sent its data in the capsule, a bad digest) or a target that ends
+    /// the connection is an error.
+    pub fn execute(&mut self, mut sqe: Sqe, data_out: &[u8], data_in: &mut [u8]) -> Result<Cqe> {
+        let cid = Cid(self.next_cid);
+        self.next_cid = self.next_cid.wrapping_add(1) % 0xffff;
+        sqe.set_cid(cid);
+        if !data_in.is_empty() {
+            sqe = sqe.with_transport_data(data_in.len() as u32);
+        } else if !data_out.is_empty() {
+            sqe = sqe.with_in_capsule_data(data_out.len() as u32);
+        }
+        self.out.clear();
+        tcp::capsule_cmd(&mut self.out, &sqe, data_out, self.framing);
+        let out = std::mem::take(&mut self.out);
+        let r = self.send_raw(&out);
+        self.out = out;
+        r?;
+        let started = Instant::now();
+        let mut got = 0usize;
+        loop {
+            if started.elapsed() > self.timeout {
+                return Err(Error::Timeout { qid: self.qid, cid: Some(cid), after: self.timeout });
+            }
+            let mut ch = [0u8; tcp::CH_LEN];
+            self.read_exact(&mut ch, Some(cid))?;
+            let len = CommonHeader::parse(&ch).pdu_len(MAX_PDU).map_err(|e| self.protocol(e))?;
+            let mut pdu = std::mem::take(&mut self.pdu);
+            pdu.clear();
+            pdu.extend_from_slice(&ch);
+            pdu.resize(len, 0);
+            let r = self.read_exact(&mut pdu[tcp::CH_LEN..], Some(cid));
+            let done = r.and_then(|()| match tcp::parse(&pdu, self.framing.digests).map_err(|e| self.protocol(e))? {
+                Pdu::CapsuleResp(cqe) if cqe.cid == cid.0 => Ok(Some(cqe)),
+                Pdu::C2HData { cccid, datao, data, last, success } if cccid == cid.0 => {
+                    let at = datao as usize;
+                    let Some(dst) = data_in.get_mut(at..at + data.len()) else {
+                        return Err(self.protocol(PduError::Field(format!(
+                            "C2HData of {} bytes at {at} for a command of {} bytes",
+                            data.len(),
+                            data_in.len()
+                        ))));
+                    };
+                    dst.copy_from_slice(data);
+                    got += data.len();
+                    // SUCCESS: the command succeeded and no response follows.
+                    Ok((last && success).then_some(Cqe { dw0: 0, dw1: 0, sqhd: 0, sqid: 0, cid: cid.0, status: 0 }))
+                }
+                Pdu::TermReq { fes, fei } => Err(Error::Platform(format!(
+                    "NVMe/TCP: {} ended the connection (FES {fes:#x}, FEI {fei:#x})",
+                    self.addr
+                ))),
+                other => {
+                    Err(self.protocol(PduError::Field(format!("while waiting for command {:#06x}: {other:?}", cid.0))))
+                }
+            });
+            self.pdu = pdu;
+            if let Some(cqe) = done? {
+                if cqe.is_success() && got != data_in.len() {
+                    return Err(self.protocol(PduError::Field(format!(
+                        "command {:#06x} completed with {got} of its {} bytes of data",
+                        cid.0,
+                        data_in.len()
+                    ))));
+                }
+                return Ok(cqe);
+            }
+        }
+    }
+
+    /// Runs `sqe` and fails on an error status, named `op`.
+    fn run(&mut self, op: &'static str, sqe: Sqe, data_out: &[u8], data_in: &mut [u8]) -> Result<Cqe> {
+        let cqe = self.execute(sqe, data_out, data_in)?;
+        if !cqe.is_success() {
+            return Err(Error::Nvme { op, status: cqe.status() });
+        }
+        Ok(cqe)
+    }
+
+    fn property_get(&mut self, offset: usize, wide: bool) -> Result<u64> {
+        let cqe = self.run("Property Get", Sqe::property_get(Cid(0), offset as u32, wide), &[], &mut [])?;
+        Ok(fabrics::property_value(&cqe))
+    }
+
+    fn property_set(&mut self, offset: usize, value: u32) -> Result<()> {
+        self.run("Property Set", Sqe::property_set(Cid(0), offset as u32, false, value as u64), &[], &mut [])?;
+        Ok(())
+    }
+}
+
+fn os(op: &str, e: std::io::Error) -> Error {
+    Error::Os { op: op.to_string().into(), errno: e.raw_os_error().unwrap_or(libc::EIO) }
+}
+
+/// What [`probe`] found.
+#[derive(Clone, Debug)]
+pub struct FabricsProbe {
+    /// The controller the target gave this host.
+    pub cntlid: u16,
+    /// Its capabilities.
+    pub cap: Cap,
+    /// Its version.
+    pub version: Version,
+    /// The digests the connection used.
+    pub digests: Digests,
+    /// Identify Controller.
+    pub identify: IdentifyController,
+    /// Active namespaces: (nsid, blocks, block size in bytes).
+    pub namespaces: Vec<(u32, u64, u32)>,
+}
+
+/// Connects the admin queue of `t`, enables the controller, identifies it
+/// and its active namespaces, shuts it down and disconnects.
+pub fn probe(t: &TcpTarget) -> Result<FabricsProbe> {
+    let mut c = TcpConnection::connect(t, 0)?;
+    let data =
+        ConnectData { hostid: t.hostid, cntlid: CNTLID_DYNAMIC, subnqn: t.subnqn.clone(), hostnqn: t.hostnqn.clone() };
+    let data = data.to_bytes().map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    let cqe = c.execute(Sqe::connect(Cid(0), 0, 32, 0), &data, &mut [])?;
+    let cntlid = match Connected::from_cqe(&cqe) {
+        Connected::Controller(id) => id,
+        Connected::InvalidParameter { in_data, offset } => {
+            return Err(Error::InvalidArgument(format!(
+                "{} refused Connect: the {} at byte {offset} (the subsystem NQN is at 256, the host NQN at 512)",
+                t.addr,
+                if in_data { "data's field" } else { "command's field" }
+            )))
+        }
+        Connected::Refused { .. } => return Err(Error::Nvme { op: "Connect", status: cqe.status() }),
+    };
+    let cap = Cap(c.property_get(regs::CAP, true)?);
+    let version = Version(c.property_get(regs::VS, false)? as u32);
+    // Enable: 4 KiB pages, 64-byte entries, 16-byte completions.
+    c.property_set(regs::CC, Cc::enable(0).0)?;
+    let deadline = Instant::now() + t.timeout.max(Duration::from_millis(cap.to() as u64 * 500));
+    loop {
+        let csts = Csts(c.property_get(regs::CSTS, false)? as u32);
+        if csts.cfs() {
+            return Err(Error::ControllerFatal);
+        }
+        if csts.rdy() {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(Error::NotReady { ready: true, after: t.timeout });
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut page = vec![0u8; IDENTIFY_LEN];
+    c.run("Identify", Sqe::identify(Cid(0), 1, Nsid(0), 0), &[], &mut page)?;
+    let identify = IdentifyController::parse(page[..].try_into().expect("one page"));
+    c.run("Identify", Sqe::identify(Cid(0), 2, Nsid(0), 0), &[], &mut page)?;
+    let mut namespaces = Vec::new();
+    for nsid in parse_active_ns_list(page[..].try_into().expect("one page")) {
+        c.run("Identify", Sqe::identify(Cid(0), 0, Nsid(nsid), 0), &[], &mut page)?;
+        let ns = IdentifyNamespace::parse(page[..].try_into().expect("one page"));
+        if let Some(f) = ns.lba_format() {
+            namespaces.push((nsid, ns.nsze, 1u32 << f.lbads));
+        }
+    }
+    // A normal shutdown; the connection closes when `c` goes.
+    let _ = c.property_set(regs::CC, Cc::enable(0).with_shn(regs::shutdown::NORMAL).0);
+    Ok(FabricsProbe { cntlid, cap, version, digests: c.digests(), identify, namespaces })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+    use ugds_nvme::tcp::{flags, pdu_type};
+    use ugds_nvme::LbaFormat;
+
+    /// How the test target misbehaves.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum Fault {
+        None,
+        /// Closes the connection after the handshake.
+        CloseAfterHandshake,
+        /// Never answers Connect.
+        Silent,
+        /// Identify's data with a wrong data digest.
+        BadDataDigest,
+        /// Answers Identify with a PDU type a controller never sends.
+        WrongType,
+        /// Identify's data beyond the command's length.
+        DataOutOfRange,
+    }
+
+    /// A target of one controller with one namespace (2048 blocks of 512
+    /// bytes), on 127.0.0.1, speaking NVMe/TCP as far as `probe` needs: a
+    /// test double for nvmet (the QEMU guest runs the real one).
+    fn target(fault: Fault, grant: Digests) -> String {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut icreq = [0u8; tcp::IC_LEN];
+            s.read_exact(&mut icreq).unwrap();
+            let mut resp = [0u8; tcp::IC_LEN];
+            let ch = CommonHeader { pdu_type: pdu_type::IC_RESP, flags: 0, hlen: 128, pdo: 0, plen: 128 };
+            resp[..8].copy_from_slice(&ch.to_bytes());
+            resp[11] = grant.header as u8 | (grant.data as u8) << 1;
+            resp[12..16].copy_from_slice(&65536u32.to_le_bytes());
+            s.write_all(&resp).unwrap();
+            if fault == Fault::CloseAfterHandshake {
+                return;
+            }
+            let hd = if grant.header { 4 } else { 0 };
+            let mut ready = false;
+            loop {
+                let mut ch = [0u8; 8];
+                if s.read_exact(&mut ch).is_err() {
+                    return;
+                }
+                let ch = CommonHeader::parse(&ch);
+                let mut rest = vec![0u8; ch.plen as usize - 8];
+                s.read_exact(&mut rest).unwrap();
+                assert_eq!(ch.pdu_type, pdu_type::CAPSULE_CMD);
+                let sqe: [u8; 64] = rest[..64].try_into().unwrap();
+                let (opc, cid) = (sqe[0], u16::from_le_bytes([sqe[2], sqe[3]]));
+                let dw = |i: usize| u32::from_le_bytes(sqe[i..i + 4].try_into().unwrap());
+                if fault == Fault::Silent {
+                    std::thread::sleep(Duration::from_secs(5));
+                    return;
+                }
+                let mut respond = |dw0: u32, dw1: u32| {
+                    let mut h = vec![0u8; 24];
+                    h[0] = pdu_type::CAPSULE_RESP;
+                    h[1] = if grant.header { flags::HDGSTF } else { 0 };
+                    h[2] = 24;
+                    h[4..8].copy_from_slice(&(24 + hd as u32).to_le_bytes());
+                    h[8..12].copy_from_slice(&dw0.to_le_bytes());
+                    h[12..16].copy_from_slice(&dw1.to_le_bytes());
+                    h[20..22].copy_from_slice(&cid.to_le_bytes());
+                    if grant.header {
+                        let d = tcp::digest(&h);
+                        h.extend_from_slice(&d);
+                    }
+                    s.write_all(&h).unwrap();
+                };
+                match (opc, sqe[4]) {
+                    (0x7f, fabrics::fctype::CONNECT) => respond(1, 0),
+                    (0x7f, fabrics::fctype::PROPERTY_GET) => {
+                        let v: u64 = match dw(44) as usize {
+                            regs::CAP => 0x0000_0020_0000_07ff | 1 << 37, // MQES 2047, TO 0, CSS NVM
+                            regs::VS => 0x0002_0000,
+                            regs::CSTS => ready as u64,
+                            _ => 0,
+                        };
+                        respond(v as u32, (v >> 32) as u32)
+                    }
+                    (0x7f, fabrics::fctype::PROPERTY_SET) => {
+                        ready = dw(48) & 1 == 1; // CC.EN
+                        respond(0, 0)
+                    }
+                    (0x06, _) => {
+                        let page: Vec<u8> = match dw(40) & 0xff {
+                            1 => {
+                                let mut id = IdentifyController::parse(&[0u8; IDENTIFY_LEN]);
+                                id.mn = "ugds test target".into();
+                                id.cntlid = 1;
+                                id.to_bytes().to_vec()
+                            }
+                            2 => {
+                                let mut p = vec![0u8; IDENTIFY_LEN];
+                                p[0] = 1;
+                                p
+                            }
+                            _ => {
+                                let mut ns = IdentifyNamespace::parse(&[0u8; IDENTIFY_LEN]);
+                                ns.nsze = 2048;
+                                ns.lbaf = vec![LbaFormat { ms: 0, lbads: 9, rp: 0 }];
+                                ns.to_bytes().to_vec()
+                            }
+                        };
+                        let datal = if fault == Fault::DataOutOfRange { 8192 } else { page.len() };
+                        let data = if datal > page.len() { vec![0u8; datal] } else { page };
+                        let dd = if grant.data { 4 } else { 0 };
+                        let mut h = vec![0u8; 24];
+                        h[0] = if fault == Fault::WrongType { pdu_type::H2C_DATA } else { pdu_type::C2H_DATA };
+                        h[1] = flags::LAST_PDU
+                            | flags::SUCCESS
+                            | if grant.header { flags::HDGSTF } else { 0 }
+                            | if grant.data { flags::DDGSTF } else { 0 };
+                        h[2] = 24;
+                        h[3] = (24 + hd) as u8;
+                        h[4..8].copy_from_slice(&((24 + hd + datal + dd) as u32).to_le_bytes());
+                        h[8..10].copy_from_slice(&cid.to_le_bytes());
+                        h[16..20].copy_from_slice(&(datal as u32).to_le_bytes());
+                        if grant.header {
+                            let d = tcp::digest(&h);
+                            h.extend_from_slice(&d);
+                        }
+                        h.extend_from_slice(&data);
+                        if grant.data {
+                            let mut d = tcp::digest(&data);
+                            if fault == Fault::BadDataDigest {
+                                d[0] ^= 1;
+                            }
+                            h.extend_from_slice(&d);
+                        }
+                        s.write_all(&h).unwrap();
+                    }
+                    other => panic!("the test target got {other:?}"),
+                }
+            }
+        });
+        addr
+    }
+
+    fn t(addr: &str, digests: Digests) -> TcpTarget {
+        TcpTarget { digests, timeout: Duration::from_millis(500), ..TcpTarget::new(addr, "nqn.2026-12.io.ugds:test") }
+    }
+
+    #[test]
+    fn probe_connects_enables_and_identifies() {
+        for d in [Digests::default(), Digests { header: true, data: true }] {
+            let p = probe(&t(&target(Fault::None, d), d)).unwrap();
+            assert_eq!(p.cntlid, 1);
+            assert_eq!(p.cap.mqes(), 2047);
+            assert_eq!(p.identify.mn, "ugds test target");
+            assert_eq!(p.namespaces, vec![(1, 2048, 512)]);
+            assert_eq!(p.digests, d);
+        }
+    }
+
+    #[test]
+    fn a_target_that_breaks_the_protocol_is_an_error_never_a_hang() {
+        let both = Digests { header: true, data: true };
+        let e = probe(&t(&target(Fault::CloseAfterHandshake, both), both)).unwrap_err();
+        assert!(e.to_string().contains("closed the connection"), "{e}");
+        let started = Instant::now();
+        let e = probe(&t(&target(Fault::Silent, both), both)).unwrap_err();
+        assert!(matches!(e, Error::Timeout { qid: 0, .. }), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(3), "bounded by the timeout");
+        let e = probe(&t(&target(Fault::BadDataDigest, both), both)).unwrap_err();
+        assert!(e.to_string().contains("data digest mismatch"), "{e}");
+        let e = probe(&t(&target(Fault::WrongType, both), both)).unwrap_err();
+        assert!(e.to_string().contains("unexpected PDU type 0x06"), "{e}");
+        let e = probe(&t(&target(Fault::DataOutOfRange, Digests::default()), Digests::default())).unwrap_err();
+        assert!(e.to_string().contains("for a command of 4096 bytes"), "{e}");
+        // Digests granted that were not asked for.
+        let e = probe(&t(&target(Fault::None, both), Digests::default())).unwrap_err();
+        assert!(e.to_string().contains("digests"), "{e}");
+        // Nobody listening.
+        let free = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+        assert!(matches!(probe(&t(&free, both)), Err(Error::Os { .. })));
+    }
+}
