@@ -435,6 +435,31 @@ class Volumes(unittest.TestCase):
         self.assertEqual(bytes(mem[524288 : 524288 + 8192]), want[131072 : 131072 + 8192])
         self.drv.deregister(buf)
 
+    def test_batch_on_a_volume(self):
+        v = ugds.Volume(self.hs, stripe=16384)
+        want = pattern(9, 1 << 20)
+        mem = bytearray(want)
+        buf = self.drv.register(mem)
+        b = v.batch(8)
+        ios = [("write", buf, 131072, i * 131072, i * 131072, i) for i in range(8)]
+        b.submit(ios)
+        evs = b.get_status(min_nr=8, max_nr=8)
+        self.assertEqual(sorted(e[0] for e in evs), list(range(8)))
+        self.assertTrue(all(e[1] == "complete" and e[2] == 131072 for e in evs))
+        mem[:] = bytes(1 << 20)
+        b.submitv([("read", [(buf, 0, 65536), (buf, 524288, 65536)], 0, 42)])
+        (cookie, status, n), = b.get_status(min_nr=1)
+        self.assertEqual((cookie, status, n), (42, "complete", 131072))
+        self.assertEqual(bytes(mem[:65536]), want[:65536])
+        self.assertEqual(bytes(mem[524288 : 524288 + 65536]), want[65536:131072])
+        s = b.stats()
+        self.assertEqual((s["submitted"], s["ended"], s["bytes_written"], s["bytes_read"]), (9, 9, 1 << 20, 131072))
+        with self.assertRaises(ugds.InvalidArgument):
+            b.submit([("read", buf, 4096, v.capacity, 0, 1)])
+        self.assertEqual(b.outstanding, 0)
+        del b
+        self.drv.deregister(buf)
+
     def test_concatenated_and_bad_input(self):
         v = ugds.Volume(self.hs[:2], stripe=0)
         self.assertEqual((v.capacity, v.stripe), (8 << 20, 0))

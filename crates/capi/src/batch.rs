@@ -16,12 +16,13 @@ pub unsafe extern "C" fn uGDSBatchIOSetUp(batch: *mut *mut c_void, fh: *mut c_vo
         if nr as usize > ugds::Batch::MAX_CAPACITY {
             return fail(op::INVALID_VALUE, format!("nr {nr} is more than UGDS_MAX_BATCH_IO ({})", abi::MAX_BATCH_IO));
         }
-        let h = match lookup(fh) {
-            Ok((h, _)) => h,
+        let b = match lookup_dev(fh) {
+            Ok((Dev::One(h), _)) => h.batch(nr as usize).map(|b| CBatch::One(Arc::new(b))),
+            Ok((Dev::Volume(v, _), _)) => v.batch(nr as usize).map(|b| CBatch::Volume(Arc::new(b))),
             Err(c) => return fail(c, no_handle(c)),
         };
-        let b = match h.batch(nr as usize) {
-            Ok(b) => Arc::new(b),
+        let b = match b {
+            Ok(b) => b,
             Err(e) => return from_error(e),
         };
         with_state!(s, fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed"));
@@ -34,7 +35,7 @@ pub unsafe extern "C" fn uGDSBatchIOSetUp(batch: *mut *mut c_void, fh: *mut c_vo
     })
 }
 
-pub(crate) fn batch_of(batch: *mut c_void) -> Result<(Arc<ugds::Batch>, ugds::Driver), uGDSError_t> {
+pub(crate) fn batch_of(batch: *mut c_void) -> Result<(CBatch, ugds::Driver), uGDSError_t> {
     let g = state();
     let s = g.as_ref().ok_or_else(|| fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first"))?;
     if batch.is_null() {
@@ -53,7 +54,7 @@ unsafe fn submission<'a, T>(
     batch: *mut c_void,
     nr: c_uint,
     params: *const T,
-) -> Result<(Arc<ugds::Batch>, ugds::Driver, &'a [T]), uGDSError_t> {
+) -> Result<(CBatch, ugds::Driver, &'a [T]), uGDSError_t> {
     if params.is_null() || nr == 0 {
         return Err(fail(op::INVALID_VALUE, "null params or nr 0"));
     }

@@ -163,7 +163,7 @@ pub(crate) fn no_handle(c: c_int) -> &'static str {
     match c {
         op::IO_NOT_SUPPORTED => {
             "a volume's handle: this call takes a controller's handle (a volume takes uGDSRead, uGDSWrite, \
-             uGDSReadv, uGDSWritev, uGDSGetDeviceCapacity and uGDSHandleDeregister)"
+             uGDSReadv, uGDSWritev, uGDSGetDeviceCapacity, the uGDSBatchIO* calls and uGDSHandleDeregister)"
         }
         op::DRIVER_NOT_INITIALIZED => "uGDSDriverOpen first",
         op::INVALID_VALUE => "null handle",
@@ -255,9 +255,20 @@ pub unsafe extern "C" fn uGDSHandleDeregisterEx(fh: *mut c_void, timeout_sec: c_
             Ok((Dev::One(h), _)) => h,
             Ok((Dev::Volume(..), _)) => {
                 // A volume holds no queues of its own: its members' stay
-                // open (requests on it have ended when its calls returned).
-                with_state!(s, ok());
-                s.handles.remove(&(fh as usize));
+                // open. Its batch contexts go with it (each waits for its
+                // requests when dropped, outside the lock).
+                let batches: Vec<CBatch> = {
+                    with_state!(s, ok());
+                    let mine: Vec<usize> =
+                        s.batches.iter().filter(|(_, (o, _))| *o == fh as usize).map(|(k, _)| *k).collect();
+                    let out: usize = mine.iter().map(|k| s.batches[k].1.outstanding()).sum();
+                    if timeout_sec == 0 && out > 0 {
+                        return fail(op::BUSY, format!("{out} batch requests of this volume are outstanding"));
+                    }
+                    s.handles.remove(&(fh as usize));
+                    mine.into_iter().filter_map(|k| s.batches.remove(&k).map(|(_, b)| b)).collect()
+                };
+                drop(batches);
                 return ok();
             }
             Err(c) => return fail(c, no_handle(c)),
@@ -281,7 +292,7 @@ pub unsafe extern "C" fn uGDSHandleDeregisterEx(fh: *mut c_void, timeout_sec: c_
         };
         // The handle's batch contexts go with it (each holds the handle
         // open): unless asked not to wait while they have requests out.
-        let batches: Vec<(usize, Arc<ugds::Batch>)> = {
+        let batches: Vec<(usize, CBatch)> = {
             with_state!(s, fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed"));
             let mine: Vec<usize> = s.batches.iter().filter(|(_, (o, _))| *o == fh as usize).map(|(k, _)| *k).collect();
             if drain == Drain::NoWait {
@@ -306,8 +317,9 @@ pub unsafe extern "C" fn uGDSHandleDeregisterEx(fh: *mut c_void, timeout_sec: c_
 /// Opens a volume (an extension) over `count` registered handles: striped
 /// with `stripe_bytes` stripes (a power of two of at least 4096), or
 /// concatenated in order when `stripe_bytes` is 0. The volume's handle
-/// takes uGDSRead, uGDSWrite, uGDSReadv, uGDSWritev, uGDSGetDeviceCapacity
-/// and uGDSHandleDeregister; a member's failure fails the request whole
+/// takes uGDSRead, uGDSWrite, uGDSReadv, uGDSWritev, uGDSGetDeviceCapacity,
+/// the uGDSBatchIO* calls and uGDSHandleDeregister; a member's failure
+/// fails the request whole
 /// (the error names the member). Members stay usable on their own and
 /// cannot be deregistered while a volume holds them.
 ///

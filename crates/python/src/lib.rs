@@ -497,6 +497,12 @@ impl Volume {
         py.allow_threads(|| self.inner.flush()).map_err(err)
     }
 
+    /// A batch context for up to `capacity` volume requests in flight
+    /// (as Handle.batch; each request completes as one event).
+    fn batch(&self, capacity: usize) -> PyResult<Batch> {
+        self.inner.batch(capacity).map(|b| Batch { inner: batch::Inner::Volume(b) }).map_err(err)
+    }
+
     /// Size in bytes.
     #[getter]
     fn capacity(&self) -> u64 {
@@ -770,7 +776,7 @@ impl Handle {
 
     /// A batch context for up to `capacity` requests in flight.
     fn batch(&self, capacity: usize) -> PyResult<Batch> {
-        self.inner.batch(capacity).map(|inner| Batch { inner }).map_err(err)
+        self.inner.batch(capacity).map(|b| Batch { inner: batch::Inner::One(b) }).map_err(err)
     }
 
     /// Reads in stream order: `size`, `file_offset` and `buf_offset` (ints,

@@ -62,8 +62,54 @@ int main(void) {
     /* Calls a volume does not take say so. */
     size_t nq = 0;
     CHECK_ERR(uGDSGetQueueStats(vh, NULL, 0, &nq), UGDS_IO_NOT_SUPPORTED);
+
+    /* A batch on the volume: four requests, each across members, one
+     * event each; then a vectored one. */
     uGDSBatchHandle_t batch = NULL;
-    CHECK_ERR(uGDSBatchIOSetUp(&batch, vh, 4), UGDS_IO_NOT_SUPPORTED);
+    CHECK_ERR(uGDSBatchIOSetUp(&batch, vh, 8), UGDS_SUCCESS);
+    fill(buf, 512 * KIB, 7, 0);
+    uGDSIOParams_t ps[4];
+    memset(ps, 0, sizeof ps);
+    for (int i = 0; i < 4; i++) {
+        ps[i].devPtr_base = buf;
+        ps[i].devPtr_offset = i * 128 * KIB;
+        ps[i].file_offset = 2 * MIB + i * 128 * KIB;
+        ps[i].size = 128 * KIB;
+        ps[i].opcode = UGDS_WRITE;
+        ps[i].cookie = (void *)(uintptr_t)(100 + i);
+    }
+    CHECK_ERR(uGDSBatchIOSubmit(batch, 4, ps, 0), UGDS_SUCCESS);
+    uGDSIOEvents_t ev[8];
+    unsigned nr = 8, seen = 0;
+    while (seen < 4) {
+        nr = 8;
+        CHECK_ERR(uGDSBatchIOGetStatus(batch, 1, &nr, ev, NULL), UGDS_SUCCESS);
+        for (unsigned i = 0; i < nr; i++) {
+            CHECK(ev[i].status == UGDS_BATCH_COMPLETE && ev[i].ret == (ssize_t)(128 * KIB));
+            uintptr_t c = (uintptr_t)ev[i].cookie;
+            CHECK(c >= 100 && c < 104);
+        }
+        seen += nr;
+    }
+    CHECK(seen == 4);
+    memset(buf + MIB, 0, 512 * KIB);
+    ugds_segment_t vsegs[2] = {{buf, MIB, 256 * KIB}, {buf, MIB + 256 * KIB, 256 * KIB}};
+    ugds_iov_params_t iov = {vsegs, 2, UGDS_READ, 2 * MIB, (void *)(uintptr_t)7};
+    CHECK_ERR(uGDSBatchIOSubmitv(batch, 1, &iov, 0), UGDS_SUCCESS);
+    nr = 8;
+    CHECK_ERR(uGDSBatchIOGetStatus(batch, 1, &nr, ev, NULL), UGDS_SUCCESS);
+    CHECK(nr == 1 && ev[0].status == UGDS_BATCH_COMPLETE && ev[0].ret == (ssize_t)(512 * KIB));
+    CHECK(same(buf + MIB, 512 * KIB, 7, 0));
+    ugds_request_stats_t rs;
+    CHECK_ERR(uGDSBatchIOGetStats(batch, &rs), UGDS_SUCCESS);
+    CHECK(rs.submitted == 5 && rs.ended == 5 && rs.in_flight == 0);
+    CHECK(rs.bytes_written == 512 * KIB && rs.bytes_read == 512 * KIB && rs.errors == 0);
+    /* Past the end: refused whole, nothing submitted. */
+    ps[0].file_offset = cap - 4096;
+    CHECK(uGDSBatchIOSubmit(batch, 1, ps, 0).err != UGDS_SUCCESS);
+    CHECK_ERR(uGDSBatchIOGetStats(batch, &rs), UGDS_SUCCESS);
+    CHECK(rs.submitted == 5);
+    uGDSBatchIODestroy(batch);
     /* A member is not deregistered while the volume holds it; it still
      * works on its own. */
     CHECK_ERR(uGDSHandleDeregisterEx(m[1], -1), UGDS_BUSY);

@@ -6,7 +6,9 @@
 
 use super::{Inner, Part, Volume};
 use crate::batch::{Batch, BatchIo, BatchIov, BatchOp};
+use crate::engine::batch::RequestStats;
 use crate::engine::{BatchEvent, BatchStatus};
+use crate::Segment;
 use crate::{Error, Result};
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -17,6 +19,9 @@ use ugds_platform::Recover;
 /// request of many small stripes can have more parts on a member than one
 /// vectored request takes).
 const PARTS_PER_REQUEST: usize = 4;
+
+/// One request of a submission: direction, segments, volume offset, cookie.
+type Request<'a, 's> = (BatchOp, &'a [Segment<'s>], u64, u64);
 
 /// A batch context on a volume; see the module docs.
 pub struct VolumeBatch {
@@ -41,11 +46,14 @@ struct State {
     parts_out: Vec<usize>,
     /// Requests ended, their events not yet collected.
     done: Vec<BatchEvent>,
+    /// What the requests have done (in flight derived).
+    stats: RequestStats,
     events: Vec<BatchEvent>,
 }
 
 struct Req {
     cookie: u64,
+    op: BatchOp,
     len: usize,
     /// Parts not yet ended.
     pending: usize,
@@ -95,7 +103,30 @@ impl VolumeBatch {
 
     /// Submits `ios`: all are checked first (bad input submits none, on any
     /// member), then each member's parts go to its context at once.
-    pub fn submit(&self, ios: &[BatchIo]) -> Result<()> {
+    /// Returns the doorbell writes it took on all the members.
+    pub fn submit(&self, ios: &[BatchIo]) -> Result<usize> {
+        let segs: Vec<[Segment<'_>; 1]> =
+            ios.iter().map(|io| [Segment::new(&io.buf, io.buf_offset, io.size)]).collect();
+        let reqs: Vec<Request<'_, '_>> =
+            ios.iter().zip(&segs).map(|(io, s)| (io.op, &s[..], io.file_offset, io.cookie)).collect();
+        self.submit_requests(&reqs)
+    }
+
+    /// Submits vectored requests (each one range of the volume to or from
+    /// several buffer segments, as [`Volume::readv`]) as [`submit`](Self::submit)
+    /// does requests; each completes as one event.
+    pub fn submit_vectored(&self, ios: &[BatchIov<'_>]) -> Result<usize> {
+        let reqs: Vec<Request<'_, '_>> = ios.iter().map(|io| (io.op, io.segments, io.file_offset, io.cookie)).collect();
+        self.submit_requests(&reqs)
+    }
+
+    /// What this context's requests have done since it opened.
+    pub fn stats(&self) -> RequestStats {
+        let st = self.state.lock().recover();
+        RequestStats { in_flight: st.stats.submitted - st.stats.ended, ..st.stats }
+    }
+
+    fn submit_requests(&self, ios: &[Request<'_, '_>]) -> Result<usize> {
         if ios.is_empty() {
             return Err(Error::InvalidArgument("empty batch".into()));
         }
@@ -105,15 +136,13 @@ impl VolumeBatch {
         if outstanding + ios.len() > self.capacity {
             return Err(Error::CapacityExceeded { capacity: self.capacity, requested: ios.len(), outstanding });
         }
-        let segs: Vec<[crate::Segment<'_>; 1]> =
-            ios.iter().map(|io| [crate::Segment::new(&io.buf, io.buf_offset, io.size)]).collect();
         let mut all: Vec<(usize, Vec<Part<'_>>)> = Vec::with_capacity(ios.len());
         let mut claims = Vec::new();
         let mut need = vec![0usize; v.members.len()];
-        for (i, io) in ios.iter().enumerate() {
-            let (total, c) = v.check(io.op, &segs[i], io.file_offset)?;
+        for &(op, segs, file_offset, _) in ios {
+            let (total, c) = v.check(op, segs, file_offset)?;
             claims.extend(c);
-            let parts = v.parts(&segs[i], io.file_offset, total);
+            let parts = v.parts(segs, file_offset, total);
             for p in &parts {
                 need[p.member] += 1;
             }
@@ -136,8 +165,9 @@ impl VolumeBatch {
         // Slots and member cookies: (slot << 32) | part index.
         let mut by_member: Vec<Vec<(u64, BatchOp, &Part<'_>)>> = (0..v.members.len()).map(|_| Vec::new()).collect();
         let mut slots = Vec::with_capacity(ios.len());
-        for (io, (total, parts)) in ios.iter().zip(&all) {
-            let req = Req { cookie: io.cookie, len: *total, pending: parts.len(), moved: 0, failure: None };
+        st.stats.submitted += ios.len() as u64;
+        for (&(op, _, _, cookie), (total, parts)) in ios.iter().zip(&all) {
+            let req = Req { cookie, op, len: *total, pending: parts.len(), moved: 0, failure: None };
             let slot = match st.free.pop() {
                 Some(s) => {
                     st.reqs[s] = Some(req);
@@ -150,9 +180,10 @@ impl VolumeBatch {
             };
             slots.push(slot);
             for (k, p) in parts.iter().enumerate() {
-                by_member[p.member].push(((slot as u64) << 32 | k as u64, io.op, p));
+                by_member[p.member].push(((slot as u64) << 32 | k as u64, op, p));
             }
         }
+        let mut doorbells = 0;
         for (m, list) in by_member.iter().enumerate() {
             // A part of one buffer piece goes as a plain request (the
             // member's cheaper path), the others as vectored ones.
@@ -172,7 +203,7 @@ impl VolumeBatch {
                         }
                     })
                     .collect();
-                let r = self.members[m].submit(&ios).map(|_| ());
+                let r = self.members[m].submit(&ios).map(|n| doorbells += n);
                 Self::submitted(&mut st, m, plain.iter().map(|x| x.0), r);
             }
             if !vectored.is_empty() {
@@ -185,14 +216,14 @@ impl VolumeBatch {
                         cookie,
                     })
                     .collect();
-                let r = self.members[m].submit_vectored(&iovs).map(|_| ());
+                let r = self.members[m].submit_vectored(&iovs).map(|n| doorbells += n);
                 Self::submitted(&mut st, m, vectored.iter().map(|x| x.0), r);
             }
         }
         for &slot in &slots {
             Self::finish_if_done(&mut st, v, slot);
         }
-        Ok(())
+        Ok(doorbells)
     }
 
     /// Books parts (by cookie) handed to member `m`: on the member's context,
@@ -230,6 +261,15 @@ impl VolumeBatch {
                 result: Err(Error::Platform(format!("volume request moved {} of {} bytes", r.moved, r.len))),
             },
         };
+        let s = &mut st.stats;
+        s.ended += 1;
+        match (ev.status, r.op) {
+            (BatchStatus::Complete, BatchOp::Read) => s.bytes_read += r.len as u64,
+            (BatchStatus::Complete, _) => s.bytes_written += r.len as u64,
+            (BatchStatus::Canceled, _) => s.canceled += 1,
+            (BatchStatus::Timeout, _) => s.timeouts += 1,
+            _ => s.errors += 1,
+        }
         st.done.push(ev);
     }
 
