@@ -349,7 +349,7 @@ fn thread_loop(
         prepare(slot, off);
         *start = (Instant::now(), off);
         match submit(slot, off) {
-            Ok(()) => outstanding += 1,
+            Ok(_) => outstanding += 1,
             Err(e) => fail(&mut f, e.to_string()),
         }
     }
@@ -379,7 +379,7 @@ fn thread_loop(
             prepare(slot, off);
             started[slot] = (Instant::now(), off);
             match submit(slot, off) {
-                Ok(()) => outstanding += 1,
+                Ok(_) => outstanding += 1,
                 Err(e) => fail(&mut f, e.to_string()),
             }
         }
