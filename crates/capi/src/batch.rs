@@ -17,8 +17,8 @@ pub unsafe extern "C" fn uGDSBatchIOSetUp(batch: *mut *mut c_void, fh: *mut c_vo
             return fail(op::INVALID_VALUE, format!("nr {nr} is more than UGDS_MAX_BATCH_IO ({})", abi::MAX_BATCH_IO));
         }
         let b = match lookup_dev(fh) {
-            Ok((Dev::One(h), _)) => h.batch(nr as usize).map(|b| CBatch::One(Arc::new(b))),
-            Ok((Dev::Volume(v, _), _)) => v.batch(nr as usize).map(|b| CBatch::Volume(Arc::new(b))),
+            Ok((Dev::One(h), _)) => h.batch(nr as usize).map(|b| Arc::new(b) as CBatch),
+            Ok((Dev::Volume(v, _), _)) => v.batch(nr as usize).map(|b| Arc::new(b) as CBatch),
             Err(c) => return fail(c, no_handle(c)),
         };
         let b = match b {

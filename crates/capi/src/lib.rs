@@ -45,70 +45,7 @@ struct Registered {
 }
 
 /// What a `uGDSBatchHandle_t` is: a context on a handle, or on a volume.
-#[derive(Clone)]
-pub(crate) enum CBatch {
-    /// On a controller's handle.
-    One(Arc<ugds::Batch>),
-    /// On a volume (`uGDSVolumeOpen`).
-    Volume(Arc<ugds::VolumeBatch>),
-}
-
-impl CBatch {
-    pub(crate) fn capacity(&self) -> usize {
-        match self {
-            CBatch::One(b) => b.capacity(),
-            CBatch::Volume(b) => b.capacity(),
-        }
-    }
-
-    pub(crate) fn outstanding(&self) -> usize {
-        match self {
-            CBatch::One(b) => b.outstanding(),
-            CBatch::Volume(b) => b.outstanding(),
-        }
-    }
-
-    fn submit(&self, ios: &[BatchIo]) -> ugds::Result<()> {
-        match self {
-            CBatch::One(b) => b.submit(ios).map(|_| ()),
-            CBatch::Volume(b) => b.submit(ios).map(|_| ()),
-        }
-    }
-
-    fn submit_vectored(&self, ios: &[ugds::BatchIov<'_>]) -> ugds::Result<()> {
-        match self {
-            CBatch::One(b) => b.submit_vectored(ios).map(|_| ()),
-            CBatch::Volume(b) => b.submit_vectored(ios).map(|_| ()),
-        }
-    }
-
-    fn get_status(
-        &self,
-        min_nr: usize,
-        max: usize,
-        timeout: Option<Duration>,
-        out: &mut Vec<ugds::BatchEvent>,
-    ) -> ugds::Result<usize> {
-        match self {
-            CBatch::One(b) => b.get_status(min_nr, max, timeout, out),
-            CBatch::Volume(b) => b.get_status(min_nr, max, timeout, out),
-        }
-    }
-
-    fn cancel(&self) -> ugds::Result<()> {
-        match self {
-            CBatch::One(b) => b.cancel(),
-            CBatch::Volume(b) => b.cancel(),
-        }
-    }
-
-    fn stats(&self) -> ugds::RequestStats {
-        match self {
-            CBatch::One(b) => b.stats(),
-            CBatch::Volume(b) => b.stats(),
-        }
-    }
-}
+pub(crate) type CBatch = Arc<dyn ugds::BatchContext>;
 
 /// What a registered `uGDSHandle_t` is.
 #[derive(Clone)]

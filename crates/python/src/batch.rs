@@ -7,70 +7,7 @@ use super::*;
 /// still one event).
 #[pyclass(module = "ugds._ugds", frozen)]
 pub(crate) struct Batch {
-    pub(crate) inner: Inner,
-}
-
-/// What a Batch is a context on.
-pub(crate) enum Inner {
-    One(ugds::Batch),
-    Volume(ugds::VolumeBatch),
-}
-
-impl Inner {
-    fn submit(&self, ios: &[BatchIo]) -> ugds::Result<usize> {
-        match self {
-            Inner::One(b) => b.submit(ios),
-            Inner::Volume(b) => b.submit(ios),
-        }
-    }
-
-    fn submit_vectored(&self, ios: &[ugds::BatchIov<'_>]) -> ugds::Result<usize> {
-        match self {
-            Inner::One(b) => b.submit_vectored(ios),
-            Inner::Volume(b) => b.submit_vectored(ios),
-        }
-    }
-
-    fn capacity(&self) -> usize {
-        match self {
-            Inner::One(b) => b.capacity(),
-            Inner::Volume(b) => b.capacity(),
-        }
-    }
-
-    fn get_status(
-        &self,
-        min_nr: usize,
-        max: usize,
-        timeout: Option<Duration>,
-        out: &mut Vec<ugds::BatchEvent>,
-    ) -> ugds::Result<usize> {
-        match self {
-            Inner::One(b) => b.get_status(min_nr, max, timeout, out),
-            Inner::Volume(b) => b.get_status(min_nr, max, timeout, out),
-        }
-    }
-
-    fn cancel(&self) -> ugds::Result<()> {
-        match self {
-            Inner::One(b) => b.cancel(),
-            Inner::Volume(b) => b.cancel(),
-        }
-    }
-
-    fn outstanding(&self) -> usize {
-        match self {
-            Inner::One(b) => b.outstanding(),
-            Inner::Volume(b) => b.outstanding(),
-        }
-    }
-
-    fn stats(&self) -> ugds::RequestStats {
-        match self {
-            Inner::One(b) => b.stats(),
-            Inner::Volume(b) => b.stats(),
-        }
-    }
+    pub(crate) inner: Box<dyn ugds::BatchContext>,
 }
 
 #[pymethods]

@@ -475,9 +475,7 @@ impl Volume {
         segments: Vec<(PyRef<'_, Buffer>, usize, usize)>,
         file_offset: u64,
     ) -> PyResult<usize> {
-        let tokens = checked_tokens(py, &segments)?;
-        let segs = as_segments(&tokens, &segments);
-        py.allow_threads(|| self.inner.readv(&segs, file_offset)).map_err(err)
+        self.vectored(py, &segments, file_offset, false)
     }
 
     /// As Handle.writev, on the volume.
@@ -487,9 +485,7 @@ impl Volume {
         segments: Vec<(PyRef<'_, Buffer>, usize, usize)>,
         file_offset: u64,
     ) -> PyResult<usize> {
-        let tokens = checked_tokens(py, &segments)?;
-        let segs = as_segments(&tokens, &segments);
-        py.allow_threads(|| self.inner.writev(&segs, file_offset)).map_err(err)
+        self.vectored(py, &segments, file_offset, true)
     }
 
     /// Flushes every member's volatile write cache.
@@ -500,7 +496,7 @@ impl Volume {
     /// A batch context for up to `capacity` volume requests in flight
     /// (as Handle.batch; each request completes as one event).
     fn batch(&self, capacity: usize) -> PyResult<Batch> {
-        self.inner.batch(capacity).map(|b| Batch { inner: batch::Inner::Volume(b) }).map_err(err)
+        self.inner.batch(capacity).map(|b| Batch { inner: Box::new(b) }).map_err(err)
     }
 
     /// Size in bytes.
@@ -537,6 +533,21 @@ impl Volume {
             self.capacity(),
             self.stripe()
         )
+    }
+}
+
+impl Volume {
+    fn vectored(
+        &self,
+        py: Python<'_>,
+        segments: &[(PyRef<'_, Buffer>, usize, usize)],
+        file_offset: u64,
+        write: bool,
+    ) -> PyResult<usize> {
+        let tokens = checked_tokens(py, segments)?;
+        let segs = as_segments(&tokens, segments);
+        let v = &self.inner;
+        py.allow_threads(|| if write { v.writev(&segs, file_offset) } else { v.readv(&segs, file_offset) }).map_err(err)
     }
 }
 
@@ -776,7 +787,7 @@ impl Handle {
 
     /// A batch context for up to `capacity` requests in flight.
     fn batch(&self, capacity: usize) -> PyResult<Batch> {
-        self.inner.batch(capacity).map(|b| Batch { inner: batch::Inner::One(b) }).map_err(err)
+        self.inner.batch(capacity).map(|b| Batch { inner: Box::new(b) }).map_err(err)
     }
 
     /// Reads in stream order: `size`, `file_offset` and `buf_offset` (ints,

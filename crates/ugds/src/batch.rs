@@ -317,3 +317,67 @@ impl Drop for Batch {
         self.handle.inflight.fetch_sub(1, Ordering::SeqCst);
     }
 }
+
+/// A batch context on a handle ([`Batch`]) or on a volume
+/// ([`VolumeBatch`](crate::VolumeBatch)), for code that takes either (the
+/// C and Python bindings). Each method is the type's own.
+pub trait BatchContext: Send + Sync {
+    /// The most requests the context may have outstanding.
+    fn capacity(&self) -> usize;
+    /// Requests submitted whose events have not been collected.
+    fn outstanding(&self) -> usize;
+    /// Submits `ios`, all checked first; returns the doorbell writes.
+    fn submit(&self, ios: &[BatchIo]) -> Result<usize>;
+    /// Submits vectored requests, all checked first; returns the doorbell writes.
+    fn submit_vectored(&self, ios: &[BatchIov<'_>]) -> Result<usize>;
+    /// Collects at least `min_nr` (or until `timeout`) and at most `max` events.
+    fn get_status(
+        &self,
+        min_nr: usize,
+        max: usize,
+        timeout: Option<Duration>,
+        out: &mut Vec<BatchEvent>,
+    ) -> Result<usize>;
+    /// Cancels the context's requests and waits for the device.
+    fn cancel(&self) -> Result<()>;
+    /// What the context's requests have done.
+    fn stats(&self) -> RequestStats;
+}
+
+/// Implements [`BatchContext`] for a type with the same inherent methods.
+macro_rules! batch_context {
+    ($t:ty) => {
+        impl BatchContext for $t {
+            fn capacity(&self) -> usize {
+                <$t>::capacity(self)
+            }
+            fn outstanding(&self) -> usize {
+                <$t>::outstanding(self)
+            }
+            fn submit(&self, ios: &[BatchIo]) -> Result<usize> {
+                <$t>::submit(self, ios)
+            }
+            fn submit_vectored(&self, ios: &[BatchIov<'_>]) -> Result<usize> {
+                <$t>::submit_vectored(self, ios)
+            }
+            fn get_status(
+                &self,
+                min_nr: usize,
+                max: usize,
+                timeout: Option<Duration>,
+                out: &mut Vec<BatchEvent>,
+            ) -> Result<usize> {
+                <$t>::get_status(self, min_nr, max, timeout, out)
+            }
+            fn cancel(&self) -> Result<()> {
+                <$t>::cancel(self)
+            }
+            fn stats(&self) -> RequestStats {
+                <$t>::stats(self)
+            }
+        }
+    };
+}
+
+batch_context!(Batch);
+batch_context!(crate::VolumeBatch);

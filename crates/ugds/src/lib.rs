@@ -66,7 +66,7 @@ pub mod volume;
 pub use ugds_platform as platform;
 use ugds_platform::{barrier, dma, sys};
 
-pub use batch::{Batch, BatchIo, BatchIov, BatchOp};
+pub use batch::{Batch, BatchContext, BatchIo, BatchIov, BatchOp};
 pub use buffer::HostBuffer;
 pub use driver::Driver;
 pub use engine::batch::RequestStats;
