@@ -480,6 +480,32 @@ class Volumes(unittest.TestCase):
         self.drv.deregister(buf)
 
 
+class Tcp(unittest.TestCase):
+    """NVMe over TCP through ugds's initiator: `Driver.open_tcp`."""
+
+    def test_round_trip_over_tcp_with_and_without_digests(self):
+        t = ugds.EmuTcpTarget(size=16 << 20, block_size=4096)
+        drv = ugds.Driver()
+        for digests in (False, True):
+            h = drv.open_tcp(t.addr, t.nqn, digests=digests)
+            self.assertEqual(h.capacity, 16 << 20)
+            self.assertEqual(h.block_size, 4096)
+            data = pattern(7 if digests else 8, 65536)
+            mem = bytearray(data)
+            buf = drv.register(mem)
+            self.assertEqual(h.write(buf, 65536, 8192), 65536)
+            mem[:] = bytes(65536)
+            self.assertEqual(h.read(buf, 65536, 8192), 65536)
+            self.assertEqual(bytes(mem), data)
+            h.close()
+            drv.deregister(buf)
+
+    def test_nobody_listening_is_a_clear_error(self):
+        with self.assertRaises(ugds.Error) as cm:
+            ugds.Driver().open_tcp("127.0.0.1:1", "nqn.2026-12.io.ugds:absent")
+        self.assertIn("127.0.0.1:1", str(cm.exception))
+
+
 class KernelPath(unittest.TestCase):
     """A file through the kernel (io_uring): `Driver.open_file`."""
 

@@ -37,6 +37,7 @@ from ._ugds import (
     Cell,
     ClosedError,
     DeviceError,
+    EmuTcpTarget,
     Error,
     GpuError,
     Handle,
@@ -53,7 +54,7 @@ from ._ugds import (
 from ._ugds import Driver as _Driver
 
 __all__ = [
-    "Driver", "Handle", "Volume", "Buffer", "Batch", "Stream", "StreamResult", "Cell", "memory_of",
+    "Driver", "Handle", "Volume", "EmuTcpTarget", "Buffer", "Batch", "Stream", "StreamResult", "Cell", "memory_of",
     "Error", "InvalidArgument", "NotRegistered", "AlreadyRegistered", "BusyError", "TimeoutError",
     "WedgedError", "ClosedError", "UnsupportedError", "GpuError", "DeviceError", "__version__",
 ]

@@ -219,7 +219,7 @@ make_initramfs() {
     rm -rf "$I" && mkdir -p "$I"/{bin,dev,proc,sys,mods,tmp}
     cp /bin/busybox "$I/bin/busybox"
     for a in sh mount umount cat echo sleep insmod rmmod basename readlink mkdir rmdir rm poweroff ls grep head kill \
-        mke2fs unshare mkswap swapon swapoff losetup truncate ip ln; do
+        mke2fs unshare mkswap swapon swapoff losetup truncate ip ln dmesg tail dd seq; do
         ln -s busybox "$I/bin/$a"
     done
     # File-system tools for the binding steps, with the libraries they load.
@@ -240,7 +240,7 @@ make_initramfs() {
         order+=("$rel")
     }
     for m in nvme vfio vfio-pci vfio_iommu_type1 ext4 crc32c_generic crc32c-intel loop btrfs xfs nvmet \
-        nvmet-tcp target_core_iblock; do
+        nvmet-tcp nvme-tcp target_core_iblock; do
         local rel; rel=$(grep -E "/${m}\.ko(\.xz|\.zst)?:" "$MD/modules.dep" | cut -d: -f1 || true)
         [[ -n $rel ]] && resolve "$rel"
     done

@@ -172,10 +172,8 @@ pub fn fmt_bytes(n: u64) -> String {
 }
 
 const IDENTIFY_TCP_HELP: &str = "\
-NVMe over TCP (the admin queue so far: connect, enable, identify):
-      --tcp HOST:PORT         a target's NVMe/TCP port (4420 by convention)
-      --nqn NQN               the subsystem to connect to
-      --digests               ask for header and data digests (CRC32C)
+With --tcp, identify probes the admin queue alone (connect, enable, identify,
+shut down) and prints what the controller says of itself and its namespaces.
 ";
 
 /// `ugds identify --tcp`: a target's controller through NVMe/TCP.
@@ -206,7 +204,6 @@ fn identify_tcp(addr: &str, nqn: &str, digests: bool) -> Result<(), String> {
 fn identify(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     use lexopt::prelude::*;
     let mut t = target::TargetOpts::default();
-    let (mut tcp, mut nqn, mut digests) = (None, None, false);
     let mut p = lexopt::Parser::from_args(args);
     while let Some(arg) = p.next().map_err(|e| e.to_string())? {
         match arg {
@@ -214,9 +211,6 @@ fn identify(args: Vec<std::ffi::OsString>) -> Result<(), String> {
                 print!("Usage: ugds identify [TARGET]\n\n{}\n{IDENTIFY_TCP_HELP}", target::HELP);
                 return Ok(());
             }
-            Long("tcp") => tcp = Some(p.value().map_err(|e| e.to_string())?.string().map_err(|e| e.to_string())?),
-            Long("nqn") => nqn = Some(p.value().map_err(|e| e.to_string())?.string().map_err(|e| e.to_string())?),
-            Long("digests") => digests = true,
             Long(l) => {
                 let l = l.to_owned();
                 if !target::parse_long(&mut t, &l, &mut p).map_err(|e| e.to_string())? {
@@ -226,9 +220,9 @@ fn identify(args: Vec<std::ffi::OsString>) -> Result<(), String> {
             _ => return Err(arg.unexpected().to_string()),
         }
     }
-    if let Some(addr) = tcp {
-        let nqn = nqn.ok_or("--tcp needs --nqn: the subsystem to connect to")?;
-        return identify_tcp(&addr, &nqn, digests);
+    if let (Some(addr), false) = (&t.tcp, t.emu_tcp) {
+        let nqn = t.nqn.as_deref().ok_or("--tcp needs --nqn: the subsystem to connect to")?;
+        return identify_tcp(addr, nqn, t.digests);
     }
     let target = target::open(&t)?;
     let driver = Driver::open();

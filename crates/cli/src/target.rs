@@ -53,6 +53,15 @@ pub struct TargetOpts {
     /// Emulated controllers (`--emu-controllers N`): more than one makes a
     /// volume of them, each with a namespace as the `--emu-*` flags say.
     pub emu_controllers: usize,
+    /// An NVMe/TCP target: `host:port`, reached by ugds's initiator.
+    pub tcp: Option<String>,
+    /// The subsystem NQN to connect to over NVMe/TCP.
+    pub nqn: Option<String>,
+    /// Ask for header and data digests over NVMe/TCP.
+    pub digests: bool,
+    /// An emulated NVMe/TCP target in this process (memory namespace of
+    /// `--emu-size`, `--emu-block`), reached over 127.0.0.1.
+    pub emu_tcp: bool,
 }
 
 /// One target named on the command line, of several.
@@ -64,6 +73,8 @@ pub enum Member {
     Drv(String),
     /// `--file PATH`.
     File(PathBuf),
+    /// `--tcp HOST:PORT` (of the one `--nqn`).
+    Tcp(String),
 }
 
 impl Default for TargetOpts {
@@ -91,6 +102,10 @@ impl Default for TargetOpts {
             kernel_file: None,
             targets: Vec::new(),
             emu_controllers: 1,
+            tcp: None,
+            nqn: None,
+            digests: false,
+            emu_tcp: false,
         }
     }
 }
@@ -132,6 +147,14 @@ pub fn parse_long(t: &mut TargetOpts, name: &str, p: &mut lexopt::Parser) -> Res
             t.kernel_file.get_or_insert(v);
         }
         "emu-controllers" => t.emu_controllers = p.value()?.parse()?,
+        "tcp" => {
+            let v = p.value()?.string()?;
+            t.targets.push(Member::Tcp(v.clone()));
+            t.tcp.get_or_insert(v);
+        }
+        "nqn" => t.nqn = Some(p.value()?.string()?),
+        "digests" => t.digests = true,
+        "emu-tcp" => t.emu_tcp = true,
         _ => return Ok(false),
     }
     Ok(true)
@@ -150,6 +173,13 @@ Target (default: an emulated controller whose namespace is a temporary file):
                               kernel: io_uring, O_DIRECT where aligned, else the
                               page cache; its size is the capacity; the --emu-*
                               flags are ignored
+      --tcp HOST:PORT         an NVMe/TCP target (port 4420 by convention), reached
+                              by ugds's own initiator in user space; with --nqn
+      --nqn NQN               the subsystem to connect to over NVMe/TCP
+      --digests               NVMe/TCP: ask for header and data digests (CRC32C)
+      --emu-tcp               an emulated NVMe/TCP target in this process, on
+                              127.0.0.1 (a memory namespace of --emu-size and
+                              --emu-block), reached by the same initiator
       --emu-file PATH         back the namespace with PATH (kept afterwards)
       --emu-memory            back the namespace with memory
       --emu-direct            read and write the backing file with O_DIRECT (no page cache)
@@ -172,7 +202,7 @@ Target (default: an emulated controller whose namespace is a temporary file):
       --emu-controllers N     N emulated controllers, each as the --emu-* flags
                               say (`ugds bench`: as one volume) [1]
 
-Several --pci, --drv and --file flags (in any mix) name several targets;
+Several --pci, --drv, --file and --tcp flags (in any mix) name several targets;
 `ugds bench` runs on them as one volume (see --stripe and --concat).
 ";
 
@@ -282,6 +312,8 @@ pub enum Source {
     Controller(std::sync::Arc<dyn ugds::platform::Platform>),
     /// A file through the kernel path.
     File(PathBuf),
+    /// A controller over NVMe/TCP.
+    Tcp(ugds::fabrics::TcpTarget),
 }
 
 /// An opened target: what handles are opened on, the emulator's controls
@@ -295,6 +327,8 @@ pub struct Target {
     pub description: String,
     _tmp: Option<TempFile>,
     _more: Vec<TempFile>,
+    /// The emulated NVMe/TCP target, kept while the target is.
+    _emu_tcp: Option<ugds_emu::tcp::EmuTcpTarget>,
 }
 
 impl Target {
@@ -303,6 +337,7 @@ impl Target {
         match &self.source {
             Source::Controller(p) => driver.open_handle(p.clone(), opts),
             Source::File(path) => driver.open_file(path, opts),
+            Source::Tcp(t) => driver.open_tcp(t, opts),
         }
     }
 
@@ -310,13 +345,64 @@ impl Target {
     pub fn is_kernel_path(&self) -> bool {
         matches!(self.source, Source::File(_))
     }
+
+    /// Whether it is a controller over NVMe/TCP.
+    pub fn is_tcp(&self) -> bool {
+        matches!(self.source, Source::Tcp(_))
+    }
 }
 
 /// Opens the target the flags name.
 pub fn open(t: &TargetOpts) -> Result<Target, String> {
+    if t.emu_tcp {
+        let cfg =
+            ugds_emu::tcp::EmuTcpConfig { blocks: t.size / t.block as u64, block_size: t.block, ..Default::default() };
+        let emu = ugds_emu::tcp::EmuTcpTarget::start(cfg).map_err(|e| format!("emulated NVMe/TCP target: {e}"))?;
+        let mut tt = ugds::fabrics::TcpTarget::new(emu.addr(), emu.nqn());
+        tt.digests = ugds::fabrics::Digests { header: t.digests, data: t.digests };
+        let description = format!(
+            "emulated NVMe/TCP target at {} ({} x {}-byte blocks in memory), through ugds's NVMe/TCP initiator{}",
+            emu.addr(),
+            crate::fmt_bytes(t.size),
+            t.block,
+            if t.digests { ", digests on" } else { "" }
+        );
+        return Ok(Target {
+            source: Source::Tcp(tt),
+            emu: None,
+            description,
+            _tmp: None,
+            _more: vec![],
+            _emu_tcp: Some(emu),
+        });
+    }
+    if let Some(addr) = &t.tcp {
+        let nqn = t.nqn.as_deref().ok_or("--tcp needs --nqn: the subsystem to connect to")?;
+        let mut tt = ugds::fabrics::TcpTarget::new(addr, nqn);
+        tt.digests = ugds::fabrics::Digests { header: t.digests, data: t.digests };
+        let description = format!(
+            "{nqn} at {addr} through ugds's NVMe/TCP initiator{}",
+            if t.digests { " (digests on)" } else { "" }
+        );
+        return Ok(Target {
+            source: Source::Tcp(tt),
+            emu: None,
+            description,
+            _tmp: None,
+            _more: vec![],
+            _emu_tcp: None,
+        });
+    }
     if let Some(path) = &t.kernel_file {
         let description = format!("{} through the kernel path (io_uring)", path.display());
-        return Ok(Target { source: Source::File(path.clone()), emu: None, description, _tmp: None, _more: vec![] });
+        return Ok(Target {
+            source: Source::File(path.clone()),
+            emu: None,
+            description,
+            _tmp: None,
+            _more: vec![],
+            _emu_tcp: None,
+        });
     }
     if let Some(path) = &t.drv {
         let p = ugds::platform::ugds_drv::UgdsDrvPlatform::open(path).map_err(|e| e.to_string())?;
@@ -326,7 +412,7 @@ pub fn open(t: &TargetOpts) -> Result<Target, String> {
             c.total_pinned_pages, c.total_mappings
         );
         let source = Source::Controller(std::sync::Arc::new(p));
-        return Ok(Target { source, emu: None, description, _tmp: None, _more: vec![] });
+        return Ok(Target { source, emu: None, description, _tmp: None, _more: vec![], _emu_tcp: None });
     }
     if let Some(bdf) = &t.pci {
         let p = ugds::platform::vfio::VfioPlatform::open_with(bdf, t.vfio).map_err(|e| e.to_string())?;
@@ -336,14 +422,21 @@ pub fn open(t: &TargetOpts) -> Result<Target, String> {
         };
         let description = format!("controller at {bdf} through vfio-pci ({via})");
         let source = Source::Controller(std::sync::Arc::new(p));
-        return Ok(Target { source, emu: None, description, _tmp: None, _more: vec![] });
+        return Ok(Target { source, emu: None, description, _tmp: None, _more: vec![], _emu_tcp: None });
     }
     let (cfg, tmp) = emu_config(t);
     let more = extra_temp_files(t);
     let description = describe(t, &tmp);
     let p = ugds_emu::EmuPlatform::new(cfg).map_err(|e| e.to_string())?;
     let emu = Some(p.control());
-    Ok(Target { source: Source::Controller(std::sync::Arc::new(p)), emu, description, _tmp: tmp, _more: more })
+    Ok(Target {
+        source: Source::Controller(std::sync::Arc::new(p)),
+        emu,
+        description,
+        _tmp: tmp,
+        _more: more,
+        _emu_tcp: None,
+    })
 }
 
 /// Opens every target the flags name: several `--pci`/`--drv`/`--file`
@@ -355,11 +448,12 @@ pub fn open_all(t: &TargetOpts) -> Result<Vec<Target>, String> {
             .iter()
             .map(|m| {
                 let mut one = t.clone();
-                (one.pci, one.drv, one.kernel_file) = (None, None, None);
+                (one.pci, one.drv, one.kernel_file, one.tcp) = (None, None, None, None);
                 match m {
                     Member::Pci(b) => one.pci = Some(b.clone()),
                     Member::Drv(d) => one.drv = Some(d.clone()),
                     Member::File(f) => one.kernel_file = Some(f.clone()),
+                    Member::Tcp(a) => one.tcp = Some(a.clone()),
                 }
                 open(&one)
             })
@@ -373,7 +467,7 @@ pub fn open_all(t: &TargetOpts) -> Result<Vec<Target>, String> {
                 let p = ugds_emu::EmuPlatform::new(cfg).map_err(|e| e.to_string())?;
                 let emu = Some(p.control());
                 let source = Source::Controller(std::sync::Arc::new(p));
-                Ok(Target { source, emu, description, _tmp: tmp, _more: extra_temp_files_of(t, k) })
+                Ok(Target { source, emu, description, _tmp: tmp, _more: extra_temp_files_of(t, k), _emu_tcp: None })
             })
             .collect();
     }

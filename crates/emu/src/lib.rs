@@ -22,6 +22,7 @@ mod config;
 mod controller;
 mod fault;
 mod stats;
+pub mod tcp;
 
 pub use config::{Backing, EmuConfig, LatencyModel, NamespaceConfig, SharedFd};
 pub use fault::{Fault, FaultAction, FaultTarget, IdentifyLies};

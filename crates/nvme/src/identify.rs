@@ -50,6 +50,9 @@ pub struct IdentifyController {
     pub vwc: u8,
     /// SGL Support (see [`sgl::supported`](crate::sgl::supported)).
     pub sgls: u32,
+    /// NVMe over Fabrics: I/O Queue Command Capsule Supported Size, in 16
+    /// bytes (the 64-byte entry and the in-capsule data it takes).
+    pub ioccsz: u32,
 }
 
 impl IdentifyController {
@@ -79,6 +82,7 @@ impl IdentifyController {
             oncs: le16(b, 520),
             vwc: b[525],
             sgls: le32(b, 536),
+            ioccsz: le32(b, 1792),
         }
     }
 
@@ -101,7 +105,14 @@ impl IdentifyController {
         b[520..522].copy_from_slice(&self.oncs.to_le_bytes());
         b[525] = self.vwc;
         b[536..540].copy_from_slice(&self.sgls.to_le_bytes());
+        b[1792..1796].copy_from_slice(&self.ioccsz.to_le_bytes());
         b
+    }
+
+    /// NVMe over Fabrics: the bytes of data an I/O command may carry in its
+    /// capsule (0 where IOCCSZ gives none).
+    pub fn in_capsule_data(&self) -> usize {
+        (self.ioccsz as usize * 16).saturating_sub(crate::Sqe::SIZE)
     }
 
     /// The largest transfer in bytes, given the controller's minimum page
@@ -231,9 +242,11 @@ mod tests {
             oncs: IdentifyController::ONCS_DSM | IdentifyController::ONCS_WRITE_ZEROES,
             vwc: 0,
             sgls: 1,
+            ioccsz: 260,
         };
         let b = c.to_bytes();
         assert_eq!(b[77], 5);
+        assert_eq!(c.in_capsule_data(), 4096);
         assert_eq!(IdentifyController::parse(&b), c);
         assert_eq!(c.max_transfer_bytes(4096), Some(128 * 1024));
         let unlimited = IdentifyController { mdts: 0, ..c };

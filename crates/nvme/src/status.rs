@@ -51,6 +51,8 @@ pub mod generic {
     pub const INVALID_PRP_OFFSET: u8 = 0x13;
     /// Namespace is Write Protected.
     pub const NAMESPACE_WRITE_PROTECTED: u8 = 0x20;
+    /// Transient Transport Error (a fabrics transport lost the command).
+    pub const TRANSIENT_TRANSPORT_ERROR: u8 = 0x22;
     /// LBA Out of Range.
     pub const LBA_OUT_OF_RANGE: u8 = 0x80;
     /// Capacity Exceeded.

@@ -112,6 +112,12 @@ pub fn digest(bytes: &[u8]) -> [u8; DIGEST_LEN] {
     crc32c::crc32c(bytes).to_le_bytes()
 }
 
+/// The CRC32C of bytes that follow bytes whose CRC32C is `crc`: a data
+/// digest computed as the data comes in pieces (start from 0).
+pub fn digest_append(crc: u32, bytes: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc, bytes)
+}
+
 /// What is wrong with a PDU the controller sent.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -402,29 +408,132 @@ pub enum Pdu<'a> {
 /// [`CommonHeader::pdu_len`]) on a connection with `digests`: lengths,
 /// offsets and digests checked.
 pub fn parse(b: &[u8], digests: Digests) -> Result<Pdu<'_>, PduError> {
+    let ch = prelude(b, digests, true)?;
+    let ty = ch.pdu_type;
+    if ty != pdu_type::C2H_DATA {
+        return parse_short(b, ch, digests).map(|h| match h {
+            Head::CapsuleResp(cqe) => Pdu::CapsuleResp(cqe),
+            Head::R2T { cccid, ttag, r2to, r2tl } => Pdu::R2T { cccid, ttag, r2to, r2tl },
+            Head::TermReq { fes, fei } => Pdu::TermReq { fes, fei },
+            Head::C2HData { .. } => unreachable!("not a C2HData"),
+        });
+    }
+    let pdo = ch.pdo as usize;
+    if pdo < CH_LEN || pdo > b.len() {
+        return Err(PduError::Length { ty, plen: ch.plen, why: format!("data offset {pdo} outside the PDU") });
+    }
+    let Head::C2HData { cccid, datao, datal, last, success } = c2h_head(&b[..pdo], ch, digests)? else {
+        unreachable!("a C2HData's head")
+    };
+    let data = &b[pdo..pdo + datal as usize];
+    if digests.data {
+        let at = pdo + datal as usize;
+        check_data_digest(data, b[at..at + DIGEST_LEN].try_into().expect("four bytes"))?;
+    }
+    Ok(Pdu::C2HData { cccid, datao, data, last, success })
+}
+
+/// A PDU from the controller read up to its data (see [`head_len`]): what
+/// a transport needs to put a C2HData's bytes where they belong itself,
+/// without a copy through a buffer of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Head {
+    /// A completion.
+    CapsuleResp(Cqe),
+    /// `datal` bytes of command `cccid`'s data at `datao` follow (then
+    /// their digest, where the connection uses data digests).
+    C2HData {
+        /// The command.
+        cccid: u16,
+        /// Where the bytes go in the command's data.
+        datao: u32,
+        /// How many bytes follow.
+        datal: u32,
+        /// The command's last data PDU.
+        last: bool,
+        /// The command succeeded and no CapsuleResp follows.
+        success: bool,
+    },
+    /// As [`Pdu::R2T`].
+    R2T {
+        /// The command.
+        cccid: u16,
+        /// The transfer's tag.
+        ttag: u16,
+        /// Offset in the command's data.
+        r2to: u32,
+        /// Bytes.
+        r2tl: u32,
+    },
+    /// As [`Pdu::TermReq`].
+    TermReq {
+        /// Fatal Error Status.
+        fes: u16,
+        /// Fatal Error Information.
+        fei: u32,
+    },
+}
+
+/// How many bytes of the PDU that `ch` starts come before its data: a
+/// C2HData's data offset, the whole length of any other PDU. Check `ch`
+/// with [`CommonHeader::pdu_len`] first.
+pub fn head_len(ch: &CommonHeader) -> usize {
+    match ch.pdu_type {
+        pdu_type::C2H_DATA if ch.pdo as usize >= CH_LEN && (ch.pdo as u32) < ch.plen => ch.pdo as usize,
+        _ => ch.plen as usize,
+    }
+}
+
+/// Reads the first [`head_len`] bytes of a PDU: for a C2HData its header
+/// (the data and its digest are the caller's to read, and to check with
+/// [`check_data_digest`]), for any other PDU all of it. Lengths, offsets
+/// and the header digest are checked as [`parse`] checks them.
+pub fn parse_head(b: &[u8], digests: Digests) -> Result<Head, PduError> {
+    let ch = prelude(b, digests, false)?;
+    if b.len() != head_len(&ch) {
+        let why = format!("{} bytes read before its data, {} expected", b.len(), head_len(&ch));
+        return Err(PduError::Length { ty: ch.pdu_type, plen: ch.plen, why });
+    }
+    match ch.pdu_type {
+        pdu_type::C2H_DATA => c2h_head(b, ch, digests),
+        _ => parse_short(b, ch, digests),
+    }
+}
+
+/// Checks a data digest `got` (as it came, little-endian) against `data`.
+pub fn check_data_digest(data: &[u8], got: [u8; DIGEST_LEN]) -> Result<(), PduError> {
+    let (got, want) = (u32::from_le_bytes(got), crc32c::crc32c(data));
+    if got != want {
+        return Err(PduError::DataDigest { ty: pdu_type::C2H_DATA, got, want });
+    }
+    Ok(())
+}
+
+/// The checks every PDU from the controller passes: its type, its header
+/// length, a total length at least that (and `b`'s own where `whole`),
+/// and its header digest.
+fn prelude(b: &[u8], digests: Digests, whole: bool) -> Result<CommonHeader, PduError> {
     if b.len() < CH_LEN {
         return Err(PduError::Short { want: CH_LEN, got: b.len() });
     }
     let ch = CommonHeader::parse(b[..CH_LEN].try_into().expect("eight bytes"));
     let ty = ch.pdu_type;
-    let len_err = |why: String| PduError::Length { ty, plen: ch.plen, why };
     if ty == pdu_type::IC_RESP {
         return Err(PduError::Type(ty));
     }
-    // The type's header length, and a total length at least that.
     ch.pdu_len(u32::MAX)?;
     let hlen = ch.hlen as usize;
-    if ch.plen as usize != b.len() {
-        return Err(len_err(format!("{} bytes received", b.len())));
+    if whole && ch.plen as usize != b.len() {
+        return Err(PduError::Length { ty, plen: ch.plen, why: format!("{} bytes received", b.len()) });
     }
     // A TermReq is read as it comes: the controller is ending the connection.
-    let hd = if ty == pdu_type::C2H_TERM_REQ { 0 } else { digests.header_len() };
     if digests.header && ty != pdu_type::C2H_TERM_REQ {
         if ch.flags & flags::HDGSTF == 0 {
             return Err(PduError::Field(format!("PDU type {ty:#04x} without the header digest the connection uses")));
         }
         if b.len() < hlen + DIGEST_LEN {
-            return Err(len_err(format!("no room for the header digest after {hlen} bytes")));
+            let why = format!("no room for the header digest after {hlen} bytes");
+            return Err(PduError::Length { ty, plen: ch.plen, why });
         }
         let got = u32::from_le_bytes(b[hlen..hlen + DIGEST_LEN].try_into().expect("four bytes"));
         let want = crc32c::crc32c(&b[..hlen]);
@@ -432,8 +541,22 @@ pub fn parse(b: &[u8], digests: Digests) -> Result<Pdu<'_>, PduError> {
             return Err(PduError::HeaderDigest { ty, got, want });
         }
     }
-    let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
-    let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    Ok(ch)
+}
+
+fn u16_at(b: &[u8], i: usize) -> u16 {
+    u16::from_le_bytes([b[i], b[i + 1]])
+}
+
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+/// A whole CapsuleResp, R2T or TermReq (past [`prelude`]).
+fn parse_short(b: &[u8], ch: CommonHeader, digests: Digests) -> Result<Head, PduError> {
+    let (ty, hlen) = (ch.pdu_type, ch.hlen as usize);
+    let hd = if ty == pdu_type::C2H_TERM_REQ { 0 } else { digests.header_len() };
+    let len_err = |why: String| PduError::Length { ty, plen: ch.plen, why };
     match ty {
         pdu_type::CAPSULE_RESP | pdu_type::R2T => {
             if b.len() != hlen + hd || ch.pdo != 0 {
@@ -443,48 +566,47 @@ pub fn parse(b: &[u8], digests: Digests) -> Result<Pdu<'_>, PduError> {
                 )));
             }
             if ty == pdu_type::CAPSULE_RESP {
-                let d: [u32; 4] = std::array::from_fn(|i| u32_at(CH_LEN + 4 * i));
-                return Ok(Pdu::CapsuleResp(Cqe::from_dwords(d)));
+                let d: [u32; 4] = std::array::from_fn(|i| u32_at(b, CH_LEN + 4 * i));
+                return Ok(Head::CapsuleResp(Cqe::from_dwords(d)));
             }
-            Ok(Pdu::R2T { cccid: u16_at(8), ttag: u16_at(10), r2to: u32_at(12), r2tl: u32_at(16) })
-        }
-        pdu_type::C2H_DATA => {
-            let dd = digests.data_len();
-            let pdo = ch.pdo as usize;
-            let datal = u32_at(16) as usize;
-            if pdo < hlen + hd || pdo.checked_add(datal).and_then(|e| e.checked_add(dd)) != Some(b.len()) {
-                return Err(len_err(format!(
-                    "data offset {pdo} and data length {datal} do not fit (header {hlen}, digests {hd}+{dd})"
-                )));
-            }
-            if datal == 0 {
-                return Err(PduError::Field("C2HData with no data".into()));
-            }
-            if digests.data && ch.flags & flags::DDGSTF == 0 {
-                return Err(PduError::Field("C2HData without the data digest the connection uses".into()));
-            }
-            let data = &b[pdo..pdo + datal];
-            if digests.data {
-                let got = u32_at(pdo + datal);
-                let want = crc32c::crc32c(data);
-                if got != want {
-                    return Err(PduError::DataDigest { ty, got, want });
-                }
-            }
-            let (last, success) = (ch.flags & flags::LAST_PDU != 0, ch.flags & flags::SUCCESS != 0);
-            if success && !last {
-                return Err(PduError::Field("C2HData with SUCCESS but not LAST_PDU".into()));
-            }
-            Ok(Pdu::C2HData { cccid: u16_at(8), datao: u32_at(12), data, last, success })
+            Ok(Head::R2T { cccid: u16_at(b, 8), ttag: u16_at(b, 10), r2to: u32_at(b, 12), r2tl: u32_at(b, 16) })
         }
         pdu_type::C2H_TERM_REQ => {
             if b.len() > SHORT_HLEN + TERM_DATA_MAX {
                 return Err(len_err(format!("a TermReq carries at most {TERM_DATA_MAX} bytes of error data")));
             }
-            Ok(Pdu::TermReq { fes: u16_at(8), fei: u32_at(10) })
+            Ok(Head::TermReq { fes: u16_at(b, 8), fei: u32_at(b, 10) })
         }
         t => Err(PduError::Type(t)),
     }
+}
+
+/// A C2HData's header `b` (its first PDO bytes, past [`prelude`]): the
+/// data's offset and length checked against the PDU's total length.
+fn c2h_head(b: &[u8], ch: CommonHeader, digests: Digests) -> Result<Head, PduError> {
+    let (ty, hlen) = (ch.pdu_type, ch.hlen as usize);
+    let (hd, dd) = (digests.header_len(), digests.data_len());
+    let pdo = ch.pdo as usize;
+    if pdo < hlen + hd || b.len() < pdo {
+        let why = format!("data offset {pdo} inside its header of {hlen} bytes and digest of {hd}");
+        return Err(PduError::Length { ty, plen: ch.plen, why });
+    }
+    let datal = u32_at(b, 16) as usize;
+    if pdo.checked_add(datal).and_then(|e| e.checked_add(dd)) != Some(ch.plen as usize) {
+        let why = format!("data offset {pdo} and data length {datal} do not fit (header {hlen}, digests {hd}+{dd})");
+        return Err(PduError::Length { ty, plen: ch.plen, why });
+    }
+    if datal == 0 {
+        return Err(PduError::Field("C2HData with no data".into()));
+    }
+    if digests.data && ch.flags & flags::DDGSTF == 0 {
+        return Err(PduError::Field("C2HData without the data digest the connection uses".into()));
+    }
+    let (last, success) = (ch.flags & flags::LAST_PDU != 0, ch.flags & flags::SUCCESS != 0);
+    if success && !last {
+        return Err(PduError::Field("C2HData with SUCCESS but not LAST_PDU".into()));
+    }
+    Ok(Head::C2HData { cccid: u16_at(b, 8), datao: u32_at(b, 12), datal: datal as u32, last, success })
 }
 
 #[cfg(test)]
@@ -493,6 +615,52 @@ mod tests {
     use crate::Cid;
 
     const BOTH: Digests = Digests { header: true, data: true };
+
+    #[test]
+    fn a_c2h_data_head_is_read_without_its_data() {
+        // A C2HData of 8 bytes at offset 4096 of command 7, both digests.
+        let data = [0xabu8; 8];
+        let mut h = vec![0u8; SHORT_HLEN];
+        let plen = (SHORT_HLEN + DIGEST_LEN + data.len() + DIGEST_LEN) as u32;
+        let ch = CommonHeader {
+            pdu_type: pdu_type::C2H_DATA,
+            flags: flags::HDGSTF | flags::DDGSTF | flags::LAST_PDU,
+            hlen: SHORT_HLEN as u8,
+            pdo: (SHORT_HLEN + DIGEST_LEN) as u8,
+            plen,
+        };
+        h[..CH_LEN].copy_from_slice(&ch.to_bytes());
+        h[8..10].copy_from_slice(&7u16.to_le_bytes());
+        h[12..16].copy_from_slice(&4096u32.to_le_bytes());
+        h[16..20].copy_from_slice(&8u32.to_le_bytes());
+        let d = digest(&h);
+        h.extend_from_slice(&d);
+        assert_eq!(head_len(&ch), h.len());
+        let head = parse_head(&h, BOTH).unwrap();
+        assert_eq!(head, Head::C2HData { cccid: 7, datao: 4096, datal: 8, last: true, success: false });
+        assert!(check_data_digest(&data, digest(&data)).is_ok());
+        assert!(matches!(check_data_digest(&data, [0; 4]), Err(PduError::DataDigest { .. })));
+        // The whole PDU parses to the same.
+        let mut whole = h.clone();
+        whole.extend_from_slice(&data);
+        whole.extend_from_slice(&digest(&data));
+        assert!(matches!(parse(&whole, BOTH), Ok(Pdu::C2HData { cccid: 7, datao: 4096, .. })));
+        // A head of the wrong length, a data length that does not fit the
+        // PDU, a data offset inside the header: errors, never a panic.
+        assert!(matches!(parse_head(&h[..h.len() - 1], BOTH), Err(PduError::Length { .. })));
+        let mut long = h.clone();
+        long[16..20].copy_from_slice(&9u32.to_le_bytes());
+        let d = digest(&long[..SHORT_HLEN]);
+        long[SHORT_HLEN..].copy_from_slice(&d);
+        assert!(matches!(parse_head(&long, BOTH), Err(PduError::Length { .. })));
+        for pdo in [8u8, 12, 20] {
+            let mut short = h[..pdo as usize].to_vec();
+            short[3] = pdo;
+            let c = CommonHeader::parse(short[..CH_LEN].try_into().unwrap());
+            let _ = head_len(&c);
+            assert!(parse_head(&short, Digests::default()).is_err());
+        }
+    }
 
     #[test]
     fn crc32c_is_the_castagnoli_check_value() {

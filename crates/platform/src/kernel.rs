@@ -21,6 +21,7 @@ use crate::dma::{DmaBuffer, DmaRegion, DmaRelease};
 use crate::sys::uring::direct_io_alignment;
 use crate::sys::uring::{BOUNCE_BUFFERS, FIXED_BUFFERS, FIXED_BUFFER_MAX};
 use crate::sys::{Anonymous, EventFd, PAGE_SIZE};
+use crate::window::DeviceWindows;
 use crate::Recover;
 use crate::{Error, HostMapping, Platform, Result};
 use std::collections::BTreeMap;
@@ -38,17 +39,7 @@ const DEFAULT_DIRECT_ALIGN: u32 = 4096;
 /// Interrupt vectors (eventfds) a kernel-path handle has.
 const VECTORS: u16 = 64;
 
-/// Where registered GPU memory appears to the kernel path's queues
-/// (above the 57-bit user address space of any x86-64 or arm64 kernel).
-pub const DEVICE_IOVA_BASE: u64 = 1 << 62;
-
-/// GPU memory mapped for the kernel path: its first page's device address
-/// and the runtime that copies to and from it.
-struct DeviceRange {
-    len: usize,
-    device: u64,
-    runtime: Arc<dyn DeviceRuntime>,
-}
+pub use crate::window::DEVICE_IOVA_BASE;
 
 /// Host memory registered on the kernel path: its slot in the rings'
 /// registered-buffer tables and that slot's generation.
@@ -100,8 +91,7 @@ pub struct KernelPlatform {
     passthrough: Option<(u32, u32, Option<usize>)>,
     vectors: Box<[EventFd]>,
     /// GPU memory mapped, by its address here.
-    devices: RwLock<BTreeMap<u64, DeviceRange>>,
-    next_device: AtomicU64,
+    devices: DeviceWindows,
     /// Registered host memory, by its first page's address.
     hosts: RwLock<BTreeMap<usize, HostRange>>,
     slots: Mutex<HostSlots>,
@@ -186,8 +176,7 @@ impl KernelPlatform {
             writable: true,
             passthrough: Some((nsid, bs, mdts)),
             vectors,
-            devices: RwLock::default(),
-            next_device: AtomicU64::new(DEVICE_IOVA_BASE),
+            devices: DeviceWindows::default(),
             hosts: RwLock::new(BTreeMap::new()),
             slots: Mutex::new(HostSlots::new()),
             host_epoch: AtomicU64::new(0),
@@ -224,8 +213,7 @@ impl KernelPlatform {
             writable,
             passthrough: None,
             vectors,
-            devices: RwLock::default(),
-            next_device: AtomicU64::new(DEVICE_IOVA_BASE),
+            devices: DeviceWindows::default(),
             hosts: RwLock::new(BTreeMap::new()),
             slots: Mutex::new(HostSlots::new()),
             host_epoch: AtomicU64::new(0),
@@ -236,13 +224,7 @@ impl KernelPlatform {
     /// for `len` bytes: its device address and runtime. `None` when `addr`
     /// is not GPU memory, or the range runs past the mapping.
     pub fn device_at(&self, addr: u64, len: usize) -> Option<(u64, Arc<dyn DeviceRuntime>)> {
-        if addr < DEVICE_IOVA_BASE {
-            return None;
-        }
-        let devices = self.devices.read().recover();
-        let (&start, r) = devices.range(..=addr).next_back()?;
-        let off = addr - start;
-        (off + len as u64 <= r.len as u64).then(|| (r.device + off, r.runtime.clone()))
+        self.devices.at(addr, len)
     }
 
     /// The registered host buffer holding `addr..addr + len`, if it has a
@@ -379,12 +361,7 @@ impl Platform for KernelPlatform {
     }
 
     unsafe fn map_device(&self, mem: &DeviceMemory) -> Result<HostMapping> {
-        let (start, len) = crate::device::page_span(mem.ptr, mem.len);
-        // A guard page between mappings: no command spans two of them.
-        let iova = self.next_device.fetch_add(len as u64 + PAGE_SIZE as u64, Ordering::Relaxed);
-        let range = DeviceRange { len, device: start, runtime: mem.runtime.clone() };
-        self.devices.write().recover().insert(iova, range);
-        Ok(HostMapping::contiguous(mem.ptr as *const u8, (start as usize, len), iova))
+        Ok(self.devices.map(mem))
     }
 
     fn copies_device_memory(&self) -> bool {
@@ -392,9 +369,10 @@ impl Platform for KernelPlatform {
     }
 
     fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
-        if mapping.cookie >= DEVICE_IOVA_BASE {
-            self.devices.write().recover().remove(&mapping.cookie);
-        } else if let Some(r) = self.hosts.write().recover().remove(&(mapping.cookie as usize)) {
+        if self.devices.unmap(mapping) {
+            return Ok(());
+        }
+        if let Some(r) = self.hosts.write().recover().remove(&(mapping.cookie as usize)) {
             let mut s = self.slots.lock().recover();
             s.generation[(r.slot - BOUNCE_BUFFERS) as usize] = 0;
             s.free.push(r.slot);

@@ -9,6 +9,8 @@
 //! - [`ugds_drv`]: a controller bound to our kernel helper module.
 //! - [`kernel`]: no controller: a file or block device the kernel keeps,
 //!   reached through io_uring (the kernel path).
+//! - [`tcp`]: a controller at the other end of an NVMe/TCP connection; the
+//!   platform is the host memory the connection's queues copy from and to.
 //! - the `ugds-emu` crate: an NVMe controller emulated in-process (tests,
 //!   the CLI's default target, the C library's `UGDS_EMULATE`).
 //!
@@ -16,7 +18,8 @@
 //! bounds-checked and volatile or atomic), [`barrier`] (ordering between
 //! that memory and the registers), [`sys`] (every system call: mmap,
 //! eventfd, pread/pwrite, the VFIO, iommufd, ugds_drv and dma-buf ioctls,
-//! dlopen), [`device`] (GPU memory as a platform sees it), and [`Error`],
+//! dlopen), [`device`] (GPU memory as a platform sees it), [`window`] (GPU
+//! memory for platforms that reach it by copies), and [`Error`],
 //! the error type of every ugds crate.
 
 pub mod barrier;
@@ -25,8 +28,10 @@ pub mod dma;
 mod error;
 pub mod kernel;
 pub mod sys;
+pub mod tcp;
 pub mod ugds_drv;
 pub mod vfio;
+pub mod window;
 
 pub use error::{Error, ErrorKind, Result};
 

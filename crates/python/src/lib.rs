@@ -233,6 +233,26 @@ impl Driver {
         self.open_on(py, interrupt, mode, || Ok(Arc::new(ugds::platform::vfio::VfioPlatform::open_with(bdf, via)?)))
     }
 
+    /// Opens a handle on a namespace of an NVMe/TCP controller: `addr` is
+    /// "host:port" (4420 by convention), `nqn` the subsystem's NQN; ugds's
+    /// own initiator in user space, one connection per queue, header and
+    /// data digests with `digests`. Its queues poll their sockets.
+    #[pyo3(signature = (addr, nqn, digests=false, nsid=None, mode=None))]
+    fn open_tcp(
+        &self,
+        py: Python<'_>,
+        addr: &str,
+        nqn: &str,
+        digests: bool,
+        nsid: Option<u32>,
+        mode: Option<&str>,
+    ) -> PyResult<Handle> {
+        let mut t = ugds::fabrics::TcpTarget::new(addr, nqn);
+        t.digests = ugds::fabrics::Digests { header: digests, data: digests };
+        let opts = options(false, mode)?.nsid(nsid);
+        py.allow_threads(|| self.inner.open_tcp(&t, opts)).map(Handle::from).map_err(err)
+    }
+
     /// Registers `nbytes` at address `ptr`: `kind` is "host", "cuda" or
     /// "hip". `owner` (what keeps the memory allocated, and any buffer
     /// export that keeps it from moving) is held as long as the
@@ -891,6 +911,42 @@ impl Handle {
     }
 }
 
+/// An emulated NVMe/TCP target on 127.0.0.1 (a memory namespace of `size`
+/// bytes in blocks of `block_size`), for trying `Driver.open_tcp` without
+/// one: `addr` and `nqn` name it. Stops listening when collected.
+#[pyclass(module = "ugds")]
+struct EmuTcpTarget {
+    inner: ugds_emu::tcp::EmuTcpTarget,
+}
+
+#[pymethods]
+impl EmuTcpTarget {
+    #[new]
+    #[pyo3(signature = (size=64<<20, block_size=4096))]
+    fn new(size: u64, block_size: u32) -> PyResult<Self> {
+        if block_size == 0 || !block_size.is_power_of_two() || size % block_size as u64 != 0 || size == 0 {
+            return Err(err(ugds::Error::InvalidArgument(format!(
+                "size {size} in blocks of {block_size}: a power-of-two block size that divides the size"
+            ))));
+        }
+        let cfg = ugds_emu::tcp::EmuTcpConfig { blocks: size / block_size as u64, block_size, ..Default::default() };
+        let inner = ugds_emu::tcp::EmuTcpTarget::start(cfg).map_err(|e| err(ugds::Error::io("listen", e)))?;
+        Ok(EmuTcpTarget { inner })
+    }
+
+    /// "127.0.0.1:port".
+    #[getter]
+    fn addr(&self) -> String {
+        self.inner.addr().to_string()
+    }
+
+    /// The subsystem's NQN.
+    #[getter]
+    fn nqn(&self) -> String {
+        self.inner.nqn().to_string()
+    }
+}
+
 #[pymodule]
 fn _ugds(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // The library's messages go to standard error at UGDS_LOG's level.
@@ -899,6 +955,7 @@ fn _ugds(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Driver>()?;
     m.add_class::<Handle>()?;
     m.add_class::<Volume>()?;
+    m.add_class::<EmuTcpTarget>()?;
     m.add_class::<Buffer>()?;
     m.add_class::<Batch>()?;
     m.add_class::<Stream>()?;

@@ -83,6 +83,16 @@ impl Driver {
         self.open_controller(Controller::Kernel(Box::new(ctrl)), opts)
     }
 
+    /// Opens a handle on a namespace of the NVMe/TCP controller `target`
+    /// names (ugds's own initiator, in user space: the admin queue and each
+    /// I/O queue on a connection of their own, Keep Alive on a timer). Host
+    /// and GPU memory (the latter through pinned host buffers); its queues
+    /// poll their sockets whatever the completion mode.
+    pub fn open_tcp(&self, target: &crate::fabrics::TcpTarget, opts: HandleOptions) -> Result<Handle> {
+        let ctrl = crate::engine::tcp::TcpController::connect(target, Self::queues_wanted(&opts))?;
+        self.open_controller(Controller::Tcp(Box::new(ctrl)), opts)
+    }
+
     fn queues_wanted(opts: &HandleOptions) -> u16 {
         opts.sync_queues_wanted().saturating_add(opts.async_queues).saturating_add(opts.batch_queue as u16)
     }

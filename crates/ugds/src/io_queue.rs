@@ -505,6 +505,9 @@ impl<'h> IoQueue<'h> {
             Some(QueuePair::Uring(q)) => q.process_completions(usize::MAX, |owner, cqe| {
                 done += complete(reqs, free, bufs, f, owner, cqe, true) as usize
             }),
+            Some(QueuePair::Tcp(q)) => q.process_completions(usize::MAX, |owner, cqe| {
+                done += complete(reqs, free, bufs, f, owner, cqe, false) as usize
+            }),
         };
         self.outstanding -= done;
         done

@@ -11,7 +11,11 @@
 //! direct I/O); with `UGDS_TEST_KERNEL_DEV=<device>` the kernel path on a
 //! namespace the kernel keeps: its block device (`/dev/nvme0n1`) or its
 //! generic character device (`/dev/ng0n1`, NVMe passthrough through
-//! io_uring), in the QEMU guest (`scripts/qemu-conformance`).
+//! io_uring), in the QEMU guest (`scripts/qemu-conformance`); with
+//! `UGDS_TEST_TCP=<host:port>/<subsystem NQN>` a controller over NVMe/TCP
+//! (Linux's nvmet-tcp in the QEMU guest), or with `UGDS_TEST_TCP=emu` the
+//! emulated NVMe/TCP target (one per test process), header and data
+//! digests on with `UGDS_TEST_TCP_DIGESTS=1`.
 //!
 //! Run them one at a time (`--test-threads=1`) against a PCI device: each
 //! test opens it, and a device can be opened by one process user at a time.
@@ -69,7 +73,30 @@ fn kernel_dev() -> Option<String> {
     std::env::var("UGDS_TEST_KERNEL_DEV").ok().filter(|s| !s.is_empty())
 }
 
+/// `UGDS_TEST_TCP`: the NVMe/TCP target to run on.
+fn tcp() -> Option<ugds::fabrics::TcpTarget> {
+    static EMU: std::sync::OnceLock<ugds_emu::tcp::EmuTcpTarget> = std::sync::OnceLock::new();
+    let v = std::env::var("UGDS_TEST_TCP").ok().filter(|s| !s.is_empty())?;
+    let mut t = if v == "emu" {
+        let emu = EMU.get_or_init(|| {
+            let cfg = ugds_emu::tcp::EmuTcpConfig { blocks: 16384, block_size: 4096, ..Default::default() };
+            ugds_emu::tcp::EmuTcpTarget::start(cfg).expect("start the emulated NVMe/TCP target")
+        });
+        ugds::fabrics::TcpTarget::new(emu.addr(), emu.nqn())
+    } else {
+        let (addr, nqn) = v.split_once('/').expect("UGDS_TEST_TCP is host:port/nqn or emu");
+        ugds::fabrics::TcpTarget::new(addr, nqn)
+    };
+    if std::env::var("UGDS_TEST_TCP_DIGESTS").is_ok_and(|v| v == "1") {
+        t.digests = ugds::fabrics::Digests { header: true, data: true };
+    }
+    Some(t)
+}
+
 fn target_ns(d: &Driver, nsid: Option<u32>) -> (Handle, Option<EmuControl>) {
+    if let Some(t) = tcp() {
+        return (d.open_tcp(&t, test_opts(nsid)).expect("open a handle over NVMe/TCP"), None);
+    }
     if let Some(dev) = kernel_dev() {
         return (d.open_file(&dev, test_opts(nsid)).expect("open a handle on the kernel's namespace"), None);
     }

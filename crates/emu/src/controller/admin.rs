@@ -70,6 +70,7 @@ impl Controller {
                 vwc: 0,
                 // SGLs supported, no alignment requirement (as QEMU's).
                 sgls: self.cfg.sgl as u32,
+                ioccsz: 0,
             }
             .to_bytes(),
             cns::NAMESPACE => match self.namespace(sqe.nsid) {

@@ -10,6 +10,7 @@
 use super::kernel::KernelController;
 use super::qpair::{NvmeQueue, Owner};
 use super::queue::QueuePair;
+use super::tcp::TcpController;
 use crate::dma::DmaBuffer;
 use crate::platform::Platform;
 use crate::{Error, Result};
@@ -76,6 +77,8 @@ pub enum Controller {
     Nvme(Box<NvmeController>),
     /// A file or block device through the kernel (see [`super::uring`]).
     Kernel(Box<KernelController>),
+    /// A controller over NVMe/TCP (see [`super::tcp`]).
+    Tcp(Box<TcpController>),
 }
 
 impl Controller {
@@ -100,6 +103,7 @@ impl Controller {
         match self {
             Controller::Nvme(c) => c.info(),
             Controller::Kernel(c) => c.info(),
+            Controller::Tcp(c) => c.info(),
         }
     }
 
@@ -108,6 +112,7 @@ impl Controller {
         match self {
             Controller::Nvme(c) => c.platform(),
             Controller::Kernel(c) => c.dyn_platform(),
+            Controller::Tcp(c) => c.dyn_platform(),
         }
     }
 
@@ -116,9 +121,13 @@ impl Controller {
         matches!(self, Controller::Nvme(c) if c.shadow_doorbells())
     }
 
-    /// Current controller status (the kernel path: always ready).
+    /// Current controller status (the kernel path: always ready; NVMe/TCP:
+    /// through Property Get, all ones when the target no longer answers).
     pub fn csts(&self) -> Csts {
-        Csts(self.platform().read32(regs::CSTS))
+        match self {
+            Controller::Tcp(c) => Csts(c.csts()),
+            _ => Csts(self.platform().read32(regs::CSTS)),
+        }
     }
 
     /// Runs an admin command to completion (the kernel path has none).
@@ -126,6 +135,7 @@ impl Controller {
         match self {
             Controller::Nvme(c) => c.admin_command(sqe, op),
             Controller::Kernel(_) => Err(Error::Unsupported(format!("{op}: no admin commands on the kernel path"))),
+            Controller::Tcp(c) => c.admin_command(sqe, op),
         }
     }
 
@@ -147,6 +157,7 @@ impl Controller {
         match self {
             Controller::Nvme(c) => c.create_io_qpair_with(qid, entries, vector, prp_pages).map(QueuePair::Nvme),
             Controller::Kernel(c) => c.create_ring(qid, entries, vector).map(QueuePair::from),
+            Controller::Tcp(c) => c.create_queue(qid, entries).map(QueuePair::from),
         }
     }
 
@@ -157,6 +168,8 @@ impl Controller {
             // A ring ends with its descriptor; the kernel completes (or
             // cancels) what is in flight first.
             (Controller::Kernel(_), QueuePair::Uring(_)) => Ok(()),
+            // A connection ends when its queue goes.
+            (Controller::Tcp(_), QueuePair::Tcp(_)) => Ok(()),
             _ => Err(Error::InvalidArgument("a queue pair of another transport".into())),
         }
     }
@@ -166,6 +179,7 @@ impl Controller {
         match self {
             Controller::Nvme(c) => c.shutdown(),
             Controller::Kernel(_) => Ok(()),
+            Controller::Tcp(c) => c.shutdown(),
         }
     }
 
@@ -174,6 +188,7 @@ impl Controller {
         match self {
             Controller::Nvme(c) => c.disable(),
             Controller::Kernel(_) => Ok(()),
+            Controller::Tcp(c) => c.disable(),
         }
     }
 }

@@ -2,9 +2,11 @@
 //! commands, and waiting for completions.
 //!
 //! - [`controller`]: bring-up, admin commands, shutdown.
-//! - [`queue`]: a queue pair of either transport, used by one thread at a time:
-//!   [`qpair`] a controller's, [`uring`] the kernel path's; [`kernel`], the
-//!   kernel path's stand-in for a controller.
+//! - [`queue`]: a queue pair of any transport, used by one thread at a time:
+//!   [`qpair`] a controller's, [`uring`] the kernel path's, [`tcp`]'s an
+//!   NVMe/TCP connection; [`kernel`], the kernel path's stand-in for a
+//!   controller; `bounce`, the pinned host buffers of the transports that
+//!   copy to and from GPU memory.
 //! - [`tracker`]: what a queue pair knows of each command on the device.
 //! - [`stats`]: what each queue pair has done, counted without a shared
 //!   atomic operation per I/O.
@@ -12,9 +14,11 @@
 //! - [`sync`]: shared queue pairs for synchronous callers.
 //! - [`batch`]: the deep batch queue shared by batch contexts.
 //! - `hold`: what keeps a request's memory registered while it is in flight.
-//! - [`tcp`]: NVMe over TCP, the host side (so far the admin queue).
+//! - [`tcp`]: NVMe over TCP, the host side: the connection, the controller
+//!   (admin queue, keep-alive) and its I/O queues.
 
 pub mod batch;
+pub(crate) mod bounce;
 pub mod chunk;
 pub mod controller;
 pub(crate) mod hold;

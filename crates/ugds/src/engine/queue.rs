@@ -1,10 +1,12 @@
-//! A queue pair of either transport: a controller's (rings in memory,
-//! doorbell registers) or the kernel path's (an io_uring ring). The engine
+//! A queue pair of any transport: a controller's (rings in memory,
+//! doorbell registers), the kernel path's (an io_uring ring), or an
+//! NVMe/TCP connection's. The engine
 //! above (synchronous queues, batch contexts, lent queues) uses this type
 //! and does not know which.
 
 use super::qpair::{CqView, Full, NvmeQueue, Owner};
 use super::stats::QueueCounters;
+use super::tcp::TcpQueue;
 use super::uring::UringQueue;
 use std::time::Duration;
 use ugds_nvme::prp::PrpPlan;
@@ -21,6 +23,14 @@ pub enum QueuePair {
     Nvme(NvmeQueue),
     /// The kernel path's.
     Uring(UringQueue),
+    /// An NVMe/TCP connection's.
+    Tcp(TcpQueue),
+}
+
+impl From<TcpQueue> for QueuePair {
+    fn from(q: TcpQueue) -> QueuePair {
+        QueuePair::Tcp(q)
+    }
 }
 
 impl From<NvmeQueue> for QueuePair {
@@ -41,6 +51,7 @@ impl QueuePair {
         match self {
             QueuePair::Nvme(q) => q.qid(),
             QueuePair::Uring(q) => q.qid(),
+            QueuePair::Tcp(q) => q.qid(),
         }
     }
 
@@ -49,6 +60,7 @@ impl QueuePair {
         match self {
             QueuePair::Nvme(q) => q.entries(),
             QueuePair::Uring(q) => q.entries(),
+            QueuePair::Tcp(q) => q.entries(),
         }
     }
 
@@ -57,6 +69,7 @@ impl QueuePair {
         match self {
             QueuePair::Nvme(q) => q.vector(),
             QueuePair::Uring(q) => q.vector(),
+            QueuePair::Tcp(_) => None,
         }
     }
 
@@ -66,6 +79,7 @@ impl QueuePair {
         match self {
             QueuePair::Nvme(q) => q.free_slots(),
             QueuePair::Uring(q) => q.free_slots(),
+            QueuePair::Tcp(q) => q.free_slots(),
         }
     }
 
@@ -81,6 +95,7 @@ impl QueuePair {
         match self {
             QueuePair::Nvme(q) => q.prp_pool_size(),
             QueuePair::Uring(q) => q.entries() as usize - 1,
+            QueuePair::Tcp(q) => q.entries() as usize - 1,
         }
     }
 
@@ -90,6 +105,7 @@ impl QueuePair {
         match self {
             QueuePair::Nvme(q) => q.outstanding(),
             QueuePair::Uring(q) => q.outstanding(),
+            QueuePair::Tcp(q) => q.outstanding(),
         }
     }
 
@@ -99,6 +115,7 @@ impl QueuePair {
         match self {
             QueuePair::Nvme(q) => q.protocol_errors(),
             QueuePair::Uring(q) => q.protocol_errors(),
+            QueuePair::Tcp(q) => q.protocol_errors(),
         }
     }
 
@@ -107,6 +124,9 @@ impl QueuePair {
         match self {
             QueuePair::Nvme(q) => q.outstanding_cids_of(owner),
             QueuePair::Uring(q) => {
+                q.tracker_ref().outstanding_commands().filter(|(_, t)| t.owner == owner).map(|(c, _)| c).collect()
+            }
+            QueuePair::Tcp(q) => {
                 q.tracker_ref().outstanding_commands().filter(|(_, t)| t.owner == owner).map(|(c, _)| c).collect()
             }
         }
@@ -119,6 +139,7 @@ impl QueuePair {
             QueuePair::Uring(q) => {
                 q.tracker_ref().outstanding_commands().find(|(_, t)| t.owner == owner).map(|(c, _)| c)
             }
+            QueuePair::Tcp(q) => q.tracker_ref().outstanding_commands().find(|(_, t)| t.owner == owner).map(|(c, _)| c),
         }
     }
 
@@ -127,14 +148,16 @@ impl QueuePair {
     pub fn late_commands(&mut self, limit: Duration) -> Vec<(Cid, Owner)> {
         match self {
             QueuePair::Nvme(q) => q.late_commands(limit),
-            QueuePair::Uring(q) => {
-                let t = q.tracker();
-                if t.outstanding() == 0 {
-                    return Vec::new();
-                }
-                t.late(std::time::Instant::now(), limit)
-            }
+            QueuePair::Uring(q) => Self::late_of(q.tracker(), limit),
+            QueuePair::Tcp(q) => Self::late_of(q.tracker(), limit),
         }
+    }
+
+    fn late_of<X: Copy + Default>(t: &mut super::tracker::Tracker<X>, limit: Duration) -> Vec<(Cid, Owner)> {
+        if t.outstanding() == 0 {
+            return Vec::new();
+        }
+        t.late(std::time::Instant::now(), limit)
     }
 
     /// Stages `sqe` with its data; not seen by the device (or the kernel)
@@ -151,7 +174,9 @@ impl QueuePair {
     pub fn submit_sgl(&mut self, sqe: Sqe, pieces: &[ugds_nvme::sgl::Piece<'_>], owner: Owner) -> Result<Cid, Full> {
         match self {
             QueuePair::Nvme(q) => q.submit_sgl(sqe, pieces, owner),
-            QueuePair::Uring(_) => unreachable!("the kernel path reports no SGL support"),
+            QueuePair::Uring(_) | QueuePair::Tcp(_) => {
+                unreachable!("the kernel path and NVMe/TCP report no SGL support")
+            }
         }
     }
 
@@ -163,12 +188,8 @@ impl QueuePair {
     pub fn stage(&mut self, sqe: Sqe, data: Option<PrpPlan<'_>>, owner: Owner) -> Result<Cid, Full> {
         match self {
             QueuePair::Nvme(q) => q.stage(sqe, data, owner),
-            QueuePair::Uring(q) => {
-                let addr = data.map(|p| match p {
-                    PrpPlan::One { prp1 } | PrpPlan::Two { prp1, .. } | PrpPlan::List { prp1, .. } => prp1,
-                });
-                q.submit(sqe, addr, owner)
-            }
+            QueuePair::Uring(q) => q.submit(sqe, data.map(first_address), owner),
+            QueuePair::Tcp(q) => q.submit(sqe, data.map(first_address), owner),
         }
     }
 
@@ -180,6 +201,7 @@ impl QueuePair {
         match self {
             QueuePair::Nvme(q) => q.tracker_mut().enable_trace(depth, base, latency),
             QueuePair::Uring(q) => q.tracker().enable_trace(depth, base, latency),
+            QueuePair::Tcp(q) => q.tracker().enable_trace(depth, base, latency),
         }
     }
 
@@ -188,6 +210,7 @@ impl QueuePair {
         match self {
             QueuePair::Nvme(q) => q.tracker().trace_events(),
             QueuePair::Uring(q) => q.tracker_ref().trace_events(),
+            QueuePair::Tcp(q) => q.tracker_ref().trace_events(),
         }
     }
 
@@ -196,6 +219,7 @@ impl QueuePair {
         match self {
             QueuePair::Nvme(q) => q.counters(),
             QueuePair::Uring(q) => q.counters(),
+            QueuePair::Tcp(q) => q.counters(),
         }
     }
 
@@ -206,6 +230,7 @@ impl QueuePair {
         match self {
             QueuePair::Nvme(q) => q.ring_sq_doorbell(),
             QueuePair::Uring(q) => q.ring_sq_doorbell(),
+            QueuePair::Tcp(q) => q.ring_sq_doorbell(),
         }
     }
 
@@ -214,6 +239,7 @@ impl QueuePair {
         match self {
             QueuePair::Nvme(q) => q.cq_view(),
             QueuePair::Uring(q) => q.cq_view(),
+            QueuePair::Tcp(q) => q.cq_view(),
         }
     }
 
@@ -222,7 +248,7 @@ impl QueuePair {
     pub fn cq_cursor(&self) -> (u32, bool) {
         match self {
             QueuePair::Nvme(q) => q.cq_cursor(),
-            QueuePair::Uring(_) => (0, false),
+            QueuePair::Uring(_) | QueuePair::Tcp(_) => (0, false),
         }
     }
 
@@ -232,6 +258,7 @@ impl QueuePair {
         match self {
             QueuePair::Nvme(q) => q.completion_pending(),
             QueuePair::Uring(q) => q.completion_pending(),
+            QueuePair::Tcp(q) => q.completion_pending(),
         }
     }
 
@@ -241,6 +268,7 @@ impl QueuePair {
         match self {
             QueuePair::Nvme(q) => q.process_completions(max, f),
             QueuePair::Uring(q) => q.process_completions(max, f),
+            QueuePair::Tcp(q) => q.process_completions(max, f),
         }
     }
 
@@ -249,6 +277,7 @@ impl QueuePair {
         match self {
             QueuePair::Nvme(q) => q.forget_outstanding(),
             QueuePair::Uring(q) => q.forget_outstanding(),
+            QueuePair::Tcp(q) => q.forget_outstanding(),
         }
     }
 
@@ -256,5 +285,15 @@ impl QueuePair {
     #[cfg_attr(not(feature = "engine-internals"), allow(dead_code))]
     pub fn shadow_doorbells(&self) -> bool {
         matches!(self, QueuePair::Nvme(q) if q.shadow_doorbells())
+    }
+}
+
+/// Where a command's data starts: its first PRP entry. The transports that
+/// copy (the kernel path, NVMe/TCP) map memory so that a command's data is
+/// contiguous from there.
+#[inline(always)]
+fn first_address(p: PrpPlan<'_>) -> u64 {
+    match p {
+        PrpPlan::One { prp1 } | PrpPlan::Two { prp1, .. } | PrpPlan::List { prp1, .. } => prp1,
     }
 }

@@ -3,7 +3,8 @@
 //! by a later look, never waited for (see the module docs).
 
 use super::transfer::{refusal, Transfer};
-use super::{bounce, UringQueue};
+use super::UringQueue;
+use crate::engine::bounce;
 use crate::engine::qpair::Owner;
 use crate::{Error, Result};
 use std::sync::atomic::Ordering;

@@ -37,16 +37,15 @@
 //! Bounce buffers are pinned once and kept for the process (unpinning waits
 //! for the device).
 
-mod bounce;
 mod copy;
 mod transfer;
 
+use super::bounce::{self, Bounce};
 use super::kernel::KernelRing;
 use super::qpair::{CqView, Full, Owner};
 use super::stats::{QueueCounters, Staged};
 use super::tracker::Tracker;
 use crate::{Error, Result};
-use bounce::Bounce;
 use copy::Copying;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,7 +1,7 @@
 //! What a command becomes on the ring: its operation, resumed after a
 //! partial transfer, and how its errno reads as an NVMe status.
 
-use super::bounce::Bounce;
+use crate::engine::bounce::Bounce;
 use ugds_nvme::status::{generic, media};
 use ugds_nvme::{NvmOpcode, Status};
 use ugds_platform::sys::uring::{NvmeUringCmd, Op};

@@ -5,20 +5,26 @@
 //! controller's registers through Property Get and Set, and admin commands
 //! with their data (Identify).
 //!
-//! What exists so far is the admin queue ([`probe`]): connect, enable the
-//! controller, identify it and its namespaces, and leave. I/O queues, and a
-//! queue pair the engine above can use as it uses the other transports',
-//! are the next step.
+//! - [`probe`]: connect the admin queue, enable the controller, identify it
+//!   and its namespaces, and leave (`ugds identify --tcp`).
+//! - [`TcpController`]: a controller for the engine (`Driver::open_tcp`),
+//!   with Keep Alive on a timer, whose I/O queues ([`TcpQueue`]) are one
+//!   connection each.
+
+mod controller;
+mod queue;
+
+pub use controller::TcpController;
+pub use queue::TcpQueue;
 
 use crate::{Error, Result};
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
-use ugds_nvme::fabrics::{self, ConnectData, Connected, CNTLID_DYNAMIC};
-use ugds_nvme::identify::parse_active_ns_list;
-use ugds_nvme::regs::{self, Cap, Cc, Csts, Version};
+use ugds_nvme::fabrics::{self, CNTLID_DYNAMIC};
+use ugds_nvme::regs::{self, Cap, Cc, Version};
 use ugds_nvme::tcp::{self, CommonHeader, Digests, Framing, Pdu, PduError};
-use ugds_nvme::{Cid, Cqe, IdentifyController, IdentifyNamespace, Nsid, Sqe, IDENTIFY_LEN};
+use ugds_nvme::{Cid, Cqe, IdentifyController, Sqe};
 
 /// The most bytes one PDU from the target may have: a C2HData of up to
 /// 1 MiB and its header, digests and padding.
@@ -39,6 +45,9 @@ pub struct TcpTarget {
     pub digests: Digests,
     /// The longest any connect, send or receive may take.
     pub timeout: Duration,
+    /// The keep-alive timeout asked for at Connect (Keep Alive goes every
+    /// half of it); zero: none asked for, none sent.
+    pub keep_alive: Duration,
 }
 
 impl TcpTarget {
@@ -52,6 +61,7 @@ impl TcpTarget {
             hostid: [0x75, 0x67, 0x64, 0x73, 0, 0, 0x40, 0, 0x80, 0, 0, 0, 0, 0, 0, 1],
             digests: Digests::default(),
             timeout: Duration::from_secs(10),
+            keep_alive: Duration::from_secs(30),
         }
     }
 }
@@ -68,6 +78,9 @@ pub struct TcpConnection {
     next_cid: u16,
     out: Vec<u8>,
     pdu: Vec<u8>,
+    /// Why the connection can no longer be used (an error left it between
+    /// PDUs, or the target closed it).
+    broken: Option<String>,
 }
 
 impl TcpConnection {
@@ -95,6 +108,7 @@ impl TcpConnection {
             next_cid: 0,
             out: Vec::new(),
             pdu: Vec::new(),
+            broken: None,
         };
         c.send_raw(&tcp::ic_req(0, t.digests, 0))?;
         let mut resp = [0u8; tcp::IC_LEN];
@@ -110,12 +124,29 @@ impl TcpConnection {
         self.framing.digests
     }
 
+    /// The stream, the framing and MAXH2CDATA, for an I/O queue to take
+    /// over.
+    fn into_parts(self) -> (TcpStream, Framing, u32) {
+        (self.stream, self.framing, self.maxh2cdata)
+    }
+
     fn protocol(&self, e: PduError) -> Error {
         Error::Platform(format!("NVMe/TCP from {}: {e}; the connection is closed", self.addr))
     }
 
     fn send_raw(&mut self, b: &[u8]) -> Result<()> {
-        self.stream.write_all(b).map_err(|e| os(&format!("sending to {}", self.addr), e))
+        self.stream.write_all(b).map_err(|e| self.io_error("sending to", e))
+    }
+
+    /// A failed send or receive: a closed or reset connection says so.
+    fn io_error(&self, what: &str, e: std::io::Error) -> Error {
+        use std::io::ErrorKind::*;
+        match e.kind() {
+            UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe => {
+                Error::Platform(format!("NVMe/TCP: {} closed the connection ({e})", self.addr))
+            }
+            _ => os(&format!("{what} {}", self.addr), e),
+        }
     }
 
     /// Reads exactly `b.len()` bytes; a timeout names the command waited
@@ -126,10 +157,7 @@ impl TcpConnection {
             Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                 Err(Error::Timeout { qid: self.qid, cid, after: self.timeout })
             }
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                Err(Error::Platform(format!("NVMe/TCP: {} closed the connection", self.addr)))
-            }
-            Err(e) => Err(os(&format!("receiving from {}", self.addr), e)),
+            Err(e) => Err(self.io_error("receiving from", e)),
         }
     }
 
@@ -140,15 +168,31 @@ impl TcpConnection {
     /// (another command's, data outside `data_in`, an R2T for a command that
     /// sent its data in the capsule, a bad digest) or a target that ends
     /// the connection is an error.
-    pub fn execute(&mut self, mut sqe: Sqe, data_out: &[u8], data_in: &mut [u8]) -> Result<Cqe> {
+    pub fn execute(&mut self, sqe: Sqe, data_out: &[u8], data_in: &mut [u8]) -> Result<Cqe> {
+        if let Some(why) = &self.broken {
+            return Err(Error::Platform(format!("NVMe/TCP to {}: the connection failed earlier ({why})", self.addr)));
+        }
+        let r = self.exchange(sqe, data_out, data_in);
+        if let Err(e) = &r {
+            // Whatever was half read or half sent stays so: the connection
+            // is not used again.
+            self.broken = Some(e.to_string());
+            let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        }
+        r
+    }
+
+    fn exchange(&mut self, mut sqe: Sqe, data_out: &[u8], data_in: &mut [u8]) -> Result<Cqe> {
         let cid = Cid(self.next_cid);
         self.next_cid = self.next_cid.wrapping_add(1) % 0xffff;
         sqe.set_cid(cid);
-        if !data_in.is_empty() {
-            sqe = sqe.with_transport_data(data_in.len() as u32);
-        } else if !data_out.is_empty() {
-            sqe = sqe.with_in_capsule_data(data_out.len() as u32);
-        }
+        // Every command over fabrics describes its data with an SGL (PSDT
+        // 01b), none too: nvmet refuses a PRP command as Invalid Field.
+        sqe = if !data_out.is_empty() {
+            sqe.with_in_capsule_data(data_out.len() as u32)
+        } else {
+            sqe.with_transport_data(data_in.len() as u32)
+        };
         self.out.clear();
         tcp::capsule_cmd(&mut self.out, &sqe, data_out, self.framing);
         let out = std::mem::take(&mut self.out);
@@ -252,51 +296,13 @@ pub struct FabricsProbe {
 /// and its active namespaces, shuts it down and disconnects.
 pub fn probe(t: &TcpTarget) -> Result<FabricsProbe> {
     let mut c = TcpConnection::connect(t, 0)?;
-    let data =
-        ConnectData { hostid: t.hostid, cntlid: CNTLID_DYNAMIC, subnqn: t.subnqn.clone(), hostnqn: t.hostnqn.clone() };
-    let data = data.to_bytes().map_err(|e| Error::InvalidArgument(e.to_string()))?;
-    let cqe = c.execute(Sqe::connect(Cid(0), 0, 32, 0), &data, &mut [])?;
-    let cntlid = match Connected::from_cqe(&cqe) {
-        Connected::Controller(id) => id,
-        Connected::InvalidParameter { in_data, offset } => {
-            return Err(Error::InvalidArgument(format!(
-                "{} refused Connect: the {} at byte {offset} (the subsystem NQN is at 256, the host NQN at 512)",
-                t.addr,
-                if in_data { "data's field" } else { "command's field" }
-            )))
-        }
-        Connected::Refused { .. } => return Err(Error::Nvme { op: "Connect", status: cqe.status() }),
-    };
+    // No keep-alive: the probe leaves at once.
+    let t = &TcpTarget { keep_alive: Duration::ZERO, ..t.clone() };
+    let cntlid = controller::connect_queue(&mut c, t, 0, 32, CNTLID_DYNAMIC)?;
     let cap = Cap(c.property_get(regs::CAP, true)?);
     let version = Version(c.property_get(regs::VS, false)? as u32);
-    // Enable: 4 KiB pages, 64-byte entries, 16-byte completions.
-    c.property_set(regs::CC, Cc::enable(0).0)?;
-    let deadline = Instant::now() + t.timeout.max(Duration::from_millis(cap.to() as u64 * 500));
-    loop {
-        let csts = Csts(c.property_get(regs::CSTS, false)? as u32);
-        if csts.cfs() {
-            return Err(Error::ControllerFatal);
-        }
-        if csts.rdy() {
-            break;
-        }
-        if Instant::now() > deadline {
-            return Err(Error::NotReady { ready: true, after: t.timeout });
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let mut page = vec![0u8; IDENTIFY_LEN];
-    c.run("Identify", Sqe::identify(Cid(0), 1, Nsid(0), 0), &[], &mut page)?;
-    let identify = IdentifyController::parse(page[..].try_into().expect("one page"));
-    c.run("Identify", Sqe::identify(Cid(0), 2, Nsid(0), 0), &[], &mut page)?;
-    let mut namespaces = Vec::new();
-    for nsid in parse_active_ns_list(page[..].try_into().expect("one page")) {
-        c.run("Identify", Sqe::identify(Cid(0), 0, Nsid(nsid), 0), &[], &mut page)?;
-        let ns = IdentifyNamespace::parse(page[..].try_into().expect("one page"));
-        if let Some(f) = ns.lba_format() {
-            namespaces.push((nsid, ns.nsze, 1u32 << f.lbads));
-        }
-    }
+    controller::enable(&mut c, t, cap)?;
+    let (identify, namespaces) = controller::identify(&mut c)?;
     // A normal shutdown; the connection closes when `c` goes.
     let _ = c.property_set(regs::CC, Cc::enable(0).with_shn(regs::shutdown::NORMAL).0);
     Ok(FabricsProbe { cntlid, cap, version, digests: c.digests(), identify, namespaces })
@@ -307,7 +313,7 @@ mod tests {
     use super::*;
     use std::net::TcpListener;
     use ugds_nvme::tcp::{flags, pdu_type};
-    use ugds_nvme::LbaFormat;
+    use ugds_nvme::{IdentifyNamespace, LbaFormat, IDENTIFY_LEN};
 
     /// How the test target misbehaves.
     #[derive(Clone, Copy, PartialEq, Eq)]

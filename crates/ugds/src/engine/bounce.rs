@@ -1,4 +1,5 @@
-//! Pinned host bounce buffers for the kernel path's commands on GPU memory:
+//! Pinned host bounce buffers for commands on GPU memory where the transport
+//! copies (the kernel path, NVMe over TCP):
 //! by size class, shared by every queue of the process, and kept for its
 //! life (unpinning waits for the device). Buffers of up to 2 MiB are cut
 //! from 2 MiB slabs, each pinned with one call to the GPU runtime (a first
@@ -22,7 +23,7 @@ const SLAB: usize = 2 << 20;
 
 /// One bounce buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Bounce {
+pub(crate) struct Bounce {
     /// Its first byte.
     pub addr: usize,
     /// Its size class: 4 KiB << class bytes.
@@ -41,7 +42,7 @@ static NEXT_INDEX: AtomicU16 = AtomicU16::new(0);
 
 /// A bounce buffer of at least `len` bytes (at most 4 MiB): from the pool,
 /// or cut from a new slab pinned by `runtime`.
-pub(super) fn take(len: usize, runtime: &dyn DeviceRuntime) -> Result<Bounce> {
+pub(crate) fn take(len: usize, runtime: &dyn DeviceRuntime) -> Result<Bounce> {
     let class = (len.max(4096).next_power_of_two().trailing_zeros() - 12) as usize;
     if class >= CLASSES {
         return Err(Error::InvalidArgument(format!("a command of {len} bytes (the kernel path's limit is 4 MiB)")));
@@ -74,7 +75,7 @@ pub(super) fn take(len: usize, runtime: &dyn DeviceRuntime) -> Result<Bounce> {
 }
 
 /// Gives `b` back to the pool.
-pub(super) fn give(b: Bounce) {
+pub(crate) fn give(b: Bounce) {
     FREE.lock().recover()[b.class as usize].push(b);
 }
 

@@ -1,0 +1,692 @@
+//! An NVMe/TCP I/O queue: one connection standing where a controller's
+//! queue pair stands, so that every API above (synchronous, lent queues,
+//! batches, stream-ordered I/O, volumes) runs on it unchanged.
+//!
+//! The engine hands it the commands it hands a controller, with PRPs whose
+//! first entry is the host address of the command's first byte (the TCP
+//! platform maps host memory at its own address, so a command's data is
+//! contiguous there). Staging a command appends its capsule to the
+//! queue's send buffer: a write's data goes in the capsule when it fits
+//! (the controller's IOCCSZ), else when the controller's R2T asks for it,
+//! as H2CData PDUs of at most MAXH2CDATA bytes. Ringing sends what is
+//! staged without blocking; what the socket does not take is sent at the
+//! next look. A look reads what the socket has without blocking and
+//! parses it as it comes: a C2HData's bytes go straight into the
+//! command's buffer (checked against the command's length first), a
+//! CapsuleResp completes the command, an R2T queues the data asked for.
+//!
+//! Anything the controller sends that breaks the protocol (a length, an
+//! offset or a PDU type that does not fit, a digest that does not match,
+//! data or a completion for no command in flight) ends the connection:
+//! every command on it completes with Transient Transport Error, as do
+//! the commands staged after it, and the reason is logged. A closed or reset connection is the same. A
+//! controller that stops answering is the engine's timeouts' to find.
+//!
+//! Commands on GPU memory (a window above `DEVICE_IOVA_BASE`) borrow a
+//! pinned host bounce buffer: a write's bytes are copied off the device
+//! at submission, a read's onto it when its data is all in; both copies
+//! are waited for (not yet overlapped with the network).
+
+use super::super::bounce::{self, Bounce};
+use super::super::qpair::{CqView, Full, Owner};
+use super::super::stats::{QueueCounters, Staged};
+use super::super::tracker::Tracker;
+use crate::{Error, Result};
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
+use ugds_nvme::status::generic;
+use ugds_nvme::tcp::{self, CommonHeader, Framing, Head, PduError};
+use ugds_nvme::{Cid, Cqe, NvmOpcode, Qid, Sqe, Status};
+use ugds_platform::device::DeviceRuntime;
+use ugds_platform::tcp::TcpPlatform;
+use ugds_platform::window::DEVICE_IOVA_BASE;
+
+/// Bytes of the receive buffer: headers and small data are read through
+/// it; a large C2HData's bytes go straight to the command's buffer.
+const RX_BUF: usize = 64 << 10;
+
+/// Data left of a C2HData at or above which it is read straight into the
+/// command's buffer rather than through the receive buffer.
+const DIRECT_READ: usize = 4096;
+
+/// Which way a command's data goes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) enum Dir {
+    /// No data.
+    #[default]
+    None,
+    /// Controller to host (C2HData).
+    In,
+    /// Host to controller (in the capsule, or H2CData after an R2T).
+    Out,
+}
+
+/// What the queue keeps of each command besides the tracker's entry.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Transfer {
+    pub(super) dir: Dir,
+    /// Host address of the data (the bounce buffer's for GPU memory).
+    pub(super) addr: usize,
+    pub(super) len: u32,
+    /// C2HData bytes received.
+    pub(super) got: u32,
+    /// The GPU window address of the data, or 0.
+    pub(super) device: u64,
+    pub(super) bounce: Option<Bounce>,
+    /// Refused at submission with this status field (no capsule sent).
+    pub(super) refused: Option<u16>,
+}
+
+/// Where the receive side is in the byte stream.
+#[derive(Clone, Copy, Debug)]
+enum Rx {
+    /// At the start of a PDU.
+    Head,
+    /// Inside a C2HData's data: `left` bytes of command `cid` still to
+    /// come, to its buffer at `at`; `crc`, the data digest so far.
+    Data { cid: Cid, at: usize, left: usize, crc: u32, last: bool, success: bool },
+    /// The data digest of a C2HData, then its end.
+    Digest { cid: Cid, crc: u32, last: bool, success: bool },
+}
+
+/// One I/O queue on its own connection; see the module docs.
+pub struct TcpQueue {
+    stream: TcpStream,
+    addr: String,
+    framing: Framing,
+    maxh2cdata: u32,
+    /// Bytes of write data that go in the capsule.
+    in_capsule: usize,
+    tracker: Tracker<Transfer>,
+    platform: Arc<TcpPlatform>,
+    qid: Qid,
+    entries: u16,
+    /// (nsid, block size) of each namespace.
+    blocks: Vec<(u32, u32)>,
+    /// Staged PDUs, and how many of their bytes the socket has taken.
+    out: Vec<u8>,
+    sent: usize,
+    /// Received bytes not yet parsed: `rx[start..end]`.
+    rx: Box<[u8]>,
+    start: usize,
+    end: usize,
+    state: Rx,
+    /// Why the connection ended, once it has.
+    failure: Option<String>,
+    /// Commands refused at submission, completed at the next look.
+    refused: Vec<Cid>,
+    protocol_errors: u64,
+    staged: Staged,
+    counters: Arc<QueueCounters>,
+    /// Nothing signals this queue: waiters always look.
+    busy: Arc<AtomicU32>,
+}
+
+impl std::fmt::Debug for TcpQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpQueue")
+            .field("qid", &self.qid.0)
+            .field("addr", &self.addr)
+            .field("outstanding", &self.tracker.outstanding())
+            .field("failure", &self.failure)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a connected queue needs to know of its connection and controller.
+pub(super) struct QueueSetup {
+    pub stream: TcpStream,
+    pub addr: String,
+    pub framing: Framing,
+    pub maxh2cdata: u32,
+    pub in_capsule: usize,
+    pub qid: u16,
+    pub entries: u16,
+    pub blocks: Vec<(u32, u32)>,
+}
+
+impl TcpQueue {
+    /// The queue on a connection whose handshake and Connect are done.
+    pub(super) fn new(s: QueueSetup, platform: Arc<TcpPlatform>) -> Result<TcpQueue> {
+        s.stream.set_nonblocking(true).map_err(|e| super::os("O_NONBLOCK", e))?;
+        Ok(TcpQueue {
+            stream: s.stream,
+            addr: s.addr,
+            framing: s.framing,
+            maxh2cdata: s.maxh2cdata,
+            in_capsule: s.in_capsule,
+            // SQSIZE entries; one kept free as on a controller's ring.
+            tracker: Tracker::new(s.entries - 1),
+            platform,
+            qid: Qid(s.qid),
+            entries: s.entries,
+            blocks: s.blocks,
+            out: Vec::new(),
+            sent: 0,
+            rx: vec![0u8; RX_BUF].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            state: Rx::Head,
+            failure: None,
+            refused: Vec::new(),
+            protocol_errors: 0,
+            staged: Staged::default(),
+            counters: Arc::default(),
+            busy: Arc::default(),
+        })
+    }
+
+    /// Queue identifier.
+    pub fn qid(&self) -> Qid {
+        self.qid
+    }
+
+    /// Entries (the connection's SQSIZE).
+    pub fn entries(&self) -> u16 {
+        self.entries
+    }
+
+    /// Commands that may be submitted now.
+    pub fn free_slots(&self) -> usize {
+        self.tracker.capacity() as usize - self.tracker.outstanding()
+    }
+
+    /// Commands outstanding.
+    pub fn outstanding(&self) -> usize {
+        self.tracker.outstanding()
+    }
+
+    /// PDUs from the controller that broke the protocol.
+    pub fn protocol_errors(&self) -> u64 {
+        self.protocol_errors
+    }
+
+    /// The commands in flight.
+    pub fn tracker(&mut self) -> &mut Tracker<Transfer> {
+        &mut self.tracker
+    }
+
+    /// The tracker, read only.
+    pub fn tracker_ref(&self) -> &Tracker<Transfer> {
+        &self.tracker
+    }
+
+    /// What this queue has done.
+    pub fn counters(&self) -> &Arc<QueueCounters> {
+        &self.counters
+    }
+
+    /// Always worth a look: completions arrive on the socket, which only a
+    /// read finds.
+    pub fn cq_view(&self) -> CqView {
+        CqView::kernel(true, self.busy.clone())
+    }
+
+    /// Whether a look may find something: always, while commands are out.
+    pub fn completion_pending(&mut self) -> bool {
+        self.tracker.outstanding() > 0
+    }
+
+    /// The transfer of `sqe` with its data at `addr` (PRP1), or the status
+    /// it is refused with.
+    fn transfer(&self, sqe: &Sqe, addr: Option<u64>) -> std::result::Result<Transfer, Status> {
+        let op = NvmOpcode::from_u8(sqe.opcode());
+        // A namespace this queue does not know moves nothing: the controller
+        // answers with Invalid Namespace.
+        let bs = self.blocks.iter().find(|b| b.0 == sqe.nsid).map_or(0, |b| b.1 as u64);
+        let (dir, len) = match op {
+            Some(NvmOpcode::Read) if bs != 0 => (Dir::In, sqe.nlb() as u64 * bs),
+            Some(NvmOpcode::Write) if bs != 0 => (Dir::Out, sqe.nlb() as u64 * bs),
+            // The ranges: 16 bytes each.
+            Some(NvmOpcode::DatasetManagement) => (Dir::Out, ((sqe.cdw10 & 0xff) as u64 + 1) * 16),
+            _ => (Dir::None, 0),
+        };
+        if dir == Dir::None {
+            return Ok(Transfer::default());
+        }
+        let (Some(addr), Ok(len32)) = (addr, u32::try_from(len)) else {
+            return Err(Status::generic(generic::INVALID_FIELD));
+        };
+        if addr < DEVICE_IOVA_BASE {
+            return Ok(Transfer { dir, addr: addr as usize, len: len32, ..Default::default() });
+        }
+        let Some((_, runtime)) = self.platform.device_at(addr, len as usize) else {
+            return Err(Status::generic(generic::DATA_TRANSFER_ERROR));
+        };
+        let b = bounce::take(len as usize, &*runtime).map_err(|e| {
+            tracing::error!("no bounce buffer for a GPU transfer: {e}");
+            Status::generic(generic::INTERNAL_ERROR)
+        })?;
+        let t = Transfer { dir, addr: b.addr, len: len32, device: addr, bounce: Some(b), ..Default::default() };
+        if dir == Dir::Out {
+            if let Err(e) = self.copy_device(&t, false) {
+                tracing::error!("copy from GPU memory for a write failed: {e}");
+                bounce::give(b);
+                return Err(Status::generic(generic::DATA_TRANSFER_ERROR));
+            }
+        }
+        Ok(t)
+    }
+
+    /// Copies a GPU command's bytes between its bounce buffer and the
+    /// device (`to_device`: a read's), and waits for the copy.
+    fn copy_device(&self, t: &Transfer, to_device: bool) -> Result<()> {
+        let (dev, runtime) = self
+            .platform
+            .device_at(t.device, t.len as usize)
+            .ok_or_else(|| Error::Platform("GPU memory no longer mapped".into()))?;
+        // SAFETY: the bounce buffer is this command's alone (`len` bytes; its
+        // size class holds at least that) and the socket is not reading into
+        // it now (a read's data is all in; a write's is not yet sent); the
+        // device range lies in registered GPU memory the request holds.
+        let ticket = unsafe {
+            if to_device {
+                runtime.copy_to_device_start(dev, t.addr as *const u8, t.len as usize)
+            } else {
+                runtime.copy_from_device_start(t.addr as *mut u8, dev, t.len as usize)
+            }
+        }?;
+        wait_copy(&*runtime, ticket)
+    }
+
+    /// Stages a command (its data at `addr`, PRP1 of its plan): its capsule
+    /// goes to the send buffer, sent at [`ring_sq_doorbell`](Self::ring_sq_doorbell).
+    pub fn submit(&mut self, mut sqe: Sqe, addr: Option<u64>, owner: Owner) -> std::result::Result<Cid, Full> {
+        if self.tracker.is_full() {
+            return Err(Full::Cid);
+        }
+        let t = match self.transfer(&sqe, addr) {
+            Ok(t) => t,
+            Err(s) => Transfer { refused: Some(s.to_field(false)), ..Default::default() },
+        };
+        let cid = self.tracker.begin_with(owner, None, t).expect("a CID is free");
+        self.staged.add(sqe.opcode(), sqe.nlb());
+        self.tracker.staged(cid, &sqe);
+        if t.refused.is_some() || self.failure.is_some() {
+            self.refused.push(cid);
+            return Ok(cid);
+        }
+        sqe.set_cid(cid);
+        let data: &[u8] = match t.dir {
+            Dir::None => {
+                sqe = sqe.with_transport_data(0);
+                &[]
+            }
+            Dir::In => {
+                sqe = sqe.with_transport_data(t.len);
+                &[]
+            }
+            Dir::Out if (t.len as usize) <= self.in_capsule => {
+                sqe = sqe.with_in_capsule_data(t.len);
+                // SAFETY: the command's memory (the caller's registered
+                // buffer, held by its request until this command completes,
+                // or its bounce buffer), `len` bytes checked by the engine
+                // against the registration.
+                unsafe { std::slice::from_raw_parts(t.addr as *const u8, t.len as usize) }
+            }
+            Dir::Out => {
+                sqe = sqe.with_transport_data(t.len);
+                &[]
+            }
+        };
+        tcp::capsule_cmd(&mut self.out, &sqe, data, self.framing);
+        Ok(cid)
+    }
+
+    /// Sends what is staged, as far as the socket takes it now.
+    pub fn ring_sq_doorbell(&mut self) {
+        self.staged.publish(&self.counters);
+        if self.sent < self.out.len() {
+            self.counters.doorbell_writes.add(1);
+            self.send();
+        }
+    }
+
+    /// Writes the send buffer without blocking; a failed send ends the
+    /// connection.
+    fn send(&mut self) {
+        while self.sent < self.out.len() && self.failure.is_none() {
+            match self.stream.write(&self.out[self.sent..]) {
+                Ok(0) => self.fail(format!("{} took no more bytes (connection closed)", self.addr)),
+                Ok(n) => self.sent += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => self.fail(format!("sending to {}: {e}", self.addr)),
+            }
+        }
+        if self.sent == self.out.len() || self.failure.is_some() {
+            self.out.clear();
+            self.sent = 0;
+        }
+    }
+
+    /// Ends the connection for `why`: its commands complete with an error at
+    /// the next look.
+    fn fail(&mut self, why: String) {
+        if self.failure.is_none() {
+            tracing::error!(qid = self.qid.0, "NVMe/TCP: {why}; the connection is closed");
+            let _ = self.stream.shutdown(std::net::Shutdown::Both);
+            self.failure = Some(why);
+        }
+    }
+
+    /// Ends the connection for a PDU that breaks the protocol.
+    fn violation(&mut self, e: PduError) {
+        self.protocol_errors += 1;
+        self.fail(format!("{} broke the NVMe/TCP protocol: {e}", self.addr));
+    }
+
+    /// Reads what the socket has into the receive buffer, keeping
+    /// `rx[start..end]`; false when nothing came (or the connection ended).
+    fn fill(&mut self) -> bool {
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
+        } else if self.end == self.rx.len() || self.rx.len() - self.start < 2 * DIRECT_READ {
+            self.rx.copy_within(self.start..self.end, 0);
+            (self.start, self.end) = (0, self.end - self.start);
+        }
+        if self.end == self.rx.len() {
+            // Full of unparsed bytes: a parse step takes some first.
+            return false;
+        }
+        loop {
+            match self.stream.read(&mut self.rx[self.end..]) {
+                Ok(0) => {
+                    self.fail(format!("{} closed the connection", self.addr));
+                    return false;
+                }
+                Ok(n) => {
+                    self.end += n;
+                    return true;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return false,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.fail(format!("receiving from {}: {e}", self.addr));
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Ensures `n` unparsed bytes; false when they are not here yet.
+    fn have(&mut self, n: usize) -> bool {
+        while self.end - self.start < n {
+            if !self.fill() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Consumes up to `max` completions, calling `f(owner, cqe)` for each
+    /// command that finished. Returns how many.
+    pub fn process_completions(&mut self, max: usize, mut f: impl FnMut(Owner, &Cqe)) -> usize {
+        let (n, failed) = (std::cell::Cell::new(0usize), std::cell::Cell::new(0u64));
+        let mut report = |owner: Owner, cqe: &Cqe| {
+            n.set(n.get() + 1);
+            failed.set(failed.get() + !cqe.status().is_success() as u64);
+            f(owner, cqe)
+        };
+        for cid in std::mem::take(&mut self.refused) {
+            let e = self.tracker.end(cid, 0).expect("outstanding");
+            let status = e.extra.refused.unwrap_or(self.transport_error());
+            self.finish(cid, e.owner, e.extra, Status::from_field(status), &mut report);
+        }
+        self.send();
+        while n.get() < max && self.failure.is_none() && self.tracker.outstanding() > 0 {
+            match self.step() {
+                Ok(Some((cid, status))) => match self.tracker.end(cid, status.to_field(false)) {
+                    Ok(e) => {
+                        let status = self.check_received(cid, &e.extra, status);
+                        self.finish(cid, e.owner, e.extra, status, &mut report);
+                    }
+                    Err(_) => self.violation(PduError::Field(format!(
+                        "a completion for command {:#06x}, which is not in flight",
+                        cid.0
+                    ))),
+                },
+                Ok(None) => {}
+                Err(Stop::Idle) => break,
+                Err(Stop::Broken(e)) => self.violation(e),
+            }
+            self.send();
+        }
+        if self.failure.is_some() {
+            // Everything on the connection is lost with it.
+            let status = self.transport_error();
+            let cids: Vec<Cid> = self.tracker.outstanding_commands().map(|(c, _)| c).collect();
+            for cid in cids {
+                let e = self.tracker.end(cid, status).expect("outstanding");
+                self.finish(cid, e.owner, e.extra, Status::from_field(status), &mut report);
+            }
+        }
+        self.counters.completed.add(n.get() as u64);
+        self.counters.errors.add(failed.get());
+        n.get()
+    }
+
+    /// Transient Transport Error, Do Not Retry (the connection is gone).
+    fn transport_error(&self) -> u16 {
+        Status { dnr: true, ..Status::generic(generic::TRANSIENT_TRANSPORT_ERROR) }.to_field(false)
+    }
+
+    /// A read that completed successfully must have had all its data.
+    fn check_received(&mut self, cid: Cid, t: &Transfer, status: Status) -> Status {
+        if status.is_success() && t.dir == Dir::In && t.got != t.len {
+            self.violation(PduError::Field(format!(
+                "command {:#06x} completed with {} of its {} bytes of data",
+                cid.0, t.got, t.len
+            )));
+            return Status::generic(generic::DATA_TRANSFER_ERROR);
+        }
+        status
+    }
+
+    /// Reports a finished command: a GPU read's bytes go to the device
+    /// first, and its bounce buffer goes back.
+    fn finish(&self, cid: Cid, owner: Owner, t: Transfer, status: Status, f: &mut impl FnMut(Owner, &Cqe)) {
+        let mut status = status;
+        if t.device != 0 && t.dir == Dir::In && status.is_success() {
+            if let Err(e) = self.copy_device(&t, true) {
+                tracing::error!("copy of a read to GPU memory failed: {e}");
+                status = Status::generic(generic::DATA_TRANSFER_ERROR);
+            }
+        }
+        if let Some(b) = t.bounce {
+            bounce::give(b);
+        }
+        let cqe = Cqe { dw0: 0, dw1: 0, sqhd: 0, sqid: self.qid.0, cid: cid.0, status: status.to_field(false) };
+        f(owner, &cqe);
+    }
+
+    /// Parses the next piece of the byte stream: a command's end (its CID
+    /// and status) when the piece was one.
+    fn step(&mut self) -> std::result::Result<Option<(Cid, Status)>, Stop> {
+        match self.state {
+            Rx::Head => self.head(),
+            Rx::Data { cid, at, left, crc, last, success } => {
+                let n = if self.end > self.start {
+                    let n = left.min(self.end - self.start);
+                    // SAFETY: `at..at + left` lies in command `cid`'s buffer
+                    // (checked against its length when the header came),
+                    // which its request holds until the command completes,
+                    // and no one else touches during the I/O.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(at as *mut u8, n) };
+                    dst.copy_from_slice(&self.rx[self.start..self.start + n]);
+                    self.start += n;
+                    n
+                } else if left >= DIRECT_READ {
+                    // SAFETY: as above.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(at as *mut u8, left) };
+                    match self.stream.read(dst) {
+                        Ok(0) => {
+                            self.fail(format!("{} closed the connection", self.addr));
+                            return Err(Stop::Idle);
+                        }
+                        Ok(n) => n,
+                        Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
+                            return Err(Stop::Idle)
+                        }
+                        Err(e) => {
+                            self.fail(format!("receiving from {}: {e}", self.addr));
+                            return Err(Stop::Idle);
+                        }
+                    }
+                } else if self.fill() {
+                    return Ok(None);
+                } else {
+                    return Err(Stop::Idle);
+                };
+                let crc = if self.framing.digests.data {
+                    // SAFETY: the bytes just written, as above.
+                    tcp::digest_append(crc, unsafe { std::slice::from_raw_parts(at as *const u8, n) })
+                } else {
+                    crc
+                };
+                self.state = if n == left {
+                    Rx::Digest { cid, crc, last, success }
+                } else {
+                    Rx::Data { cid, at: at + n, left: left - n, crc, last, success }
+                };
+                Ok(None)
+            }
+            Rx::Digest { cid, crc, last, success } => {
+                if self.framing.digests.data {
+                    if !self.have(tcp::DIGEST_LEN) {
+                        return Err(Stop::Idle);
+                    }
+                    let got = u32::from_le_bytes(self.rx[self.start..self.start + 4].try_into().expect("four bytes"));
+                    self.start += tcp::DIGEST_LEN;
+                    if got != crc {
+                        return Err(Stop::Broken(PduError::DataDigest { ty: tcp::pdu_type::C2H_DATA, got, want: crc }));
+                    }
+                }
+                self.state = Rx::Head;
+                // SUCCESS: the command succeeded and no CapsuleResp follows.
+                Ok((last && success).then_some((cid, Status::SUCCESS)))
+            }
+        }
+    }
+
+    /// A PDU's head, and what it starts.
+    fn head(&mut self) -> std::result::Result<Option<(Cid, Status)>, Stop> {
+        if !self.have(tcp::CH_LEN) {
+            return Err(Stop::Idle);
+        }
+        let ch = CommonHeader::parse(self.rx[self.start..self.start + tcp::CH_LEN].try_into().expect("eight bytes"));
+        ch.pdu_len(u32::MAX).map_err(Stop::Broken)?;
+        let hl = tcp::head_len(&ch);
+        if hl > RX_BUF {
+            return Err(Stop::Broken(PduError::Length {
+                ty: ch.pdu_type,
+                plen: ch.plen,
+                why: format!("a header part of {hl} bytes"),
+            }));
+        }
+        if !self.have(hl) {
+            return Err(Stop::Idle);
+        }
+        let head =
+            tcp::parse_head(&self.rx[self.start..self.start + hl], self.framing.digests).map_err(Stop::Broken)?;
+        self.start += hl;
+        match head {
+            Head::CapsuleResp(cqe) => Ok(Some((Cid(cqe.cid), cqe.status()))),
+            Head::C2HData { cccid, datao, datal, last, success } => {
+                let cid = Cid(cccid);
+                let Some(e) = self.tracker.get_mut(cid) else {
+                    return Err(Stop::Broken(PduError::Field(format!(
+                        "C2HData for command {cccid:#06x}, which is not in flight"
+                    ))));
+                };
+                let t = &mut e.extra;
+                let end = datao as u64 + datal as u64;
+                if t.dir != Dir::In || end > t.len as u64 {
+                    return Err(Stop::Broken(PduError::Field(format!(
+                        "C2HData of {datal} bytes at {datao} for command {cccid:#06x} of {} bytes {}",
+                        t.len,
+                        if t.dir == Dir::In { "to read" } else { "that reads nothing" }
+                    ))));
+                }
+                t.got += datal;
+                let at = t.addr + datao as usize;
+                self.state = Rx::Data { cid, at, left: datal as usize, crc: 0, last, success };
+                Ok(None)
+            }
+            Head::R2T { cccid, ttag, r2to, r2tl } => {
+                self.r2t(Cid(cccid), ttag, r2to, r2tl).map_err(Stop::Broken)?;
+                Ok(None)
+            }
+            Head::TermReq { fes, fei } => {
+                self.fail(format!("{} ended the connection (FES {fes:#x}, FEI {fei:#x})", self.addr));
+                Err(Stop::Idle)
+            }
+        }
+    }
+
+    /// Answers an R2T: the bytes asked for, as H2CData PDUs of at most
+    /// MAXH2CDATA each.
+    fn r2t(&mut self, cid: Cid, ttag: u16, r2to: u32, r2tl: u32) -> std::result::Result<(), PduError> {
+        let Some(e) = self.tracker.get_mut(cid) else {
+            return Err(PduError::Field(format!("R2T for command {:#06x}, which is not in flight", cid.0)));
+        };
+        let t = e.extra;
+        let end = r2to as u64 + r2tl as u64;
+        if t.dir != Dir::Out || (t.len as usize) <= self.in_capsule || r2tl == 0 || end > t.len as u64 {
+            return Err(PduError::Field(format!(
+                "R2T for {r2tl} bytes at {r2to} of command {:#06x}, which has {} bytes to send{}",
+                cid.0,
+                if t.dir == Dir::Out { t.len } else { 0 },
+                if (t.len as usize) <= self.in_capsule && t.dir == Dir::Out { " in its capsule" } else { "" }
+            )));
+        }
+        let mut off = r2to;
+        while off < end as u32 {
+            let n = (end as u32 - off).min(self.maxh2cdata);
+            // SAFETY: within the command's buffer (checked above), held by
+            // its request until the command completes.
+            let data = unsafe { std::slice::from_raw_parts((t.addr + off as usize) as *const u8, n as usize) };
+            tcp::h2c_data(&mut self.out, cid.0, ttag, off, data, off + n == end as u32, self.framing);
+            off += n;
+        }
+        Ok(())
+    }
+
+    /// Forgets every command: only when none can complete any more (the
+    /// queue is being dropped). Closes the connection first, so that
+    /// nothing more lands in the commands' memory.
+    pub fn forget_outstanding(&mut self) -> usize {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        let n = self.tracker.outstanding();
+        for (_, t) in self.tracker.outstanding_commands() {
+            if let Some(b) = t.extra.bounce {
+                bounce::give(b);
+            }
+        }
+        self.tracker.forget_all();
+        self.refused.clear();
+        n
+    }
+}
+
+/// Why parsing stopped.
+enum Stop {
+    /// Nothing more to read now (or the connection ended: see `failure`).
+    Idle,
+    /// The controller broke the protocol.
+    Broken(PduError),
+}
+
+/// Waits for a copy to or from GPU memory (10 s at most).
+fn wait_copy(runtime: &dyn DeviceRuntime, ticket: ugds_platform::device::CopyTicket) -> Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !runtime.copy_finished(ticket)? {
+        if std::time::Instant::now() > deadline {
+            return Err(Error::Platform("a copy to or from GPU memory did not finish in 10 s".into()));
+        }
+        std::thread::yield_now();
+    }
+    Ok(())
+}
