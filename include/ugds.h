@@ -310,7 +310,9 @@ ssize_t uGDSWritev(uGDSHandle_t fh, const ugds_segment_t *segs, int count, off_t
  * UGDS_MAX_VOLUME_MEMBERS, one block size), striped with stripe_bytes
  * stripes (RAID 0: a power of two of at least 4096) or, with stripe_bytes
  * 0, concatenated in order. A volume's handle takes uGDSRead, uGDSWrite,
- * uGDSReadv, uGDSWritev, uGDSGetDeviceCapacity, the uGDSBatchIO* calls
+ * uGDSReadv, uGDSWritev, uGDSReadAsync, uGDSWriteAsync (stream order: the
+ * volume's stream thread runs the request when the stream reaches it),
+ * uGDSGetDeviceCapacity, the uGDSBatchIO* calls
  * (nr up to UGDS_MAX_BATCH_IO / 4) and uGDSHandleDeregister (other calls
  * refuse it with UGDS_IO_NOT_SUPPORTED); a request spanning members runs
  * on them at once and completes whole or fails whole, and

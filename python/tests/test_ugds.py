@@ -435,6 +435,29 @@ class Volumes(unittest.TestCase):
         self.assertEqual(bytes(mem[524288 : 524288 + 8192]), want[131072 : 131072 + 8192])
         self.drv.deregister(buf)
 
+    def test_stream_ordered_on_a_volume(self):
+        v = ugds.Volume(self.hs, stripe=65536)
+        want = pattern(6, 1 << 20)
+        mem = bytearray(want)
+        buf = self.drv.register(mem)
+        s = ugds.Stream.host()
+        gate = threading.Event()
+        s.enqueue(gate.wait)  # the values are set before the stream gets there
+        size, foff = ugds.Cell(0), ugds.Cell(3)
+        w = v.write_async(buf, size, foff, 0, s)
+        size.value, foff.value = 1 << 20, 32768
+        gate.set()
+        s.synchronize()
+        self.assertEqual(w.bytes, 1 << 20, w.error())
+        mem[:] = bytes(1 << 20)
+        r = v.read_async(buf, 196608, 32768 + 65536, 4096, s)
+        bad = v.read_async(buf, 4096, 7, 0, s)
+        s.synchronize()
+        self.assertEqual(r.bytes, 196608, r.error())
+        self.assertEqual(bytes(mem[4096 : 4096 + 196608]), want[65536 : 65536 + 196608])
+        self.assertEqual(bad.bytes, -errno.EINVAL)
+        self.drv.deregister(buf)
+
     def test_batch_on_a_volume(self):
         v = ugds.Volume(self.hs, stripe=16384)
         want = pattern(9, 1 << 20)

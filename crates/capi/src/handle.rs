@@ -163,7 +163,8 @@ pub(crate) fn no_handle(c: c_int) -> &'static str {
     match c {
         op::IO_NOT_SUPPORTED => {
             "a volume's handle: this call takes a controller's handle (a volume takes uGDSRead, uGDSWrite, \
-             uGDSReadv, uGDSWritev, uGDSGetDeviceCapacity, the uGDSBatchIO* calls and uGDSHandleDeregister)"
+             uGDSReadv, uGDSWritev, uGDSReadAsync, uGDSWriteAsync, uGDSGetDeviceCapacity, the uGDSBatchIO* \
+             calls and uGDSHandleDeregister)"
         }
         op::DRIVER_NOT_INITIALIZED => "uGDSDriverOpen first",
         op::INVALID_VALUE => "null handle",

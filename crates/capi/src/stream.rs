@@ -35,7 +35,8 @@ pub(crate) fn async_io(
     if base.is_null() || size_p.is_null() || file_offset_p.is_null() || buf_offset_p.is_null() || bytes_p.is_null() {
         return fail(op::INVALID_VALUE, "null argument");
     }
-    let (h, driver) = match lookup(fh) {
+    // A controller's handle or a volume's.
+    let (dev, driver) = match crate::handle::lookup_dev(fh) {
         Ok(x) => x,
         Err(c) => return fail(c, no_handle(c)),
     };
@@ -49,7 +50,12 @@ pub(crate) fn async_io(
     // SAFETY: the C contract: the four pointers stay valid until the
     // stream has passed the operation.
     let io = unsafe { StreamIo::from_raw(size_p, file_offset_p, buf_offset_p, bytes_p) };
-    let r = if write { h.write_async(&t, io, &*s) } else { h.read_async(&t, io, &*s) };
+    let r = match (dev, write) {
+        (Dev::One(h), true) => h.write_async(&t, io, &*s),
+        (Dev::One(h), false) => h.read_async(&t, io, &*s),
+        (Dev::Volume(v, _), true) => v.write_async(&t, io, &*s),
+        (Dev::Volume(v, _), false) => v.read_async(&t, io, &*s),
+    };
     match r {
         Ok(()) => ok(),
         Err(e) => from_error(e),

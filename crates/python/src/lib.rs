@@ -513,6 +513,36 @@ impl Volume {
         py.allow_threads(|| self.inner.flush()).map_err(err)
     }
 
+    /// As Handle.read_async, on the volume: the values are read when the
+    /// stream reaches the operation, which then runs on every member it
+    /// spans before later work on the stream.
+    #[pyo3(signature = (buf, size, file_offset, buf_offset, stream))]
+    fn read_async(
+        &self,
+        py: Python<'_>,
+        buf: &Buffer,
+        size: Arg<'_>,
+        file_offset: Arg<'_>,
+        buf_offset: Arg<'_>,
+        stream: &Stream,
+    ) -> PyResult<StreamResult> {
+        self.one_async(py, BatchOp::Read, buf, [size, file_offset, buf_offset], stream)
+    }
+
+    /// Writes in stream order; see read_async.
+    #[pyo3(signature = (buf, size, file_offset, buf_offset, stream))]
+    fn write_async(
+        &self,
+        py: Python<'_>,
+        buf: &Buffer,
+        size: Arg<'_>,
+        file_offset: Arg<'_>,
+        buf_offset: Arg<'_>,
+        stream: &Stream,
+    ) -> PyResult<StreamResult> {
+        self.one_async(py, BatchOp::Write, buf, [size, file_offset, buf_offset], stream)
+    }
+
     /// A batch context for up to `capacity` volume requests in flight
     /// (as Handle.batch; each request completes as one event).
     fn batch(&self, capacity: usize) -> PyResult<Batch> {
@@ -557,6 +587,25 @@ impl Volume {
 }
 
 impl Volume {
+    fn one_async(
+        &self,
+        py: Python<'_>,
+        op: BatchOp,
+        buf: &Buffer,
+        args: [Arg<'_>; 3],
+        stream: &Stream,
+    ) -> PyResult<StreamResult> {
+        buf.check(py)?;
+        let [size, file_offset, buf_offset] = args;
+        let (io, r) = StreamIo::late(size.cell(), file_offset.cell(), buf_offset.cell());
+        match op {
+            BatchOp::Read => self.inner.read_async(&buf.token, io, stream.get()),
+            _ => self.inner.write_async(&buf.token, io, stream.get()),
+        }
+        .map_err(err)?;
+        Ok(StreamResult { inner: r })
+    }
+
     fn vectored(
         &self,
         py: Python<'_>,

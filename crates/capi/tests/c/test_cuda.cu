@@ -1,7 +1,8 @@
 // The C interface with CUDA device memory (run on a GPU machine by
 // scripts/ctest when nvcc is present): registration and its checks, sync
 // I/O (registered and just-in-time), stream-ordered I/O on a CUDA stream
-// with late-bound values and a kernel after it, dma-buf export.
+// with late-bound values and a kernel after it (on a handle and on a
+// volume), dma-buf export.
 #include <cuda_runtime.h>
 #include <sys/stat.h>
 
@@ -104,6 +105,45 @@ int main(void) {
     }
     CHECK(cudaStreamSynchronize(s) == cudaSuccess);
     for (int i = 0; i < 8; i++) CHECK(wd[i] == (ssize_t)MIB);
+
+    // Stream-ordered I/O on a volume of two more controllers (64 KiB
+    // stripes): a write from GPU memory lands on both member files, a read
+    // brings it back into GPU memory; the values are read when the stream
+    // gets there.
+    char p1[256], p2[256];
+    int f1 = temp_file(p1, sizeof p1, 16 * MIB), f2 = temp_file(p2, sizeof p2, 16 * MIB);
+    uGDSHandle_t members[2] = {open_handle(f1), open_handle(f2)};
+    uGDSHandle_t vh = NULL;
+    CHECK_ERR(uGDSVolumeOpen(&vh, members, 2, 64 * 1024), UGDS_SUCCESS);
+    size_t vsz = 0;
+    off_t vfo = 0, vbo = 0;
+    ssize_t vdone = 0;
+    gate = 0;
+    CHECK(cudaLaunchHostFunc(s, [](void *g) { while (!*(volatile int *)g) {} }, (void *)&gate) == cudaSuccess);
+    CHECK_ERR(uGDSWriteAsync(vh, gpu, &vsz, &vfo, &vbo, &vdone, s), UGDS_SUCCESS);
+    vsz = 2 * MIB;
+    vbo = MIB; // gpu + 1 MiB holds pattern 9 from 6 MiB (the read above)
+    gate = 1;
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+    CHECK(vdone == (ssize_t)(2 * MIB));
+    // Volume bytes [64K, 128K) are member 1's first stripe.
+    CHECK(pread(f2, back, 64 * 1024, 0) == 64 * 1024 && same(back, 64 * 1024, 9, 6 * MIB + 64 * 1024));
+    CHECK(pread(f1, back, 64 * 1024, 0) == 64 * 1024 && same(back, 64 * 1024, 9, 6 * MIB));
+    size_t rsz = 2 * MIB;
+    off_t rfo = 0, rbo = 8 * MIB;
+    ssize_t rdone = 0;
+    CHECK_ERR(uGDSReadAsync(vh, gpu, &rsz, &rfo, &rbo, &rdone, s), UGDS_SUCCESS);
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+    CHECK(rdone == (ssize_t)(2 * MIB));
+    CHECK(cudaMemcpy(back, gpu + 8 * MIB, 2 * MIB, cudaMemcpyDeviceToHost) == cudaSuccess &&
+          same(back, 2 * MIB, 9, 6 * MIB));
+    uGDSHandleDeregister(vh);
+    uGDSHandleDeregister(members[0]);
+    uGDSHandleDeregister(members[1]);
+    close(f1);
+    close(f2);
+    unlink(p1);
+    unlink(p2);
 
     // dma-buf export of the registered GPU memory.
     uGDSDmabufExport_t x;
