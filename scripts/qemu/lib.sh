@@ -222,14 +222,26 @@ make_initramfs() {
         mke2fs unshare mkswap swapon swapoff losetup truncate ip ln dmesg tail dd seq; do
         ln -s busybox "$I/bin/$a"
     done
-    # File-system tools for the binding steps, with the libraries they load.
+    # File-system tools for the binding steps (and EXTRA_TOOLS, by name),
+    # with the libraries they load.
     local t l
-    for t in mkfs.btrfs mkfs.xfs; do
+    for t in mkfs.btrfs mkfs.xfs ${EXTRA_TOOLS:-}; do
         t=$(command -v "$t") || continue
         cp "$t" "$I/bin/"
         for l in $(ldd "$t" | grep -o '/[^ ]*'); do
             mkdir -p "$I$(dirname "$l")" && cp -L "$l" "$I$l"
         done
+    done
+    # EXTRA_FILES: absolute paths copied to the same place (shared
+    # libraries loaded at run time, their configuration), with the
+    # libraries they need.
+    for t in ${EXTRA_FILES:-}; do
+        mkdir -p "$I$(dirname "$t")" && cp -L "$t" "$I$t"
+        case $t in *.so*)
+            for l in $(ldd "$t" | grep -o '/[^ ]*'); do
+                mkdir -p "$I$(dirname "$l")" && cp -L "$l" "$I$l"
+            done ;;
+        esac
     done
     local MD=$K/lib/modules/$KV
     declare -A seen=(); local order=()
@@ -240,7 +252,7 @@ make_initramfs() {
         order+=("$rel")
     }
     for m in nvme vfio vfio-pci vfio_iommu_type1 ext4 crc32c_generic crc32c-intel loop btrfs xfs nvmet \
-        nvmet-tcp nvme-tcp target_core_iblock; do
+        nvmet-tcp nvme-tcp target_core_iblock ${EXTRA_MODULES:-}; do
         local rel; rel=$(grep -E "/${m}\.ko(\.xz|\.zst)?:" "$MD/modules.dep" | cut -d: -f1 || true)
         [[ -n $rel ]] && resolve "$rel"
     done
@@ -266,7 +278,8 @@ make_initramfs() {
 #   iommufd  as default, booted on the iommufd kernel (vfio cdev)
 #   debug    as default, booted on the debug kernel (KASAN, lockdep, DMA-API debug, kmemleak)
 #   null     a null namespace (no data kept, reads return zeros)
-#   tcp      no controller: nvmet exports a file over NVMe/TCP on loopback
+#   tcp      no controller: nvmet exports a namespace over NVMe/TCP on loopback
+#   rdma     no controller: soft RoCE, nvmet-rdma and the kernel's nvme-rdma
 #   volume   three controllers: two under an emulated PCIe switch (x3130
 #            upstream port, two xio3130 downstream ports) below one root port,
 #            the third on a root port of its own
@@ -281,7 +294,7 @@ controller_args() {
         iommufd) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-iommufd,drive=nvm1" ;;
         debug) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-debug,drive=nvm1" ;;
         null) echo "-drive driver=null-co,read-zeroes=on,if=none,id=nvm1 -device nvme,serial=ugds-null,drive=nvm1" ;;
-        tcp) echo "" ;;
+        tcp | rdma) echo "" ;;
         volume) echo "-device pcie-root-port,id=rp1,bus=pcie.0,chassis=1,slot=1 -device x3130-upstream,id=up1,bus=rp1" \
             "-device xio3130-downstream,id=dn1,bus=up1,chassis=2,slot=0 -device xio3130-downstream,id=dn2,bus=up1,chassis=3,slot=0" \
             "-device pcie-root-port,id=rp2,bus=pcie.0,chassis=4,slot=2" \

@@ -10,6 +10,7 @@ mod doctor;
 mod gpubench;
 mod hist;
 mod histogram;
+mod rdma;
 mod report;
 mod stats;
 mod sysfs;
@@ -31,6 +32,7 @@ Usage:
   ugds hist [QUANTILE...]         percentiles of latencies (us) read from stdin
   ugds report [-o SVG] JSON...    draws `ugds bench --json` files: bandwidth, latency CDFs
   ugds stats | top                queue statistics of running processes (ugds help stats)
+  ugds rdma                       RDMA devices and memory registration (NVMe over RDMA's needs)
   ugds help [COMMAND]
 
   -v, --verbose   more messages on standard error (-vv, -vvv); without it,
@@ -78,6 +80,7 @@ fn main() -> ExitCode {
         Some("identify") => identify(rest),
         Some("bench") => bench::main(rest),
         Some("gpu-bench") => gpubench::main(rest),
+        Some("rdma") => rdma::main(rest),
         Some("hist") => hist::main(rest),
         Some("report") => report::main(rest),
         Some("stats") => stats::main(rest),
@@ -95,6 +98,7 @@ fn main() -> ExitCode {
                 Some("bench") => print!("{}", bench::HELP),
                 Some("gpu-bench") => print!("{}{}", gpubench::HELP, target::HELP),
                 Some("hist") => print!("{}", hist::HELP),
+                Some("rdma") => print!("{}", rdma::HELP),
                 Some("doctor") => print!("{}", doctor::HELP),
                 Some("report") => print!("{}", report::HELP),
                 Some("stats" | "top") => print!("{}", stats::HELP),

@@ -3,6 +3,7 @@
 pub mod dl;
 pub(crate) mod ugds_drv;
 pub mod uring;
+pub mod verbs;
 pub(crate) mod vfio;
 
 use crate::{Error, Result};
@@ -263,6 +264,46 @@ pub fn access_mode(fd: std::os::fd::BorrowedFd<'_>) -> Result<i32> {
         return Err(Error::os("fcntl(F_GETFL)"));
     }
     Ok(flags & libc::O_ACCMODE)
+}
+
+/// A dma-buf of `len` bytes made by udmabuf over a sealed memfd (a
+/// stand-in for a device's dma-buf where there is none): the memfd and the
+/// dma-buf. `Unsupported` where there is no `/dev/udmabuf`.
+pub fn udmabuf(len: usize) -> Result<(OwnedFd, OwnedFd)> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain system calls on descriptors this function owns; each
+    // is wrapped in an OwnedFd as soon as it exists.
+    unsafe {
+        let dev = libc::open(c"/dev/udmabuf".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        if dev < 0 {
+            return Err(Error::Unsupported(format!("/dev/udmabuf: {}", std::io::Error::last_os_error())));
+        }
+        let dev = OwnedFd::from_raw_fd(dev);
+        let mfd = libc::memfd_create(c"ugds-udmabuf".as_ptr(), libc::MFD_ALLOW_SEALING | libc::MFD_CLOEXEC);
+        if mfd < 0 {
+            return Err(Error::io("memfd_create", std::io::Error::last_os_error()));
+        }
+        let memfd = OwnedFd::from_raw_fd(mfd);
+        if libc::ftruncate(mfd, len as libc::off_t) != 0
+            || libc::fcntl(mfd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) != 0
+        {
+            return Err(Error::io("memfd size and seal", std::io::Error::last_os_error()));
+        }
+        #[repr(C)]
+        struct Create {
+            memfd: u32,
+            flags: u32,
+            offset: u64,
+            size: u64,
+        }
+        // UDMABUF_FLAGS_CLOEXEC; UDMABUF_CREATE = _IOW('u', 0x42, struct udmabuf_create).
+        let mut c = Create { memfd: mfd as u32, flags: 1, offset: 0, size: len as u64 };
+        let buf = libc::ioctl(dev.as_raw_fd(), 0x4018_7542, &mut c as *mut Create);
+        if buf < 0 {
+            return Err(Error::io("UDMABUF_CREATE", std::io::Error::last_os_error()));
+        }
+        Ok((memfd, OwnedFd::from_raw_fd(buf)))
+    }
 }
 
 /// Bytes of physical memory (`u64::MAX` where the system does not say).

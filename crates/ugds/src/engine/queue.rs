@@ -188,6 +188,17 @@ impl QueuePair {
     pub fn stage(&mut self, sqe: Sqe, data: Option<PrpPlan<'_>>, owner: Owner) -> Result<Cid, Full> {
         match self {
             QueuePair::Nvme(q) => q.stage(sqe, data, owner),
+            _ => self.stage_copying(sqe, data, owner),
+        }
+    }
+
+    /// [`stage`](Self::stage) on a transport that copies (the kernel path,
+    /// NVMe/TCP): out of line, so that a controller's inlined path carries
+    /// none of their code.
+    #[inline(never)]
+    fn stage_copying(&mut self, sqe: Sqe, data: Option<PrpPlan<'_>>, owner: Owner) -> Result<Cid, Full> {
+        match self {
+            QueuePair::Nvme(q) => q.stage(sqe, data, owner),
             QueuePair::Uring(q) => q.submit(sqe, data.map(first_address), owner),
             QueuePair::Tcp(q) => q.submit(sqe, data.map(first_address), owner),
         }

@@ -1,0 +1,380 @@
+//! RDMA verbs through rdma-core's libibverbs, loaded at run time (nothing
+//! RDMA is needed to build or to run without it): the devices and their
+//! ports, a protection domain, and memory regions on host memory or on a
+//! dma-buf (GPU memory, as NVMe over RDMA would register it). The first
+//! piece of an NVMe over RDMA initiator; connections (librdmacm) and queue
+//! pairs are not built yet.
+//!
+//! Only exported functions with stable layouts are used: `ibv_mr`'s first
+//! fields (context, pd, addr, length, handle, lkey, rkey) have not changed
+//! since libibverbs 1.0; `ibv_device_attr` and `ibv_port_attr` are read
+//! from buffers larger than any version's structure, for their first
+//! fields only.
+
+use super::dl::Library;
+use crate::{Error, Result};
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::OnceLock;
+
+type GetDeviceList = unsafe extern "C" fn(*mut c_int) -> *mut *mut c_void;
+type FreeDeviceList = unsafe extern "C" fn(*mut *mut c_void);
+type GetDeviceName = unsafe extern "C" fn(*mut c_void) -> *const c_char;
+type OpenDevice = unsafe extern "C" fn(*mut c_void) -> *mut c_void;
+type CloseDevice = unsafe extern "C" fn(*mut c_void) -> c_int;
+type QueryDevice = unsafe extern "C" fn(*mut c_void, *mut u8) -> c_int;
+type QueryPort = unsafe extern "C" fn(*mut c_void, u8, *mut u8) -> c_int;
+type AllocPd = unsafe extern "C" fn(*mut c_void) -> *mut c_void;
+type DeallocPd = unsafe extern "C" fn(*mut c_void) -> c_int;
+type RegMr = unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int) -> *mut RawMr;
+type RegDmabufMr = unsafe extern "C" fn(*mut c_void, u64, usize, u64, c_int, c_int) -> *mut RawMr;
+type DeregMr = unsafe extern "C" fn(*mut RawMr) -> c_int;
+
+/// `IBV_ACCESS_LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ`: what a target
+/// needs to move an NVMe command's data with RDMA READ and WRITE.
+pub const ACCESS_NVME: c_int = 1 | 2 | 4;
+
+/// The leading fields of `struct ibv_mr`.
+#[repr(C)]
+struct RawMr {
+    context: *mut c_void,
+    pd: *mut c_void,
+    addr: *mut c_void,
+    length: usize,
+    handle: u32,
+    lkey: u32,
+    rkey: u32,
+}
+
+/// libibverbs' entry points.
+struct Verbs {
+    _lib: Library,
+    get_device_list: GetDeviceList,
+    free_device_list: FreeDeviceList,
+    get_device_name: GetDeviceName,
+    open_device: OpenDevice,
+    close_device: CloseDevice,
+    query_device: QueryDevice,
+    query_port: QueryPort,
+    alloc_pd: AllocPd,
+    dealloc_pd: DeallocPd,
+    reg_mr: RegMr,
+    reg_dmabuf_mr: Option<RegDmabufMr>,
+    dereg_mr: DeregMr,
+}
+
+fn verbs() -> Result<&'static Verbs> {
+    static V: OnceLock<std::result::Result<Verbs, String>> = OnceLock::new();
+    V.get_or_init(|| load().map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|e| Error::Unsupported(format!("RDMA verbs: {e}")))
+}
+
+fn load() -> Result<Verbs> {
+    let lib = Library::open(&["libibverbs.so.1"])
+        .map_err(|e| Error::Unsupported(format!("{e} (install rdma-core's libibverbs1 and a provider)")))?;
+    // SAFETY: each type is the C prototype of the symbol named (verbs.h).
+    unsafe {
+        Ok(Verbs {
+            get_device_list: lib.sym(c"ibv_get_device_list")?,
+            free_device_list: lib.sym(c"ibv_free_device_list")?,
+            get_device_name: lib.sym(c"ibv_get_device_name")?,
+            open_device: lib.sym(c"ibv_open_device")?,
+            close_device: lib.sym(c"ibv_close_device")?,
+            query_device: lib.sym(c"ibv_query_device")?,
+            query_port: lib.sym(c"ibv_query_port")?,
+            alloc_pd: lib.sym(c"ibv_alloc_pd")?,
+            dealloc_pd: lib.sym(c"ibv_dealloc_pd")?,
+            reg_mr: lib.sym(c"ibv_reg_mr")?,
+            // libibverbs 1.12 (rdma-core 34) and later.
+            reg_dmabuf_mr: lib.sym(c"ibv_reg_dmabuf_mr").ok(),
+            dereg_mr: lib.sym(c"ibv_dereg_mr")?,
+            _lib: lib,
+        })
+    }
+}
+
+fn errno(op: &str) -> Error {
+    Error::Os { op: op.to_string().into(), errno: std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) }
+}
+
+/// The device list, or why there is none: ENOSYS means a kernel without
+/// verbs for user space (no ib_uverbs, or no RDMA at all).
+fn device_list(v: &Verbs, n: &mut c_int) -> Result<*mut *mut c_void> {
+    // SAFETY: `n` receives the count; the caller frees the list.
+    let list = unsafe { (v.get_device_list)(n) };
+    if list.is_null() {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ENOSYS) {
+            return Err(Error::Unsupported(
+                "RDMA: the kernel offers no verbs to user space (ib_uverbs not loaded, or no RDMA support)".into(),
+            ));
+        }
+        return Err(errno("ibv_get_device_list"));
+    }
+    Ok(list)
+}
+
+/// A port of a device, as `ibv_query_port` reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortInfo {
+    /// Port number (from 1).
+    pub port: u8,
+    /// `IBV_PORT_*`: 4 is ACTIVE.
+    pub state: u32,
+    /// Active MTU in bytes.
+    pub active_mtu: u32,
+}
+
+/// An RDMA device, as `ibv_query_device` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Its name (`rxe0`, `mlx5_0`).
+    pub name: String,
+    /// Firmware version.
+    pub fw_ver: String,
+    /// Vendor ID.
+    pub vendor_id: u32,
+    /// Ports.
+    pub ports: Vec<PortInfo>,
+}
+
+/// An opened device with a protection domain: where memory regions are
+/// registered. Closed on drop.
+pub struct Device {
+    ctx: *mut c_void,
+    pd: *mut c_void,
+    info: DeviceInfo,
+}
+
+// SAFETY: verbs objects may be used from any thread (libibverbs is
+// thread-safe); this one is used through &self/&mut self only.
+unsafe impl Send for Device {}
+// SAFETY: as above.
+unsafe impl Sync for Device {}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device").field("info", &self.info).finish_non_exhaustive()
+    }
+}
+
+/// The names of the RDMA devices here (empty when there are none, an error
+/// when libibverbs cannot be loaded).
+pub fn device_names() -> Result<Vec<String>> {
+    let v = verbs()?;
+    let mut n: c_int = 0;
+    let list = device_list(v, &mut n)?;
+    let names = (0..n.max(0) as usize)
+        .map(|i| {
+            // SAFETY: `i` < n entries of a live list; names are C strings.
+            unsafe { CStr::from_ptr((v.get_device_name)(*list.add(i))) }.to_string_lossy().into_owned()
+        })
+        .collect();
+    // SAFETY: the list from ibv_get_device_list, freed once.
+    unsafe { (v.free_device_list)(list) };
+    Ok(names)
+}
+
+impl Device {
+    /// Opens the device named `name` and allocates a protection domain.
+    pub fn open(name: &str) -> Result<Device> {
+        let v = verbs()?;
+        let mut n: c_int = 0;
+        let list = device_list(v, &mut n)?;
+        let mut ctx = std::ptr::null_mut();
+        for i in 0..n.max(0) as usize {
+            // SAFETY: as in `device_names`.
+            let dev = unsafe { *list.add(i) };
+            // SAFETY: a live device's name.
+            if unsafe { CStr::from_ptr((v.get_device_name)(dev)) }.to_bytes() == name.as_bytes() {
+                // SAFETY: a device of the live list (the context outlives
+                // the list, as verbs.h allows).
+                ctx = unsafe { (v.open_device)(dev) };
+                if ctx.is_null() {
+                    let e = errno(&format!("ibv_open_device {name}"));
+                    // SAFETY: freed once.
+                    unsafe { (v.free_device_list)(list) };
+                    return Err(e);
+                }
+                break;
+            }
+        }
+        // SAFETY: freed once.
+        unsafe { (v.free_device_list)(list) };
+        if ctx.is_null() {
+            return Err(Error::InvalidArgument(format!("no RDMA device {name}")));
+        }
+        let info = match query(v, ctx, name) {
+            Ok(i) => i,
+            Err(e) => {
+                // SAFETY: opened above, closed once.
+                unsafe { (v.close_device)(ctx) };
+                return Err(e);
+            }
+        };
+        // SAFETY: a live context.
+        let pd = unsafe { (v.alloc_pd)(ctx) };
+        if pd.is_null() {
+            let e = errno("ibv_alloc_pd");
+            // SAFETY: opened above, closed once.
+            unsafe { (v.close_device)(ctx) };
+            return Err(e);
+        }
+        Ok(Device { ctx, pd, info })
+    }
+
+    /// What the device reports.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// Registers `len` bytes of host memory at `addr` for local and remote
+    /// access.
+    ///
+    /// # Safety
+    /// The memory must stay mapped until the region is dropped.
+    pub unsafe fn register_host(&self, addr: *mut u8, len: usize) -> Result<MemoryRegion<'_>> {
+        let v = verbs()?;
+        // SAFETY: a live PD; the caller keeps the memory mapped.
+        let mr = unsafe { (v.reg_mr)(self.pd, addr.cast(), len, ACCESS_NVME) };
+        MemoryRegion::new(self, mr, "ibv_reg_mr")
+    }
+
+    /// Registers `len` bytes at `offset` of the dma-buf `fd` (GPU memory
+    /// exported as a dma-buf), addressed from `iova`.
+    pub fn register_dmabuf(&self, fd: c_int, offset: u64, len: usize, iova: u64) -> Result<MemoryRegion<'_>> {
+        let v = verbs()?;
+        let Some(reg) = v.reg_dmabuf_mr else {
+            return Err(Error::Unsupported("RDMA: this libibverbs has no ibv_reg_dmabuf_mr (rdma-core 34+)".into()));
+        };
+        // SAFETY: a live PD; the kernel takes its own reference on the
+        // dma-buf for the region's life.
+        let mr = unsafe { reg(self.pd, offset, len, iova, fd, ACCESS_NVME) };
+        MemoryRegion::new(self, mr, "ibv_reg_dmabuf_mr")
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        if let Ok(v) = verbs() {
+            // SAFETY: allocated and opened by `open`, released once; every
+            // region borrowed the device and is gone.
+            unsafe {
+                (v.dealloc_pd)(self.pd);
+                (v.close_device)(self.ctx);
+            }
+        }
+    }
+}
+
+/// The device's attributes and ports.
+fn query(v: &Verbs, ctx: *mut c_void, name: &str) -> Result<DeviceInfo> {
+    // Larger than any version's ibv_device_attr (232 bytes in rdma-core 44).
+    let mut attr = [0u8; 1024];
+    // SAFETY: a live context and a buffer larger than the structure.
+    if unsafe { (v.query_device)(ctx, attr.as_mut_ptr()) } != 0 {
+        return Err(errno("ibv_query_device"));
+    }
+    let fw_ver = CStr::from_bytes_until_nul(&attr[..64]).map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
+    // fw_ver[64], node_guid, sys_image_guid, max_mr_size, page_size_cap
+    // (8 bytes each), then vendor_id.
+    let vendor_id = u32::from_ne_bytes(attr[96..100].try_into().expect("four bytes"));
+    // phys_port_cnt: a u8 after 30 more 4-byte fields and atomic_cap (an
+    // enum) and 8 more; read through the port queries instead (1.. until
+    // one fails, at most 8).
+    let mut ports = Vec::new();
+    for port in 1..=8u8 {
+        let mut p = [0u8; 256];
+        // SAFETY: a live context and a buffer larger than ibv_port_attr.
+        if unsafe { (v.query_port)(ctx, port, p.as_mut_ptr()) } != 0 {
+            break;
+        }
+        let word = |i: usize| u32::from_ne_bytes(p[i * 4..i * 4 + 4].try_into().expect("four bytes"));
+        // state, max_mtu, active_mtu (IBV_MTU_256 = 1 .. IBV_MTU_4096 = 5).
+        let mtu = match word(2) {
+            m @ 1..=5 => 128u32 << m,
+            _ => 0,
+        };
+        ports.push(PortInfo { port, state: word(0), active_mtu: mtu });
+    }
+    Ok(DeviceInfo { name: name.to_string(), fw_ver, vendor_id, ports })
+}
+
+/// A registered memory region: its keys, for a target to read and write it
+/// with RDMA. Deregistered on drop.
+pub struct MemoryRegion<'d> {
+    mr: *mut RawMr,
+    _device: &'d Device,
+}
+
+impl std::fmt::Debug for MemoryRegion<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryRegion").field("len", &self.len()).field("rkey", &self.rkey()).finish()
+    }
+}
+
+impl<'d> MemoryRegion<'d> {
+    fn new(device: &'d Device, mr: *mut RawMr, op: &str) -> Result<MemoryRegion<'d>> {
+        if mr.is_null() {
+            return Err(errno(op));
+        }
+        Ok(MemoryRegion { mr, _device: device })
+    }
+
+    /// The key the target uses to reach it (in an NVMe keyed SGL).
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: a live region from libibverbs.
+        unsafe { (*self.mr).rkey }
+    }
+
+    /// The key local work requests use.
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: as above.
+        unsafe { (*self.mr).lkey }
+    }
+
+    /// Bytes registered.
+    pub fn len(&self) -> usize {
+        // SAFETY: as above.
+        unsafe { (*self.mr).length }
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Drop for MemoryRegion<'_> {
+    fn drop(&mut self) {
+        if let Ok(v) = verbs() {
+            // SAFETY: registered by this device, deregistered once.
+            unsafe { (v.dereg_mr)(self.mr) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without libibverbs or an RDMA device (this machine and CI's), every
+    /// call is a clear error or an empty list, never a crash.
+    #[test]
+    fn no_rdma_here_is_a_clear_answer() {
+        match device_names() {
+            Ok(names) => {
+                for n in &names {
+                    let d = Device::open(n).expect("a listed device opens");
+                    assert_eq!(&d.info().name, n);
+                }
+                let e = Device::open("ugds-no-such-device").unwrap_err();
+                assert!(e.to_string().contains("no RDMA device ugds-no-such-device"), "{e}");
+            }
+            Err(e) => assert!(
+                matches!(e, Error::Unsupported(ref m) if m.contains("libibverbs") || m.contains("no verbs")),
+                "{e}"
+            ),
+        }
+    }
+}
