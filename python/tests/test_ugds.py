@@ -510,7 +510,7 @@ class Tcp(unittest.TestCase):
         t = ugds.EmuTcpTarget(size=16 << 20, block_size=4096)
         drv = ugds.Driver()
         for digests in (False, True):
-            h = drv.open_tcp(t.addr, t.nqn, digests=digests)
+            h = drv.open_tcp(t.addr, t.nqn, digests=digests, interrupt=digests)
             self.assertEqual(h.capacity, 16 << 20)
             self.assertEqual(h.block_size, 4096)
             data = pattern(7 if digests else 8, 65536)

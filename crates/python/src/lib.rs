@@ -236,8 +236,10 @@ impl Driver {
     /// Opens a handle on a namespace of an NVMe/TCP controller: `addr` is
     /// "host:port" (4420 by convention), `nqn` the subsystem's NQN; ugds's
     /// own initiator in user space, one connection per queue, header and
-    /// data digests with `digests`. Its queues poll their sockets.
-    #[pyo3(signature = (addr, nqn, digests=false, nsid=None, mode=None))]
+    /// data digests with `digests`; `interrupt` sleeps until a socket has
+    /// data instead of spinning on it.
+    #[pyo3(signature = (addr, nqn, digests=false, nsid=None, interrupt=false, mode=None))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn open_tcp(
         &self,
         py: Python<'_>,
@@ -245,11 +247,12 @@ impl Driver {
         nqn: &str,
         digests: bool,
         nsid: Option<u32>,
+        interrupt: bool,
         mode: Option<&str>,
     ) -> PyResult<Handle> {
         let mut t = ugds::fabrics::TcpTarget::new(addr, nqn);
         t.digests = ugds::fabrics::Digests { header: digests, data: digests };
-        let opts = options(false, mode)?.nsid(nsid);
+        let opts = options(interrupt, mode)?.nsid(nsid);
         py.allow_threads(|| self.inner.open_tcp(&t, opts)).map(Handle::from).map_err(err)
     }
 

@@ -86,8 +86,10 @@ impl Driver {
     /// Opens a handle on a namespace of the NVMe/TCP controller `target`
     /// names (ugds's own initiator, in user space: the admin queue and each
     /// I/O queue on a connection of their own, Keep Alive on a timer). Host
-    /// and GPU memory (the latter through pinned host buffers); its queues
-    /// poll their sockets whatever the completion mode.
+    /// and GPU memory (the latter through pinned host buffers). Polled
+    /// completion spins on the sockets; interrupt completion sleeps until a
+    /// socket has data (the platform's epoll thread signals the queue's
+    /// vector).
     pub fn open_tcp(&self, target: &crate::fabrics::TcpTarget, opts: HandleOptions) -> Result<Handle> {
         let ctrl = crate::engine::tcp::TcpController::connect(target, Self::queues_wanted(&opts))?;
         self.open_controller(Controller::Tcp(Box::new(ctrl)), opts)

@@ -157,7 +157,7 @@ impl Controller {
         match self {
             Controller::Nvme(c) => c.create_io_qpair_with(qid, entries, vector, prp_pages).map(QueuePair::Nvme),
             Controller::Kernel(c) => c.create_ring(qid, entries, vector).map(QueuePair::from),
-            Controller::Tcp(c) => c.create_queue(qid, entries).map(QueuePair::from),
+            Controller::Tcp(c) => c.create_queue(qid, entries, vector).map(QueuePair::from),
         }
     }
 

@@ -69,7 +69,7 @@ impl QueuePair {
         match self {
             QueuePair::Nvme(q) => q.vector(),
             QueuePair::Uring(q) => q.vector(),
-            QueuePair::Tcp(_) => None,
+            QueuePair::Tcp(q) => q.vector(),
         }
     }
 

@@ -136,7 +136,7 @@ impl TcpController {
         let io_queues = granted.min(want);
         let in_capsule = identify.in_capsule_data();
         let max_transfer = identify.max_transfer_bytes(4096 << cap.mpsmin()).unwrap_or(MAX_TRANSFER).min(MAX_TRANSFER);
-        let platform = Arc::new(TcpPlatform::new(&t.addr, &t.subnqn));
+        let platform = Arc::new(TcpPlatform::new(&t.addr, &t.subnqn)?);
         // The controller's SGLs describe data on the wire (the transport's
         // data block); the engine's SGLs describe memory segments, which
         // this transport does not take: vectored requests go as one command
@@ -209,9 +209,10 @@ impl TcpController {
         }
     }
 
-    /// I/O queue `qid` of `entries` on a connection of its own (no
-    /// interrupt: its waiters poll the socket).
-    pub fn create_queue(&self, qid: u16, entries: u16) -> Result<TcpQueue> {
+    /// I/O queue `qid` of `entries` on a connection of its own; with a
+    /// `vector`, the platform signals it when the socket has data (see
+    /// `platform::tcp`), else its waiters poll the socket.
+    pub fn create_queue(&self, qid: u16, entries: u16, vector: Option<u16>) -> Result<TcpQueue> {
         let entries = entries.clamp(2, self.info.cap.mqes().saturating_add(1));
         let mut c = TcpConnection::connect(&self.target, qid)?;
         connect_queue(&mut c, &self.target, qid, entries, self.cntlid)?;
@@ -225,6 +226,7 @@ impl TcpController {
             qid,
             entries,
             blocks: self.blocks.clone(),
+            vector,
         };
         TcpQueue::new(setup, self.platform.clone())
     }

@@ -22,6 +22,12 @@
 //! the commands staged after it, and the reason is logged. A closed or reset connection is the same. A
 //! controller that stops answering is the engine's timeouts' to find.
 //!
+//! Waiting: a polled queue is always worth a look. With an interrupt
+//! vector the platform watches the socket (epoll, one shot, armed again
+//! after each look) and signals the vector when data arrives; bytes
+//! already received and not parsed, or staged and not yet sent, keep the
+//! queue worth a look without a signal.
+//!
 //! Commands on GPU memory (a window above `DEVICE_IOVA_BASE`) borrow a
 //! pinned host bounce buffer: a write's bytes are copied off the device
 //! at submission, a read's onto it when its data is all in; both copies
@@ -120,8 +126,12 @@ pub struct TcpQueue {
     protocol_errors: u64,
     staged: Staged,
     counters: Arc<QueueCounters>,
-    /// Nothing signals this queue: waiters always look.
+    /// Non-zero while a look would find work no signal announces: bytes
+    /// received and not yet parsed, bytes staged and not yet sent.
     busy: Arc<AtomicU32>,
+    /// Signalled by the platform when the socket has data (interrupt
+    /// completion); none: waiters poll.
+    vector: Option<u16>,
 }
 
 impl std::fmt::Debug for TcpQueue {
@@ -145,12 +155,17 @@ pub(super) struct QueueSetup {
     pub qid: u16,
     pub entries: u16,
     pub blocks: Vec<(u32, u32)>,
+    /// The interrupt vector to signal when the socket has data, if any.
+    pub vector: Option<u16>,
 }
 
 impl TcpQueue {
     /// The queue on a connection whose handshake and Connect are done.
     pub(super) fn new(s: QueueSetup, platform: Arc<TcpPlatform>) -> Result<TcpQueue> {
         s.stream.set_nonblocking(true).map_err(|e| super::os("O_NONBLOCK", e))?;
+        if let Some(v) = s.vector {
+            platform.watch(std::os::fd::AsFd::as_fd(&s.stream), v)?;
+        }
         Ok(TcpQueue {
             stream: s.stream,
             addr: s.addr,
@@ -175,7 +190,25 @@ impl TcpQueue {
             staged: Staged::default(),
             counters: Arc::default(),
             busy: Arc::default(),
+            vector: s.vector,
         })
+    }
+
+    /// The interrupt vector the platform signals, if any.
+    pub fn vector(&self) -> Option<u16> {
+        self.vector
+    }
+
+    /// Publishes whether a look would find work no signal announces, and
+    /// watches the socket again (interrupt completion).
+    fn settle(&mut self) {
+        let pending = self.end > self.start || self.sent < self.out.len() || !self.refused.is_empty();
+        self.busy.store(pending as u32, std::sync::atomic::Ordering::Release);
+        if let (Some(v), None) = (self.vector, &self.failure) {
+            if let Err(e) = self.platform.rearm(std::os::fd::AsFd::as_fd(&self.stream), v) {
+                tracing::warn!(qid = self.qid.0, "NVMe/TCP: socket not watched again ({e}); waits are capped");
+            }
+        }
     }
 
     /// Queue identifier.
@@ -218,10 +251,11 @@ impl TcpQueue {
         &self.counters
     }
 
-    /// Always worth a look: completions arrive on the socket, which only a
-    /// read finds.
+    /// Polled: always worth a look (completions arrive on the socket, which
+    /// only a read finds). With a vector: worth a look when signalled, or
+    /// while `busy`.
     pub fn cq_view(&self) -> CqView {
-        CqView::kernel(true, self.busy.clone())
+        CqView::kernel(self.vector.is_none(), self.busy.clone())
     }
 
     /// Whether a look may find something: always, while commands are out.
@@ -306,6 +340,7 @@ impl TcpQueue {
         self.tracker.staged(cid, &sqe);
         if t.refused.is_some() || self.failure.is_some() {
             self.refused.push(cid);
+            self.busy.store(1, std::sync::atomic::Ordering::Release);
             return Ok(cid);
         }
         sqe.set_cid(cid);
@@ -341,6 +376,10 @@ impl TcpQueue {
         if self.sent < self.out.len() {
             self.counters.doorbell_writes.add(1);
             self.send();
+        }
+        if self.vector.is_some() {
+            let pending = self.end > self.start || self.sent < self.out.len() || !self.refused.is_empty();
+            self.busy.store(pending as u32, std::sync::atomic::Ordering::Release);
         }
     }
 
@@ -465,6 +504,9 @@ impl TcpQueue {
         }
         self.counters.completed.add(n.get() as u64);
         self.counters.errors.add(failed.get());
+        if self.vector.is_some() {
+            self.settle();
+        }
         n.get()
     }
 
@@ -658,6 +700,9 @@ impl TcpQueue {
     /// queue is being dropped). Closes the connection first, so that
     /// nothing more lands in the commands' memory.
     pub fn forget_outstanding(&mut self) -> usize {
+        if self.vector.is_some() {
+            self.platform.unwatch(std::os::fd::AsFd::as_fd(&self.stream));
+        }
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
         let n = self.tracker.outstanding();
         for (_, t) in self.tracker.outstanding_commands() {
@@ -689,4 +734,12 @@ fn wait_copy(runtime: &dyn DeviceRuntime, ticket: ugds_platform::device::CopyTic
         std::thread::yield_now();
     }
     Ok(())
+}
+
+impl Drop for TcpQueue {
+    fn drop(&mut self) {
+        if self.vector.is_some() {
+            self.platform.unwatch(std::os::fd::AsFd::as_fd(&self.stream));
+        }
+    }
 }
