@@ -352,14 +352,20 @@ impl Target {
     }
 }
 
+/// The NVMe/TCP target at `addr` exporting `nqn`, with both digests or none.
+fn tcp_target(addr: &str, nqn: &str, digests: bool) -> ugds::fabrics::TcpTarget {
+    let mut t = ugds::fabrics::TcpTarget::new(addr, nqn);
+    t.digests = ugds::fabrics::Digests { header: digests, data: digests };
+    t
+}
+
 /// Opens the target the flags name.
 pub fn open(t: &TargetOpts) -> Result<Target, String> {
     if t.emu_tcp {
         let cfg =
             ugds_emu::tcp::EmuTcpConfig { blocks: t.size / t.block as u64, block_size: t.block, ..Default::default() };
         let emu = ugds_emu::tcp::EmuTcpTarget::start(cfg).map_err(|e| format!("emulated NVMe/TCP target: {e}"))?;
-        let mut tt = ugds::fabrics::TcpTarget::new(emu.addr(), emu.nqn());
-        tt.digests = ugds::fabrics::Digests { header: t.digests, data: t.digests };
+        let tt = tcp_target(emu.addr(), emu.nqn(), t.digests);
         let description = format!(
             "emulated NVMe/TCP target at {} ({} x {}-byte blocks in memory), through ugds's NVMe/TCP initiator{}",
             emu.addr(),
@@ -378,20 +384,12 @@ pub fn open(t: &TargetOpts) -> Result<Target, String> {
     }
     if let Some(addr) = &t.tcp {
         let nqn = t.nqn.as_deref().ok_or("--tcp needs --nqn: the subsystem to connect to")?;
-        let mut tt = ugds::fabrics::TcpTarget::new(addr, nqn);
-        tt.digests = ugds::fabrics::Digests { header: t.digests, data: t.digests };
         let description = format!(
             "{nqn} at {addr} through ugds's NVMe/TCP initiator{}",
             if t.digests { " (digests on)" } else { "" }
         );
-        return Ok(Target {
-            source: Source::Tcp(tt),
-            emu: None,
-            description,
-            _tmp: None,
-            _more: vec![],
-            _emu_tcp: None,
-        });
+        let source = Source::Tcp(tcp_target(addr, nqn, t.digests));
+        return Ok(Target { source, emu: None, description, _tmp: None, _more: vec![], _emu_tcp: None });
     }
     if let Some(path) = &t.kernel_file {
         let description = format!("{} through the kernel path (io_uring)", path.display());

@@ -200,6 +200,25 @@ impl DmaBuffer {
     pub fn new(region: DmaRegion, owner: Arc<dyn DmaRelease>) -> DmaBuffer {
         DmaBuffer { region, owner }
     }
+
+    /// `len` bytes of fresh anonymous memory whose "controller address" is
+    /// its own address: for platforms whose queues the CPU serves (the
+    /// kernel path, NVMe/TCP), where nothing but this process reads it.
+    pub fn anonymous(len: usize) -> crate::Result<DmaBuffer> {
+        let mem = crate::sys::Anonymous::populated(len)?;
+        let (ptr, len) = (mem.as_ptr(), mem.len());
+        // SAFETY: `mem` is `len` bytes, page-aligned, and lives as long as
+        // the buffer's owner, which the DmaBuffer built here keeps.
+        let region = unsafe { DmaRegion::new(NonNull::new(ptr).expect("mmap is not null"), len, Iova(ptr as u64)) };
+        Ok(DmaBuffer::new(region, Arc::new(AnonymousOwner(mem))))
+    }
+}
+
+/// Keeps anonymous memory mapped until its last user goes.
+struct AnonymousOwner(#[allow(dead_code)] crate::sys::Anonymous);
+
+impl DmaRelease for AnonymousOwner {
+    fn release(&self, _region: &DmaRegion) {}
 }
 
 impl std::ops::Deref for DmaBuffer {

@@ -17,20 +17,19 @@
 //! disk reads overlap its copies.
 
 use crate::device::{DeviceMemory, DeviceRuntime};
-use crate::dma::{DmaBuffer, DmaRegion, DmaRelease};
+use crate::dma::DmaBuffer;
 use crate::sys::uring::direct_io_alignment;
 use crate::sys::uring::{BOUNCE_BUFFERS, FIXED_BUFFERS, FIXED_BUFFER_MAX};
-use crate::sys::{Anonymous, EventFd, PAGE_SIZE};
+use crate::sys::{EventFd, PAGE_SIZE};
 use crate::window::DeviceWindows;
 use crate::Recover;
 use crate::{Error, HostMapping, Platform, Result};
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use ugds_nvme::{regs, Iova};
+use ugds_nvme::regs;
 
 /// The alignment assumed for direct I/O when the kernel does not say
 /// (`statx` without `STATX_DIOALIGN`): a page, which every device takes.
@@ -277,14 +276,6 @@ impl KernelPlatform {
     }
 }
 
-/// Memory the kernel path hands out for queues: plain anonymous memory at
-/// its own address (nothing but the kernel reaches it).
-struct Owned(#[allow(dead_code)] Anonymous);
-
-impl DmaRelease for Owned {
-    fn release(&self, _region: &DmaRegion) {}
-}
-
 /// The largest request the kernel takes on the namespace behind the generic
 /// character device `path` (`/dev/ngXnY`): its block device's
 /// `max_hw_sectors_kb`, and `max_segments` pages less one (a buffer that
@@ -335,12 +326,7 @@ impl Platform for KernelPlatform {
     fn write32(&self, _off: usize, _val: u32) {}
 
     fn alloc_dma(&self, len: usize) -> Result<DmaBuffer> {
-        let mem = Anonymous::populated(len)?;
-        let (ptr, len) = (mem.as_ptr(), mem.len());
-        // SAFETY: `mem` is `len` bytes, page-aligned, and lives as long as
-        // the buffer's owner, which the DmaBuffer built here keeps.
-        let region = unsafe { DmaRegion::new(NonNull::new(ptr).expect("mmap is not null"), len, Iova(ptr as u64)) };
-        Ok(DmaBuffer::new(region, std::sync::Arc::new(Owned(mem))))
+        DmaBuffer::anonymous(len)
     }
 
     unsafe fn map_host(&self, vaddr: *mut u8, len: usize) -> Result<HostMapping> {

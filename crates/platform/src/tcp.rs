@@ -12,15 +12,14 @@
 //! (an eventfd, as a controller's MSI-X would) when data arrives.
 
 use crate::device::{DeviceMemory, DeviceRuntime};
-use crate::dma::{DmaBuffer, DmaRegion, DmaRelease};
-use crate::sys::{Anonymous, EventFd};
+use crate::dma::DmaBuffer;
+use crate::sys::EventFd;
 use crate::window::DeviceWindows;
 use crate::{Error, HostMapping, Platform, Recover, Result};
 use rustix::event::epoll;
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
-use ugds_nvme::{regs, Iova};
+use ugds_nvme::regs;
 
 /// Interrupt vectors (eventfds) a controller over TCP has.
 const VECTORS: u16 = 64;
@@ -145,13 +144,6 @@ impl TcpPlatform {
     }
 }
 
-/// Memory the platform allocated, kept until its last user goes.
-struct Owned(#[allow(dead_code)] Anonymous);
-
-impl DmaRelease for Owned {
-    fn release(&self, _region: &DmaRegion) {}
-}
-
 impl Platform for TcpPlatform {
     fn describe(&self) -> String {
         format!("NVMe/TCP controller of {} at {} (ugds's initiator)", self.subnqn, self.addr)
@@ -166,13 +158,7 @@ impl Platform for TcpPlatform {
     fn write32(&self, _off: usize, _val: u32) {}
 
     fn alloc_dma(&self, len: usize) -> Result<DmaBuffer> {
-        let mem = Anonymous::populated(len)?;
-        let (ptr, len) = (mem.as_ptr(), mem.len());
-        // SAFETY: `mem` is a fresh mapping of `len` bytes, kept alive by the
-        // buffer's release hook; its "controller address" is its own
-        // address, which only this process's queues read.
-        let region = unsafe { DmaRegion::new(NonNull::new(ptr).expect("mmap is not null"), len, Iova(ptr as u64)) };
-        Ok(DmaBuffer::new(region, Arc::new(Owned(mem))))
+        DmaBuffer::anonymous(len)
     }
 
     unsafe fn map_host(&self, vaddr: *mut u8, len: usize) -> Result<HostMapping> {

@@ -578,41 +578,25 @@ fn drv_dmabuf_import_moves_data() {
 /// A memfd of `len` bytes turned into a dma-buf by udmabuf, and a shared
 /// CPU view of the memfd; None where there is no /dev/udmabuf.
 fn udmabuf(len: usize) -> Option<(std::os::fd::OwnedFd, std::os::fd::OwnedFd, *mut u8)> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    // SAFETY: plain system calls on descriptors we own.
-    unsafe {
-        let dev = libc::open(c"/dev/udmabuf".as_ptr(), libc::O_RDWR);
-        if dev < 0 {
-            return None;
-        }
-        let mfd = libc::memfd_create(c"ugds-test".as_ptr(), libc::MFD_ALLOW_SEALING);
-        assert!(mfd >= 0);
-        assert_eq!(libc::ftruncate(mfd, len as i64), 0);
-        assert_eq!(libc::fcntl(mfd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK), 0);
-        #[repr(C)]
-        struct Create {
-            memfd: u32,
-            flags: u32,
-            offset: u64,
-            size: u64,
-        }
-        let mut c = Create { memfd: mfd as u32, flags: 1, offset: 0, size: len as u64 };
-        // UDMABUF_CREATE = _IOW('u', 0x42, struct udmabuf_create)
-        let buf = libc::ioctl(dev, 0x4018_7542, &mut c as *mut Create);
-        assert!(buf >= 0, "UDMABUF_CREATE: {}", std::io::Error::last_os_error());
-        libc::close(dev);
-        let memfd = OwnedFd::from_raw_fd(mfd);
-        let view = libc::mmap(
+    use std::os::fd::AsRawFd;
+    let (memfd, buf) = match ugds::platform::sys::udmabuf(len) {
+        Ok(x) => x,
+        Err(ugds::Error::Unsupported(_)) => return None,
+        Err(e) => panic!("udmabuf: {e}"),
+    };
+    // SAFETY: a shared mapping of the memfd we own, `len` bytes.
+    let view = unsafe {
+        libc::mmap(
             std::ptr::null_mut(),
             len,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_SHARED,
             memfd.as_raw_fd(),
             0,
-        ) as *mut u8;
-        assert!(view as isize != -1);
-        Some((memfd, OwnedFd::from_raw_fd(buf), view))
-    }
+        )
+    } as *mut u8;
+    assert!(view as isize != -1);
+    Some((memfd, buf, view))
 }
 
 #[test]
