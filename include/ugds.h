@@ -322,6 +322,16 @@ ssize_t uGDSWritev(uGDSHandle_t fh, const ugds_segment_t *segs, int count, off_t
 #define UGDS_MAX_VOLUME_MEMBERS 64
 uGDSError_t uGDSVolumeOpen(uGDSHandle_t *vh, const uGDSHandle_t *members, int count, uint64_t stripe_bytes);
 
+/* NVMe over TCP (an extension): a handle on namespace nsid (0: the first)
+ * of the controller exporting subnqn at addr ("host:port", 4420 by
+ * convention), through ugds's own initiator in user space; flags
+ * UGDS_TCP_DIGESTS asks for header and data digests. The handle takes
+ * every call a controller's handle takes; it has no file descriptor (its
+ * object's fd is -1). Options come from the environment as for
+ * uGDSHandleRegister (UGDS_INTERRUPT_MODE=1 sleeps on the sockets). */
+#define UGDS_TCP_DIGESTS 1u
+uGDSError_t uGDSTcpOpen(uGDSHandle_t *fh, const char *addr, const char *subnqn, uint32_t nsid, uint32_t flags);
+
 /* A vectored request of a batch (an extension): the range at file_offset to
  * or from segs[0..count] in order (as uGDSReadv), opcode UGDS_READ or
  * UGDS_WRITE; cookie comes back in its one event. */

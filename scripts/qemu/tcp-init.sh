@@ -5,7 +5,8 @@
 # from user space: `ugds identify --tcp` with and without header and data
 # digests, a clear refusal for a subsystem that is not there; the
 # conformance suite through `Driver::open_tcp`, without and with digests,
-# and with interrupt completion (sleeping on the sockets);
+# and with interrupt completion (sleeping on the sockets); the C interface
+# (uGDSTcpOpen) with digests;
 # `ugds bench --verify` reading and writing; the faults configfs can make
 # mid-I/O (the namespace disabled, the port taken away: a clear error, no
 # hang); and nothing in the kernel log of nvmet's errors.
@@ -51,6 +52,7 @@ export RUST_BACKTRACE=1
 UGDS_TEST_TCP=127.0.0.1:4420/$NQN run conformance-tcp /bin/conformance --test-threads=1
 UGDS_TEST_TCP=127.0.0.1:4420/$NQN UGDS_TEST_TCP_DIGESTS=1 run conformance-tcp-digests /bin/conformance --test-threads=1
 UGDS_TEST_TCP=127.0.0.1:4420/$NQN UGDS_TEST_INTERRUPT=1 run conformance-tcp-irq /bin/conformance --test-threads=1
+UGDS_TEST_TCP=127.0.0.1:4420/$NQN run capi-tcp /bin/capi-tcp --test-threads=1
 run bench-tcp-verify /bin/ugds bench --tcp 127.0.0.1:4420 --nqn $NQN --verify -d 1 -q 8 -s 4k,128k --range 32M \
     --no-progress
 run bench-tcp-write-digests /bin/ugds bench --tcp 127.0.0.1:4420 --nqn $NQN --digests --rw randwrite -d 1 -q 8 \

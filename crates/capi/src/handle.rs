@@ -2,6 +2,7 @@
 //! with `UGDS_EMULATE=1`), registered and deregistered.
 
 use super::*;
+use std::ffi::CStr;
 
 /// The file behind `fd`, by path (for the emulated controller).
 pub(crate) fn fd_path(fd: c_int) -> Option<std::path::PathBuf> {
@@ -311,6 +312,63 @@ pub unsafe extern "C" fn uGDSHandleDeregisterEx(fh: *mut c_void, timeout_sec: c_
         }
         with_state!(s, ok());
         s.handles.remove(&(fh as usize));
+        ok()
+    })
+}
+
+/// Opens a handle (an extension) on namespace `nsid` (0: the first) of the
+/// NVMe/TCP controller exporting `subnqn` at `addr` ("host:port"), through
+/// ugds's own initiator; `flags`: `UGDS_TCP_DIGESTS` asks for header and
+/// data digests. The handle takes every call a controller's takes (it has
+/// no file descriptor: its handle object's fd is -1); the handle options
+/// come from the environment as for uGDSHandleRegister.
+///
+/// # Safety
+/// `fh` is null (refused) or valid for a write; `addr` and `subnqn` are
+/// null (refused) or NUL-terminated strings.
+#[no_mangle]
+pub unsafe extern "C" fn uGDSTcpOpen(
+    fh: *mut *mut c_void,
+    addr: *const c_char,
+    subnqn: *const c_char,
+    nsid: u32,
+    flags: u32,
+) -> uGDSError_t {
+    guard(internal(), || {
+        if fh.is_null() || addr.is_null() || subnqn.is_null() {
+            return fail(op::INVALID_VALUE, "null argument");
+        }
+        if flags & !abi::TCP_DIGESTS != 0 {
+            return fail(op::INVALID_VALUE, format!("flags {flags:#x}: only UGDS_TCP_DIGESTS"));
+        }
+        // SAFETY: non-null NUL-terminated strings, by the caller's contract.
+        let (addr, subnqn) = unsafe { (CStr::from_ptr(addr), CStr::from_ptr(subnqn)) };
+        let (Ok(addr), Ok(subnqn)) = (addr.to_str(), subnqn.to_str()) else {
+            return fail(op::INVALID_VALUE, "the address and the NQN are UTF-8");
+        };
+        let driver = match state().as_ref() {
+            Some(s) => s.driver.clone(),
+            None => return fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first"),
+        };
+        let mut t = ugds::fabrics::TcpTarget::new(addr, subnqn);
+        let digests = flags & abi::TCP_DIGESTS != 0;
+        t.digests = ugds::fabrics::Digests { header: digests, data: digests };
+        let opts = HandleOptions::from_env().nsid((nsid != 0).then_some(nsid));
+        // Connection and bring-up without the table's lock.
+        let handle = match driver.open_tcp(&t, opts) {
+            Ok(h) => Arc::new(h),
+            Err(e) => return from_error(e),
+        };
+        let mut g = state_mut();
+        let Some(s) = g.as_mut() else {
+            drop(g);
+            let _ = handle.close(Drain::Forever);
+            return fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed");
+        };
+        let obj = Box::into_raw(Box::new(HandleObj { fd: -1 }));
+        s.handles.insert(obj as usize, Registered { dev: Dev::One(handle), fd: -1 });
+        // SAFETY: non-null, checked above.
+        unsafe { *fh = obj.cast() };
         ok()
     })
 }
