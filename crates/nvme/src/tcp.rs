@@ -312,7 +312,7 @@ fn data_offset(hlen: usize, digests: Digests, cpda: u8) -> usize {
 
 /// Appends a PDU of header `hdr` (its common header's lengths filled in
 /// here) and `data` to `out`, with the connection's digests.
-fn build(out: &mut Vec<u8>, mut hdr: Vec<u8>, data: &[u8], flags_: u8, framing: Framing) {
+fn build(out: &mut Vec<u8>, hdr: &mut [u8], data: &[u8], flags_: u8, framing: Framing) {
     let Framing { digests, cpda } = framing;
     let hlen = hdr.len();
     let (pdo, plen) = if data.is_empty() {
@@ -329,9 +329,9 @@ fn build(out: &mut Vec<u8>, mut hdr: Vec<u8>, data: &[u8], flags_: u8, framing: 
     hdr[3] = pdo as u8;
     hdr[4..8].copy_from_slice(&(plen as u32).to_le_bytes());
     let start = out.len();
-    out.extend_from_slice(&hdr);
+    out.extend_from_slice(hdr);
     if digests.header {
-        out.extend_from_slice(&digest(&hdr));
+        out.extend_from_slice(&digest(hdr));
     }
     if !data.is_empty() {
         out.resize(start + pdo, 0);
@@ -346,23 +346,24 @@ fn build(out: &mut Vec<u8>, mut hdr: Vec<u8>, data: &[u8], flags_: u8, framing: 
 /// Appends a CapsuleCmd of `sqe` with `data` in the capsule (empty: none)
 /// to `out`.
 pub fn capsule_cmd(out: &mut Vec<u8>, sqe: &Sqe, data: &[u8], framing: Framing) {
-    let mut hdr = vec![0u8; CAPSULE_CMD_HLEN];
+    // On the stack: a capsule per command allocates nothing but `out`'s growth.
+    let mut hdr = [0u8; CAPSULE_CMD_HLEN];
     hdr[0] = pdu_type::CAPSULE_CMD;
     hdr[CH_LEN..].copy_from_slice(&sqe.to_bytes());
-    build(out, hdr, data, 0, framing);
+    build(out, &mut hdr, data, 0, framing);
 }
 
 /// Appends an H2CData PDU to `out`: `data` at offset `datao` of command
 /// `cccid`'s data, answering the R2T of tag `ttag`; `last` for the last
 /// PDU of that R2T.
 pub fn h2c_data(out: &mut Vec<u8>, cccid: u16, ttag: u16, datao: u32, data: &[u8], last: bool, framing: Framing) {
-    let mut hdr = vec![0u8; SHORT_HLEN];
+    let mut hdr = [0u8; SHORT_HLEN];
     hdr[0] = pdu_type::H2C_DATA;
     hdr[8..10].copy_from_slice(&cccid.to_le_bytes());
     hdr[10..12].copy_from_slice(&ttag.to_le_bytes());
     hdr[12..16].copy_from_slice(&datao.to_le_bytes());
     hdr[16..20].copy_from_slice(&(data.len() as u32).to_le_bytes());
-    build(out, hdr, data, if last { flags::LAST_PDU } else { 0 }, framing);
+    build(out, &mut hdr, data, if last { flags::LAST_PDU } else { 0 }, framing);
 }
 
 /// A PDU from the controller, after the handshake.
@@ -723,7 +724,7 @@ mod tests {
         hdr[0] = ty;
         hdr[8..8 + fields.len()].copy_from_slice(fields);
         let mut out = Vec::new();
-        build(&mut out, hdr, data, flags_, Framing { digests: d, cpda: 0 });
+        build(&mut out, &mut hdr, data, flags_, Framing { digests: d, cpda: 0 });
         out
     }
 
