@@ -430,11 +430,18 @@ impl SyncQueue {
             if pacing.full(s) {
                 break;
             }
-            // Counted as load before the device can see it (and taken back
-            // if it does not go), so that the load covers every command on
-            // the queue.
+            // Counted as load (and urgent or background load) before the
+            // command is staged, and taken back if it does not go: another
+            // queue's large request that looks after this command's
+            // submission stamp then sees it.
             let bytes = c.bytes as u64;
             self.load.add(bytes);
+            if pacing.urgent {
+                self.urgent_load.add(bytes);
+            }
+            if pacing.background {
+                self.background_load.add(bytes);
+            }
             let staged = match c.sgl {
                 Some(pieces) => st.qp.submit_sgl(c.sqe, pieces, Owner::Sync(slot)),
                 None => st.qp.submit(c.sqe, c.prp, Owner::Sync(slot)),
@@ -443,18 +450,18 @@ impl SyncQueue {
                 Ok(_) => {
                     s.pending.fetch_add(1, Ordering::Relaxed);
                     s.bytes.store(s.bytes.load(Ordering::Relaxed) + bytes, Ordering::Relaxed);
-                    if pacing.urgent {
-                        self.urgent_load.add(bytes);
-                    }
-                    if pacing.background {
-                        self.background_load.add(bytes);
-                    }
                     cmds.next();
                     any = true;
                 }
                 Err(_) => {
                     // Full: wait for completions to free room.
                     self.load.set(self.load.get() - bytes);
+                    if pacing.urgent {
+                        self.urgent_load.set(self.urgent_load.get() - bytes);
+                    }
+                    if pacing.background {
+                        self.background_load.set(self.background_load.get() - bytes);
+                    }
                     break;
                 }
             }
