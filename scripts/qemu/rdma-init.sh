@@ -3,9 +3,11 @@
 # RDMA can do in this guest kernel, step by step: rdma_rxe on a dummy
 # interface, its verbs device for user space, `ugds rdma` (a glibc build of
 # ugds: libibverbs and its rxe provider loaded at run time) listing it and
-# registering host memory and a dma-buf, nvmet-rdma listening, and the
-# kernel's own nvme-rdma initiator reading through it. ugds's NVMe over
-# RDMA initiator is not built yet: this is what it will run on.
+# registering host memory and a dma-buf, nvmet-rdma listening, ugds's own
+# NVMe/RDMA initiator (`ugds rdma --connect`: admin queue, one I/O queue, a
+# write and a read through registered host memory, checked against the
+# backing file; refusals), and the kernel's own nvme-rdma initiator reading
+# through the same port.
 . /bin/guest-lib.sh
 for m in $(cat /mods/order); do insmod /mods/$m 2>/dev/null || echo "UGDS-GUEST: insmod $m failed"; done
 echo "UGDS-GUEST: kernel $(uname -r)"
@@ -34,6 +36,22 @@ export_rdma() {
         echo 10.9.0.1 > $P/addr_traddr && echo 4420 > $P/addr_trsvcid && ln -s $S $P/subsystems/$NQN
 }
 run nvmet-rdma-export export_rdma
+ugds_connect() {
+    /bin/ugds rdma --connect 10.9.0.1:4420 --nqn $NQN --write --bytes 128k --dump /tmp/u.bin || return 1
+    # What the target wrote to its backing file is what ugds wrote and read.
+    dd if=/tmp/r.img of=/tmp/f.bin bs=131072 count=1 2>/dev/null && cmp /tmp/u.bin /tmp/f.bin &&
+        echo "the backing file holds the 128 KiB ugds wrote"
+}
+run ugds-nvme-rdma-write-read ugds_connect
+ugds_refusals() {
+    out=$(/bin/ugds rdma --connect 10.9.0.1:4420 --nqn nqn.2026-12.io.ugds:nobody 2>&1); rc=$?
+    echo "unknown subsystem: rc $rc: $out"
+    [ $rc -ne 0 ] && echo "$out" | grep -q "Connect" || return 1
+    out=$(/bin/ugds rdma --connect 10.9.0.1:4421 --nqn $NQN 2>&1); rc=$?
+    echo "no port: rc $rc: $out"
+    [ $rc -ne 0 ] && echo "$out" | grep -qi "rdma" || return 1
+}
+run ugds-nvme-rdma-refusals ugds_refusals
 kconnect() {
     echo "transport=rdma,traddr=10.9.0.1,trsvcid=4420,nqn=$NQN" > /dev/nvme-fabrics || return 1
     sleep 1

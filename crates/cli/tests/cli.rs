@@ -177,6 +177,10 @@ fn bad_arguments_are_refused() {
         &["bench", "--sample", "0"],
         &["bench", "--modes", "--mode", "latency"],
         &["identify", "--emu-block", "1024"],
+        &["rdma", "--connect", "10.9.0.1:4420"],
+        &["rdma", "--nqn", "nqn.2026-12.io.ugds:rdma"],
+        &["rdma", "--connect", "10.9.0.1:4420", "--nqn", "nqn.x", "--bytes", "256k"],
+        &["rdma", "--frobnicate"],
         &["nonsense"],
     ] {
         let (ok, _, err) = ugds(args);

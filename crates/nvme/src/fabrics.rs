@@ -49,6 +49,13 @@ pub const SGL_IN_CAPSULE: u8 = 0x01;
 /// data moved by the transport's own transfers (NVMe/TCP's C2HData,
 /// H2CData and R2T).
 pub const SGL_TRANSPORT: u8 = 0x5a;
+/// The SGL identifier of a Keyed SGL Data Block (type 4, subtype 0): data
+/// the target moves with RDMA READ or WRITE at a host address under a
+/// remote key (NVMe/RDMA's only descriptor for data outside the capsule,
+/// and, with length 0, for none).
+pub const SGL_KEYED: u8 = 0x40;
+/// The most bytes a Keyed SGL Data Block describes (a 24-bit length).
+pub const KEYED_MAX_LEN: u32 = (1 << 24) - 1;
 
 /// Bytes of Connect's data.
 pub const CONNECT_DATA_LEN: usize = 1024;
@@ -112,6 +119,18 @@ impl Sqe {
         self.cdw0 = (self.cdw0 & !(3 << 14)) | 1 << 14;
         self.prp1 = 0;
         self.prp2 = len as u64 | (SGL_TRANSPORT as u64) << 56;
+        self
+    }
+
+    /// As `self`, its `len` bytes of data at host address `addr` under the
+    /// remote key `key` (a Keyed SGL Data Block: NVMe/RDMA); `len` 0 for a
+    /// command without data. `len` is cut to its 24 bits: at most
+    /// [`KEYED_MAX_LEN`].
+    pub fn with_keyed_data(mut self, addr: u64, len: u32, key: u32) -> Sqe {
+        debug_assert!(len <= KEYED_MAX_LEN);
+        self.cdw0 = (self.cdw0 & !(3 << 14)) | 1 << 14;
+        self.prp1 = addr;
+        self.prp2 = (len & KEYED_MAX_LEN) as u64 | (key as u64) << 24 | (SGL_KEYED as u64) << 56;
         self
     }
 
@@ -229,6 +248,24 @@ mod tests {
         let cap = Sqe::property_get(Cid(9), 0, true);
         assert_eq!(cap.to_bytes()[40], 1, "eight bytes");
         assert_eq!(Sqe::read_like().fctype(), None);
+    }
+
+    /// The Keyed SGL Data Block as nvmet-rdma reads it: address in bytes
+    /// 24..32, a 3-byte length, a 4-byte key, the identifier 0x40 last.
+    #[test]
+    fn a_keyed_data_block_lays_out_as_the_spec_says() {
+        let s = Sqe::new(0x02, Cid(3)).with_keyed_data(0x1122_3344_5566_7788, 0x01_2345, 0xdead_beef);
+        let b = s.to_bytes();
+        assert_eq!(b[1] >> 6, 1, "PSDT 01b");
+        assert_eq!(u64::from_le_bytes(b[24..32].try_into().unwrap()), 0x1122_3344_5566_7788);
+        assert_eq!(&b[32..35], &[0x45, 0x23, 0x01], "length, 24 bits little-endian");
+        assert_eq!(u32::from_le_bytes(b[35..39].try_into().unwrap()), 0xdead_beef);
+        assert_eq!(b[39], SGL_KEYED);
+        // None: address, length and key zero, still keyed.
+        let b = Sqe::property_get(Cid(1), 0, true).with_keyed_data(0, 0, 0).to_bytes();
+        assert_eq!(&b[24..39], &[0u8; 15]);
+        assert_eq!(b[39], SGL_KEYED);
+        assert_eq!(b[40], 1, "the command's own fields kept");
     }
 
     impl Sqe {

@@ -20,6 +20,8 @@
 //! - [`fabrics`]: NVMe over Fabrics commands (Connect, Property Get and
 //!   Set) and their data and responses.
 //! - [`tcp`]: NVMe/TCP PDUs, built and parsed, with their digests.
+//! - [`rdma`]: NVMe/RDMA's connection private data (its capsules are
+//!   [`fabrics`]' with a Keyed SGL).
 //!
 //! Section numbers refer to the NVM Express Base Specification 2.0 unless a
 //! comment says otherwise.
@@ -29,6 +31,7 @@ pub mod cmd;
 pub mod fabrics;
 pub mod identify;
 pub mod prp;
+pub mod rdma;
 pub mod regs;
 pub mod ring;
 pub mod sgl;

@@ -1,6 +1,7 @@
 //! Every system call the library makes, in one place.
 
 pub mod dl;
+pub mod rdma_cm;
 pub(crate) mod ugds_drv;
 pub mod uring;
 pub mod verbs;

@@ -1,20 +1,25 @@
 //! RDMA verbs through rdma-core's libibverbs, loaded at run time (nothing
 //! RDMA is needed to build or to run without it): the devices and their
-//! ports, a protection domain, and memory regions on host memory or on a
-//! dma-buf (GPU memory, as NVMe over RDMA would register it). The first
-//! piece of an NVMe over RDMA initiator; connections (librdmacm) and queue
-//! pairs are not built yet.
+//! ports, a protection domain, memory regions on host memory or on a
+//! dma-buf (GPU memory, as NVMe over RDMA would register it), completion
+//! queues, and the posting of sends and receives on a queue pair (the
+//! connection itself is [`rdma_cm`](super::rdma_cm)'s).
 //!
-//! Only exported functions with stable layouts are used: `ibv_mr`'s first
+//! Only exported functions and stable layouts are used: `ibv_mr`'s first
 //! fields (context, pd, addr, length, handle, lkey, rkey) have not changed
 //! since libibverbs 1.0; `ibv_device_attr` and `ibv_port_attr` are read
 //! from buffers larger than any version's structure, for their first
-//! fields only.
+//! fields only. Posting and polling are inline functions in `verbs.h` that
+//! call through the context's `ibv_context_ops`, whose layout rdma-core
+//! keeps frozen for binary compatibility (`post_send`, `post_recv` and
+//! `poll_cq` at the same places since libibverbs 1.1); so do the work
+//! request and completion structures (`ibv_send_wr`, `ibv_recv_wr`,
+//! `ibv_sge`, `ibv_wc`).
 
 use super::dl::Library;
 use crate::{Error, Result};
-use std::ffi::{c_char, c_int, c_void, CStr};
-use std::sync::OnceLock;
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::sync::{Arc, OnceLock};
 
 type GetDeviceList = unsafe extern "C" fn(*mut c_int) -> *mut *mut c_void;
 type FreeDeviceList = unsafe extern "C" fn(*mut *mut c_void);
@@ -28,6 +33,127 @@ type DeallocPd = unsafe extern "C" fn(*mut c_void) -> c_int;
 type RegMr = unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int) -> *mut RawMr;
 type RegDmabufMr = unsafe extern "C" fn(*mut c_void, u64, usize, u64, c_int, c_int) -> *mut RawMr;
 type DeregMr = unsafe extern "C" fn(*mut RawMr) -> c_int;
+type CreateCq = unsafe extern "C" fn(*mut c_void, c_int, *mut c_void, *mut c_void, c_int) -> *mut c_void;
+type DestroyCq = unsafe extern "C" fn(*mut c_void) -> c_int;
+type PollCq = unsafe extern "C" fn(*mut c_void, c_int, *mut WorkCompletion) -> c_int;
+type PostSend = unsafe extern "C" fn(*mut c_void, *mut SendWr, *mut *mut SendWr) -> c_int;
+type PostRecv = unsafe extern "C" fn(*mut c_void, *mut RecvWr, *mut *mut RecvWr) -> c_int;
+
+/// Where `ibv_context_ops` starts in `struct ibv_context` (after the
+/// device pointer), and the places of the entries used in it.
+const OPS: usize = 8;
+const OPS_POLL_CQ: usize = 11;
+const OPS_POST_SEND: usize = 25;
+const OPS_POST_RECV: usize = 26;
+
+/// `IBV_WR_SEND`.
+const WR_SEND: c_int = 2;
+/// `IBV_SEND_SIGNALED`: the send gets a completion entry.
+const SEND_SIGNALED: c_uint = 1 << 1;
+/// `IBV_SEND_INLINE`: the data is copied into the work request.
+const SEND_INLINE: c_uint = 1 << 3;
+
+/// `struct ibv_sge`: one piece of registered memory.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sge {
+    /// Its address.
+    pub addr: u64,
+    /// Its length.
+    pub length: u32,
+    /// The local key of the region it lies in.
+    pub lkey: u32,
+}
+
+/// `struct ibv_send_wr` (128 bytes; the fields past `imm` are the unions
+/// of other operations, left zero).
+#[repr(C)]
+struct SendWr {
+    wr_id: u64,
+    next: *mut SendWr,
+    sg_list: *mut Sge,
+    num_sge: c_int,
+    opcode: c_int,
+    send_flags: c_uint,
+    imm: u32,
+    rest: [u64; 11],
+}
+
+/// `struct ibv_recv_wr`.
+#[repr(C)]
+struct RecvWr {
+    wr_id: u64,
+    next: *mut RecvWr,
+    sg_list: *mut Sge,
+    num_sge: c_int,
+}
+
+/// `struct ibv_wc`: one completion of a send or a receive.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WorkCompletion {
+    /// The work request's identifier.
+    pub wr_id: u64,
+    /// `IBV_WC_*`: 0 is success.
+    pub status: u32,
+    /// `IBV_WC_SEND` 0, ..., `IBV_WC_RECV` 128.
+    pub opcode: u32,
+    /// The provider's own code.
+    pub vendor_err: u32,
+    /// Bytes received.
+    pub byte_len: u32,
+    imm: u32,
+    qp_num: u32,
+    src_qp: u32,
+    wc_flags: u32,
+    pkey_index: u16,
+    slid: u16,
+    sl: u8,
+    dlid_path_bits: u8,
+}
+
+/// `IBV_WC_RECV`: a receive completed.
+pub const WC_RECV: u32 = 128;
+
+/// The name of a completion status (`ibv_wc_status_str`'s words).
+pub fn wc_status_str(status: u32) -> &'static str {
+    const NAMES: [&str; 23] = [
+        "success",
+        "local length error",
+        "local QP operation error",
+        "local EE context operation error",
+        "local protection error",
+        "Work Request Flushed Error",
+        "memory management operation error",
+        "bad response error",
+        "local access error",
+        "remote invalid request error",
+        "remote access error",
+        "remote operation error",
+        "transport retry counter exceeded",
+        "RNR retry counter exceeded",
+        "local RDD violation error",
+        "remote invalid RD request",
+        "aborted error",
+        "invalid EE context number",
+        "invalid EE context state",
+        "fatal error",
+        "response timeout error",
+        "general error",
+        "TM error",
+    ];
+    NAMES.get(status as usize).copied().unwrap_or("unknown")
+}
+
+/// The entry of `ibv_context_ops` at `index`, for the context `ctx`.
+///
+/// # Safety
+/// `ctx` is a live `struct ibv_context`, and `F` the entry's prototype.
+unsafe fn op<F: Copy>(ctx: *mut c_void, index: usize) -> Option<F> {
+    // SAFETY: the caller's; the ops table is an array of function
+    // pointers (nullable: Option<F> has their layout).
+    unsafe { *ctx.cast::<u8>().add(OPS + index * 8).cast::<Option<F>>() }
+}
 
 /// `IBV_ACCESS_LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ`: what a target
 /// needs to move an NVMe command's data with RDMA READ and WRITE.
@@ -60,6 +186,8 @@ struct Verbs {
     reg_mr: RegMr,
     reg_dmabuf_mr: Option<RegDmabufMr>,
     dereg_mr: DeregMr,
+    create_cq: CreateCq,
+    destroy_cq: DestroyCq,
 }
 
 fn verbs() -> Result<&'static Verbs> {
@@ -88,6 +216,8 @@ fn load() -> Result<Verbs> {
             // libibverbs 1.12 (rdma-core 34) and later.
             reg_dmabuf_mr: lib.sym(c"ibv_reg_dmabuf_mr").ok(),
             dereg_mr: lib.sym(c"ibv_dereg_mr")?,
+            create_cq: lib.sym(c"ibv_create_cq")?,
+            destroy_cq: lib.sym(c"ibv_destroy_cq")?,
             _lib: lib,
         })
     }
@@ -144,6 +274,9 @@ pub struct Device {
     ctx: *mut c_void,
     pd: *mut c_void,
     info: DeviceInfo,
+    /// Whether the context is this device's to close (else the connection
+    /// manager's).
+    owns_context: bool,
 }
 
 // SAFETY: verbs objects may be used from any thread (libibverbs is
@@ -177,7 +310,7 @@ pub fn device_names() -> Result<Vec<String>> {
 
 impl Device {
     /// Opens the device named `name` and allocates a protection domain.
-    pub fn open(name: &str) -> Result<Device> {
+    pub fn open(name: &str) -> Result<Arc<Device>> {
         let v = verbs()?;
         let mut n: c_int = 0;
         let list = device_list(v, &mut n)?;
@@ -220,7 +353,31 @@ impl Device {
             unsafe { (v.close_device)(ctx) };
             return Err(e);
         }
-        Ok(Device { ctx, pd, info })
+        Ok(Arc::new(Device { ctx, pd, info, owns_context: true }))
+    }
+
+    /// A protection domain on a context the connection manager opened (a
+    /// connection's, after its route is resolved); the context stays the
+    /// connection manager's.
+    ///
+    /// # Safety
+    /// `ctx` is a live `struct ibv_context` that outlives the device.
+    pub unsafe fn on_context(ctx: *mut c_void) -> Result<Arc<Device>> {
+        let v = verbs()?;
+        // SAFETY: the caller's; `device` is the context's first field.
+        let name = unsafe { CStr::from_ptr((v.get_device_name)(*ctx.cast::<*mut c_void>())) };
+        let info = query(v, ctx, &name.to_string_lossy())?;
+        // SAFETY: a live context.
+        let pd = unsafe { (v.alloc_pd)(ctx) };
+        if pd.is_null() {
+            return Err(errno("ibv_alloc_pd"));
+        }
+        Ok(Arc::new(Device { ctx, pd, info, owns_context: false }))
+    }
+
+    /// The protection domain (for a queue pair on it).
+    pub fn pd(&self) -> *mut c_void {
+        self.pd
     }
 
     /// What the device reports.
@@ -233,7 +390,7 @@ impl Device {
     ///
     /// # Safety
     /// The memory must stay mapped until the region is dropped.
-    pub unsafe fn register_host(&self, addr: *mut u8, len: usize) -> Result<MemoryRegion<'_>> {
+    pub unsafe fn register_host(self: &Arc<Self>, addr: *mut u8, len: usize) -> Result<MemoryRegion> {
         let v = verbs()?;
         // SAFETY: a live PD; the caller keeps the memory mapped.
         let mr = unsafe { (v.reg_mr)(self.pd, addr.cast(), len, ACCESS_NVME) };
@@ -242,7 +399,7 @@ impl Device {
 
     /// Registers `len` bytes at `offset` of the dma-buf `fd` (GPU memory
     /// exported as a dma-buf), addressed from `iova`.
-    pub fn register_dmabuf(&self, fd: c_int, offset: u64, len: usize, iova: u64) -> Result<MemoryRegion<'_>> {
+    pub fn register_dmabuf(self: &Arc<Self>, fd: c_int, offset: u64, len: usize, iova: u64) -> Result<MemoryRegion> {
         let v = verbs()?;
         let Some(reg) = v.reg_dmabuf_mr else {
             return Err(Error::Unsupported("RDMA: this libibverbs has no ibv_reg_dmabuf_mr (rdma-core 34+)".into()));
@@ -261,7 +418,9 @@ impl Drop for Device {
             // region borrowed the device and is gone.
             unsafe {
                 (v.dealloc_pd)(self.pd);
-                (v.close_device)(self.ctx);
+                if self.owns_context {
+                    (v.close_device)(self.ctx);
+                }
             }
         }
     }
@@ -302,23 +461,34 @@ fn query(v: &Verbs, ctx: *mut c_void, name: &str) -> Result<DeviceInfo> {
 
 /// A registered memory region: its keys, for a target to read and write it
 /// with RDMA. Deregistered on drop.
-pub struct MemoryRegion<'d> {
+pub struct MemoryRegion {
     mr: *mut RawMr,
-    _device: &'d Device,
+    _device: Arc<Device>,
 }
 
-impl std::fmt::Debug for MemoryRegion<'_> {
+// SAFETY: a region's keys are plain values; deregistration is thread-safe.
+unsafe impl Send for MemoryRegion {}
+// SAFETY: as above.
+unsafe impl Sync for MemoryRegion {}
+
+impl std::fmt::Debug for MemoryRegion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryRegion").field("len", &self.len()).field("rkey", &self.rkey()).finish()
     }
 }
 
-impl<'d> MemoryRegion<'d> {
-    fn new(device: &'d Device, mr: *mut RawMr, op: &str) -> Result<MemoryRegion<'d>> {
+impl MemoryRegion {
+    fn new(device: &Arc<Device>, mr: *mut RawMr, op: &str) -> Result<MemoryRegion> {
         if mr.is_null() {
             return Err(errno(op));
         }
-        Ok(MemoryRegion { mr, _device: device })
+        Ok(MemoryRegion { mr, _device: device.clone() })
+    }
+
+    /// The address the region starts at.
+    pub fn addr(&self) -> u64 {
+        // SAFETY: a live region from libibverbs.
+        unsafe { (*self.mr).addr as u64 }
     }
 
     /// The key the target uses to reach it (in an NVMe keyed SGL).
@@ -345,12 +515,149 @@ impl<'d> MemoryRegion<'d> {
     }
 }
 
-impl Drop for MemoryRegion<'_> {
+impl Drop for MemoryRegion {
     fn drop(&mut self) {
         if let Ok(v) = verbs() {
             // SAFETY: registered by this device, deregistered once.
             unsafe { (v.dereg_mr)(self.mr) };
         }
+    }
+}
+
+/// A completion queue on a device. Destroyed on drop (after the queue
+/// pairs that use it: theirs to go first).
+pub struct CompletionQueue {
+    cq: *mut c_void,
+    poll: PollCq,
+    _device: Arc<Device>,
+}
+
+// SAFETY: libibverbs' completion queues may be polled from any thread; this
+// one is polled through &self by one owner at a time (its connection's).
+unsafe impl Send for CompletionQueue {}
+// SAFETY: as above.
+unsafe impl Sync for CompletionQueue {}
+
+impl std::fmt::Debug for CompletionQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompletionQueue").finish_non_exhaustive()
+    }
+}
+
+impl CompletionQueue {
+    /// A completion queue of at least `entries` on `device`'s context
+    /// (polled: no completion channel).
+    pub fn new(device: &Arc<Device>, entries: u32) -> Result<CompletionQueue> {
+        let v = verbs()?;
+        // SAFETY: a live context; no channel, vector 0.
+        let cq = unsafe { (v.create_cq)(device.ctx, entries as c_int, std::ptr::null_mut(), std::ptr::null_mut(), 0) };
+        if cq.is_null() {
+            return Err(errno("ibv_create_cq"));
+        }
+        // SAFETY: a live context; poll_cq's prototype.
+        let Some(poll) = (unsafe { op::<PollCq>(device.ctx, OPS_POLL_CQ) }) else {
+            // SAFETY: created above, destroyed once.
+            unsafe { (v.destroy_cq)(cq) };
+            return Err(Error::Unsupported("RDMA: the provider has no poll_cq".into()));
+        };
+        Ok(CompletionQueue { cq, poll, _device: device.clone() })
+    }
+
+    /// The raw `struct ibv_cq`, for a queue pair to use.
+    pub fn raw(&self) -> *mut c_void {
+        self.cq
+    }
+
+    /// Takes up to `out.len()` completions; how many.
+    pub fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        // SAFETY: a live CQ; `out` holds as many entries as asked for.
+        let n = unsafe { (self.poll)(self.cq, out.len().min(c_int::MAX as usize) as c_int, out.as_mut_ptr()) };
+        if n < 0 {
+            return Err(Error::Os { op: "ibv_poll_cq".into(), errno: libc::EIO });
+        }
+        Ok(n as usize)
+    }
+}
+
+impl Drop for CompletionQueue {
+    fn drop(&mut self) {
+        if let Ok(v) = verbs() {
+            // SAFETY: created by `new`, destroyed once, after its queue
+            // pairs (their owners drop them first).
+            unsafe { (v.destroy_cq)(self.cq) };
+        }
+    }
+}
+
+/// Posting on a queue pair (`struct ibv_qp`) that its connection owns.
+#[derive(Clone, Copy)]
+pub struct Poster {
+    qp: *mut c_void,
+    send: PostSend,
+    recv: PostRecv,
+}
+
+// SAFETY: posting is thread-safe in libibverbs; the queue pair's owner
+// keeps it alive while a Poster is used.
+unsafe impl Send for Poster {}
+
+impl std::fmt::Debug for Poster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Poster").finish_non_exhaustive()
+    }
+}
+
+impl Poster {
+    /// The posting functions of the queue pair `qp`.
+    ///
+    /// # Safety
+    /// `qp` is a live `struct ibv_qp` that outlives the Poster.
+    pub unsafe fn new(qp: *mut c_void) -> Result<Poster> {
+        // SAFETY: the caller's; `context` is the queue pair's first field.
+        let ctx = unsafe { *qp.cast::<*mut c_void>() };
+        // SAFETY: a live context; the entries' prototypes.
+        let (send, recv) = unsafe { (op::<PostSend>(ctx, OPS_POST_SEND), op::<PostRecv>(ctx, OPS_POST_RECV)) };
+        match (send, recv) {
+            (Some(send), Some(recv)) => Ok(Poster { qp, send, recv }),
+            _ => Err(Error::Unsupported("RDMA: the provider has no post_send or post_recv".into())),
+        }
+    }
+
+    /// Posts a SEND of `sge` (registered memory, or any memory when
+    /// `inline`: copied into the request), identified by `wr_id`; signaled,
+    /// so that it completes on the send CQ.
+    pub fn send(&self, wr_id: u64, mut sge: Sge, inline: bool) -> Result<()> {
+        let mut wr = SendWr {
+            wr_id,
+            next: std::ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: 1,
+            opcode: WR_SEND,
+            send_flags: SEND_SIGNALED | if inline { SEND_INLINE } else { 0 },
+            imm: 0,
+            rest: [0; 11],
+        };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: a live QP; the request and its SGE live across the call
+        // (the provider copies them).
+        let rc = unsafe { (self.send)(self.qp, &mut wr, &mut bad) };
+        if rc != 0 {
+            return Err(Error::Os { op: "ibv_post_send".into(), errno: rc });
+        }
+        Ok(())
+    }
+
+    /// Posts a receive into `sge` (registered memory), identified by
+    /// `wr_id`.
+    pub fn recv(&self, wr_id: u64, mut sge: Sge) -> Result<()> {
+        let mut wr = RecvWr { wr_id, next: std::ptr::null_mut(), sg_list: &mut sge, num_sge: 1 };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: as in `send`.
+        let rc = unsafe { (self.recv)(self.qp, &mut wr, &mut bad) };
+        if rc != 0 {
+            return Err(Error::Os { op: "ibv_post_recv".into(), errno: rc });
+        }
+        Ok(())
     }
 }
 
@@ -360,6 +667,18 @@ mod tests {
 
     /// Without libibverbs or an RDMA device (this machine and CI's), every
     /// call is a clear error or an empty list, never a crash.
+    /// The structures the provider reads and writes have the C sizes.
+    #[test]
+    fn work_requests_and_completions_have_the_c_layout() {
+        assert_eq!(std::mem::size_of::<SendWr>(), 128);
+        assert_eq!(std::mem::size_of::<RecvWr>(), 32);
+        assert_eq!(std::mem::size_of::<Sge>(), 16);
+        assert_eq!(std::mem::size_of::<WorkCompletion>(), 48);
+        assert_eq!(std::mem::offset_of!(WorkCompletion, byte_len), 20);
+        assert_eq!(wc_status_str(10), "remote access error");
+        assert_eq!(wc_status_str(99), "unknown");
+    }
+
     #[test]
     fn no_rdma_here_is_a_clear_answer() {
         match device_names() {

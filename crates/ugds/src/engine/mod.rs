@@ -14,17 +14,24 @@
 //! - [`sync`]: shared queue pairs for synchronous callers.
 //! - [`batch`]: the deep batch queue shared by batch contexts.
 //! - `hold`: what keeps a request's memory registered while it is in flight.
+//! - `fabrics`: what the fabrics transports share above their capsules
+//!   (Connect, the registers through Property Get and Set, Identify).
 //! - [`tcp`]: NVMe over TCP, the host side: the connection, the controller
 //!   (admin queue, keep-alive) and its I/O queues.
+//! - [`rdma`]: NVMe over RDMA, the host side: a connection per queue
+//!   through librdmacm and libibverbs, commands by SEND, data by the
+//!   target's RDMA READ and WRITE of registered host memory.
 
 pub mod batch;
 pub(crate) mod bounce;
 pub mod chunk;
 pub mod controller;
+pub(crate) mod fabrics;
 pub(crate) mod hold;
 pub mod kernel;
 pub mod qpair;
 pub mod queue;
+pub mod rdma;
 pub mod stats;
 pub mod sync;
 pub mod tcp;

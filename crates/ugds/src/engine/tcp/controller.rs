@@ -6,15 +6,15 @@
 
 use super::queue::{QueueSetup, TcpQueue};
 use super::{TcpConnection, TcpTarget};
+use crate::engine::fabrics::{connect_queue, enable, identify, Capsules};
 use crate::engine::{ControllerInfo, NamespaceInfo};
 use crate::{Error, Result};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use ugds_nvme::fabrics::{ConnectData, Connected, CNTLID_DYNAMIC};
-use ugds_nvme::identify::parse_active_ns_list;
+use ugds_nvme::fabrics::CNTLID_DYNAMIC;
 use ugds_nvme::regs::{self, Cap, Cc, Csts, Version};
-use ugds_nvme::{Cid, IdentifyController, IdentifyNamespace, Nsid, Sqe, IDENTIFY_LEN};
+use ugds_nvme::{Cid, IdentifyController, Sqe};
 use ugds_platform::tcp::TcpPlatform;
 use ugds_platform::Recover;
 
@@ -55,76 +55,16 @@ impl std::fmt::Debug for TcpController {
     }
 }
 
-/// Connects queue `qid` of `entries` on `c`: the controller's ID, or a
-/// clear error for a refusal.
-pub(super) fn connect_queue(c: &mut TcpConnection, t: &TcpTarget, qid: u16, entries: u16, cntlid: u16) -> Result<u16> {
-    let data = ConnectData { hostid: t.hostid, cntlid, subnqn: t.subnqn.clone(), hostnqn: t.hostnqn.clone() };
-    let data = data.to_bytes().map_err(|e| Error::InvalidArgument(e.to_string()))?;
-    let kato = if qid == 0 { t.keep_alive.as_millis().min(u32::MAX as u128) as u32 } else { 0 };
-    let cqe = c.execute(Sqe::connect(Cid(0), qid, entries, kato), &data, &mut [])?;
-    match Connected::from_cqe(&cqe) {
-        Connected::Controller(id) => Ok(id),
-        Connected::InvalidParameter { in_data, offset } => Err(Error::InvalidArgument(format!(
-            "{} refused Connect of queue {qid}: the {} at byte {offset} (the subsystem NQN is at 256, the host NQN at 512)",
-            t.addr,
-            if in_data { "data's field" } else { "command's field" }
-        ))),
-        Connected::Refused { .. } => Err(Error::Nvme { op: "Connect", status: cqe.status() }),
-    }
-}
-
-/// Enables the controller on its admin connection (CC.EN, then CSTS.RDY
-/// polled for up to CAP.TO or the target's timeout, whichever is longer).
-pub(super) fn enable(c: &mut TcpConnection, t: &TcpTarget, cap: Cap) -> Result<()> {
-    c.property_set(regs::CC, Cc::enable(0).0)?;
-    let limit = t.timeout.max(Duration::from_millis(cap.to() as u64 * 500));
-    let deadline = Instant::now() + limit;
-    loop {
-        let csts = Csts(c.property_get(regs::CSTS, false)? as u32);
-        if csts.cfs() {
-            return Err(Error::ControllerFatal);
-        }
-        if csts.rdy() {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(Error::NotReady { ready: true, after: limit });
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// An active namespace with a usable format: (nsid, blocks, block size).
-pub(super) type Namespace = (u32, u64, u32);
-
-/// Identify Controller, and each active namespace with a usable format.
-pub(super) fn identify(c: &mut TcpConnection) -> Result<(IdentifyController, Vec<Namespace>)> {
-    let mut page = vec![0u8; IDENTIFY_LEN];
-    c.run("Identify", Sqe::identify(Cid(0), 1, Nsid(0), 0), &[], &mut page)?;
-    let identify = IdentifyController::parse(page[..].try_into().expect("one page"));
-    c.run("Identify", Sqe::identify(Cid(0), 2, Nsid(0), 0), &[], &mut page)?;
-    let mut namespaces = Vec::new();
-    for nsid in parse_active_ns_list(page[..].try_into().expect("one page")) {
-        c.run("Identify", Sqe::identify(Cid(0), 0, Nsid(nsid), 0), &[], &mut page)?;
-        let ns = IdentifyNamespace::parse(page[..].try_into().expect("one page"));
-        if let (Some(f), Some(bs)) = (ns.lba_format(), ns.block_size()) {
-            if f.ms == 0 {
-                namespaces.push((nsid, ns.nsze, bs));
-            }
-        }
-    }
-    Ok((identify, namespaces))
-}
-
 impl TcpController {
     /// Connects to `t`'s controller, enables it and asks for
     /// `want_io_queues` I/O queues.
     pub fn connect(t: &TcpTarget, want_io_queues: u16) -> Result<TcpController> {
         let mut c = TcpConnection::connect(t, 0)?;
-        let cntlid = connect_queue(&mut c, t, 0, ADMIN_ENTRIES, CNTLID_DYNAMIC)?;
+        let n = t.names();
+        let cntlid = connect_queue(&mut c, &n, 0, ADMIN_ENTRIES, CNTLID_DYNAMIC)?;
         let cap = Cap(c.property_get(regs::CAP, true)?);
         let version = Version(c.property_get(regs::VS, false)? as u32);
-        enable(&mut c, t, cap)?;
+        enable(&mut c, &n, cap)?;
         let (identify, namespaces) = identify(&mut c)?;
         if namespaces.is_empty() {
             return Err(Error::InvalidArgument(format!("{} ({}): no namespace this host can use", t.subnqn, t.addr)));
@@ -215,7 +155,7 @@ impl TcpController {
     pub fn create_queue(&self, qid: u16, entries: u16, vector: Option<u16>) -> Result<TcpQueue> {
         let entries = entries.clamp(2, self.info.cap.mqes().saturating_add(1));
         let mut c = TcpConnection::connect(&self.target, qid)?;
-        connect_queue(&mut c, &self.target, qid, entries, self.cntlid)?;
+        connect_queue(&mut c, &self.target.names(), qid, entries, self.cntlid)?;
         let (stream, framing, maxh2cdata) = c.into_parts();
         let setup = QueueSetup {
             stream,

@@ -17,12 +17,13 @@ mod queue;
 pub use controller::TcpController;
 pub use queue::TcpQueue;
 
+use super::fabrics::{self as shared, Capsules, Names};
 use crate::{Error, Result};
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
-use ugds_nvme::fabrics::{self, CNTLID_DYNAMIC};
-use ugds_nvme::regs::{self, Cap, Cc, Version};
+use ugds_nvme::fabrics::CNTLID_DYNAMIC;
+use ugds_nvme::regs::{self, Cap, Version};
 use ugds_nvme::tcp::{self, CommonHeader, Digests, Framing, Pdu, PduError};
 use ugds_nvme::{Cid, Cqe, IdentifyController, Sqe};
 
@@ -51,6 +52,17 @@ pub struct TcpTarget {
 }
 
 impl TcpTarget {
+    pub(crate) fn names(&self) -> Names<'_> {
+        Names {
+            addr: &self.addr,
+            subnqn: &self.subnqn,
+            hostnqn: &self.hostnqn,
+            hostid: self.hostid,
+            timeout: self.timeout,
+            keep_alive: self.keep_alive,
+        }
+    }
+
     /// A target at `addr` exporting `subnqn`, with this host named by a
     /// fixed NQN, no digests, a 10-second timeout.
     pub fn new(addr: &str, subnqn: &str) -> TcpTarget {
@@ -161,27 +173,6 @@ impl TcpConnection {
         }
     }
 
-    /// Runs one command: its capsule (with `data_out` in it, where the
-    /// command sends data), then the target's PDUs until its completion,
-    /// copying C2HData into `data_in`. Returns the completion (a failed
-    /// status is the caller's to judge); a PDU that breaks the protocol
-    /// (another command's, data outside `data_in`, an R2T for a command that
-    /// sent its data in the capsule, a bad digest) or a target that ends
-    /// the connection is an error.
-    pub fn execute(&mut self, sqe: Sqe, data_out: &[u8], data_in: &mut [u8]) -> Result<Cqe> {
-        if let Some(why) = &self.broken {
-            return Err(Error::Platform(format!("NVMe/TCP to {}: the connection failed earlier ({why})", self.addr)));
-        }
-        let r = self.exchange(sqe, data_out, data_in);
-        if let Err(e) = &r {
-            // Whatever was half read or half sent stays so: the connection
-            // is not used again.
-            self.broken = Some(e.to_string());
-            let _ = self.stream.shutdown(std::net::Shutdown::Both);
-        }
-        r
-    }
-
     fn exchange(&mut self, mut sqe: Sqe, data_out: &[u8], data_in: &mut [u8]) -> Result<Cqe> {
         let cid = Cid(self.next_cid);
         self.next_cid = self.next_cid.wrapping_add(1) % 0xffff;
@@ -250,24 +241,28 @@ impl TcpConnection {
             }
         }
     }
+}
 
-    /// Runs `sqe` and fails on an error status, named `op`.
-    fn run(&mut self, op: &'static str, sqe: Sqe, data_out: &[u8], data_in: &mut [u8]) -> Result<Cqe> {
-        let cqe = self.execute(sqe, data_out, data_in)?;
-        if !cqe.is_success() {
-            return Err(Error::Nvme { op, status: cqe.status() });
+impl Capsules for TcpConnection {
+    /// Runs one command: its capsule (with `data_out` in it, where the
+    /// command sends data), then the target's PDUs until its completion,
+    /// copying C2HData into `data_in`. Returns the completion (a failed
+    /// status is the caller's to judge); a PDU that breaks the protocol
+    /// (another command's, data outside `data_in`, an R2T for a command that
+    /// sent its data in the capsule, a bad digest) or a target that ends
+    /// the connection is an error.
+    fn execute(&mut self, sqe: Sqe, data_out: &[u8], data_in: &mut [u8]) -> Result<Cqe> {
+        if let Some(why) = &self.broken {
+            return Err(Error::Platform(format!("NVMe/TCP to {}: the connection failed earlier ({why})", self.addr)));
         }
-        Ok(cqe)
-    }
-
-    fn property_get(&mut self, offset: usize, wide: bool) -> Result<u64> {
-        let cqe = self.run("Property Get", Sqe::property_get(Cid(0), offset as u32, wide), &[], &mut [])?;
-        Ok(fabrics::property_value(&cqe))
-    }
-
-    fn property_set(&mut self, offset: usize, value: u32) -> Result<()> {
-        self.run("Property Set", Sqe::property_set(Cid(0), offset as u32, false, value as u64), &[], &mut [])?;
-        Ok(())
+        let r = self.exchange(sqe, data_out, data_in);
+        if let Err(e) = &r {
+            // Whatever was half read or half sent stays so: the connection
+            // is not used again.
+            self.broken = Some(e.to_string());
+            let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        }
+        r
     }
 }
 
@@ -298,13 +293,14 @@ pub fn probe(t: &TcpTarget) -> Result<FabricsProbe> {
     let mut c = TcpConnection::connect(t, 0)?;
     // No keep-alive: the probe leaves at once.
     let t = &TcpTarget { keep_alive: Duration::ZERO, ..t.clone() };
-    let cntlid = controller::connect_queue(&mut c, t, 0, 32, CNTLID_DYNAMIC)?;
+    let n = t.names();
+    let cntlid = shared::connect_queue(&mut c, &n, 0, 32, CNTLID_DYNAMIC)?;
     let cap = Cap(c.property_get(regs::CAP, true)?);
     let version = Version(c.property_get(regs::VS, false)? as u32);
-    controller::enable(&mut c, t, cap)?;
-    let (identify, namespaces) = controller::identify(&mut c)?;
+    shared::enable(&mut c, &n, cap)?;
+    let (identify, namespaces) = shared::identify(&mut c)?;
     // A normal shutdown; the connection closes when `c` goes.
-    let _ = c.property_set(regs::CC, Cc::enable(0).with_shn(regs::shutdown::NORMAL).0);
+    let _ = shared::shut_down(&mut c);
     Ok(FabricsProbe { cntlid, cap, version, digests: c.digests(), identify, namespaces })
 }
 
@@ -312,6 +308,7 @@ pub fn probe(t: &TcpTarget) -> Result<FabricsProbe> {
 mod tests {
     use super::*;
     use std::net::TcpListener;
+    use ugds_nvme::fabrics;
     use ugds_nvme::tcp::{flags, pdu_type};
     use ugds_nvme::{IdentifyNamespace, LbaFormat, IDENTIFY_LEN};
 

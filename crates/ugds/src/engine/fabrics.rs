@@ -1,0 +1,122 @@
+//! What NVMe over Fabrics transports share above their capsules: a queue
+//! that runs one command at a time with its data ([`Capsules`], which
+//! NVMe/TCP's and NVMe/RDMA's connections implement), and on it the admin
+//! queue's bring-up: Fabrics Connect, the registers through Property Get
+//! and Set, enabling the controller, Identify.
+
+use crate::{Error, Result};
+use std::time::{Duration, Instant};
+use ugds_nvme::fabrics::{self, ConnectData, Connected};
+use ugds_nvme::identify::parse_active_ns_list;
+use ugds_nvme::regs::{self, Cap, Cc, Csts};
+use ugds_nvme::{Cid, Cqe, IdentifyController, IdentifyNamespace, Nsid, Sqe, IDENTIFY_LEN};
+
+/// A queue of a fabrics controller that runs one command at a time.
+pub(crate) trait Capsules {
+    /// Runs one command, `data_out` its data to the controller or
+    /// `data_in` where its data from the controller goes (at most one of
+    /// them non-empty). Returns the completion (a failed status is the
+    /// caller's to judge); a transport failure is an error.
+    fn execute(&mut self, sqe: Sqe, data_out: &[u8], data_in: &mut [u8]) -> Result<Cqe>;
+
+    /// Runs `sqe` and fails on an error status, named `op`.
+    fn run(&mut self, op: &'static str, sqe: Sqe, data_out: &[u8], data_in: &mut [u8]) -> Result<Cqe> {
+        let cqe = self.execute(sqe, data_out, data_in)?;
+        if !cqe.is_success() {
+            return Err(Error::Nvme { op, status: cqe.status() });
+        }
+        Ok(cqe)
+    }
+
+    /// The 4- or 8-byte (`wide`) register at `offset`.
+    fn property_get(&mut self, offset: usize, wide: bool) -> Result<u64> {
+        let cqe = self.run("Property Get", Sqe::property_get(Cid(0), offset as u32, wide), &[], &mut [])?;
+        Ok(fabrics::property_value(&cqe))
+    }
+
+    /// Sets the 4-byte register at `offset`.
+    fn property_set(&mut self, offset: usize, value: u32) -> Result<()> {
+        self.run("Property Set", Sqe::property_set(Cid(0), offset as u32, false, value as u64), &[], &mut [])?;
+        Ok(())
+    }
+}
+
+/// Who connects to what: the host's names and the subsystem's.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Names<'a> {
+    /// The target's address, for messages.
+    pub addr: &'a str,
+    pub subnqn: &'a str,
+    pub hostnqn: &'a str,
+    pub hostid: [u8; 16],
+    /// The longest a wait may take.
+    pub timeout: Duration,
+    /// The keep-alive timeout asked for on the admin queue (zero: none).
+    pub keep_alive: Duration,
+}
+
+/// Connects queue `qid` of `entries` on `c`: the controller's ID, or a
+/// clear error for a refusal.
+pub(crate) fn connect_queue(c: &mut impl Capsules, n: &Names, qid: u16, entries: u16, cntlid: u16) -> Result<u16> {
+    let data = ConnectData { hostid: n.hostid, cntlid, subnqn: n.subnqn.to_string(), hostnqn: n.hostnqn.to_string() };
+    let data = data.to_bytes().map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    let kato = if qid == 0 { n.keep_alive.as_millis().min(u32::MAX as u128) as u32 } else { 0 };
+    let cqe = c.execute(Sqe::connect(Cid(0), qid, entries, kato), &data, &mut [])?;
+    match Connected::from_cqe(&cqe) {
+        Connected::Controller(id) => Ok(id),
+        Connected::InvalidParameter { in_data, offset } => Err(Error::InvalidArgument(format!(
+            "{} refused Connect of queue {qid}: the {} at byte {offset} (the subsystem NQN is at 256, the host NQN at 512)",
+            n.addr,
+            if in_data { "data's field" } else { "command's field" }
+        ))),
+        Connected::Refused { .. } => Err(Error::Nvme { op: "Connect", status: cqe.status() }),
+    }
+}
+
+/// Enables the controller on its admin queue (CC.EN, then CSTS.RDY polled
+/// for up to CAP.TO or the timeout, whichever is longer).
+pub(crate) fn enable(c: &mut impl Capsules, n: &Names, cap: Cap) -> Result<()> {
+    c.property_set(regs::CC, Cc::enable(0).0)?;
+    let limit = n.timeout.max(Duration::from_millis(cap.to() as u64 * 500));
+    let deadline = Instant::now() + limit;
+    loop {
+        let csts = Csts(c.property_get(regs::CSTS, false)? as u32);
+        if csts.cfs() {
+            return Err(Error::ControllerFatal);
+        }
+        if csts.rdy() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(Error::NotReady { ready: true, after: limit });
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A normal shutdown (CC.SHN), not waited for: the connection closes next.
+pub(crate) fn shut_down(c: &mut impl Capsules) -> Result<()> {
+    c.property_set(regs::CC, Cc::enable(0).with_shn(regs::shutdown::NORMAL).0)
+}
+
+/// An active namespace with a usable format: (nsid, blocks, block size).
+pub(crate) type Namespace = (u32, u64, u32);
+
+/// Identify Controller, and each active namespace with a usable format.
+pub(crate) fn identify(c: &mut impl Capsules) -> Result<(IdentifyController, Vec<Namespace>)> {
+    let mut page = vec![0u8; IDENTIFY_LEN];
+    c.run("Identify", Sqe::identify(Cid(0), 1, Nsid(0), 0), &[], &mut page)?;
+    let identify = IdentifyController::parse(page[..].try_into().expect("one page"));
+    c.run("Identify", Sqe::identify(Cid(0), 2, Nsid(0), 0), &[], &mut page)?;
+    let mut namespaces = Vec::new();
+    for nsid in parse_active_ns_list(page[..].try_into().expect("one page")) {
+        c.run("Identify", Sqe::identify(Cid(0), 0, Nsid(nsid), 0), &[], &mut page)?;
+        let ns = IdentifyNamespace::parse(page[..].try_into().expect("one page"));
+        if let (Some(f), Some(bs)) = (ns.lba_format(), ns.block_size()) {
+            if f.ms == 0 {
+                namespaces.push((nsid, ns.nsze, bs));
+            }
+        }
+    }
+    Ok((identify, namespaces))
+}
