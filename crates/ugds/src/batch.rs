@@ -236,12 +236,11 @@ impl Batch {
         if min_nr > max {
             return Err(Error::InvalidArgument(format!("min_nr {min_nr} is more than max {max}")));
         }
-        let q = self.queue();
         let start = Instant::now();
         let mut got = 0;
         let mut spins = 0u32;
         loop {
-            let (n, remaining) = q.collect(self.ctx, max - got, out);
+            let (n, remaining) = self.look(max - got, out);
             got += n;
             if got >= min_nr || got == max || remaining == 0 {
                 // Enough, or nothing left that could complete.
@@ -252,14 +251,27 @@ impl Batch {
                 if timeout.is_some_and(|t| start.elapsed() >= t) {
                     return Ok(got);
                 }
-                let expired = self.handle.expire_batch(q, self.ctx);
-                if !expired.is_empty() {
-                    self.handle.wedge(expired);
-                }
+                self.expire_late();
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
             }
+        }
+    }
+
+    /// One look without waiting: moves up to `max` ended requests' events
+    /// into `out`, reaping first. Returns how many were moved and how many
+    /// requests remain (on the device or not yet collected).
+    pub(crate) fn look(&self, max: usize, out: &mut Vec<BatchEvent>) -> (usize, usize) {
+        self.queue().collect(self.ctx, max, out)
+    }
+
+    /// Ends the requests late on the device as timed out (their memory is
+    /// kept: the handle wedges), so that a wait on them ends.
+    pub(crate) fn expire_late(&self) {
+        let expired = self.handle.expire_batch(self.queue(), self.ctx);
+        if !expired.is_empty() {
+            self.handle.wedge(expired);
         }
     }
 

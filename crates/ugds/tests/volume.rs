@@ -14,6 +14,7 @@
 mod common;
 use common::*;
 use std::sync::Arc;
+use std::time::Duration;
 use ugds::nvme::Status;
 use ugds::{Driver, Error, Handle, QueueStats, Segment, Volume, VolumeLayout};
 use ugds_emu::{EmuConfig, EmuControl, Fault, FaultAction, FaultTarget, NamespaceConfig};
@@ -326,6 +327,50 @@ fn a_volume_batch_fails_only_the_requests_a_member_failed() {
         Err(Error::Member { member: 2, .. }) => {}
         other => panic!("request 1: {other:?}"),
     }
+}
+
+/// A member's command that never completes ends its volume request as
+/// timed out after the member's timeout (its memory kept, as a handle
+/// keeps it), never a wait without end; the other member's request
+/// completes.
+#[test]
+fn a_volume_batch_times_out_a_request_a_member_never_completes() {
+    use ugds::{BatchOp, BatchStatus};
+    let d = Driver::open();
+    let o = opts().timeout(Duration::from_millis(300));
+    let (hs, c): (Vec<Handle>, Vec<EmuControl>) =
+        (0..2).map(|_| open_emulated(&d, emu(1 << 20, 512), o.clone()).unwrap()).unzip();
+    let v = Volume::new(hs, VolumeLayout::Striped { stripe: 4096 }).unwrap();
+    let b = Buf::new(&d, 64 << 10);
+    c[1].inject(Fault::next(FaultTarget::Io(Some(0x02)), FaultAction::LoseCompletion));
+    let batch = v.batch(4).unwrap();
+    // Request 20 on member 0, request 21 on member 1 (whose read is lost).
+    batch.submit(&[io(BatchOp::Read, &b, 4096, 0, 0, 20), io(BatchOp::Read, &b, 4096, 4096, 4096, 21)]).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut evs = Vec::new();
+            let r = batch.get_status(2, 2, None, &mut evs);
+            tx.send((r.map_err(|e| e.to_string()), evs)).unwrap();
+        });
+        let (r, mut evs) = match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(x) => x,
+            Err(_) => {
+                // Unblock the waiter (cancel ends the lost command's wait)
+                // before failing, so that the scope can end.
+                let _ = batch.cancel();
+                panic!("get_status did not return within 10 s of a 300 ms member timeout");
+            }
+        };
+        assert_eq!(r, Ok(2));
+        evs.sort_by_key(|e| e.cookie);
+        assert_eq!(evs[0].status, BatchStatus::Complete, "{:?}", evs[0].result);
+        assert_eq!(evs[1].status, BatchStatus::Timeout, "{:?}", evs[1].result);
+        match &evs[1].result {
+            Err(Error::Member { member: 1, .. }) => {}
+            other => panic!("request 21: {other:?}"),
+        }
+    });
 }
 
 #[test]

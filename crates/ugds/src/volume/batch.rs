@@ -288,16 +288,23 @@ impl VolumeBatch {
         }
         let start = Instant::now();
         let mut got = 0;
+        let mut spins = 0u32;
         loop {
             let mut st = self.state.lock().recover();
             let mut busy = false;
+            // Now and then, as a handle's batch does: parts late on their
+            // member end as timed out, so that no wait is without end.
+            let late = spins % 1024 == 1023;
             for (m, b) in self.members.iter().enumerate() {
                 if st.parts_out[m] == 0 {
                     continue;
                 }
                 busy = true;
+                if late {
+                    b.expire_late();
+                }
                 let mut evs = std::mem::take(&mut st.events);
-                b.get_status(0, usize::MAX, None, &mut evs).map_err(|e| self.volume.member_error(m, e))?;
+                b.look(usize::MAX, &mut evs);
                 for ev in evs.drain(..) {
                     st.parts_out[m] -= 1;
                     let slot = (ev.cookie >> 32) as usize;
@@ -322,7 +329,12 @@ impl VolumeBatch {
             if timeout.is_some_and(|t| start.elapsed() >= t) {
                 return Ok(got);
             }
-            std::hint::spin_loop();
+            spins = spins.wrapping_add(1);
+            if spins % 1024 == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         }
     }
 
