@@ -61,6 +61,13 @@ pub struct BatchIov<'a> {
     pub cookie: u64,
 }
 
+/// A waiting caller looks (takes the shared queue's lock, reaps, takes
+/// its events) when a completion waits on the ring, and on every this many
+/// spins otherwise: another context's look may have reaped this one's
+/// completions and left their events for it. Spinning callers of several
+/// contexts then do not queue on the lock for nothing.
+pub(crate) const LOOK_EVERY: u32 = 16;
+
 /// A batch context; see the module docs.
 pub struct Batch {
     handle: Arc<HandleInner>,
@@ -240,7 +247,11 @@ impl Batch {
         let mut got = 0;
         let mut spins = 0u32;
         loop {
-            let (n, remaining) = self.look(max - got, out);
+            let (n, remaining) = if spins % LOOK_EVERY == 0 || self.completion_waiting() {
+                self.look(max - got, out)
+            } else {
+                (0, usize::MAX)
+            };
             got += n;
             if got >= min_nr || got == max || remaining == 0 {
                 // Enough, or nothing left that could complete.
@@ -257,6 +268,14 @@ impl Batch {
                 std::hint::spin_loop();
             }
         }
+    }
+
+    /// Whether a completion waits on the context's queue pair (no lock
+    /// taken; see [`LOOK_EVERY`] for the events another context's look
+    /// takes for this one).
+    #[inline]
+    pub(crate) fn completion_waiting(&self) -> bool {
+        self.queue().completion_waiting()
     }
 
     /// One look without waiting: moves up to `max` ended requests' events

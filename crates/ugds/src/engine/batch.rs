@@ -238,6 +238,14 @@ impl BatchQueue {
         self.q.lock()
     }
 
+    /// Whether a completion waits on the queue pair (no lock taken): a
+    /// waiter need not take the lock to look until one does, but for the
+    /// events another context's look credited to it.
+    #[inline]
+    pub(crate) fn completion_waiting(&self) -> bool {
+        self.q.completion_waiting()
+    }
+
     /// The queue pair underneath.
     pub(crate) fn queue(&self) -> &Arc<SyncQueue> {
         &self.q

@@ -390,7 +390,7 @@ impl SyncQueue {
 
     /// Whether a completion is waiting to be consumed (no lock taken).
     #[inline]
-    fn completion_waiting(&self) -> bool {
+    pub(crate) fn completion_waiting(&self) -> bool {
         let c = self.cursor.load(Ordering::Acquire);
         self.cq.is_new(c >> 1, c & 1 != 0) || self.irq_hint.load(Ordering::Acquire)
     }

@@ -5,7 +5,7 @@
 //! or the first member's failure ([`Error::Member`]).
 
 use super::{Inner, Part, Volume};
-use crate::batch::{Batch, BatchIo, BatchIov, BatchOp};
+use crate::batch::{Batch, BatchIo, BatchIov, BatchOp, LOOK_EVERY};
 use crate::engine::batch::RequestStats;
 use crate::engine::{BatchEvent, BatchStatus};
 use crate::Segment;
@@ -302,6 +302,9 @@ impl VolumeBatch {
                 busy = true;
                 if late {
                     b.expire_late();
+                }
+                if !late && spins % LOOK_EVERY != 0 && !b.completion_waiting() {
+                    continue;
                 }
                 let mut evs = std::mem::take(&mut st.events);
                 b.look(usize::MAX, &mut evs);
