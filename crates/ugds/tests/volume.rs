@@ -398,6 +398,50 @@ fn a_volume_batch_refuses_bad_input_and_overflow_with_nothing_submitted() {
     assert_eq!(submitted(&v), vec![before[0] + 1, before[1] + 1], "one part, one command, on each member");
 }
 
+/// Requests that each lie within one stripe go whole to their members (no
+/// parts cut): checked whole first all the same (one bad request submits
+/// none), each on the member its stripe names, one event each, the data
+/// where a plain read of the volume finds it.
+#[test]
+fn a_volume_batch_sends_requests_within_a_stripe_whole_to_their_member() {
+    use ugds::{BatchOp, BatchStatus};
+    let d = Driver::open();
+    let hs = volume_members(&d, 3, 1 << 20);
+    let v = Volume::new(hs, VolumeLayout::Striped { stripe: 8192 }).unwrap();
+    let mut b = Buf::new(&d, 64 << 10);
+    let want = pattern(21, 0, 64 << 10);
+    b.mem.copy_from_slice(&want);
+    let batch = v.batch(8).unwrap();
+    let before = submitted(&v);
+    // Stripes 0, 1, 2, 4 (members 0, 1, 2, 1), 4 KiB each within them.
+    let ios: Vec<_> = [0u64, 8192 + 4096, 16384, 32768]
+        .iter()
+        .enumerate()
+        .map(|(i, &off)| io(BatchOp::Write, &b, 4096, off, off as usize, i as u64))
+        .collect();
+    let mut beyond = ios[3];
+    beyond.buf_offset = 64 << 10; // past the registered buffer
+    let e = batch.submit(&[ios[0], ios[1], beyond]).unwrap_err();
+    assert!(matches!(e, Error::BufferRange { .. }), "{e}");
+    assert_eq!(submitted(&v), before, "nothing reached a member");
+    batch.submit(&ios).unwrap();
+    let mut evs = Vec::new();
+    assert_eq!(batch.get_status(4, 4, None, &mut evs).unwrap(), 4);
+    assert!(evs.iter().all(|e| e.status == BatchStatus::Complete && e.result.as_ref().ok() == Some(&4096)), "{evs:?}");
+    let after = submitted(&v);
+    assert_eq!(
+        (0..3).map(|m| after[m] - before[m]).collect::<Vec<_>>(),
+        vec![1, 2, 1],
+        "one command per request, on its stripe's member"
+    );
+    let r = Buf::new(&d, 64 << 10);
+    v.read(&r.token, 40960, 0, 0).unwrap();
+    for &off in &[0usize, 8192 + 4096, 16384, 32768] {
+        assert!(r.mem[off..off + 4096] == want[off..off + 4096], "the write at {off:#x}");
+    }
+    assert_eq!(batch.outstanding(), 0);
+}
+
 /// In the QEMU guest of `scripts/qemu-conformance volume`
 /// (`UGDS_TEST_VOLUME_TOPOLOGY=1`): members 0 and 1 sit under one emulated
 /// PCIe switch, member 2 on a root port of its own; the members nearest a

@@ -49,6 +49,10 @@ struct State {
     /// What the requests have done (in flight derived).
     stats: RequestStats,
     events: Vec<BatchEvent>,
+    /// Kept from call to call: where each request of a submission lies,
+    /// when each lies on one member in one piece, and each member's list.
+    single: Vec<(usize, u64)>,
+    lists: Vec<Vec<BatchIo>>,
 }
 
 struct Req {
@@ -105,6 +109,9 @@ impl VolumeBatch {
     /// member), then each member's parts go to its context at once.
     /// Returns the doorbell writes it took on all the members.
     pub fn submit(&self, ios: &[BatchIo]) -> Result<usize> {
+        if let Some(r) = self.submit_single_pieces(ios) {
+            return r;
+        }
         let segs: Vec<[Segment<'_>; 1]> =
             ios.iter().map(|io| [Segment::new(&io.buf, io.buf_offset, io.size)]).collect();
         let reqs: Vec<Request<'_, '_>> =
@@ -223,6 +230,92 @@ impl VolumeBatch {
         for &slot in &slots {
             Self::finish_if_done(&mut st, v, slot);
         }
+        Ok(doorbells)
+    }
+
+    /// [`submit`](Self::submit) of requests that each lie on one member in
+    /// one piece (a small request within a stripe): no parts to cut, each
+    /// request goes whole to its member's context, through lists kept from
+    /// call to call. `None` (nothing done) when any request does not.
+    fn submit_single_pieces(&self, ios: &[BatchIo]) -> Option<Result<usize>> {
+        let v = &*self.volume;
+        let mut st = self.state.lock().recover();
+        let mut on = std::mem::take(&mut st.single);
+        on.clear();
+        for io in ios {
+            match v.single_piece(io.file_offset, io.size as u64) {
+                Some(p) => on.push(p),
+                _ => {
+                    st.single = on;
+                    return None;
+                }
+            }
+        }
+        let r = self.submit_on(&mut st, ios, &on);
+        st.single = on;
+        Some(r)
+    }
+
+    /// Submits `ios`, request `i` whole to member `on[i].0` at `on[i].1`.
+    fn submit_on(&self, st: &mut State, ios: &[BatchIo], on: &[(usize, u64)]) -> Result<usize> {
+        let v = &*self.volume;
+        if ios.is_empty() {
+            return Err(Error::InvalidArgument("empty batch".into()));
+        }
+        let outstanding = st.reqs.iter().filter(|r| r.is_some()).count() + st.done.len();
+        if outstanding + ios.len() > self.capacity {
+            return Err(Error::CapacityExceeded { capacity: self.capacity, requested: ios.len(), outstanding });
+        }
+        // Checked whole first: bad input submits nothing on any member.
+        for io in ios {
+            v.check(io.op, &[Segment::new(&io.buf, io.buf_offset, io.size)], io.file_offset)?;
+        }
+        let mut lists = std::mem::take(&mut st.lists);
+        lists.resize_with(v.members.len(), Vec::new);
+        lists.iter_mut().for_each(Vec::clear);
+        for (io, &(m, member_offset)) in ios.iter().zip(on) {
+            lists[m].push(BatchIo { file_offset: member_offset, ..*io });
+        }
+        let full = (0..lists.len()).find(|&m| lists[m].len() > self.members[m].capacity() - st.parts_out[m]);
+        if let Some(m) = full {
+            let e = Error::CapacityExceeded {
+                capacity: self.members[m].capacity(),
+                requested: lists[m].len(),
+                outstanding: st.parts_out[m],
+            };
+            st.lists = lists;
+            return Err(v.member_error(m, e));
+        }
+        st.stats.submitted += ios.len() as u64;
+        for list in lists.iter_mut() {
+            for io in list.iter_mut() {
+                let req = Req { cookie: io.cookie, op: io.op, len: io.size, pending: 1, moved: 0, failure: None };
+                let slot = match st.free.pop() {
+                    Some(s) => {
+                        st.reqs[s] = Some(req);
+                        s
+                    }
+                    None => {
+                        st.reqs.push(Some(req));
+                        st.reqs.len() - 1
+                    }
+                };
+                // The member's cookie: (slot << 32) | part 0.
+                io.cookie = (slot as u64) << 32;
+            }
+        }
+        let mut doorbells = 0;
+        for (m, list) in lists.iter().enumerate() {
+            if list.is_empty() {
+                continue;
+            }
+            let r = self.members[m].submit(list).map(|n| doorbells += n);
+            Self::submitted(st, m, list.iter().map(|io| io.cookie), r);
+            for io in list {
+                Self::finish_if_done(st, v, (io.cookie >> 32) as usize);
+            }
+        }
+        st.lists = lists;
         Ok(doorbells)
     }
 

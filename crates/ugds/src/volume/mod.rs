@@ -223,6 +223,22 @@ impl Inner {
         Ok((total, claims))
     }
 
+    /// Where `len` bytes at `file_offset` lie when they lie on one member
+    /// in one piece (within a stripe, or within a concatenated member):
+    /// (member, offset on it).
+    fn single_piece(&self, file_offset: u64, len: u64) -> Option<(usize, u64)> {
+        if len == 0 || file_offset.checked_add(len).is_none_or(|e| e > self.geometry.capacity()) {
+            return None;
+        }
+        let mut one = None;
+        let mut pieces = 0;
+        self.geometry.split(file_offset, len, |p| {
+            pieces += 1;
+            one = Some((p.member, p.member_offset));
+        });
+        one.filter(|_| pieces == 1)
+    }
+
     /// The parts of a checked request: its runs on each member, cut where
     /// a run would need more than [`MAX_SEGMENTS`] buffer pieces.
     fn parts<'a>(&self, segments: &[Segment<'a>], file_offset: u64, total: usize) -> Vec<Part<'a>> {
