@@ -55,6 +55,27 @@ struct State {
     lists: Vec<Vec<BatchIo>>,
 }
 
+impl State {
+    /// Requests submitted whose events have not been collected.
+    fn outstanding(&self) -> usize {
+        self.reqs.iter().filter(|r| r.is_some()).count() + self.done.len()
+    }
+
+    /// Puts `req` in a free slot; its slot.
+    fn start(&mut self, req: Req) -> usize {
+        match self.free.pop() {
+            Some(s) => {
+                self.reqs[s] = Some(req);
+                s
+            }
+            None => {
+                self.reqs.push(Some(req));
+                self.reqs.len() - 1
+            }
+        }
+    }
+}
+
 struct Req {
     cookie: u64,
     op: BatchOp,
@@ -102,7 +123,7 @@ impl VolumeBatch {
     /// Requests submitted whose events have not been collected.
     pub fn outstanding(&self) -> usize {
         let s = self.state.lock().recover();
-        s.reqs.iter().filter(|r| r.is_some()).count() + s.done.len()
+        s.outstanding()
     }
 
     /// Submits `ios`: all are checked first (bad input submits none, on any
@@ -139,7 +160,7 @@ impl VolumeBatch {
         }
         let v = &*self.volume;
         let mut st = self.state.lock().recover();
-        let outstanding = st.reqs.iter().filter(|r| r.is_some()).count() + st.done.len();
+        let outstanding = st.outstanding();
         if outstanding + ios.len() > self.capacity {
             return Err(Error::CapacityExceeded { capacity: self.capacity, requested: ios.len(), outstanding });
         }
@@ -175,16 +196,7 @@ impl VolumeBatch {
         st.stats.submitted += ios.len() as u64;
         for (&(op, _, _, cookie), (total, parts)) in ios.iter().zip(&all) {
             let req = Req { cookie, op, len: *total, pending: parts.len(), moved: 0, failure: None };
-            let slot = match st.free.pop() {
-                Some(s) => {
-                    st.reqs[s] = Some(req);
-                    s
-                }
-                None => {
-                    st.reqs.push(Some(req));
-                    st.reqs.len() - 1
-                }
-            };
+            let slot = st.start(req);
             slots.push(slot);
             for (k, p) in parts.iter().enumerate() {
                 by_member[p.member].push(((slot as u64) << 32 | k as u64, op, p));
@@ -262,7 +274,7 @@ impl VolumeBatch {
         if ios.is_empty() {
             return Err(Error::InvalidArgument("empty batch".into()));
         }
-        let outstanding = st.reqs.iter().filter(|r| r.is_some()).count() + st.done.len();
+        let outstanding = st.outstanding();
         if outstanding + ios.len() > self.capacity {
             return Err(Error::CapacityExceeded { capacity: self.capacity, requested: ios.len(), outstanding });
         }
@@ -290,16 +302,7 @@ impl VolumeBatch {
         for list in lists.iter_mut() {
             for io in list.iter_mut() {
                 let req = Req { cookie: io.cookie, op: io.op, len: io.size, pending: 1, moved: 0, failure: None };
-                let slot = match st.free.pop() {
-                    Some(s) => {
-                        st.reqs[s] = Some(req);
-                        s
-                    }
-                    None => {
-                        st.reqs.push(Some(req));
-                        st.reqs.len() - 1
-                    }
-                };
+                let slot = st.start(req);
                 // The member's cookie: (slot << 32) | part 0.
                 io.cookie = (slot as u64) << 32;
             }
