@@ -41,6 +41,27 @@ pub(crate) trait Capsules {
     }
 }
 
+/// Why a fabrics queue can no longer be used, once a command on it failed
+/// in the transport (whatever was half sent or half received stays so).
+#[derive(Debug, Default)]
+pub(crate) struct Broken(Option<String>);
+
+impl Broken {
+    /// An error naming the earlier failure (`queue`: which queue, for the
+    /// message), if there was one.
+    pub fn check(&self, queue: impl FnOnce() -> String) -> Result<()> {
+        match &self.0 {
+            Some(why) => Err(Error::Platform(format!("{}: failed earlier ({why})", queue()))),
+            None => Ok(()),
+        }
+    }
+
+    /// Records `e` as the queue's end.
+    pub fn set(&mut self, e: &Error) {
+        self.0 = Some(e.to_string());
+    }
+}
+
 /// Who connects to what: the host's names and the subsystem's.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Names<'a> {

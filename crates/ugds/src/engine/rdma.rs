@@ -16,7 +16,7 @@
 //! caller's registered buffers as memory regions, GPU memory through
 //! `ibv_reg_dmabuf_mr`, which soft RoCE does not offer).
 
-use super::fabrics::{self, Capsules, Names};
+use super::fabrics::{self, Broken, Capsules, Names};
 use super::tcp::FabricsProbe;
 use crate::{Error, Result};
 use std::net::ToSocketAddrs;
@@ -98,7 +98,7 @@ pub struct RdmaQueue {
     next_cid: u16,
     timeout: Duration,
     /// Why the queue can no longer be used.
-    broken: Option<String>,
+    broken: Broken,
 }
 
 impl std::fmt::Debug for RdmaQueue {
@@ -141,7 +141,7 @@ impl RdmaQueue {
             qid,
             next_cid: 0,
             timeout: t.timeout,
-            broken: None,
+            broken: Broken::default(),
         };
         match answer {
             Answer::Established(data) => match wire::parse_accept(&data) {
@@ -257,13 +257,12 @@ impl Capsules for RdmaQueue {
     /// failed work request, a response for another command, or a
     /// disconnection is an error, after which the queue is not used again.
     fn execute(&mut self, sqe: Sqe, data_out: &[u8], data_in: &mut [u8]) -> Result<Cqe> {
-        if let Some(why) = &self.broken {
-            return Err(Error::Platform(format!("NVMe/RDMA to {}: the queue failed earlier ({why})", self.addr)));
-        }
+        self.broken.check(|| format!("NVMe/RDMA to {}: queue {}", self.addr, self.qid))?;
         let r = self.exchange(sqe, data_out, data_in);
         if let Err(e) = &r {
+            // A refused request never reached the wire.
             if !matches!(e, Error::InvalidArgument(_)) {
-                self.broken = Some(e.to_string());
+                self.broken.set(e);
             }
         }
         r

@@ -17,7 +17,7 @@ mod queue;
 pub use controller::TcpController;
 pub use queue::TcpQueue;
 
-use super::fabrics::{self as shared, Capsules, Names};
+use super::fabrics::{self as shared, Broken, Capsules, Names};
 use crate::{Error, Result};
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -92,7 +92,7 @@ pub struct TcpConnection {
     pdu: Vec<u8>,
     /// Why the connection can no longer be used (an error left it between
     /// PDUs, or the target closed it).
-    broken: Option<String>,
+    broken: Broken,
 }
 
 impl TcpConnection {
@@ -120,7 +120,7 @@ impl TcpConnection {
             next_cid: 0,
             out: Vec::new(),
             pdu: Vec::new(),
-            broken: None,
+            broken: Broken::default(),
         };
         c.send_raw(&tcp::ic_req(0, t.digests, 0))?;
         let mut resp = [0u8; tcp::IC_LEN];
@@ -252,14 +252,12 @@ impl Capsules for TcpConnection {
     /// sent its data in the capsule, a bad digest) or a target that ends
     /// the connection is an error.
     fn execute(&mut self, sqe: Sqe, data_out: &[u8], data_in: &mut [u8]) -> Result<Cqe> {
-        if let Some(why) = &self.broken {
-            return Err(Error::Platform(format!("NVMe/TCP to {}: the connection failed earlier ({why})", self.addr)));
-        }
+        self.broken.check(|| format!("NVMe/TCP to {}: the connection", self.addr))?;
         let r = self.exchange(sqe, data_out, data_in);
         if let Err(e) = &r {
             // Whatever was half read or half sent stays so: the connection
             // is not used again.
-            self.broken = Some(e.to_string());
+            self.broken.set(e);
             let _ = self.stream.shutdown(std::net::Shutdown::Both);
         }
         r
