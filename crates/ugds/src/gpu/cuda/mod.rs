@@ -25,6 +25,7 @@ use crate::{Error, Result};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
 use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// The CUDA driver, loaded and initialised.
@@ -49,11 +50,31 @@ impl std::fmt::Debug for Cuda {
 }
 
 /// A context ugds creates for the emulated controller's copies, and its
-/// stream. See [`CudaContext`] for why it is not the caller's context.
+/// streams. See [`CudaContext`] for why it is not the caller's context.
+///
+/// A copy waits for its stream, so copies from threads on one stream wait
+/// for each other's too: each thread copies on a stream of its own
+/// ([`copy_lane`]), one of `COPY_STREAMS` made with the context (the
+/// context's hardware queues), so that several emulated controllers (each
+/// copying on its own threads) move data side by side as several SSDs do.
+/// They are made with the engine, never later: `cuStreamCreate` can wait
+/// for the device under the driver's lock (see [`Cuda::copy_engine`]).
 #[derive(Clone, Copy)]
 struct CopyEngine {
     ctx: usize,
-    stream: usize,
+    streams: [usize; COPY_STREAMS],
+}
+
+/// Streams per copy engine: as many as a context has hardware queues by
+/// default (`CUDA_DEVICE_MAX_CONNECTIONS`); more would share them.
+const COPY_STREAMS: usize = 8;
+
+/// The calling thread's lane among a copy engine's streams, given out
+/// round robin as threads first copy.
+fn copy_lane() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local!(static LANE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % COPY_STREAMS);
+    LANE.with(|l| *l)
 }
 
 static CUDA: OnceLock<std::result::Result<Arc<Cuda>, String>> = OnceLock::new();
@@ -231,7 +252,7 @@ impl Cuda {
     }
 
     /// The copy engine of `device`, created at its first use: a context of
-    /// ugds's own (`cuCtxCreate`) and a stream in it. Leaves the calling
+    /// ugds's own (`cuCtxCreate`) and its streams. Leaves the calling
     /// thread's current context as it was.
     fn copy_engine(&self, device: i32) -> Result<CopyEngine> {
         let mut map = self.copy_engines.lock().recover();
@@ -243,18 +264,23 @@ impl Cuda {
         // SAFETY: writes one context handle and pushes it on this thread's
         // context stack (popped below).
         self.check("cuCtxCreate", unsafe { create(&mut ctx, 0, device) })?;
-        let mut stream: RawStream = std::ptr::null_mut();
-        // SAFETY: writes one stream handle, in the context just pushed.
-        let made = self.check("cuStreamCreate", unsafe { (self.api.stream_create)(&mut stream, STREAM_NON_BLOCKING) });
+        let mut streams = [0usize; COPY_STREAMS];
+        let made = streams.iter_mut().try_for_each(|slot| {
+            let mut stream: RawStream = std::ptr::null_mut();
+            // SAFETY: writes one stream handle, in the context just pushed.
+            let r = unsafe { (self.api.stream_create)(&mut stream, STREAM_NON_BLOCKING) };
+            self.check("cuStreamCreate", r).map(|()| *slot = stream as usize)
+        });
         let mut popped: Ctx = std::ptr::null_mut();
         // SAFETY: pops the context pushed above.
         let popped_ok = self.check("cuCtxPopCurrent", unsafe { (self.api.ctx_pop_current)(&mut popped) });
         if let Err(e) = made.and(popped_ok) {
-            // SAFETY: our context, with nothing in flight.
+            // SAFETY: our context, with nothing in flight (its streams go
+            // with it).
             unsafe { (self.api.ctx_destroy)(ctx) };
             return Err(e);
         }
-        let e = CopyEngine { ctx: ctx as usize, stream: stream as usize };
+        let e = CopyEngine { ctx: ctx as usize, streams };
         map.insert(device, e);
         Ok(e)
     }
@@ -418,18 +444,18 @@ impl std::fmt::Debug for CudaContext {
 }
 
 impl CudaContext {
-    /// Runs `f` with the copy engine's context current and its stream,
-    /// restoring the thread's context after.
+    /// Runs `f` with the copy engine's context current and the calling
+    /// thread's stream of it, restoring the thread's context after.
     fn on_engine<T>(&self, f: impl FnOnce(RawStream) -> Result<T>) -> Result<T> {
         let engine = self
             .copy
             .get_or_init(|| self.cuda.copy_engine(self.device).map_err(|e| e.to_string()))
             .clone()
             .map_err(Error::GpuUnavailable)?;
-        self.cuda.with_context(engine.ctx as Ctx, || f(engine.stream as RawStream))
+        self.cuda.with_context(engine.ctx as Ctx, || f(engine.streams[copy_lane()] as RawStream))
     }
 
-    /// A copy on the engine's stream, waited for.
+    /// A copy on the calling thread's stream of the engine, waited for.
     fn copy(&self, f: impl FnOnce(RawStream) -> (Res, &'static str)) -> Result<()> {
         self.on_engine(|stream| {
             let (r, call) = f(stream);
@@ -439,8 +465,8 @@ impl CudaContext {
         })
     }
 
-    /// A copy on the engine's stream, not waited for: the event recorded
-    /// after it is the ticket.
+    /// A copy on the calling thread's stream of the engine, not waited
+    /// for: the event recorded after it is the ticket.
     fn start(&self, f: impl FnOnce(RawStream) -> (Res, &'static str)) -> Result<CopyTicket> {
         self.on_engine(|stream| {
             let pooled = self.events.lock().recover().pop();
