@@ -71,6 +71,8 @@ pub(crate) const LOOK_EVERY: u32 = 16;
 /// A batch context; see the module docs.
 pub struct Batch {
     handle: Arc<HandleInner>,
+    /// Which of the handle's batch queues the context is on.
+    queue: usize,
     ctx: u32,
     capacity: usize,
     stuck: bool,
@@ -81,6 +83,7 @@ pub struct Batch {
 impl std::fmt::Debug for Batch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Batch")
+            .field("queue", &self.queue)
             .field("ctx", &self.ctx)
             .field("capacity", &self.capacity)
             .field("stuck", &self.stuck)
@@ -108,17 +111,16 @@ impl Batch {
             )));
         }
         let r = handle.enter()?;
-        let q = handle.batch_queue()?;
-        let ctx = q.open_context(capacity);
+        let (queue, ctx) = handle.open_batch_context(capacity)?;
         // The in-flight reference lives as long as the context (released in Drop).
         std::mem::forget(r);
         let mut scratch = Vec::with_capacity(capacity);
         touch(&mut scratch);
-        Ok(Batch { handle, ctx, capacity, stuck: false, scratch: std::sync::Mutex::new(scratch) })
+        Ok(Batch { handle, queue, ctx, capacity, stuck: false, scratch: std::sync::Mutex::new(scratch) })
     }
 
     fn queue(&self) -> &BatchQueue {
-        self.handle.batch_queue().expect("a batch exists only on a handle with a batch queue")
+        self.handle.batch_queue_at(self.queue)
     }
 
     /// The most requests this context may have outstanding.

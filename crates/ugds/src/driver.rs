@@ -96,7 +96,7 @@ impl Driver {
     }
 
     fn queues_wanted(opts: &HandleOptions) -> u16 {
-        opts.sync_queues_wanted().saturating_add(opts.async_queues).saturating_add(opts.batch_queue as u16)
+        opts.sync_queues_wanted().saturating_add(opts.async_queues).saturating_add(opts.batch_queues_wanted())
     }
 
     fn open_controller(&self, ctrl: Controller, opts: HandleOptions) -> Result<Handle> {

@@ -312,3 +312,68 @@ fn a_refused_submission_keeps_no_buffer() {
     d.deregister(&a.token).unwrap();
     std::mem::forget(a);
 }
+
+#[test]
+fn batch_contexts_spread_over_the_batch_queues() {
+    let (d, h, _e) = open(small_emu(), opts().batch_queues(3));
+    assert_eq!(h.batch_queues(), 3);
+    let batch_qids: Vec<u16> = h.queues().iter().filter(|q| q.role == ugds::QueueRole::Batch).map(|q| q.qid).collect();
+    assert_eq!(batch_qids.len(), 3, "{:?}", h.queues());
+    assert!(batch_qids.iter().all(|q| h.queues().iter().find(|i| i.qid == *q).unwrap().vector.is_none()));
+    let mut b = Buf::new(&d, 4 * 16 * 4096);
+    b.mem.copy_from_slice(&pattern(7, 0, 4 * 16 * 4096));
+    // The stream engine's context is on the first queue: three contexts
+    // go to the other two and the first, one each, and a fourth to a queue
+    // with one context already.
+    let batches: Vec<ugds::Batch> = (0..4).map(|_| h.batch(16).unwrap()).collect();
+    let per_queue = |h: &ugds::Handle| -> Vec<u64> {
+        let s = h.queue_stats();
+        batch_qids.iter().map(|q| s.iter().find(|x| x.qid == *q).unwrap().submitted).collect()
+    };
+    let before = per_queue(&h);
+    for (k, batch) in batches.iter().enumerate() {
+        let writes: Vec<_> = (0..16u64)
+            .map(|i| {
+                let at = (k as u64 * 16 + i) * 4096;
+                io(BatchOp::Write, &b.token, 4096, at, at as usize, i)
+            })
+            .collect();
+        batch.submit(&writes).unwrap();
+    }
+    for batch in &batches {
+        let ev = collect_all(batch, 16);
+        assert!(ev.iter().all(|e| e.status == BatchStatus::Complete), "{ev:?}");
+    }
+    let after = per_queue(&h);
+    let used: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert_eq!(used.iter().sum::<u64>(), 64, "{used:?}");
+    assert!(used.iter().all(|&n| n >= 16), "every batch queue took a context's commands: {used:?}");
+    b.mem.fill(0);
+    h.read(&b.token, 4 * 16 * 4096, 0, 0).unwrap();
+    assert!(b.mem[..] == pattern(7, 0, 4 * 16 * 4096)[..]);
+    drop(batches);
+    h.close(Drain::NoWait).unwrap();
+}
+
+#[test]
+fn batch_queues_leave_one_queue_pair_for_synchronous_io() {
+    // Three queue pairs granted, five batch queues asked for: two batch
+    // queues and one synchronous, none to lend.
+    let (d, h, _e) = open(small_emu().max_io_queues(3), opts().batch_queues(5));
+    assert_eq!(h.batch_queues(), 2);
+    assert_eq!(h.queue_counts(), (1, 0));
+    assert!(!h.batch_queue_is_shared());
+    let mut b = Buf::new(&d, 8 * 4096);
+    b.mem.copy_from_slice(&pattern(9, 0, 8 * 4096));
+    let batches: Vec<ugds::Batch> = (0..2).map(|_| h.batch(4).unwrap()).collect();
+    for (k, batch) in batches.iter().enumerate() {
+        let w: Vec<_> = (0..4u64)
+            .map(|i| io(BatchOp::Write, &b.token, 4096, (k as u64 * 4 + i) * 4096, (k * 4 + i as usize) * 4096, i))
+            .collect();
+        batch.submit(&w).unwrap();
+        collect_all(batch, 4);
+    }
+    b.mem.fill(0);
+    h.read(&b.token, 8 * 4096, 0, 0).unwrap();
+    assert!(b.mem[..] == pattern(9, 0, 8 * 4096)[..]);
+}

@@ -58,6 +58,9 @@ pub(super) fn run(o: &Opts, layout: VolumeLayout) -> Result<(), String> {
             .nsid(o.target.nsid)
             .sync_queues(o.threads.clamp(1, 8) as u16)
             .async_queues(0)
+            // A batch queue per thread (each thread's context on its own):
+            // the threads then share no queue's lock on a member.
+            .batch_queues(o.threads.clamp(1, 64) as u16)
             .queue_depth((o.qd * 4).clamp(32, 1024) as u16)
             .shadow_doorbells(o.shadow_doorbells)
             .completion(if o.interrupt { Completion::Interrupt } else { Completion::Poll })
@@ -72,6 +75,7 @@ pub(super) fn run(o: &Opts, layout: VolumeLayout) -> Result<(), String> {
     for (i, t) in targets.iter().enumerate() {
         println!("member {i} {} ({})", t.description, volume.member_name(i));
     }
+    println!("queues   {} batch queue pair(s) per member (a context per thread each)", volume.member(0).batch_queues());
     let max_size = *o.sizes.iter().max().expect("a size");
     let cuda = if o.gpu {
         let c = ugds::gpu::cuda::Cuda::get().map_err(|e| format!("--gpu: {e}"))?;

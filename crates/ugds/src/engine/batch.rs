@@ -268,6 +268,11 @@ impl BatchQueue {
         (st.qp.entries() as usize, st.qp.prp_pool_size())
     }
 
+    /// Contexts open on this queue.
+    pub(crate) fn contexts(&self) -> usize {
+        self.lock().batch.ctxs.iter().filter(|c| c.is_some()).count()
+    }
+
     /// A context for up to `capacity` outstanding requests; all its memory
     /// is allocated here, none on submission.
     pub fn open_context(&self, capacity: usize) -> u32 {

@@ -61,9 +61,16 @@ impl Handle {
         self.inner.ctrl.shadow_doorbells()
     }
 
-    /// Entries and PRP-list pages of the batch queue, if there is one.
+    /// Entries and PRP-list pages of each batch queue, if there is one.
     pub fn batch_geometry(&self) -> Option<(usize, usize)> {
-        self.inner.batch.as_ref().map(|b| b.geometry())
+        self.inner.batch_queue().ok().map(|b| b.geometry())
+    }
+
+    /// Queue pairs batch contexts are spread over (see
+    /// [`HandleOptions::batch_queues`](crate::HandleOptions::batch_queues)):
+    /// 0 when there is no batch queue.
+    pub fn batch_queues(&self) -> usize {
+        self.inner.batch_queues()
     }
 
     /// Every I/O queue pair of the handle, what it is for and how it
@@ -104,14 +111,14 @@ impl Handle {
     /// synchronous queue pair (a controller that granted one) rather than
     /// a deep queue pair of their own.
     pub fn batch_queue_is_shared(&self) -> bool {
-        self.inner.batch.as_ref().is_some_and(|b| b.is_shared())
+        self.inner.batch_queue().is_ok_and(|b| b.is_shared())
     }
 
     /// Completions the controller posted that broke the protocol and were
     /// ignored (a CID not in flight or of an earlier generation, an SQ head
     /// outside what was submitted), on the synchronous and batch queues.
     pub fn protocol_errors(&self) -> u64 {
-        let batch = self.inner.batch.as_ref().filter(|b| !b.is_shared()).map_or(0, |b| b.lock().qp.protocol_errors());
+        let batch: u64 = self.inner.batch_queues_own().map(|b| b.lock().qp.protocol_errors()).sum();
         self.inner.sync.iter().map(|q| q.with_qp(|qp| qp.protocol_errors())).sum::<u64>() + batch
     }
 

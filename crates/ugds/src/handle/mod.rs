@@ -84,7 +84,9 @@ pub(crate) struct HandleInner {
     /// others to the queues before.
     pub polled_from: Option<usize>,
     pool: ManuallyDrop<Mutex<Vec<QueuePair>>>,
-    batch: ManuallyDrop<Option<Arc<BatchQueue>>>,
+    /// The batch queues; the first also carries stream-ordered I/O (and is
+    /// the synchronous queue when the controller granted one).
+    batch: ManuallyDrop<Vec<Arc<BatchQueue>>>,
     stream: Mutex<Option<StreamEngine>>,
     ctrl: ManuallyDrop<Controller>,
     state: AtomicU8,
@@ -130,7 +132,8 @@ impl HandleInner {
         // Traces count from the handle's opening.
         let opened = Instant::now();
         let granted = info.io_queues.max(1);
-        let nbatch = (opts.batch_queue && granted >= 2) as u16;
+        // Batch queues of their own while one is left for synchronous I/O.
+        let nbatch = if granted >= 2 { opts.batch_queues_wanted().min(granted - 1) } else { 0 };
         let avail = granted - nbatch;
         // A mode that both polls and sleeps gets synchronous queues of each
         // kind (where the controller grants them): a queue with a vector
@@ -168,11 +171,11 @@ impl HandleInner {
         let shared_batch = opts.batch_queue && nbatch == 0;
         let mut created: Vec<QueuePair> = Vec::new();
         let depth = if shared_batch { opts.queue_depth.max(opts.batch_depth) } else { opts.queue_depth }.max(2);
-        // Queue ids: the synchronous pool, then the batch queue, then the
-        // lendable ones. The batch queue always polls (as in the paper).
-        let batch_qid = nsync + 1;
+        // Queue ids: the synchronous pool, then the batch queues, then the
+        // lendable ones. Batch queues always poll (as in the paper).
+        let is_batch = |qid: u16| qid > nsync && qid <= nsync + nbatch;
         for qid in 1..=nsync + nbatch + nasync {
-            let made = if nbatch == 1 && qid == batch_qid {
+            let made = if is_batch(qid) {
                 ctrl.create_io_qpair_with(qid, opts.batch_depth.max(2), None, opts.batch_prp_pages)
             } else {
                 let polled = qid > nsleep && qid <= nsync;
@@ -200,7 +203,7 @@ impl HandleInner {
                 let qid = qp.qid().0;
                 let role = match qid {
                     q if q <= nsync => QueueRole::Sync,
-                    q if nbatch == 1 && q == batch_qid => QueueRole::Batch,
+                    q if is_batch(q) => QueueRole::Batch,
                     _ => QueueRole::Lendable,
                 };
                 QueueInfo { qid, role, vector: qp.vector(), entries: qp.entries(), vector_shared_with: 0 }
@@ -244,18 +247,19 @@ impl HandleInner {
             }
         }
         let sync: Box<[Arc<SyncQueue>]> = sync.into();
-        let batch = match rest.pop() {
-            Some(qp) => {
+        let mut batch: Vec<(Arc<SyncQueue>, bool)> = rest
+            .into_iter()
+            .map(|qp| {
                 let q = SyncQueue::new(qp, platform.clone()).expect("a queue without a vector needs no eventfd");
-                Some((Arc::new(q), false))
-            }
-            None if shared_batch => {
-                tracing::info!("one I/O queue pair: batch and stream-ordered I/O share it with synchronous I/O");
-                Some((sync[0].clone(), true))
-            }
-            None => None,
-        };
-        let batch = batch.map(|(q, shared)| Arc::new(BatchQueue::new(q, shared, ns.nsid, opts.timeout)));
+                (Arc::new(q), false)
+            })
+            .collect();
+        if batch.is_empty() && shared_batch {
+            tracing::info!("one I/O queue pair: batch and stream-ordered I/O share it with synchronous I/O");
+            batch.push((sync[0].clone(), true));
+        }
+        let batch: Vec<Arc<BatchQueue>> =
+            batch.into_iter().map(|(q, shared)| Arc::new(BatchQueue::new(q, shared, ns.nsid, opts.timeout))).collect();
         Ok(HandleInner {
             id,
             driver,
@@ -481,7 +485,7 @@ impl HandleInner {
     /// Starts the stream engine (at open, so the first stream operation
     /// pays nothing for it).
     pub fn start_stream_engine(self: &Arc<Self>) -> Result<()> {
-        if let Some(b) = self.batch.as_ref() {
+        if let Some(b) = self.batch.first() {
             let e = StreamEngine::start(b.clone(), Arc::downgrade(self))?;
             *self.stream.lock().recover() = Some(e);
         }
@@ -515,14 +519,39 @@ impl HandleInner {
         }
     }
 
-    /// The batch queue, or why there is none.
+    /// The (first) batch queue, or why there is none.
     pub fn batch_queue(&self) -> Result<&BatchQueue> {
-        self.batch.as_deref().ok_or_else(|| {
+        self.batch.first().map(|b| &**b).ok_or_else(|| {
             Error::Unsupported(format!(
                 "no batch queue: batch_queue is off in this handle's options (the controller granted {} I/O queue pair(s))",
                 self.ctrl.info().io_queues
             ))
         })
+    }
+
+    /// How many batch queues there are.
+    pub fn batch_queues(&self) -> usize {
+        self.batch.len()
+    }
+
+    /// The batch queues that are queue pairs of their own (not the
+    /// synchronous one shared).
+    pub fn batch_queues_own(&self) -> impl Iterator<Item = &BatchQueue> {
+        self.batch.iter().filter(|b| !b.is_shared()).map(|b| &**b)
+    }
+
+    /// Batch queue `i` (see [`open_batch_context`](Self::open_batch_context)).
+    pub fn batch_queue_at(&self, i: usize) -> &BatchQueue {
+        &self.batch[i]
+    }
+
+    /// Opens a batch context of `capacity` requests on the batch queue with
+    /// the fewest contexts (the first on a tie: the stream engine's context
+    /// counts). Returns the queue's index and the context.
+    pub fn open_batch_context(&self, capacity: usize) -> Result<(usize, u32)> {
+        self.batch_queue()?;
+        let i = (0..self.batch.len()).min_by_key(|&i| self.batch[i].contexts()).expect("at least one");
+        Ok((i, self.batch[i].open_context(capacity)))
     }
 
     /// Runs an admin command.
@@ -611,9 +640,9 @@ impl HandleInner {
                 q.try_with_qp(f)
             }
         };
-        let batch = self.batch.as_ref().filter(|b| !b.is_shared()).map(|b| b.queue().clone());
+        let batch: Vec<Arc<SyncQueue>> = self.batch_queues_own().map(|b| b.queue().clone()).collect();
         let mut out: Vec<(u16, Option<Vec<TraceEvent>>)> =
-            self.sync.iter().chain(batch.as_ref()).filter_map(|q| look(q)).collect();
+            self.sync.iter().chain(&batch).filter_map(|q| look(q)).collect();
         if let Ok(pool) = self.pool.try_lock() {
             out.extend(pool.iter().map(|qp| (qp.qid().0, qp.trace_events())));
         }
@@ -748,7 +777,7 @@ impl HandleInner {
         for qp in self.pool.lock().recover().iter() {
             clean &= self.ctrl.delete_io_qpair(qp).is_ok();
         }
-        if let Some(b) = self.batch.as_ref().filter(|b| !b.is_shared()) {
+        for b in self.batch_queues_own() {
             clean &= self.ctrl.delete_io_qpair(&b.lock().qp).is_ok();
         }
         let down = if clean { self.ctrl.shutdown() } else { self.ctrl.disable() };
@@ -773,7 +802,7 @@ impl HandleInner {
         for q in self.sync.iter() {
             q.with_qp(|qp| qp.forget_outstanding());
         }
-        if let Some(b) = self.batch.as_ref() {
+        for b in self.batch.iter() {
             b.forget_outstanding();
         }
         self.quarantine.lock().recover().clear();

@@ -32,9 +32,16 @@ pub struct HandleOptions {
     /// of their own when the controller grants at least two I/O queues, on
     /// the one synchronous queue pair when it grants one.
     pub batch_queue: bool,
-    /// Entries of the batch queue (capped by MQES).
+    /// Deep queue pairs for batch contexts, when `batch_queue` is on and
+    /// the controller grants enough (one is always left for synchronous
+    /// I/O): each new context goes on the one with the fewest contexts, so
+    /// that threads with a context each do not share one queue's lock (as
+    /// SPDK gives each thread its own queue pair). The first also carries
+    /// stream-ordered I/O. [1]
+    pub batch_queues: u16,
+    /// Entries of each batch queue (capped by MQES).
     pub batch_depth: u16,
-    /// PRP-list pages of the batch queue: how many multi-page commands may
+    /// PRP-list pages of each batch queue: how many multi-page commands may
     /// be in flight on it at once.
     pub batch_prp_pages: u16,
     /// Use shadow doorbells (Doorbell Buffer Config) when the controller
@@ -92,6 +99,7 @@ impl Default for HandleOptions {
             queue_depth: 256,
             timeout: Duration::from_secs(30),
             batch_queue: true,
+            batch_queues: 1,
             batch_depth: 1024,
             batch_prp_pages: 128,
             shadow_doorbells: trapping_hypervisor().is_some(),
@@ -125,7 +133,7 @@ impl HandleOptions {
         let admin = crate::engine::controller::ADMIN_ENTRIES;
         let io = (self.sync_queues_wanted() + self.async_queues) as usize
             * queue(self.queue_depth, self.queue_depth.saturating_sub(1));
-        let batch = if self.batch_queue { queue(self.batch_depth, self.batch_prp_pages) } else { 0 };
+        let batch = self.batch_queues_wanted() as usize * queue(self.batch_depth, self.batch_prp_pages);
         io + batch + queue(admin, admin - 1) + 3 * ugds_nvme::IDENTIFY_LEN
     }
 
@@ -143,6 +151,15 @@ impl HandleOptions {
             n.saturating_mul(2)
         } else {
             n
+        }
+    }
+
+    /// Batch queue pairs to ask the controller for.
+    pub(crate) fn batch_queues_wanted(&self) -> u16 {
+        if self.batch_queue {
+            self.batch_queues.max(1)
+        } else {
+            0
         }
     }
 
@@ -188,13 +205,20 @@ impl HandleOptions {
         self
     }
 
-    /// Sets entries of the batch queue.
+    /// Sets how many queue pairs batch contexts are spread over (see
+    /// [`batch_queues`](Self::batch_queues); 0 counts as 1).
+    pub fn batch_queues(mut self, n: u16) -> Self {
+        self.batch_queues = n;
+        self
+    }
+
+    /// Sets entries of each batch queue.
     pub fn batch_depth(mut self, batch_depth: u16) -> Self {
         self.batch_depth = batch_depth;
         self
     }
 
-    /// Sets PRP-list pages of the batch queue.
+    /// Sets PRP-list pages of each batch queue.
     pub fn batch_prp_pages(mut self, batch_prp_pages: u16) -> Self {
         self.batch_prp_pages = batch_prp_pages;
         self
@@ -257,8 +281,10 @@ impl HandleOptions {
     /// Interrupt completion when `UGDS_INTERRUPT_MODE=1`, as in the paper;
     /// the kernel path's ring mode from `UGDS_KERNEL_RING` (`sqpoll`,
     /// `iopoll`); statistics published to `UGDS_STATS_DIR` when it is set;
-    /// `UGDS_TRACE=N` traces each queue's last N commands; `UGDS_MODE`
-    /// names a built-in [`Mode`] (an unknown name makes the open fail).
+    /// `UGDS_TRACE=N` traces each queue's last N commands;
+    /// `UGDS_BATCH_QUEUES=N` sets [`batch_queues`](Self::batch_queues);
+    /// `UGDS_MODE` names a built-in [`Mode`] (an unknown name, or a
+    /// `UGDS_BATCH_QUEUES` that is not a number, makes the open fail).
     pub fn from_env() -> Self {
         let mut o = HandleOptions::default();
         if std::env::var("UGDS_INTERRUPT_MODE").is_ok_and(|v| v == "1") {
@@ -274,6 +300,12 @@ impl HandleOptions {
             match v.parse() {
                 Ok(n) => o.trace = n,
                 Err(_) => tracing::warn!("UGDS_TRACE={v:?} is not a number of commands; not traced"),
+            }
+        }
+        if let Ok(v) = std::env::var("UGDS_BATCH_QUEUES") {
+            match v.parse() {
+                Ok(n) => o.batch_queues = n,
+                Err(_) => o.env_error = Some(format!("UGDS_BATCH_QUEUES={v:?} is not a number of queue pairs")),
             }
         }
         match std::env::var("UGDS_SHADOW_DOORBELLS").as_deref() {
