@@ -168,8 +168,10 @@ impl std::fmt::Debug for IoQueue<'_> {
     }
 }
 
-/// An [`IoQueue`]'s context on the shared batch queue.
+/// An [`IoQueue`]'s context on a batch queue.
 struct Shared {
+    /// Which of the handle's batch queues.
+    queue: usize,
     ctx: u32,
     depth: usize,
     /// One submission's request (no allocation on submit).
@@ -183,9 +185,8 @@ impl<'h> IoQueue<'h> {
         let r = h.enter()?;
         let Some(qp) = h.take_async_queue() else {
             if h.lendable_queues() == 0 && h.batch_queue().is_ok() {
-                let q = h.batch_queue()?;
-                let depth = q.geometry().0 - 1;
-                let ctx = q.open_context(depth);
+                let depth = h.batch_queue()?.geometry().0 - 1;
+                let (queue, ctx) = h.open_batch_context(depth)?;
                 std::mem::forget(r);
                 return Ok(IoQueue {
                     handle,
@@ -197,6 +198,7 @@ impl<'h> IoQueue<'h> {
                     dead: false,
                     bufs: Buffers::default(),
                     shared: Some(Shared {
+                        queue,
                         ctx,
                         depth,
                         scratch: Vec::with_capacity(1),
@@ -206,15 +208,15 @@ impl<'h> IoQueue<'h> {
             }
             if h.lendable_queues() == 0 {
                 // Not busy: there never was one to lend.
-                let batch = h.batch_queue().is_ok();
+                let batch = h.batch_queues();
                 return Err(Error::Unsupported(format!(
                     "no I/O queue pair to lend: the controller granted {} I/O queue pair(s), taken by {} \
                      synchronous and {} batch queue(s) (ask for async_queues with a controller that grants \
                      more, or use the synchronous{} calls)",
                     h.controller_queues(),
                     h.sync_queues(),
-                    batch as usize,
-                    if batch { ", batch or stream-ordered" } else { "" }
+                    batch,
+                    if batch > 0 { ", batch or stream-ordered" } else { "" }
                 )));
             }
             return Err(Error::Busy { what: "I/O queue pool (every lendable queue is lent)", inflight: 0 });
@@ -418,7 +420,7 @@ impl<'h> IoQueue<'h> {
                 p.len, sh.depth
             )));
         }
-        let q = h.batch_queue()?;
+        let q = h.batch_queue_at(sh.queue);
         if q.room(sh.ctx) == 0 {
             return Err(Error::QueueFull);
         }
@@ -453,7 +455,7 @@ impl<'h> IoQueue<'h> {
     fn poll_shared(&mut self, f: &mut impl FnMut(u64, Result<usize>)) -> usize {
         let h = &*self.handle.inner;
         let sh = self.shared.as_mut().expect("shared");
-        let Ok(q) = h.batch_queue() else { return 0 };
+        let q = h.batch_queue_at(sh.queue);
         sh.events.clear();
         let (n, _) = q.collect(sh.ctx, usize::MAX, &mut sh.events);
         for e in sh.events.drain(..) {
@@ -628,7 +630,8 @@ impl Drop for IoQueue<'_> {
     fn drop(&mut self) {
         let _ = self.drain(|_, _| {});
         let h = &*self.handle.inner;
-        if let (Some(sh), Ok(q)) = (self.shared.take(), h.batch_queue()) {
+        if let Some(sh) = self.shared.take() {
+            let q = h.batch_queue_at(sh.queue);
             let left = q.close_context(sh.ctx);
             if !left.is_empty() {
                 h.wedge(left);

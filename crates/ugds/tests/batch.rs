@@ -377,3 +377,34 @@ fn batch_queues_leave_one_queue_pair_for_synchronous_io() {
     h.read(&b.token, 8 * 4096, 0, 0).unwrap();
     assert!(b.mem[..] == pattern(9, 0, 8 * 4096)[..]);
 }
+
+#[test]
+fn io_queues_without_a_queue_pair_to_lend_spread_over_the_batch_queues() {
+    let (d, h, _e) = open(small_emu(), opts().async_queues(0).batch_queues(2));
+    let batch_qids: Vec<u16> = h.queues().iter().filter(|q| q.role == ugds::QueueRole::Batch).map(|q| q.qid).collect();
+    assert_eq!(batch_qids.len(), 2);
+    let mut b = Buf::new(&d, 16 * 4096);
+    b.mem.copy_from_slice(&pattern(11, 0, 16 * 4096));
+    h.write(&b.token, 16 * 4096, 0, 0).unwrap();
+    let submitted = |h: &ugds::Handle| -> Vec<u64> {
+        let s = h.queue_stats();
+        batch_qids.iter().map(|q| s.iter().find(|x| x.qid == *q).unwrap().submitted).collect()
+    };
+    let before = submitted(&h);
+    // The stream engine's context is on the first batch queue: the first
+    // IoQueue goes to the second, the next to the first.
+    let mut q1 = h.io_queue().unwrap();
+    let mut q2 = h.io_queue().unwrap();
+    assert!(q1.is_shared() && q2.is_shared());
+    b.mem.fill(0);
+    for (k, q) in [&mut q1, &mut q2].into_iter().enumerate() {
+        for i in 0..8u64 {
+            let at = (k as u64 * 8 + i) * 4096;
+            q.submit_read(&b.token, 4096, at, at as usize, at).unwrap();
+        }
+        q.drain(|_, r| assert_eq!(r.unwrap(), 4096)).unwrap();
+    }
+    let used: Vec<u64> = submitted(&h).iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert_eq!(used, vec![8, 8], "each IoQueue on a batch queue of its own");
+    assert!(b.mem[..] == pattern(11, 0, 16 * 4096)[..]);
+}
