@@ -415,6 +415,8 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         .queue_depth(depth)
         // Queue mode needs lendable queues more than a batch queue (few queues: QEMU max_ioqpairs=2).
         .batch_queue(!o.batches.is_empty() || o.stream)
+        // Each thread's batch context on a queue pair of its own.
+        .batch_queues(if o.batches.is_empty() { 1 } else { o.threads.clamp(1, 64) as u16 })
         .shadow_doorbells(o.shadow_doorbells)
         .kernel_ring(o.kernel_ring)
         .stats_dir(HandleOptions::from_env().stats_dir)
