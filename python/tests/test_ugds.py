@@ -64,6 +64,32 @@ class Host(unittest.TestCase):
         self.assertEqual(sum(q["in_flight"] + q["errors"] for q in stats), 0)
         self.drv.deregister(buf)
 
+    def test_batch_queues_come_from_the_environment(self):
+        os.environ["UGDS_BATCH_QUEUES"] = "3"
+        try:
+            h = self.drv.open_emulated(size=16 << 20)
+        finally:
+            del os.environ["UGDS_BATCH_QUEUES"]
+        self.assertEqual([q["role"] for q in h.queue_stats()].count("batch"), 3)
+        mem = bytearray(1 << 16)
+        buf = self.drv.register(mem)
+        batches = [h.batch(4) for _ in range(3)]
+        for k, b in enumerate(batches):
+            b.submit([("write", buf, 4096, k * 4096, k * 4096, k)])
+        for b in batches:
+            self.assertEqual(len(b.get_status(1, 1, timeout=5)), 1)
+        per_queue = [q["submitted"] for q in h.queue_stats() if q["role"] == "batch"]
+        self.assertTrue(all(n >= 1 for n in per_queue), per_queue)
+        del batches, b
+        self.drv.deregister(buf)
+        h.close()
+        os.environ["UGDS_BATCH_QUEUES"] = "many"
+        try:
+            with self.assertRaises(ugds.InvalidArgument):
+                self.drv.open_emulated(size=16 << 20)
+        finally:
+            del os.environ["UGDS_BATCH_QUEUES"]
+
     def test_a_traced_handle_keeps_its_last_commands(self):
         os.environ["UGDS_TRACE"] = "4"
         try:
