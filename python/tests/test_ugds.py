@@ -7,6 +7,7 @@ import gc
 import os
 import sys
 import threading
+import time
 import unittest
 import weakref
 
@@ -62,6 +63,40 @@ class Host(unittest.TestCase):
         self.assertEqual(sum(q["bytes_written"] for q in stats), 65536)
         self.assertEqual(sum(q["submitted"] for q in stats), sum(q["completed"] for q in stats))
         self.assertEqual(sum(q["in_flight"] + q["errors"] for q in stats), 0)
+        self.drv.deregister(buf)
+
+    def test_closing_a_handle_ends_its_batches(self):
+        mem = bytearray(1 << 16)
+        buf = self.drv.register(mem)
+        with self.drv.open_emulated(size=16 << 20) as h:
+            b = h.batch(4)
+            b.submit([("write", buf, 4096, 0, 0, 1)])
+            self.assertEqual(len(b.get_status(1, 1, timeout=5)), 1)
+            b.submit([("read", buf, 4096, 0, 0, 2)])
+            # Not collected: a close that does not wait is refused, and
+            # changes nothing.
+            b.get_status(0, 0, timeout=0)
+            deadline = time.monotonic() + 5
+            while b.stats()["in_flight"] and time.monotonic() < deadline:
+                time.sleep(0.001)
+            with self.assertRaises(ugds.BusyError):
+                h.close("nowait")
+            self.assertEqual(len(b.get_status(1, 1, timeout=5)), 1)
+            self.assertEqual(b.outstanding, 0)
+            v = ugds.Volume([h])
+            vb = v.batch(2)
+        # The with block closed the handle with `b` and `vb` alive (no
+        # wait for them); they are closed with it.
+        with self.assertRaises(ugds.ClosedError):
+            b.submit([("read", buf, 4096, 0, 0, 3)])
+        with self.assertRaises(ugds.ClosedError):
+            vb.submit([("read", buf, 4096, 0, 0, 3)])
+        with self.assertRaises(ugds.ClosedError):
+            b.get_status(1, 1, timeout=1)
+        self.assertEqual(b.outstanding, 0)
+        with self.assertRaises(ugds.ClosedError):
+            h.close()
+        del b, vb, v
         self.drv.deregister(buf)
 
     def test_batch_queues_come_from_the_environment(self):

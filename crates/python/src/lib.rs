@@ -402,6 +402,8 @@ impl Buffer {
 struct Handle {
     /// Shared with the volumes made of it.
     inner: Arc<ugds::Handle>,
+    /// The batch contexts on it, ended when it closes.
+    batches: Arc<batch::Batches>,
 }
 
 impl Handle {
@@ -444,7 +446,7 @@ impl Handle {
 
 impl From<ugds::Handle> for Handle {
     fn from(inner: ugds::Handle) -> Self {
-        Handle { inner: Arc::new(inner) }
+        Handle { inner: Arc::new(inner), batches: Arc::default() }
     }
 }
 
@@ -455,6 +457,8 @@ impl From<ugds::Handle> for Handle {
 #[pyclass(module = "ugds._ugds", frozen)]
 struct Volume {
     inner: ugds::Volume,
+    /// The members' batch registries: a volume batch context is on each.
+    batches: Vec<Arc<batch::Batches>>,
 }
 
 #[pymethods]
@@ -466,11 +470,12 @@ impl Volume {
     #[pyo3(signature = (handles, stripe=0))]
     fn new(handles: Vec<PyRef<'_, Handle>>, stripe: u64) -> PyResult<Volume> {
         let members = handles.iter().map(|h| h.inner.clone()).collect();
+        let batches = handles.iter().map(|h| h.batches.clone()).collect();
         let layout = match stripe {
             0 => ugds::VolumeLayout::Concat,
             s => ugds::VolumeLayout::Striped { stripe: s },
         };
-        ugds::Volume::with_shared(members, layout).map(|inner| Volume { inner }).map_err(err)
+        ugds::Volume::with_shared(members, layout).map(|inner| Volume { inner, batches }).map_err(err)
     }
 
     /// Reads `size` bytes at byte `file_offset` of the volume into the
@@ -547,9 +552,11 @@ impl Volume {
     }
 
     /// A batch context for up to `capacity` volume requests in flight
-    /// (as Handle.batch; each request completes as one event).
+    /// (as Handle.batch; each request completes as one event). Closing a
+    /// member handle ends it.
     fn batch(&self, capacity: usize) -> PyResult<Batch> {
-        self.inner.batch(capacity).map(|b| Batch { inner: Box::new(b) }).map_err(err)
+        let on: Vec<&batch::Batches> = self.batches.iter().map(|b| &**b).collect();
+        self.inner.batch(capacity).map(|b| Batch::new(Box::new(b), &on)).map_err(err)
     }
 
     /// Size in bytes.
@@ -857,9 +864,10 @@ impl Handle {
             .collect()
     }
 
-    /// A batch context for up to `capacity` requests in flight.
+    /// A batch context for up to `capacity` requests in flight, ended
+    /// when the handle closes.
     fn batch(&self, capacity: usize) -> PyResult<Batch> {
-        self.inner.batch(capacity).map(|b| Batch { inner: Box::new(b) }).map_err(err)
+        self.inner.batch(capacity).map(|b| Batch::new(Box::new(b), &[&self.batches])).map_err(err)
     }
 
     /// Reads in stream order: `size`, `file_offset` and `buf_offset` (ints,
@@ -940,8 +948,12 @@ impl Handle {
     }
 
     /// Closes the handle. `drain`: "wait" (for I/O in flight, up to
-    /// `timeout` seconds, forever when None), "nowait" (BusyError if any),
-    /// or "force" (a wedged handle: reset the controller, then release).
+    /// `timeout` seconds, forever when None), "nowait" (BusyError if any,
+    /// or a batch request not yet collected), or "force" (a wedged handle:
+    /// reset the controller, then release). Its batch contexts (and those
+    /// of volumes it is in) end with it, as in the C library: each first
+    /// waits for its requests on the device; their uncollected events go,
+    /// and their later calls raise ClosedError.
     #[pyo3(signature = (drain="wait", timeout=None))]
     fn close(&self, py: Python<'_>, drain: &str, timeout: Option<f64>) -> PyResult<()> {
         let d = match (drain, timeout) {
@@ -951,7 +963,29 @@ impl Handle {
             ("force", _) => Drain::ForceAfterReset,
             (o, _) => return Err(InvalidArgument::new_err(format!("unknown drain {o:?} (wait, nowait, force)"))),
         };
-        py.allow_threads(|| self.inner.close(d)).map_err(err)
+        // A close that will be refused ends no batch context.
+        match self.inner.state() {
+            ugds::HandleState::Closed => return Err(err(ugds::Error::Closed)),
+            ugds::HandleState::Wedged if d != Drain::ForceAfterReset => return Err(err(ugds::Error::Wedged)),
+            _ => {}
+        }
+        if d == Drain::NoWait {
+            // Each open context holds one in-flight reference: anything
+            // beyond them, or a request of theirs not yet collected, is busy.
+            let (open, outstanding) = self.batches.open();
+            let inflight = self.inner.inflight();
+            if outstanding > 0 || inflight > open {
+                return Err(err(ugds::Error::Busy {
+                    what: "handle",
+                    inflight: inflight.saturating_sub(open) + outstanding,
+                }));
+            }
+        }
+        py.allow_threads(|| {
+            self.batches.close_all();
+            self.inner.close(d)
+        })
+        .map_err(err)
     }
 
     fn __enter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
