@@ -365,7 +365,10 @@ pub enum Drain {
     NoWait,
     /// Wait up to this long, then refuse with [`Error::Busy`](crate::Error::Busy).
     Timeout(Duration),
-    /// Wait as long as it takes.
+    /// Wait as long as it takes. A [`Batch`](crate::Batch) or an
+    /// [`IoQueue`](crate::IoQueue) holds its handle open while it exists,
+    /// so the thread that closes drops its own first (the C and Python
+    /// bindings end a handle's batch contexts at its close).
     Forever,
     /// For a wedged handle: reset the controller, which stops its DMA, then
     /// release everything the stuck commands held.
