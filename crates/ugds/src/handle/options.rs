@@ -37,7 +37,7 @@ pub struct HandleOptions {
     /// I/O): each new context goes on the one with the fewest contexts, so
     /// that threads with a context each do not share one queue's lock (as
     /// SPDK gives each thread its own queue pair). The first also carries
-    /// stream-ordered I/O. [1]
+    /// stream-ordered I/O. Default 1.
     pub batch_queues: u16,
     /// Entries of each batch queue (capped by MQES).
     pub batch_depth: u16,
