@@ -13,7 +13,7 @@ use crate::engine::hold::Hold;
 use crate::engine::BatchEvent;
 use crate::handle::Segment;
 use crate::handle::{Handle, HandleInner};
-use crate::registry::BufferToken;
+use crate::registry::{BufferToken, Recent};
 use crate::{Error, Result};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -76,8 +76,10 @@ pub struct Batch {
     ctx: u32,
     capacity: usize,
     stuck: bool,
-    /// Scratch for a submission's validated requests (no allocation on submit).
-    scratch: std::sync::Mutex<Vec<Prepared>>,
+    /// Scratch for a submission's validated requests (no allocation on
+    /// submit), and the buffer the last submission used (its registry entry
+    /// looked up again only when another buffer comes).
+    scratch: std::sync::Mutex<(Vec<Prepared>, Option<Recent>)>,
 }
 
 impl std::fmt::Debug for Batch {
@@ -116,7 +118,7 @@ impl Batch {
         std::mem::forget(r);
         let mut scratch = Vec::with_capacity(capacity);
         touch(&mut scratch);
-        Ok(Batch { handle, queue, ctx, capacity, stuck: false, scratch: std::sync::Mutex::new(scratch) })
+        Ok(Batch { handle, queue, ctx, capacity, stuck: false, scratch: std::sync::Mutex::new((scratch, None)) })
     }
 
     fn queue(&self) -> &BatchQueue {
@@ -146,11 +148,9 @@ impl Batch {
     /// number of doorbell writes it took.
     pub fn submit(&self, ios: &[BatchIo]) -> Result<usize> {
         let h = &*self.handle;
-        self.submit_prepared(ios.len(), |reqs| {
-            let mut recent = None;
+        self.submit_prepared(ios.len(), |reqs, recent| {
             for io in ios {
-                let (guard, data_off) =
-                    h.prepare_recent(&mut recent, &io.buf, io.size, io.file_offset, io.buf_offset)?;
+                let (guard, data_off) = h.prepare_recent(recent, &io.buf, io.size, io.file_offset, io.buf_offset)?;
                 reqs.push(Prepared {
                     op: if io.op == BatchOp::Read { NvmOpcode::Read } else { NvmOpcode::Write },
                     cookie: io.cookie,
@@ -173,7 +173,7 @@ impl Batch {
     /// one event.
     pub fn submit_vectored(&self, ios: &[BatchIov<'_>]) -> Result<usize> {
         let h = &*self.handle;
-        self.submit_prepared(ios.len(), |reqs| {
+        self.submit_prepared(ios.len(), |reqs, _| {
             for io in ios {
                 let read = io.op == BatchOp::Read;
                 let total = crate::handle::check_segments(io.segments, h.block_size(), read)?;
@@ -211,15 +211,20 @@ impl Batch {
     /// then hands them to the batch queue (a submission that finds no room
     /// within the timeout wedges the handle). A refused submission keeps
     /// none of them: their claims on the buffers go at once.
-    fn submit_prepared(&self, n: usize, fill: impl FnOnce(&mut Vec<Prepared>) -> Result<()>) -> Result<usize> {
+    fn submit_prepared(
+        &self,
+        n: usize,
+        fill: impl FnOnce(&mut Vec<Prepared>, &mut Option<Recent>) -> Result<()>,
+    ) -> Result<usize> {
         if n == 0 {
             return Err(Error::InvalidArgument("empty batch".into()));
         }
         let _in = self.handle.enter()?;
         self.queue().check_room(self.ctx, n)?;
-        let mut reqs = self.scratch.lock().recover();
+        let mut scratch = self.scratch.lock().recover();
+        let (reqs, recent) = &mut *scratch;
         reqs.clear();
-        let r = fill(&mut reqs).and_then(|()| match self.queue().submit(self.ctx, &mut reqs) {
+        let r = fill(reqs, recent).and_then(|()| match self.queue().submit(self.ctx, reqs) {
             Err(e @ Error::Timeout { .. }) => {
                 self.handle.wedge_holding_nothing();
                 Err(e)

@@ -136,7 +136,7 @@ pub(crate) fn check_segments(segments: &[Segment<'_>], block: usize, read: bool)
         total =
             total.checked_add(s.len).ok_or_else(|| Error::InvalidArgument("the segments' lengths overflow".into()))?;
     }
-    if read {
+    if read && segments.len() > 1 {
         // By buffer address: overlapping pieces of one registration (or of
         // two registrations of the same memory) would be written twice.
         let mut by_addr: Vec<(usize, usize, usize)> =

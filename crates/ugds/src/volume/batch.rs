@@ -280,7 +280,7 @@ impl VolumeBatch {
         }
         // Checked whole first: bad input submits nothing on any member.
         for io in ios {
-            v.check(io.op, &[Segment::new(&io.buf, io.buf_offset, io.size)], io.file_offset)?;
+            v.check_one(io.op, &Segment::new(&io.buf, io.buf_offset, io.size), io.file_offset)?;
         }
         let mut lists = std::mem::take(&mut st.lists);
         lists.resize_with(v.members.len(), Vec::new);

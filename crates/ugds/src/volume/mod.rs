@@ -204,6 +204,32 @@ impl Inner {
     /// (length, alignment, registration). Returns the total and the claims
     /// that keep the buffers registered until the request ends.
     fn check(&self, op: BatchOp, segments: &[Segment<'_>], file_offset: u64) -> Result<(usize, Vec<BufGuard>)> {
+        let total = self.check_range(op, segments, file_offset)?;
+        let inner = &self.members[0].inner;
+        let mut claims = Vec::with_capacity(segments.len());
+        for s in segments {
+            claims.push(Self::claim(inner, s)?);
+        }
+        Ok((total, claims))
+    }
+
+    /// [`check`](Self::check) of a one-segment request that keeps no claim
+    /// (its member takes its own): nothing allocated.
+    fn check_one(&self, op: BatchOp, segment: &Segment<'_>, file_offset: u64) -> Result<()> {
+        self.check_range(op, std::slice::from_ref(segment), file_offset)?;
+        Self::claim(&self.members[0].inner, segment).map(drop)
+    }
+
+    /// A claim on a segment's buffer range, refused where PRPs cannot name
+    /// its address.
+    fn claim(inner: &crate::handle::HandleInner, s: &Segment<'_>) -> Result<BufGuard> {
+        let g = inner.registry().acquire(s.buf, s.offset as u64, s.len as u64)?;
+        inner.data_offset(g.entry().base, s.offset)?;
+        Ok(g)
+    }
+
+    /// The segments and the volume range of a request; its total length.
+    fn check_range(&self, op: BatchOp, segments: &[Segment<'_>], file_offset: u64) -> Result<usize> {
         let total = crate::handle::check_segments(segments, self.block, op == BatchOp::Read)?;
         let bs = self.block as u64;
         if file_offset % bs != 0 {
@@ -213,14 +239,7 @@ impl Inner {
         if file_offset.checked_add(total as u64).is_none_or(|e| e > cap) {
             return Err(Error::OutOfRange { offset: file_offset, len: total as u64, capacity: cap });
         }
-        let inner = &self.members[0].inner;
-        let mut claims = Vec::with_capacity(segments.len());
-        for s in segments {
-            let g = inner.registry().acquire(s.buf, s.offset as u64, s.len as u64)?;
-            inner.data_offset(g.entry().base, s.offset)?;
-            claims.push(g);
-        }
-        Ok((total, claims))
+        Ok(total)
     }
 
     /// Where `len` bytes at `file_offset` lie when they lie on one member
