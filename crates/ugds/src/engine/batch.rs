@@ -346,7 +346,9 @@ impl BatchQueue {
     /// Reserves request slots in `ctx` for `n` requests, or says why not.
     pub(crate) fn check_room(&self, ctx: u32, n: usize) -> Result<()> {
         let st = self.lock();
-        let c = st.batch.ctxs[ctx as usize].as_ref().ok_or_else(|| Error::Closed)?;
+        // (`let else`, not `ok_or`: an error built on every call and
+        // dropped costs the drop glue's call.)
+        let Some(c) = st.batch.ctxs[ctx as usize].as_ref() else { return Err(Error::Closed) };
         if c.canceled {
             return Err(Error::Canceled);
         }
@@ -368,12 +370,12 @@ impl BatchQueue {
         let mut st = self.lock();
         // Slots first, so that the whole submission is admitted or refused.
         let mut slots = {
-            let c = st.batch.ctxs[ctx as usize].as_mut().ok_or_else(|| Error::Closed)?;
+            let Some(c) = st.batch.ctxs[ctx as usize].as_mut() else { return Err(Error::Closed) };
             std::mem::take(&mut c.slots)
         };
         slots.clear();
         {
-            let c = st.batch.ctxs[ctx as usize].as_mut().ok_or_else(|| Error::Closed)?;
+            let Some(c) = st.batch.ctxs[ctx as usize].as_mut() else { return Err(Error::Closed) };
             if reqs.len() > c.free.len() {
                 c.slots = slots;
                 return Err(Error::CapacityExceeded {
