@@ -408,3 +408,30 @@ fn io_queues_without_a_queue_pair_to_lend_spread_over_the_batch_queues() {
     assert_eq!(used, vec![8, 8], "each IoQueue on a batch queue of its own");
     assert!(b.mem[..] == pattern(11, 0, 16 * 4096)[..]);
 }
+
+#[test]
+fn a_batch_refuses_a_buffer_deregistered_since_its_last_submission() {
+    // The context remembers the buffer it used last: a deregistered one
+    // must not be reached through that memory.
+    let (d, h, _e) = open(small_emu(), opts());
+    let mut a = Buf::new(&d, 8192);
+    a.mem.fill(5);
+    let batch = h.batch(4).unwrap();
+    batch.submit(&[io(BatchOp::Write, &a.token, 4096, 0, 0, 1)]).unwrap();
+    collect_all(&batch, 1);
+    d.deregister(&a.token).unwrap();
+    let e = batch.submit(&[io(BatchOp::Read, &a.token, 4096, 0, 0, 2)]).unwrap_err();
+    assert!(matches!(e, Error::NotRegistered { .. } | Error::StaleToken { .. }), "{e:?}");
+    assert_eq!(batch.outstanding(), 0);
+    // The same memory registered again is a new token; the old one stays refused.
+    // SAFETY: `a.mem` outlives the registration (deregistered below).
+    let again = unsafe { d.register(a.mem.as_mut_ptr(), a.mem.len()) }.unwrap();
+    assert!(batch.submit(&[io(BatchOp::Read, &a.token, 4096, 0, 0, 3)]).is_err());
+    a.mem.fill(0);
+    batch.submit(&[io(BatchOp::Read, &again, 4096, 0, 4096, 4)]).unwrap();
+    let ev = collect_all(&batch, 1);
+    assert_eq!(ev[0].cookie, 4);
+    assert!(a.mem[4096..].iter().all(|&x| x == 5) && a.mem[..4096].iter().all(|&x| x == 0));
+    d.deregister(&again).unwrap();
+    std::mem::forget(a);
+}
