@@ -122,6 +122,33 @@ impl DmaRegion {
         std::array::from_fn(|i| unsafe { p.add(i).read_volatile() })
     }
 
+    /// Consumes the completion entry in slot `index` of a completion ring
+    /// if it is new, that is if its phase tag is `phase`: the dword holding
+    /// the tag loaded with acquire ordering, the rest read after it (see
+    /// [`barrier::dma_rmb`](crate::barrier::dma_rmb)), and the entry's CID
+    /// then overwritten with 0xffff, which no command is given, so that a
+    /// stale entry whose phase tag the controller flips before writing its
+    /// fields names no command instead of the one this slot completed a
+    /// lap ago. `None` when the entry is not new. One bounds check for the
+    /// whole entry.
+    #[inline(always)]
+    pub fn take_cqe(&self, index: usize, phase: bool) -> Option<Cqe> {
+        let p = self.at::<[u32; 4]>(index.saturating_mul(Cqe::SIZE)).cast::<u32>();
+        // SAFETY: `at` checked that the entry's four dwords lie in the
+        // region, aligned; AtomicU32 has u32's layout, and an atomic
+        // reference is the one kind allowed into device memory.
+        let dw3 = unsafe { (*p.add(3).cast::<AtomicU32>()).load(Ordering::Acquire) };
+        if (dw3 >> 16) & 1 != phase as u32 {
+            return None;
+        }
+        crate::barrier::dma_rmb();
+        // SAFETY: as above (the first three dwords, volatile).
+        let [d0, d1, d2] = std::array::from_fn(|i| unsafe { p.add(i).read_volatile() });
+        // SAFETY: as above (the fourth).
+        unsafe { p.add(3).write_volatile(dw3 | 0xffff) };
+        Some(Cqe::from_dwords([d0, d1, d2, dw3]))
+    }
+
     /// Volatile dword write.
     #[inline]
     pub fn write_u32(&self, off: usize, v: u32) {
@@ -275,6 +302,29 @@ mod tests {
         });
         assert!(m.contains("outside"), "{m}");
         let m = panic_message(|| r.write_bytes(30, &[1, 2, 3]));
+        assert!(m.contains("outside"), "{m}");
+    }
+
+    #[test]
+    fn a_completion_entry_is_taken_once_its_phase_tag_is_new() {
+        let mut mem = [0u64; 4];
+        let r = region(&mut mem);
+        // Slot 1: DW0 7, SQ head 3 on SQ 1, CID 5, phase 1, success.
+        r.write_u32(16, 7);
+        r.write_u32(24, 3 | 1 << 16);
+        r.write_u32(28, 5 | 1 << 16);
+        assert_eq!(r.take_cqe(1, false), None, "the phase tag is the old one");
+        let c = r.take_cqe(1, true).expect("new");
+        assert_eq!((c.dw0, c.sqhd, c.sqid, c.cid, c.phase()), (7, 3, 1, 5, true));
+        // Taken: its CID is overwritten with one no command is given.
+        assert_eq!(r.take_cqe(1, true).map(|c| c.cid), Some(0xffff));
+        let m = panic_message(|| {
+            r.take_cqe(2, true);
+        });
+        assert!(m.contains("outside"), "{m}");
+        let m = panic_message(|| {
+            r.take_cqe(usize::MAX / 16 + 1, true);
+        });
         assert!(m.contains("outside"), "{m}");
     }
 

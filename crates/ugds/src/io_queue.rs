@@ -37,6 +37,8 @@ struct Request {
     short: usize,
     op: NvmOpcode,
     claim: Claim,
+    /// The next free entry while this one is free (see [`Requests`]).
+    next_free: u32,
 }
 
 impl Request {
@@ -53,15 +55,49 @@ impl Request {
     }
 }
 
-/// A free request entry: one given back, or a new one.
-#[inline(always)]
-fn take_entry(reqs: &mut Vec<Request>, free: &mut Vec<u32>) -> u32 {
-    match free.pop() {
-        Some(i) => i,
-        None => {
-            let op = NvmOpcode::Read;
-            reqs.push(Request { tag: 0, pending: 0, len: 0, status: None, short: 0, op, claim: Claim::None });
-            reqs.len() as u32 - 1
+/// No entry: the end of the free chain.
+const NO_ENTRY: u32 = u32::MAX;
+
+/// A lent queue's request entries, the free ones chained through their
+/// `next_free` (most recently freed first, warm in cache): taking and
+/// giving back an entry touch that entry and one word, with no second
+/// vector to pop from and push to.
+struct Requests {
+    entries: Vec<Request>,
+    /// The first free entry, or [`NO_ENTRY`].
+    free: u32,
+}
+
+impl Requests {
+    fn with_capacity(n: usize) -> Requests {
+        Requests { entries: Vec::with_capacity(n), free: NO_ENTRY }
+    }
+
+    /// The entry the next request will take: the first free one, or a new
+    /// one. Taken by [`start`](Self::start).
+    #[inline(always)]
+    fn next(&self) -> u32 {
+        if self.free != NO_ENTRY {
+            self.free
+        } else {
+            self.entries.len() as u32
+        }
+    }
+
+    /// Takes entry `idx` ([`next`](Self::next)'s) for a request of
+    /// `pending` commands.
+    #[inline(always)]
+    fn start(&mut self, idx: u32, tag: u64, pending: u32, len: usize, op: NvmOpcode, claim: Claim) {
+        match self.entries.get_mut(idx as usize) {
+            Some(e) => {
+                self.free = e.next_free;
+                e.start(tag, pending, len, op, claim);
+            }
+            None => {
+                let next_free = NO_ENTRY;
+                let r = Request { tag, pending, len, status: None, short: 0, op, claim, next_free };
+                self.entries.push(r);
+            }
         }
     }
 }
@@ -143,13 +179,55 @@ impl Buffers {
     }
 }
 
+/// What a request of a page or less is checked against, taken from the
+/// handle once: the checks of [`HandleInner::check_range`] and
+/// [`HandleInner::data_offset`] in a few instructions, which on failure
+/// leave the error to those.
+#[derive(Clone, Copy)]
+struct Small {
+    /// Requests of `1..=max` bytes take the one-command path: a page, or 0
+    /// on a shared queue (which has none).
+    max: usize,
+    /// The block size less one.
+    block_mask: u64,
+    /// log2 of the block size.
+    block_shift: u32,
+    nsid: u32,
+    /// The namespace's size in bytes.
+    capacity: u64,
+}
+
+impl Small {
+    fn of(h: &HandleInner, shared: bool) -> Small {
+        let bs = h.block_size() as u64;
+        Small {
+            max: if shared { 0 } else { PAGE_SIZE },
+            block_mask: bs - 1,
+            block_shift: bs.trailing_zeros(),
+            nsid: h.ns_nsid(),
+            capacity: h.capacity(),
+        }
+    }
+
+    /// Whether a request of `size` bytes (`1..=max`) at `file_offset`, its
+    /// data `data_off` bytes into its first page, passes every check.
+    #[inline(always)]
+    fn valid(&self, size: usize, file_offset: u64, data_off: usize) -> bool {
+        let end = file_offset.wrapping_add(size as u64);
+        (file_offset | size as u64) & self.block_mask == 0
+            && data_off % 4 == 0
+            && end <= self.capacity
+            && end >= file_offset
+    }
+}
+
 /// A queue pair for one thread's asynchronous I/O; see the module docs.
 /// Holds an in-flight reference on its handle while it exists.
 pub struct IoQueue<'h> {
     handle: &'h Handle,
+    small: Small,
     qp: Option<QueuePair>,
-    reqs: Vec<Request>,
-    free: Vec<u32>,
+    reqs: Requests,
     outstanding: usize,
     polls: u32,
     dead: bool,
@@ -190,9 +268,9 @@ impl<'h> IoQueue<'h> {
                 std::mem::forget(r);
                 return Ok(IoQueue {
                     handle,
+                    small: Small::of(h, true),
                     qp: None,
-                    reqs: Vec::new(),
-                    free: Vec::new(),
+                    reqs: Requests::with_capacity(0),
                     outstanding: 0,
                     polls: 0,
                     dead: false,
@@ -226,9 +304,9 @@ impl<'h> IoQueue<'h> {
         let n = qp.free_slots();
         Ok(IoQueue {
             handle,
+            small: Small::of(h, false),
             qp: Some(qp),
-            reqs: Vec::with_capacity(n),
-            free: Vec::with_capacity(n),
+            reqs: Requests::with_capacity(n),
             outstanding: 0,
             polls: 0,
             dead: false,
@@ -312,30 +390,32 @@ impl<'h> IoQueue<'h> {
         }
         // A page or less is one command (MDTS is at least a page): the
         // common case, kept free of the chunking a larger request needs.
-        if size > PAGE_SIZE || self.shared.is_some() {
+        // Empty, larger, and every request on a shared queue go the other way.
+        let small = self.small;
+        if size.wrapping_sub(1) >= small.max {
             return self.submit_many(op, buf, size, file_offset, buf_offset, tag);
         }
-        let bs = h.check_range(size, file_offset)?;
-        let data_off = h.data_offset(buf.base, buf_offset)?;
+        let data_off = buf.base % PAGE_SIZE + buf_offset;
+        if !small.valid(size, file_offset, data_off) {
+            return Err(refuse_small(h, size, file_offset, buf, buf_offset));
+        }
         let Some(qp) = self.qp.as_mut() else { unreachable!("a queue of its own when not shared") };
         let claim = self.bufs.claim(h, buf, buf_offset as u64, size as u64)?;
         // One page or two: as two entries, the second 0 when unused (what
         // One means on the wire), so that staging branches on nothing.
-        let (prp1, prp2) = match prp::plan(self.bufs.pages(&claim), PAGE_SIZE, data_off, size) {
-            Ok(PrpPlan::One { prp1 }) => (prp1, 0),
-            Ok(PrpPlan::Two { prp1, prp2 }) => (prp1, prp2),
-            _ => unreachable!("a validated range of a page or less plans as one or two entries"),
+        let Some((prp1, prp2)) = prp::pair(self.bufs.pages(&claim), PAGE_SIZE, data_off, size) else {
+            unreachable!("a range within the registration lies within its pages")
         };
         let plan = PrpPlan::Two { prp1, prp2 };
-        let idx = take_entry(&mut self.reqs, &mut self.free);
-        let shift = bs.trailing_zeros();
-        let sqe = Sqe::rw(op, Cid(0), Nsid(h.ns_nsid()), Lba(file_offset >> shift), (size >> shift) as u32, 0, 0);
+        let idx = self.reqs.next();
+        let shift = small.block_shift;
+        let lba = Lba(file_offset >> shift);
+        let sqe = Sqe::rw(op, Cid(0), Nsid(small.nsid), lba, (size >> shift) as u32, 0, 0);
         if qp.stage(sqe, Some(plan), Owner::Own(idx)).is_err() {
-            self.free.push(idx);
             self.bufs.release(claim);
             return Err(Error::QueueFull);
         }
-        self.reqs[idx as usize].start(tag, 1, size, op, claim);
+        self.reqs.start(idx, tag, 1, size, op, claim);
         self.outstanding += 1;
         Ok(())
     }
@@ -368,7 +448,7 @@ impl<'h> IoQueue<'h> {
         }
         let claim = self.bufs.claim(h, buf, buf_offset as u64, size as u64)?;
         let pages = self.bufs.pages(&claim);
-        let idx = take_entry(&mut self.reqs, &mut self.free);
+        let idx = self.reqs.next();
         let nsid = Nsid(h.ns_nsid());
         let sqe = |c: &Chunk| Sqe::rw(op, Cid(0), nsid, Lba(c.slba), c.nlb, 0, 0);
         // Cannot fail: the range was checked against the registration and
@@ -377,7 +457,7 @@ impl<'h> IoQueue<'h> {
             let plan = prp::plan(pages, PAGE_SIZE, c.data_off, c.len).expect("validated range plans");
             qp.submit(sqe(&c), Some(plan), Owner::Own(idx)).expect("room checked above");
         }
-        self.reqs[idx as usize].start(tag, n as u32, size, op, claim);
+        self.reqs.start(idx, tag, n as u32, size, op, claim);
         self.outstanding += 1;
         Ok(())
     }
@@ -495,20 +575,20 @@ impl<'h> IoQueue<'h> {
     #[inline]
     fn reap(&mut self, f: &mut impl FnMut(u64, Result<usize>)) -> usize {
         let mut done = 0;
-        let (reqs, free, bufs) = (&mut self.reqs, &mut self.free, &mut self.bufs);
+        let (reqs, bufs) = (&mut self.reqs, &mut self.bufs);
         // One closure per transport, each inlined into its reaping loop (a
         // closure shared by both is not: measured, about 20 instructions a
         // completion); only the kernel path's completions report bytes short.
         match self.qp.as_mut() {
             None => return 0,
             Some(QueuePair::Nvme(q)) => q.process_completions(usize::MAX, |owner, cqe| {
-                done += complete(reqs, free, bufs, f, owner, cqe, false) as usize
+                done += complete(reqs, bufs, f, owner, cqe, false) as usize
             }),
             Some(QueuePair::Uring(q)) => q.process_completions(usize::MAX, |owner, cqe| {
-                done += complete(reqs, free, bufs, f, owner, cqe, true) as usize
+                done += complete(reqs, bufs, f, owner, cqe, true) as usize
             }),
             Some(QueuePair::Tcp(q)) => q.process_completions(usize::MAX, |owner, cqe| {
-                done += complete(reqs, free, bufs, f, owner, cqe, false) as usize
+                done += complete(reqs, bufs, f, owner, cqe, false) as usize
             }),
         };
         self.outstanding -= done;
@@ -565,7 +645,7 @@ impl<'h> IoQueue<'h> {
         let handle: &Handle = self.handle;
         let stuck = match handle.inner.escalate("I/O", qid, &cids, || {
             self.reap(f);
-            late.iter().all(|&i| self.reqs[i].pending == 0)
+            late.iter().all(|&i| self.reqs.entries[i].pending == 0)
         }) {
             Escalation::Settled => return,
             Escalation::Stuck(e) => e,
@@ -575,7 +655,7 @@ impl<'h> IoQueue<'h> {
         // never reused: it is forgotten on drop.
         let mut guards = Vec::new();
         let mut shared_hold = false;
-        for (i, r) in self.reqs.iter_mut().enumerate() {
+        for (i, r) in self.reqs.entries.iter_mut().enumerate() {
             if r.pending > 0 {
                 let cid = self.qp.as_ref().and_then(|q| q.outstanding_cid_of(Owner::Own(i as u32)));
                 tracing::error!(qid, ?cid, "asynchronous request stuck ({stuck}); wedging the handle");
@@ -650,6 +730,17 @@ impl Drop for IoQueue<'_> {
     }
 }
 
+/// Why a request of a page or less failed [`Small::valid`]: the handle's
+/// own checks say.
+#[cold]
+#[inline(never)]
+fn refuse_small(h: &HandleInner, size: usize, file_offset: u64, buf: &BufferToken, buf_offset: usize) -> Error {
+    match h.check_range(size, file_offset).and_then(|_| h.data_offset(buf.base, buf_offset)) {
+        Err(e) => e,
+        Ok(_) => unreachable!("the handle's checks refuse what Small::valid refuses"),
+    }
+}
+
 /// A completion of a request reported timed out already (the queue is
 /// dead): not reported again.
 #[cold]
@@ -664,8 +755,7 @@ fn late_completion(cqe: &Cqe) {
 /// completions).
 #[inline(always)]
 fn complete(
-    reqs: &mut [Request],
-    free: &mut Vec<u32>,
+    reqs: &mut Requests,
     bufs: &mut Buffers,
     f: &mut impl FnMut(u64, Result<usize>),
     owner: Owner,
@@ -673,7 +763,7 @@ fn complete(
     short: bool,
 ) -> bool {
     let Owner::Own(idx) = owner else { unreachable!("a lent queue pair's commands are its own") };
-    let r = &mut reqs[idx as usize];
+    let r = &mut reqs.entries[idx as usize];
     if r.pending == 0 {
         late_completion(cqe);
         return false;
@@ -697,6 +787,7 @@ fn complete(
         }),
     };
     f(r.tag, res);
-    free.push(idx);
+    r.next_free = reqs.free;
+    reqs.free = idx;
     true
 }

@@ -21,6 +21,7 @@
 use crate::engine::hold::{Hold, Inflight};
 use crate::gpu::DeviceMemory;
 use crate::platform::{HostMapping, Platform};
+use crate::sys::PAGE_SIZE;
 use crate::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -73,6 +74,18 @@ impl BufEntry {
                 Some(d) => platform.map_device(d)?,
             }
         };
+        // Every page must start on a controller page: the request paths
+        // name them in PRPs without checking each again.
+        if let Some(i) = map.pages.iter().position(|&a| a % PAGE_SIZE as u64 != 0) {
+            let addr = map.pages[i];
+            if let Err(e) = platform.unmap_host(&map) {
+                tracing::warn!("unmapping buffer {:#x}: {e}", self.base);
+            }
+            return Err(Error::Platform(format!(
+                "the platform mapped page {i} of the buffer at {:#x} to {addr:#x}, not page aligned",
+                self.base
+            )));
+        }
         self.mappings.write().recover().push(Mapping { handle_id, platform: platform.clone(), map });
         Ok(())
     }
@@ -493,6 +506,58 @@ mod tests {
         assert!(claims > 0 && removals > 0, "claims {claims}, removals {removals}");
         let t = reg.token_at(base).unwrap();
         reg.remove(&t).unwrap();
+        drop(mem);
+    }
+
+    /// A platform whose mappings put every page but the first off its page
+    /// boundary (what a broken IOMMU driver might hand back).
+    struct Unaligned(EmuPlatform);
+
+    impl Platform for Unaligned {
+        fn describe(&self) -> String {
+            self.0.describe()
+        }
+        fn read32(&self, off: usize) -> u32 {
+            self.0.read32(off)
+        }
+        fn write32(&self, off: usize, val: u32) {
+            self.0.write32(off, val)
+        }
+        fn alloc_dma(&self, len: usize) -> ugds_platform::Result<ugds_platform::dma::DmaBuffer> {
+            self.0.alloc_dma(len)
+        }
+        unsafe fn map_host(&self, vaddr: *mut u8, len: usize) -> ugds_platform::Result<HostMapping> {
+            // SAFETY: the caller's promise, passed on.
+            let mut m = unsafe { self.0.map_host(vaddr, len)? };
+            m.pages = m.pages.iter().enumerate().map(|(i, &a)| if i > 0 { a + 512 } else { a }).collect();
+            Ok(m)
+        }
+        fn unmap_host(&self, mapping: &HostMapping) -> ugds_platform::Result<()> {
+            self.0.unmap_host(mapping)
+        }
+        fn interrupt(&self, vector: u16) -> ugds_platform::Result<Option<&ugds_platform::sys::EventFd>> {
+            self.0.interrupt(vector)
+        }
+        fn interrupt_vectors(&self) -> u16 {
+            self.0.interrupt_vectors()
+        }
+    }
+
+    /// PRPs name the pages of a mapping as they are, so a mapping with a
+    /// page off its boundary is refused at registration and nothing stays
+    /// registered.
+    #[test]
+    fn a_mapping_with_an_unaligned_page_is_refused() {
+        let platform: Arc<dyn Platform> = Arc::new(Unaligned(EmuPlatform::new(EmuConfig::default()).unwrap()));
+        let mut mem = crate::HostBuffer::new(8192).unwrap();
+        let base = mem.as_mut_ptr() as usize;
+        let reg = Registry::default();
+        let r = reg.insert(base, 8192, None, &[(1, platform)], Visibility::Public);
+        match r {
+            Err(Error::Platform(m)) => assert!(m.contains("page 1") && m.contains("not page aligned"), "{m}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert_eq!(reg.token_at(base), None);
         drop(mem);
     }
 }

@@ -75,6 +75,33 @@ fn unregistered_and_out_of_buffer() {
     assert_eq!(q.outstanding(), 0);
 }
 
+/// A lent queue checks a request of a page or less on its own path: each
+/// refusal is the handle's precise error, and nothing reaches the device.
+#[test]
+fn a_lent_queue_refuses_a_bad_one_page_request_precisely() {
+    let (d, h, emu) = open(small_emu(), opts());
+    let b = Buf::new(&d, 8192);
+    let cap = h.capacity();
+    let mut q = h.io_queue().unwrap();
+    no_command(&emu, || {
+        let t = &b.token;
+        assert!(matches!(q.submit_read(t, 0, 0, 0, 0), Err(Error::ZeroSize)));
+        assert!(matches!(q.submit_read(t, 4096, 512 + 3, 0, 0), Err(Error::Misaligned { what: "file offset", .. })));
+        assert!(matches!(q.submit_read(t, 4000, 0, 0, 0), Err(Error::Misaligned { what: "size", .. })));
+        assert!(matches!(q.submit_read(t, 512, 0, 2, 0), Err(Error::Misaligned { what: "buffer address", .. })));
+        assert!(matches!(q.submit_read(t, 4096, cap - 512, 0, 0), Err(Error::OutOfRange { .. })));
+        assert!(matches!(q.submit_read(t, 4096, cap, 0, 0), Err(Error::OutOfRange { .. })));
+        // An end past 2^64 wraps to a small offset: still out of range.
+        assert!(matches!(q.submit_read(t, 4096, u64::MAX - 511, 0, 0), Err(Error::OutOfRange { .. })));
+        assert!(matches!(q.submit_read(t, 4096, 0, 8192 - 512, 0), Err(Error::BufferRange { .. })));
+        q.ring();
+    });
+    assert_eq!(q.outstanding(), 0);
+    // The last block of the namespace is in range.
+    q.submit_read(&b.token, 512, cap - 512, 0, 7).unwrap();
+    q.drain(|tag, r| assert_eq!((tag, r.unwrap()), (7, 512))).unwrap();
+}
+
 #[test]
 fn registration_rules() {
     let d = Driver::open();

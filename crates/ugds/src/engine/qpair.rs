@@ -496,40 +496,16 @@ impl NvmeQueue {
     #[inline]
     pub fn process_completions(&mut self, max: usize, mut f: impl FnMut(Owner, &Cqe)) -> usize {
         let (mut n, mut done, mut failed) = (0, 0, 0);
+        let mut sqhd = 0;
         while n < max {
-            let off = self.cursor.head as usize * Cqe::SIZE;
             // The phase tag is the truth: an entry is new when its phase
             // matches the one we expect at this position.
-            let dw3 = self.cq.load_u32_acquire(off + 12);
-            if (dw3 >> 16) & 1 != self.cursor.phase as u32 {
-                break;
-            }
-            // Read the rest of the entry only after its phase.
-            barrier::dma_rmb();
-            let [d0, d1, d2] = self.cq.read_u32s(off);
-            let cqe = Cqe::from_dwords([d0, d1, d2, dw3]);
-            // Mark the consumed entry's CID invalid (0xffff, never handed
-            // out). The slot is ours until the CQ head doorbell says
-            // otherwise, so the controller's next entry here replaces it
-            // whole; one that flips the phase tag before writing its fields
-            // (a stale entry showing the new phase) then names no command,
-            // instead of the command this slot completed a lap ago.
-            self.cq.write_u32(off + 12, dw3 | 0xffff);
+            let Some(cqe) = self.cq.take_cqe(self.cursor.head as usize, self.cursor.phase) else { break };
             self.cursor.advance(self.cq_ring);
             n += 1;
-            // SQ slots are freed by how far the controller has fetched, not
-            // by which commands completed. The head only moves forward, and
-            // never past the tail it was told: anything else would free
-            // slots the controller has not fetched.
-            let (h, head, tail) = (cqe.sqhd as u32, self.sq_head, self.last_sq_tail);
-            // In [head, tail] in ring order (wrapped: [head, size) or [0, tail]).
-            let fetched =
-                if head <= tail { h >= head && h <= tail } else { h >= head && h < self.sq_ring.size() || h <= tail };
-            if fetched {
-                self.sq_head = h;
-            } else {
-                self.bad_sq_head(cqe.sqhd);
-            }
+            // The newest entry's SQ head says all the earlier ones say and
+            // more: only the last of the round is taken (below).
+            sqhd = cqe.sqhd;
             match self.tracker.end(Cid(cqe.cid), cqe.status) {
                 Ok(t) => {
                     if let Some(page) = t.prp_page {
@@ -543,6 +519,7 @@ impl NvmeQueue {
             }
         }
         if n > 0 {
+            self.take_sq_head(sqhd);
             self.counters.completed.add(done);
             self.counters.errors.add(failed);
             self.cq_unreported += n as u32;
@@ -553,6 +530,24 @@ impl NvmeQueue {
             }
         }
         n
+    }
+
+    /// Frees the SQ slots a completion's SQ head says the controller has
+    /// fetched. SQ slots are freed by how far the controller has fetched,
+    /// not by which commands completed. The head only moves forward, and
+    /// never past the tail it was told: anything else would free slots the
+    /// controller has not fetched, and is refused.
+    #[inline(always)]
+    fn take_sq_head(&mut self, sqhd: u16) {
+        let (h, head, tail) = (sqhd as u32, self.sq_head, self.last_sq_tail);
+        // In [head, tail] in ring order (wrapped: [head, size) or [0, tail]).
+        let fetched =
+            if head <= tail { h >= head && h <= tail } else { h >= head && h < self.sq_ring.size() || h <= tail };
+        if fetched {
+            self.sq_head = h;
+        } else {
+            self.bad_sq_head(sqhd);
+        }
     }
 
     /// A completion whose SQ head lies outside what was submitted (kept

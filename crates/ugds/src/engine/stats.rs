@@ -14,6 +14,7 @@
 use super::trace::Histogram;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
+use ugds_nvme::NvmOpcode;
 
 /// A counter with one writer at a time (see the module docs).
 #[derive(Debug, Default)]
@@ -78,29 +79,27 @@ pub struct QueueCounters {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Staged {
     commands: u64,
-    blocks_read: u64,
-    blocks_written: u64,
+    /// Blocks by opcode: a Write's (0x01) in slot 1, a Read's (0x02) in
+    /// slot 2; any other command's block field lands in slot 0 or 3, never
+    /// published. An index, not a branch per command.
+    blocks: [u64; 4],
 }
 
 impl Staged {
-    /// Counts a read or write command of `nlb` blocks (any other command
-    /// counts as a command only).
+    /// Counts a command, and its `nlb` blocks when a read or write (`nlb`
+    /// of any other command is not counted).
     #[inline(always)]
     pub fn add(&mut self, opcode: u8, nlb: u32) {
         self.commands += 1;
-        match opcode {
-            0x02 => self.blocks_read += nlb as u64,
-            0x01 => self.blocks_written += nlb as u64,
-            _ => {}
-        }
+        self.blocks[(opcode as usize).min(3)] += nlb as u64;
     }
 
     /// Makes the counts so far visible in `c`.
     #[inline]
     pub fn publish(&self, c: &QueueCounters) {
         c.submitted.set(self.commands);
-        c.blocks_read.set(self.blocks_read);
-        c.blocks_written.set(self.blocks_written);
+        c.blocks_read.set(self.blocks[NvmOpcode::Read as usize]);
+        c.blocks_written.set(self.blocks[NvmOpcode::Write as usize]);
     }
 }
 
@@ -115,6 +114,8 @@ mod tests {
         s.add(0x02, 8);
         s.add(0x01, 2);
         s.add(0x00, 0); // Flush: a command, no blocks
+        s.add(0x08, 5); // Write Zeroes: a command, its blocks not read or written
+        s.add(0x09, 1); // Dataset Management
         assert_eq!(c.submitted.get(), 0, "not before publishing");
         s.publish(&c);
         c.completed.add(2);
@@ -122,7 +123,7 @@ mod tests {
         c.interrupts.add_shared(3);
         assert_eq!(
             (c.submitted.get(), c.blocks_read.get(), c.blocks_written.get(), c.completed.get(), c.errors.get()),
-            (3, 8, 2, 2, 1)
+            (5, 8, 2, 2, 1)
         );
         assert_eq!(c.interrupts.get(), 3);
     }

@@ -308,6 +308,11 @@ impl HandleInner {
             && ugds_nvme::sgl::describe(pieces, PAGE_SIZE, SGL_PER_PAGE, |_, _| {}).is_ok()
     }
 
+    /// Bytes usable on the namespace.
+    pub fn capacity(&self) -> u64 {
+        self.ns.capacity()
+    }
+
     /// The namespace's block size in bytes.
     pub fn block_size(&self) -> usize {
         self.ns.block_size as usize
