@@ -406,7 +406,12 @@ impl Recent {
     /// keeps it registered) checks instead of claiming again.
     #[inline(always)]
     pub fn covers(&self, token: &BufferToken, offset: u64, len: u64) -> bool {
-        self.token == *token && offset.checked_add(len).is_some_and(|end| end <= self.len as u64)
+        // The generation alone names a registration (unique in the
+        // process); the base as the registry checks it; the token's length
+        // is the caller's and not looked at, as by the registry.
+        self.token.generation == token.generation
+            && self.token.base == token.base
+            && offset.checked_add(len).is_some_and(|end| end <= self.len as u64)
     }
 
     /// What a request on `token` through `handle_id` remembers of the
