@@ -39,6 +39,8 @@ impl Batches {
     /// events go with them.
     pub(crate) fn close_all(&self) {
         for slot in self.live() {
+            // Taken under the lock, ended (a wait for its requests on the
+            // device) after the lock is released.
             let b = slot.write().recover().take();
             drop(b);
         }

@@ -416,7 +416,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         // Queue mode needs lendable queues more than a batch queue (few queues: QEMU max_ioqpairs=2).
         .batch_queue(!o.batches.is_empty() || o.stream)
         // Each thread's batch context on a queue pair of its own.
-        .batch_queues(if o.batches.is_empty() { 1 } else { o.threads.clamp(1, 64) as u16 })
+        .batch_queues(if o.batches.is_empty() { 1 } else { batch_queue_per_thread(o.threads) })
         .shadow_doorbells(o.shadow_doorbells)
         .kernel_ring(o.kernel_ring)
         .stats_dir(HandleOptions::from_env().stats_dir)
@@ -699,6 +699,13 @@ fn prefill(driver: &Driver, handle: &Handle, range: u64) -> Result<(), ugds::Err
     })();
     driver.deregister(&token)?;
     r
+}
+
+/// A batch queue pair per thread (at most 64), so that each thread's
+/// batch context is on a queue of its own and the threads share no
+/// queue's lock.
+pub(super) fn batch_queue_per_thread(threads: usize) -> u16 {
+    threads.clamp(1, 64) as u16
 }
 
 #[cfg(test)]

@@ -58,9 +58,7 @@ pub(super) fn run(o: &Opts, layout: VolumeLayout) -> Result<(), String> {
             .nsid(o.target.nsid)
             .sync_queues(o.threads.clamp(1, 8) as u16)
             .async_queues(0)
-            // A batch queue per thread (each thread's context on its own):
-            // the threads then share no queue's lock on a member.
-            .batch_queues(o.threads.clamp(1, 64) as u16)
+            .batch_queues(super::batch_queue_per_thread(o.threads))
             .queue_depth((o.qd * 4).clamp(32, 1024) as u16)
             .shadow_doorbells(o.shadow_doorbells)
             .completion(if o.interrupt { Completion::Interrupt } else { Completion::Poll })

@@ -206,10 +206,7 @@ impl Inner {
     fn check(&self, op: BatchOp, segments: &[Segment<'_>], file_offset: u64) -> Result<(usize, Vec<BufGuard>)> {
         let total = self.check_range(op, segments, file_offset)?;
         let inner = &self.members[0].inner;
-        let mut claims = Vec::with_capacity(segments.len());
-        for s in segments {
-            claims.push(Self::claim(inner, s)?);
-        }
+        let claims = segments.iter().map(|s| Self::claim(inner, s)).collect::<Result<_>>()?;
         Ok((total, claims))
     }
 
