@@ -163,6 +163,12 @@ impl Driver {
         self.inner.registry.private_count()
     }
 
+    /// Registers a test double's device memory (see `engine::slow_gpu`).
+    #[cfg(test)]
+    pub(crate) fn register_test_device(&self, mem: DeviceMemory) -> Result<BufferToken> {
+        self.insert(mem.ptr as usize, mem.len, Some(mem), Visibility::Public)
+    }
+
     fn insert(&self, base: usize, len: usize, device: Option<DeviceMemory>, v: Visibility) -> Result<BufferToken> {
         if device.is_none() && len as u64 > crate::sys::physical_memory() {
             // No process can pin more than the machine has; checked before

@@ -32,6 +32,8 @@ pub mod kernel;
 pub mod qpair;
 pub mod queue;
 pub mod rdma;
+#[cfg(test)]
+pub(crate) mod slow_gpu;
 pub mod stats;
 pub mod sync;
 pub mod tcp;

@@ -303,6 +303,9 @@ pub fn probe(t: &TcpTarget) -> Result<FabricsProbe> {
 }
 
 #[cfg(test)]
+mod gpu_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use std::net::TcpListener;

@@ -30,8 +30,13 @@
 //!
 //! Commands on GPU memory (a window above `DEVICE_IOVA_BASE`) borrow a
 //! pinned host bounce buffer: a write's bytes are copied off the device
-//! at submission, a read's onto it when its data is all in; both copies
-//! are waited for (not yet overlapped with the network).
+//! at submission (waited for: the capsule or H2CData needs them), a read's
+//! onto it when its data is all in. That copy is started and not waited
+//! for: the command stays outstanding (its CID, bounce buffer and request)
+//! while the queue goes on receiving, and completes at the look that finds
+//! its copy done, so that the network and the copies overlap. A failed
+//! copy fails its command alone. A bounce buffer a copy may still read is
+//! never given back.
 
 use super::super::bounce::{self, Bounce};
 use super::super::qpair::{CqView, Full, Owner};
@@ -45,7 +50,7 @@ use std::sync::Arc;
 use ugds_nvme::status::generic;
 use ugds_nvme::tcp::{self, CommonHeader, Framing, Head, PduError};
 use ugds_nvme::{Cid, Cqe, NvmOpcode, Qid, Sqe, Status};
-use ugds_platform::device::DeviceRuntime;
+use ugds_platform::device::{CopyTicket, DeviceRuntime};
 use ugds_platform::tcp::TcpPlatform;
 use ugds_platform::window::DEVICE_IOVA_BASE;
 
@@ -83,6 +88,19 @@ pub struct Transfer {
     pub(super) bounce: Option<Bounce>,
     /// Refused at submission with this status field (no capsule sent).
     pub(super) refused: Option<u16>,
+    /// Its data is all in and being copied to GPU memory ([`Copying`]).
+    pub(super) copying: bool,
+}
+
+/// A read into GPU memory whose data is in and whose copy from the bounce
+/// buffer to the device is running: its command stays outstanding until
+/// the copy is answered.
+struct Copying {
+    cid: Cid,
+    /// The command's status as received (a success).
+    status: Status,
+    runtime: Arc<dyn DeviceRuntime>,
+    ticket: CopyTicket,
 }
 
 /// Where the receive side is in the byte stream.
@@ -123,6 +141,8 @@ pub struct TcpQueue {
     failure: Option<String>,
     /// Commands refused at submission, completed at the next look.
     refused: Vec<Cid>,
+    /// Reads whose copy to GPU memory runs.
+    copying: Vec<Copying>,
     protocol_errors: u64,
     staged: Staged,
     counters: Arc<QueueCounters>,
@@ -186,6 +206,7 @@ impl TcpQueue {
             state: Rx::Head,
             failure: None,
             refused: Vec::new(),
+            copying: Vec::new(),
             protocol_errors: 0,
             staged: Staged::default(),
             counters: Arc::default(),
@@ -202,13 +223,20 @@ impl TcpQueue {
     /// Publishes whether a look would find work no signal announces, and
     /// watches the socket again (interrupt completion).
     fn settle(&mut self) {
-        let pending = self.end > self.start || self.sent < self.out.len() || !self.refused.is_empty();
+        let pending = self.look_pending();
         self.busy.store(pending as u32, std::sync::atomic::Ordering::Release);
         if let (Some(v), None) = (self.vector, &self.failure) {
             if let Err(e) = self.platform.rearm(std::os::fd::AsFd::as_fd(&self.stream), v) {
                 tracing::warn!(qid = self.qid.0, "NVMe/TCP: socket not watched again ({e}); waits are capped");
             }
         }
+    }
+
+    /// Whether a look would find work no signal announces: bytes received
+    /// and not parsed, staged and not sent, refusals to report, copies to
+    /// GPU memory to ask about.
+    fn look_pending(&self) -> bool {
+        self.end > self.start || self.sent < self.out.len() || !self.refused.is_empty() || !self.copying.is_empty()
     }
 
     /// Queue identifier.
@@ -295,18 +323,29 @@ impl TcpQueue {
         })?;
         let t = Transfer { dir, addr: b.addr, len: len32, device: addr, bounce: Some(b), ..Default::default() };
         if dir == Dir::Out {
-            if let Err(e) = self.copy_device(&t, false) {
+            if let Err(e) = self.copy_out(&t) {
                 tracing::error!("copy from GPU memory for a write failed: {e}");
-                bounce::give(b);
+                // One not answered may still write the bounce buffer: kept.
+                if !matches!(e, Error::Timeout { .. }) {
+                    bounce::give(b);
+                }
                 return Err(Status::generic(generic::DATA_TRANSFER_ERROR));
             }
         }
         Ok(t)
     }
 
-    /// Copies a GPU command's bytes between its bounce buffer and the
-    /// device (`to_device`: a read's), and waits for the copy.
-    fn copy_device(&self, t: &Transfer, to_device: bool) -> Result<()> {
+    /// Copies a GPU write's bytes from the device into its bounce buffer,
+    /// and waits for the copy.
+    fn copy_out(&self, t: &Transfer) -> Result<()> {
+        let (runtime, ticket) = self.start_copy(t, false)?;
+        wait_copy(&*runtime, ticket)
+    }
+
+    /// Starts the copy between a command's bounce buffer and its GPU
+    /// memory; the ticket must be asked about until answered, and the
+    /// bounce buffer kept until then.
+    fn start_copy(&self, t: &Transfer, to_device: bool) -> Result<(Arc<dyn DeviceRuntime>, CopyTicket)> {
         let (dev, runtime) = self
             .platform
             .device_at(t.device, t.len as usize)
@@ -322,7 +361,7 @@ impl TcpQueue {
                 runtime.copy_from_device_start(t.addr as *mut u8, dev, t.len as usize)
             }
         }?;
-        wait_copy(&*runtime, ticket)
+        Ok((runtime, ticket))
     }
 
     /// Stages a command (its data at `addr`, PRP1 of its plan): its capsule
@@ -378,7 +417,7 @@ impl TcpQueue {
             self.send();
         }
         if self.vector.is_some() {
-            let pending = self.end > self.start || self.sent < self.out.len() || !self.refused.is_empty();
+            let pending = self.look_pending();
             self.busy.store(pending as u32, std::sync::atomic::Ordering::Release);
         }
     }
@@ -474,15 +513,19 @@ impl TcpQueue {
             let status = e.extra.refused.unwrap_or(self.transport_error());
             self.finish(cid, e.owner, e.extra, Status::from_field(status), &mut report);
         }
+        self.reap_copies(max, &n, &mut report);
         self.send();
-        while n.get() < max && self.failure.is_none() && self.tracker.outstanding() > 0 {
+        while n.get() < max && self.failure.is_none() && self.tracker.outstanding() > self.copying.len() {
             match self.step() {
-                Ok(Some((cid, status))) => match self.tracker.end(cid, status.to_field(false)) {
-                    Ok(e) => {
-                        let status = self.check_received(cid, &e.extra, status);
-                        self.finish(cid, e.owner, e.extra, status, &mut report);
+                Ok(Some((cid, status))) => match self.tracker.get_mut(cid).map(|e| e.extra) {
+                    Some(t) if !t.copying => {
+                        let status = self.check_received(cid, &t, status);
+                        if let Some(status) = self.copy_in(cid, &t, status) {
+                            let e = self.tracker.end(cid, status.to_field(false)).expect("looked up above");
+                            self.finish(cid, e.owner, e.extra, status, &mut report);
+                        }
                     }
-                    Err(_) => self.violation(PduError::Field(format!(
+                    _ => self.violation(PduError::Field(format!(
                         "a completion for command {:#06x}, which is not in flight",
                         cid.0
                     ))),
@@ -493,10 +536,15 @@ impl TcpQueue {
             }
             self.send();
         }
+        // Copies that finished while the socket was read (or at once).
+        self.reap_copies(max, &n, &mut report);
         if self.failure.is_some() {
-            // Everything on the connection is lost with it.
+            // Everything on the connection is lost with it, but for reads
+            // whose data is all in and whose copies run: they end with
+            // their copies.
             let status = self.transport_error();
-            let cids: Vec<Cid> = self.tracker.outstanding_commands().map(|(c, _)| c).collect();
+            let cids: Vec<Cid> =
+                self.tracker.outstanding_commands().filter(|(_, t)| !t.extra.copying).map(|(c, _)| c).collect();
             for cid in cids {
                 let e = self.tracker.end(cid, status).expect("outstanding");
                 self.finish(cid, e.owner, e.extra, Status::from_field(status), &mut report);
@@ -527,16 +575,54 @@ impl TcpQueue {
         status
     }
 
-    /// Reports a finished command: a GPU read's bytes go to the device
-    /// first, and its bounce buffer goes back.
-    fn finish(&self, cid: Cid, owner: Owner, t: Transfer, status: Status, f: &mut impl FnMut(Owner, &Cqe)) {
-        let mut status = status;
-        if t.device != 0 && t.dir == Dir::In && status.is_success() {
-            if let Err(e) = self.copy_device(&t, true) {
-                tracing::error!("copy of a read to GPU memory failed: {e}");
-                status = Status::generic(generic::DATA_TRANSFER_ERROR);
+    /// A received completion of a read into GPU memory starts the copy of
+    /// its data to the device and leaves the command outstanding (`None`);
+    /// any other completion's status is returned, to be reported now (a
+    /// copy that could not start fails its read).
+    fn copy_in(&mut self, cid: Cid, t: &Transfer, status: Status) -> Option<Status> {
+        if t.device == 0 || t.dir != Dir::In || !status.is_success() {
+            return Some(status);
+        }
+        match self.start_copy(t, true) {
+            Ok((runtime, ticket)) => {
+                self.tracker.get_mut(cid).expect("outstanding").extra.copying = true;
+                self.copying.push(Copying { cid, status, runtime, ticket });
+                None
+            }
+            Err(e) => {
+                tracing::error!("copy of a read to GPU memory failed to start: {e}");
+                Some(Status::generic(generic::DATA_TRANSFER_ERROR))
             }
         }
+    }
+
+    /// Completes the reads whose copies to GPU memory are done (up to
+    /// `max` reported in all, counted in `n`); a failed copy fails its
+    /// read.
+    fn reap_copies(&mut self, max: usize, n: &std::cell::Cell<usize>, f: &mut impl FnMut(Owner, &Cqe)) {
+        let mut i = 0;
+        while i < self.copying.len() && n.get() < max {
+            let c = &self.copying[i];
+            let status = match c.runtime.copy_finished(c.ticket) {
+                Ok(false) => {
+                    i += 1;
+                    continue;
+                }
+                Ok(true) => c.status,
+                Err(e) => {
+                    tracing::error!("copy of a read to GPU memory failed: {e}");
+                    Status::generic(generic::DATA_TRANSFER_ERROR)
+                }
+            };
+            let cid = self.copying.swap_remove(i).cid;
+            let e = self.tracker.end(cid, status.to_field(false)).expect("a copying read is outstanding");
+            self.finish(cid, e.owner, e.extra, status, f);
+        }
+    }
+
+    /// Reports a finished command and gives its bounce buffer back (any
+    /// copy of it answered by now).
+    fn finish(&self, cid: Cid, owner: Owner, t: Transfer, status: Status, f: &mut impl FnMut(Owner, &Cqe)) {
         if let Some(b) = t.bounce {
             bounce::give(b);
         }
@@ -705,9 +791,23 @@ impl TcpQueue {
         }
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
         let n = self.tracker.outstanding();
-        for (_, t) in self.tracker.outstanding_commands() {
+        // A copy still reading a bounce buffer keeps it: waited for (10 s
+        // at most), and one not answered by then is never given back.
+        let stuck: Vec<Cid> = std::mem::take(&mut self.copying)
+            .into_iter()
+            .filter(|c| {
+                let answered = wait_copy(&*c.runtime, c.ticket);
+                answered.as_ref().is_err_and(|e| matches!(e, Error::Timeout { .. }))
+            })
+            .map(|c| c.cid)
+            .collect();
+        for (cid, t) in self.tracker.outstanding_commands() {
             if let Some(b) = t.extra.bounce {
-                bounce::give(b);
+                if stuck.contains(&cid) {
+                    tracing::error!(cid = cid.0, "a copy to GPU memory still reads this bounce buffer: kept");
+                } else {
+                    bounce::give(b);
+                }
             }
         }
         self.tracker.forget_all();
@@ -724,12 +824,16 @@ enum Stop {
     Broken(PduError),
 }
 
-/// Waits for a copy to or from GPU memory (10 s at most).
-fn wait_copy(runtime: &dyn DeviceRuntime, ticket: ugds_platform::device::CopyTicket) -> Result<()> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+/// Waits for a copy to or from GPU memory: `Ok` once done, the copy's
+/// error once it failed, `Error::Timeout` when it is not answered in 10 s
+/// (it may then still run).
+fn wait_copy(runtime: &dyn DeviceRuntime, ticket: CopyTicket) -> Result<()> {
+    let after = std::time::Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + after;
     while !runtime.copy_finished(ticket)? {
         if std::time::Instant::now() > deadline {
-            return Err(Error::Platform("a copy to or from GPU memory did not finish in 10 s".into()));
+            // Not answered: the copy may still run.
+            return Err(Error::Timeout { qid: 0, cid: None, after });
         }
         std::thread::yield_now();
     }

@@ -5,104 +5,12 @@
 //! alone.
 
 use super::*;
-use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
-use std::sync::Mutex;
+use crate::engine::slow_gpu::SlowGpu;
 use ugds_nvme::{Lba, Nsid};
-use ugds_platform::device::{CopyTicket, DeviceMemory, DeviceRuntime, DmabufExport};
+use ugds_platform::device::DeviceMemory;
 use ugds_platform::Platform;
 
 const BLOCK: u32 = 512;
-
-/// A copy in flight: bytes move when `left` looks have been spent.
-struct Job {
-    left: u32,
-    to_device: bool,
-    host: usize,
-    dev: u64,
-    len: usize,
-    fail: bool,
-}
-
-/// GPU memory in a vector, behind copies that finish on their third look.
-struct SlowGpu {
-    base: u64,
-    mem: Mutex<Vec<u8>>,
-    jobs: Mutex<HashMap<usize, Job>>,
-    next: AtomicU32,
-    fail: AtomicBool,
-}
-
-impl SlowGpu {
-    fn new(len: usize) -> Arc<SlowGpu> {
-        Arc::new(SlowGpu {
-            base: 0x7000_0000_0000,
-            mem: Mutex::new(vec![0; len]),
-            jobs: Mutex::new(HashMap::new()),
-            next: AtomicU32::new(1),
-            fail: AtomicBool::new(false),
-        })
-    }
-
-    fn start(&self, to_device: bool, host: usize, dev: u64, len: usize) -> CopyTicket {
-        let t = self.next.fetch_add(1, Ordering::Relaxed) as usize;
-        let fail = self.fail.load(Ordering::Relaxed);
-        self.jobs.lock().unwrap().insert(t, Job { left: 3, to_device, host, dev, len, fail });
-        CopyTicket::new(t)
-    }
-
-    fn in_flight(&self) -> usize {
-        self.jobs.lock().unwrap().len()
-    }
-}
-
-impl DeviceRuntime for SlowGpu {
-    fn name(&self) -> &'static str {
-        "slow"
-    }
-    unsafe fn copy_to_device(&self, _: u64, _: &[u8]) -> Result<()> {
-        panic!("the kernel path starts its copies and does not wait for them");
-    }
-    unsafe fn copy_from_device(&self, _: &mut [u8], _: u64) -> Result<()> {
-        panic!("the kernel path starts its copies and does not wait for them");
-    }
-    unsafe fn copy_to_device_start(&self, dst: u64, src: *const u8, len: usize) -> Result<CopyTicket> {
-        Ok(self.start(true, src as usize, dst, len))
-    }
-    unsafe fn copy_from_device_start(&self, dst: *mut u8, src: u64, len: usize) -> Result<CopyTicket> {
-        Ok(self.start(false, dst as usize, src, len))
-    }
-    fn copy_finished(&self, ticket: CopyTicket) -> Result<bool> {
-        let mut jobs = self.jobs.lock().unwrap();
-        let j = jobs.get_mut(&ticket.raw()).expect("a ticket of ours, not yet answered");
-        j.left -= 1;
-        if j.left > 0 {
-            return Ok(false);
-        }
-        let j = jobs.remove(&ticket.raw()).expect("looked at");
-        if j.fail {
-            return Err(Error::Platform("copy engine fault (injected)".into()));
-        }
-        let off = (j.dev - self.base) as usize;
-        let mut mem = self.mem.lock().unwrap();
-        // SAFETY: the queue keeps the bounce buffer's `len` bytes for this
-        // copy until it is answered (what this test checks).
-        let host = unsafe { std::slice::from_raw_parts_mut(j.host as *mut u8, j.len) };
-        if j.to_device {
-            mem[off..off + j.len].copy_from_slice(host);
-        } else {
-            host.copy_from_slice(&mem[off..off + j.len]);
-        }
-        Ok(true)
-    }
-    fn host_register(&self, _: *mut u8, _: usize) -> bool {
-        false
-    }
-    fn host_unregister(&self, _: *mut u8) {}
-    fn export_dmabuf(&self, _: u64, _: usize) -> Result<DmabufExport> {
-        Err(Error::Unsupported("a test runtime".into()))
-    }
-}
 
 fn pattern(i: usize) -> u8 {
     (i * 7 + i / 4096) as u8
