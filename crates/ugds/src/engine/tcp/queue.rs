@@ -323,23 +323,28 @@ impl TcpQueue {
         })?;
         let t = Transfer { dir, addr: b.addr, len: len32, device: addr, bounce: Some(b), ..Default::default() };
         if dir == Dir::Out {
-            if let Err(e) = self.copy_out(&t) {
-                tracing::error!("copy from GPU memory for a write failed: {e}");
-                // One not answered may still write the bounce buffer: kept.
-                if !matches!(e, Error::Timeout { .. }) {
-                    bounce::give(b);
+            match self.copy_out(&t) {
+                Ok(true) => {}
+                Ok(false) => {
+                    // Not answered: it may still write the bounce buffer, kept.
+                    tracing::error!("copy from GPU memory for a write not answered in {COPY_WAIT:?}");
+                    return Err(Status::generic(generic::DATA_TRANSFER_ERROR));
                 }
-                return Err(Status::generic(generic::DATA_TRANSFER_ERROR));
+                Err(e) => {
+                    tracing::error!("copy from GPU memory for a write failed: {e}");
+                    bounce::give(b);
+                    return Err(Status::generic(generic::DATA_TRANSFER_ERROR));
+                }
             }
         }
         Ok(t)
     }
 
     /// Copies a GPU write's bytes from the device into its bounce buffer,
-    /// and waits for the copy.
-    fn copy_out(&self, t: &Transfer) -> Result<()> {
+    /// and waits for the copy (see [`wait_copy`]).
+    fn copy_out(&self, t: &Transfer) -> Result<bool> {
         let (runtime, ticket) = self.start_copy(t, false)?;
-        wait_copy(&*runtime, ticket)
+        wait_copy(&*runtime, ticket, std::time::Instant::now() + COPY_WAIT)
     }
 
     /// Starts the copy between a command's bounce buffer and its GPU
@@ -791,14 +796,13 @@ impl TcpQueue {
         }
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
         let n = self.tracker.outstanding();
-        // A copy still reading a bounce buffer keeps it: waited for (10 s
-        // at most), and one not answered by then is never given back.
+        // A copy still reading a bounce buffer keeps it: all are waited
+        // for until one deadline, and one not answered by then is never
+        // given back.
+        let deadline = std::time::Instant::now() + COPY_WAIT;
         let stuck: Vec<Cid> = std::mem::take(&mut self.copying)
             .into_iter()
-            .filter(|c| {
-                let answered = wait_copy(&*c.runtime, c.ticket);
-                answered.as_ref().is_err_and(|e| matches!(e, Error::Timeout { .. }))
-            })
+            .filter(|c| matches!(wait_copy(&*c.runtime, c.ticket, deadline), Ok(false)))
             .map(|c| c.cid)
             .collect();
         for (cid, t) in self.tracker.outstanding_commands() {
@@ -824,20 +828,20 @@ enum Stop {
     Broken(PduError),
 }
 
-/// Waits for a copy to or from GPU memory: `Ok` once done, the copy's
-/// error once it failed, `Error::Timeout` when it is not answered in 10 s
-/// (it may then still run).
-fn wait_copy(runtime: &dyn DeviceRuntime, ticket: CopyTicket) -> Result<()> {
-    let after = std::time::Duration::from_secs(10);
-    let deadline = std::time::Instant::now() + after;
+/// How long a copy to or from GPU memory is waited for where one is.
+const COPY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Waits for a copy to or from GPU memory until `deadline`: `Ok(true)`
+/// once done, the copy's error once it failed (both answer the ticket),
+/// `Ok(false)` when not answered by then (the copy may still run).
+fn wait_copy(runtime: &dyn DeviceRuntime, ticket: CopyTicket, deadline: std::time::Instant) -> Result<bool> {
     while !runtime.copy_finished(ticket)? {
         if std::time::Instant::now() > deadline {
-            // Not answered: the copy may still run.
-            return Err(Error::Timeout { qid: 0, cid: None, after });
+            return Ok(false);
         }
         std::thread::yield_now();
     }
-    Ok(())
+    Ok(true)
 }
 
 impl Drop for TcpQueue {
