@@ -9,6 +9,9 @@
 //! program waits (uncounted) until the emulator has completed the round.
 
 use std::sync::Arc;
+use ugds::engine::{Controller, Owner, QueuePair};
+use ugds::nvme::{Cid, Lba, Nsid, NvmOpcode, PrpPlan, Sqe};
+use ugds::platform::Platform;
 use ugds::{Driver, HandleOptions, HostBuffer, IoQueue};
 use ugds_emu::{EmuConfig, EmuControl, EmuPlatform};
 
@@ -42,6 +45,37 @@ fn complete(q: &mut IoQueue<'_>) -> usize {
     q.poll(usize::MAX, |_, r| {
         r.expect("read");
     })
+}
+
+/// The bare queue pair's round (counted by callgrind): stage `DEPTH` 4 KiB
+/// reads with their PRPs planned beforehand, ring once.
+#[inline(never)]
+fn measured_bare_submit(qp: &mut QueuePair, plans: &[(u64, u64)], nsid: u32, shift: u32, round: usize) {
+    bare_submit(qp, plans, nsid, shift, round)
+}
+
+/// Reaps the bare queue pair's round (counted by callgrind).
+#[inline(never)]
+fn measured_bare_complete(qp: &mut QueuePair) -> usize {
+    bare_complete(qp)
+}
+
+#[inline(always)]
+fn bare_submit(qp: &mut QueuePair, plans: &[(u64, u64)], nsid: u32, shift: u32, round: usize) {
+    for (i, &(prp1, prp2)) in plans.iter().enumerate() {
+        let off = ((round * DEPTH + i) % 4096) as u64 * 4096;
+        let sqe = Sqe::rw(NvmOpcode::Read, Cid(0), Nsid(nsid), Lba(off >> shift), 4096 >> shift, 0, 0);
+        qp.stage(sqe, Some(PrpPlan::Two { prp1, prp2 }), Owner::Own(i as u32)).expect("room for the round");
+    }
+    qp.ring_sq_doorbell();
+}
+
+#[inline(always)]
+fn bare_complete(qp: &mut QueuePair) -> usize {
+    let mut failed = 0;
+    let n = qp.process_completions(usize::MAX, |_, cqe| failed += !cqe.is_success() as usize);
+    assert_eq!(failed, 0, "every read succeeds");
+    n
 }
 
 /// Waits until the emulator has posted `n` completion entries in all (not
@@ -79,5 +113,37 @@ fn main() -> Result<(), ugds::Error> {
     drop(q);
     driver.deregister(&token)?;
     println!("instructions: {ROUNDS} measured rounds of {DEPTH} reads of 4 KiB completed");
+    bare()
+}
+
+/// The same rounds on the bare queue pair: the engine's queue pair alone
+/// (CID, tracker entry, the entry written, doorbell, phase tag), with no
+/// request above it: no checks, no buffer claim, no request entry.
+fn bare() -> Result<(), ugds::Error> {
+    let e = EmuPlatform::new(EmuConfig::default().null(true))?;
+    let emu = e.control();
+    let p: Arc<dyn Platform> = Arc::new(e);
+    let ctrl = Controller::bring_up(p.clone(), 1)?;
+    let ns = ctrl.info().namespaces[0];
+    let mut qp = ctrl.create_io_qpair(1, 64, None)?;
+    let buf = p.alloc_dma(DEPTH * 4096)?;
+    let shift = ns.block_size.trailing_zeros();
+    let plans: Vec<(u64, u64)> = (0..DEPTH).map(|i| (buf.iova(i * 4096), 0)).collect();
+    let mut done = emu.stats().completions_posted;
+    for round in 0..WARMUP + ROUNDS {
+        let measured = round >= WARMUP;
+        if measured {
+            measured_bare_submit(&mut qp, &plans, ns.nsid, shift, round);
+        } else {
+            bare_submit(&mut qp, &plans, ns.nsid, shift, round);
+        }
+        done += DEPTH as u64;
+        wait_for(&emu, done);
+        let n = if measured { measured_bare_complete(&mut qp) } else { bare_complete(&mut qp) };
+        assert_eq!(n, DEPTH, "round {round}: every read of the round completes in one poll");
+    }
+    ctrl.delete_io_qpair(&qp)?;
+    ctrl.shutdown()?;
+    println!("instructions: {ROUNDS} measured rounds of {DEPTH} reads of 4 KiB on the bare queue pair completed");
     Ok(())
 }
