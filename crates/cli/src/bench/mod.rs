@@ -106,7 +106,9 @@ struct Run<'a> {
     mode: Mode,
     size: usize,
     qd: usize,
-    range: u64,
+    /// Requests of `size` that fit the range, at least 1: divided once
+    /// here, not per request (a division is a helper call under TCG).
+    units: u64,
     verify: bool,
     /// I/Os left when the run is bounded by bytes.
     budget: Option<&'a AtomicU64>,
@@ -140,7 +142,7 @@ impl Run<'_> {
     /// this thread's next in sequence. No division per request (a helper
     /// call under QEMU's TCG): the random index by multiply and shift.
     fn offset(&self, tid: usize, threads: usize, seq: &mut u64, rng: &mut Rng) -> u64 {
-        let n = (self.range / self.size as u64).max(1);
+        let n = self.units;
         let i = if self.mode.random() {
             ((rng.next() as u128 * n as u128) >> 64) as u64
         } else {
@@ -191,7 +193,7 @@ fn run_one(
         mode: o.mode,
         size,
         qd: o.qd,
-        range,
+        units: (range / size as u64).max(1),
         verify: o.verify,
         budget: budget.as_ref(),
         stop: &stop,
