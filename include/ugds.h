@@ -332,6 +332,13 @@ uGDSError_t uGDSVolumeOpen(uGDSHandle_t *vh, const uGDSHandle_t *members, int co
 #define UGDS_TCP_DIGESTS 1u
 uGDSError_t uGDSTcpOpen(uGDSHandle_t *fh, const char *addr, const char *subnqn, uint32_t nsid, uint32_t flags);
 
+/* NVMe over RDMA (an extension): as uGDSTcpOpen, for the controller
+ * exporting subnqn at addr ("address:port" on an RDMA device's network),
+ * through ugds's own initiator (rdma-core loaded at run time); flags must
+ * be 0. Host memory only (registering GPU memory is refused while it is
+ * open), polled completion. */
+uGDSError_t uGDSRdmaOpen(uGDSHandle_t *fh, const char *addr, const char *subnqn, uint32_t nsid, uint32_t flags);
+
 /* A vectored request of a batch (an extension): the range at file_offset to
  * or from segs[0..count] in order (as uGDSReadv), opcode UGDS_READ or
  * UGDS_WRITE; cookie comes back in its one event. */

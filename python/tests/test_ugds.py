@@ -590,6 +590,16 @@ class Tcp(unittest.TestCase):
         self.assertIn("127.0.0.1:1", str(cm.exception))
 
 
+class Rdma(unittest.TestCase):
+    """NVMe over RDMA: `Driver.open_rdma` where no RDMA device reaches the
+    target (this machine, CI's host); nvmet-rdma runs in the QEMU guest."""
+
+    def test_no_rdma_path_is_a_clear_error(self):
+        with self.assertRaises(ugds.Error) as cm:
+            ugds.Driver().open_rdma("127.0.0.1:9", "nqn.2026-12.io.ugds:absent")
+        self.assertIn("RDMA", str(cm.exception))
+
+
 class KernelPath(unittest.TestCase):
     """A file through the kernel (io_uring): `Driver.open_file`."""
 

@@ -6,7 +6,10 @@
 # registering host memory and a dma-buf, nvmet-rdma listening, ugds's own
 # NVMe/RDMA initiator (`ugds rdma --connect`: admin queue, one I/O queue, a
 # write and a read through registered host memory, checked against the
-# backing file; refusals), and the kernel's own nvme-rdma initiator reading
+# backing file; refusals), a handle on it (`Driver::open_rdma`: the
+# conformance suite, `ugds bench --rdma` verified and writing; interrupt
+# completion asked for polls, saying so; the port removed mid-I/O ends the
+# bench with an error, never a hang), and the kernel's own nvme-rdma initiator reading
 # through the same port.
 . /bin/guest-lib.sh
 for m in $(cat /mods/order); do insmod /mods/$m 2>/dev/null || echo "UGDS-GUEST: insmod $m failed"; done
@@ -52,6 +55,50 @@ ugds_refusals() {
     [ $rc -ne 0 ] && echo "$out" | grep -qi "rdma" || return 1
 }
 run ugds-nvme-rdma-refusals ugds_refusals
+export RUST_BACKTRACE=1
+# A handle on the controller (Driver::open_rdma): the conformance suite,
+# then `ugds bench` writing and reading with verification.
+UGDS_TEST_RDMA=10.9.0.1:4420/$NQN run conformance-rdma /bin/conformance --test-threads=1
+run bench-rdma-verify /bin/ugds bench --rdma 10.9.0.1:4420 --nqn $NQN --verify -d 1 -q 8 -s 4k,128k,1m --range 32M \
+    --no-progress
+run bench-rdma-write /bin/ugds bench --rdma 10.9.0.1:4420 --nqn $NQN --rw randwrite -d 1 -q 8 -s 4k,64k --range 32M \
+    --no-progress
+irq_polls() {
+    out=$(/bin/ugds bench --rdma 10.9.0.1:4420 --nqn $NQN --interrupt -d 1 --no-progress 2>&1); rc=$?
+    echo "interrupt completion asked for: rc $rc: $out"
+    [ $rc -eq 0 ] && echo "$out" | grep -q "no interrupt vectors; the queue polls" &&
+        echo "$out" | grep -q "q2 lendable polled"
+}
+run bench-rdma-interrupt-polls irq_polls
+# The port removed mid-I/O (configfs): `ugds bench --rdma` reads for up to
+# 60 s; after 3 s (reads completing) the subsystem leaves the port, which
+# disconnects its hosts; the bench must end with an error within 30 s (no
+# hang, no success); then the port is restored for the kernel's initiator.
+port_removed_mid_io() {
+    /bin/ugds bench --rdma 10.9.0.1:4420 --nqn $NQN -d 60 -q 8 --range 32M --progress-lines > /tmp/fault.out 2>&1 &
+    pid=$!
+    sleep 3
+    last=""
+    while read -r l; do case $l in *"I/Os done"*) last=$l;; esac; done < /tmp/fault.out
+    echo "before the fault: $last"
+    case $last in
+        *"I/Os done, "[1-9]*) ;;
+        *) echo "no reads completing before the fault"; kill -9 $pid; cat /tmp/fault.out; return 1;;
+    esac
+    rm $P/subsystems/$NQN
+    i=0
+    while kill -0 $pid 2>/dev/null && [ $i -lt 30 ]; do sleep 1; i=$((i + 1)); done
+    if kill -0 $pid 2>/dev/null; then
+        echo "the bench still runs 30 s after the fault"; kill -9 $pid; tail -5 /tmp/fault.out
+        ln -s $S $P/subsystems/$NQN; return 1
+    fi
+    wait $pid; rc=$?
+    tail -3 /tmp/fault.out
+    ln -s $S $P/subsystems/$NQN
+    echo "bench rc $rc, $i s after the fault"
+    [ $rc -ne 0 ] && grep -q -iE "error|failed" /tmp/fault.out
+}
+run fault-rdma-port-removed-mid-io port_removed_mid_io
 kconnect() {
     echo "transport=rdma,traddr=10.9.0.1,trsvcid=4420,nqn=$NQN" > /dev/nvme-fabrics || return 1
     sleep 1

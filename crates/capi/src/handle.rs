@@ -335,42 +335,93 @@ pub unsafe extern "C" fn uGDSTcpOpen(
     flags: u32,
 ) -> uGDSError_t {
     guard(internal(), || {
-        if fh.is_null() || addr.is_null() || subnqn.is_null() {
-            return fail(op::INVALID_VALUE, "null argument");
-        }
         if flags & !abi::TCP_DIGESTS != 0 {
             return fail(op::INVALID_VALUE, format!("flags {flags:#x}: only UGDS_TCP_DIGESTS"));
         }
-        // SAFETY: non-null NUL-terminated strings, by the caller's contract.
-        let (addr, subnqn) = unsafe { (CStr::from_ptr(addr), CStr::from_ptr(subnqn)) };
-        let (Ok(addr), Ok(subnqn)) = (addr.to_str(), subnqn.to_str()) else {
-            return fail(op::INVALID_VALUE, "the address and the NQN are UTF-8");
-        };
-        let driver = match state().as_ref() {
-            Some(s) => s.driver.clone(),
-            None => return fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first"),
-        };
-        let mut t = ugds::fabrics::TcpTarget::new(addr, subnqn);
-        let digests = flags & abi::TCP_DIGESTS != 0;
-        t.digests = ugds::fabrics::Digests { header: digests, data: digests };
-        let opts = HandleOptions::from_env().nsid((nsid != 0).then_some(nsid));
-        // Connection and bring-up without the table's lock.
-        let handle = match driver.open_tcp(&t, opts) {
-            Ok(h) => Arc::new(h),
-            Err(e) => return from_error(e),
-        };
-        let mut g = state_mut();
-        let Some(s) = g.as_mut() else {
-            drop(g);
-            let _ = handle.close(Drain::Forever);
-            return fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed");
-        };
-        let obj = Box::into_raw(Box::new(HandleObj { fd: -1 }));
-        s.handles.insert(obj as usize, Registered { dev: Dev::One(handle), fd: -1 });
-        // SAFETY: non-null, checked above.
-        unsafe { *fh = obj.cast() };
-        ok()
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            open_fabrics(fh, addr, subnqn, nsid, |driver, addr, subnqn, opts| {
+                let mut t = ugds::fabrics::TcpTarget::new(addr, subnqn);
+                let digests = flags & abi::TCP_DIGESTS != 0;
+                t.digests = ugds::fabrics::Digests { header: digests, data: digests };
+                driver.open_tcp(&t, opts)
+            })
+        }
     })
+}
+
+/// Opens a handle (an extension) on namespace `nsid` (0: the first) of the
+/// NVMe/RDMA controller exporting `subnqn` at `addr` ("address:port" on an
+/// RDMA device's network), through ugds's own initiator (rdma-core loaded
+/// at run time); `flags` must be 0. Host memory only (registering GPU
+/// memory for it is refused), polled completion. Otherwise as
+/// uGDSTcpOpen.
+///
+/// # Safety
+/// As for [`uGDSTcpOpen`].
+#[no_mangle]
+pub unsafe extern "C" fn uGDSRdmaOpen(
+    fh: *mut *mut c_void,
+    addr: *const c_char,
+    subnqn: *const c_char,
+    nsid: u32,
+    flags: u32,
+) -> uGDSError_t {
+    guard(internal(), || {
+        if flags != 0 {
+            return fail(op::INVALID_VALUE, format!("flags {flags:#x}: none are defined"));
+        }
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            open_fabrics(fh, addr, subnqn, nsid, |driver, addr, subnqn, opts| {
+                driver.open_rdma(&ugds::fabrics::RdmaTarget::new(addr, subnqn), opts)
+            })
+        }
+    })
+}
+
+/// The common part of the fabrics opens: checks the arguments, opens the
+/// handle with `open` (the options from the environment, `nsid` 0 the
+/// first) and enters it in the table.
+///
+/// # Safety
+/// As for [`uGDSTcpOpen`].
+unsafe fn open_fabrics(
+    fh: *mut *mut c_void,
+    addr: *const c_char,
+    subnqn: *const c_char,
+    nsid: u32,
+    open: impl FnOnce(&ugds::Driver, &str, &str, HandleOptions) -> ugds::Result<ugds::Handle>,
+) -> uGDSError_t {
+    if fh.is_null() || addr.is_null() || subnqn.is_null() {
+        return fail(op::INVALID_VALUE, "null argument");
+    }
+    // SAFETY: non-null NUL-terminated strings, by the caller's contract.
+    let (addr, subnqn) = unsafe { (CStr::from_ptr(addr), CStr::from_ptr(subnqn)) };
+    let (Ok(addr), Ok(subnqn)) = (addr.to_str(), subnqn.to_str()) else {
+        return fail(op::INVALID_VALUE, "the address and the NQN are UTF-8");
+    };
+    let driver = match state().as_ref() {
+        Some(s) => s.driver.clone(),
+        None => return fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first"),
+    };
+    let opts = HandleOptions::from_env().nsid((nsid != 0).then_some(nsid));
+    // Connection and bring-up without the table's lock.
+    let handle = match open(&driver, addr, subnqn, opts) {
+        Ok(h) => Arc::new(h),
+        Err(e) => return from_error(e),
+    };
+    let mut g = state_mut();
+    let Some(s) = g.as_mut() else {
+        drop(g);
+        let _ = handle.close(Drain::Forever);
+        return fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed");
+    };
+    let obj = Box::into_raw(Box::new(HandleObj { fd: -1 }));
+    s.handles.insert(obj as usize, Registered { dev: Dev::One(handle), fd: -1 });
+    // SAFETY: non-null, checked above.
+    unsafe { *fh = obj.cast() };
+    ok()
 }
 
 /// Opens a volume (an extension) over `count` registered handles: striped

@@ -55,7 +55,9 @@ pub struct TargetOpts {
     pub emu_controllers: usize,
     /// An NVMe/TCP target: `host:port`, reached by ugds's initiator.
     pub tcp: Option<String>,
-    /// The subsystem NQN to connect to over NVMe/TCP.
+    /// An NVMe/RDMA target: `address:port`, reached by ugds's initiator.
+    pub rdma: Option<String>,
+    /// The subsystem NQN to connect to over NVMe/TCP or NVMe/RDMA.
     pub nqn: Option<String>,
     /// Ask for header and data digests over NVMe/TCP.
     pub digests: bool,
@@ -75,6 +77,8 @@ pub enum Member {
     File(PathBuf),
     /// `--tcp HOST:PORT` (of the one `--nqn`).
     Tcp(String),
+    /// `--rdma ADDRESS:PORT` (of the one `--nqn`).
+    Rdma(String),
 }
 
 impl Default for TargetOpts {
@@ -103,6 +107,7 @@ impl Default for TargetOpts {
             targets: Vec::new(),
             emu_controllers: 1,
             tcp: None,
+            rdma: None,
             nqn: None,
             digests: false,
             emu_tcp: false,
@@ -152,6 +157,11 @@ pub fn parse_long(t: &mut TargetOpts, name: &str, p: &mut lexopt::Parser) -> Res
             t.targets.push(Member::Tcp(v.clone()));
             t.tcp.get_or_insert(v);
         }
+        "rdma" => {
+            let v = p.value()?.string()?;
+            t.targets.push(Member::Rdma(v.clone()));
+            t.rdma.get_or_insert(v);
+        }
         "nqn" => t.nqn = Some(p.value()?.string()?),
         "digests" => t.digests = true,
         "emu-tcp" => t.emu_tcp = true,
@@ -175,7 +185,11 @@ Target (default: an emulated controller whose namespace is a temporary file):
                               flags are ignored
       --tcp HOST:PORT         an NVMe/TCP target (port 4420 by convention), reached
                               by ugds's own initiator in user space; with --nqn
-      --nqn NQN               the subsystem to connect to over NVMe/TCP
+      --rdma ADDRESS:PORT     an NVMe/RDMA target (4420 by convention) on an RDMA
+                              device's network, reached by ugds's own initiator
+                              (rdma-core loaded at run time); with --nqn; host
+                              memory, polled completion
+      --nqn NQN               the subsystem to connect to over NVMe/TCP or RDMA
       --digests               NVMe/TCP: ask for header and data digests (CRC32C)
       --emu-tcp               an emulated NVMe/TCP target in this process, on
                               127.0.0.1 (a memory namespace of --emu-size and
@@ -202,7 +216,7 @@ Target (default: an emulated controller whose namespace is a temporary file):
       --emu-controllers N     N emulated controllers, each as the --emu-* flags
                               say (`ugds bench`: as one volume) [1]
 
-Several --pci, --drv, --file and --tcp flags (in any mix) name several targets;
+Several --pci, --drv, --file, --tcp and --rdma flags (in any mix) name several targets;
 `ugds bench` runs on them as one volume (see --stripe and --concat).
 ";
 
@@ -314,6 +328,8 @@ pub enum Source {
     File(PathBuf),
     /// A controller over NVMe/TCP.
     Tcp(ugds::fabrics::TcpTarget),
+    /// A controller over NVMe/RDMA.
+    Rdma(ugds::fabrics::RdmaTarget),
 }
 
 /// An opened target: what handles are opened on, the emulator's controls
@@ -338,6 +354,7 @@ impl Target {
             Source::Controller(p) => driver.open_handle(p.clone(), opts),
             Source::File(path) => driver.open_file(path, opts),
             Source::Tcp(t) => driver.open_tcp(t, opts),
+            Source::Rdma(t) => driver.open_rdma(t, opts),
         }
     }
 
@@ -346,9 +363,10 @@ impl Target {
         matches!(self.source, Source::File(_))
     }
 
-    /// Whether it is a controller over NVMe/TCP.
-    pub fn is_tcp(&self) -> bool {
-        matches!(self.source, Source::Tcp(_))
+    /// Whether it is a controller over fabrics (NVMe/TCP or NVMe/RDMA):
+    /// its queues copy each command's data.
+    pub fn is_fabrics(&self) -> bool {
+        matches!(self.source, Source::Tcp(_) | Source::Rdma(_))
     }
 }
 
@@ -389,6 +407,12 @@ pub fn open(t: &TargetOpts) -> Result<Target, String> {
             if t.digests { " (digests on)" } else { "" }
         );
         let source = Source::Tcp(tcp_target(addr, nqn, t.digests));
+        return Ok(Target { source, emu: None, description, _tmp: None, _more: vec![], _emu_tcp: None });
+    }
+    if let Some(addr) = &t.rdma {
+        let nqn = t.nqn.as_deref().ok_or("--rdma needs --nqn: the subsystem to connect to")?;
+        let description = format!("{nqn} at {addr} through ugds's NVMe/RDMA initiator");
+        let source = Source::Rdma(ugds::fabrics::RdmaTarget::new(addr, nqn));
         return Ok(Target { source, emu: None, description, _tmp: None, _more: vec![], _emu_tcp: None });
     }
     if let Some(path) = &t.kernel_file {
@@ -446,12 +470,13 @@ pub fn open_all(t: &TargetOpts) -> Result<Vec<Target>, String> {
             .iter()
             .map(|m| {
                 let mut one = t.clone();
-                (one.pci, one.drv, one.kernel_file, one.tcp) = (None, None, None, None);
+                (one.pci, one.drv, one.kernel_file, one.tcp, one.rdma) = (None, None, None, None, None);
                 match m {
                     Member::Pci(b) => one.pci = Some(b.clone()),
                     Member::Drv(d) => one.drv = Some(d.clone()),
                     Member::File(f) => one.kernel_file = Some(f.clone()),
                     Member::Tcp(a) => one.tcp = Some(a.clone()),
+                    Member::Rdma(a) => one.rdma = Some(a.clone()),
                 }
                 open(&one)
             })

@@ -27,6 +27,7 @@ pub mod device;
 pub mod dma;
 mod error;
 pub mod kernel;
+pub mod rdma;
 pub mod sys;
 pub mod tcp;
 pub mod ugds_drv;

@@ -256,6 +256,24 @@ impl Driver {
         py.allow_threads(|| self.inner.open_tcp(&t, opts)).map(Handle::from).map_err(err)
     }
 
+    /// Opens a handle on namespace `nsid` (the first when None) of the
+    /// NVMe/RDMA controller `nqn` at `addr` ("address:port"), through
+    /// ugds's own initiator (rdma-core loaded at run time): host memory,
+    /// polled completion.
+    #[pyo3(signature = (addr, nqn, nsid=None, mode=None))]
+    fn open_rdma(
+        &self,
+        py: Python<'_>,
+        addr: &str,
+        nqn: &str,
+        nsid: Option<u32>,
+        mode: Option<&str>,
+    ) -> PyResult<Handle> {
+        let t = ugds::fabrics::RdmaTarget::new(addr, nqn);
+        let opts = options(false, mode)?.nsid(nsid);
+        py.allow_threads(|| self.inner.open_rdma(&t, opts)).map(Handle::from).map_err(err)
+    }
+
     /// Registers `nbytes` at address `ptr`: `kind` is "host", "cuda" or
     /// "hip". `owner` (what keeps the memory allocated, and any buffer
     /// export that keeps it from moving) is held as long as the

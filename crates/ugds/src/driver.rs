@@ -95,6 +95,17 @@ impl Driver {
         self.open_controller(Controller::Tcp(Box::new(ctrl)), opts)
     }
 
+    /// Opens a handle on a namespace of the NVMe/RDMA controller `target`
+    /// names (ugds's own initiator, through rdma-core loaded at run time:
+    /// the admin queue and each I/O queue on a connection of their own).
+    /// Host memory only, each command's data copied through the queue's
+    /// registered memory (GPU memory is refused when registered); polled
+    /// completion only (interrupt completion is refused).
+    pub fn open_rdma(&self, target: &crate::fabrics::RdmaTarget, opts: HandleOptions) -> Result<Handle> {
+        let ctrl = crate::engine::rdma::RdmaController::connect(target, Self::queues_wanted(&opts))?;
+        self.open_controller(Controller::Rdma(Box::new(ctrl)), opts)
+    }
+
     fn queues_wanted(opts: &HandleOptions) -> u16 {
         opts.sync_queues_wanted().saturating_add(opts.async_queues).saturating_add(opts.batch_queues_wanted())
     }

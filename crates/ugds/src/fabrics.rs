@@ -8,10 +8,14 @@
 //! - [`probe`]: connects a target's admin queue (the handshake, Fabrics
 //!   Connect, the registers through Property Get and Set), enables the
 //!   controller, identifies it and its namespaces, and leaves.
+//! - [`Driver::open_rdma`](crate::Driver::open_rdma): a handle on a
+//!   namespace of an NVMe/RDMA controller (through rdma-core, loaded at
+//!   run time), every API of a local one on host memory, each command's
+//!   data copied through its queue's registered memory (at most
+//!   [`RDMA_STAGING`] bytes a command; larger requests are split). Polled
+//!   completion only; GPU memory is refused.
 //! - [`RdmaSession`]: an NVMe/RDMA controller's admin queue and one I/O
-//!   queue (through rdma-core, loaded at run time), synchronous reads and
-//!   writes of up to [`RDMA_STAGING`] bytes through a registered buffer of
-//!   the queue's own. A handle on an RDMA controller is not built yet.
+//!   queue, one command at a time (`ugds rdma --connect`).
 
 pub use crate::engine::rdma::{RdmaSession, RdmaTarget, STAGING as RDMA_STAGING};
 pub use crate::engine::tcp::{probe, FabricsProbe, TcpTarget};

@@ -590,6 +590,9 @@ impl<'h> IoQueue<'h> {
             Some(QueuePair::Tcp(q)) => q.process_completions(usize::MAX, |owner, cqe| {
                 done += complete(reqs, bufs, f, owner, cqe, false) as usize
             }),
+            Some(QueuePair::Rdma(q)) => q.process_completions(usize::MAX, |owner, cqe| {
+                done += complete(reqs, bufs, f, owner, cqe, false) as usize
+            }),
         };
         self.outstanding -= done;
         done

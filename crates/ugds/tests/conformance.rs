@@ -15,7 +15,9 @@
 //! `UGDS_TEST_TCP=<host:port>/<subsystem NQN>` a controller over NVMe/TCP
 //! (Linux's nvmet-tcp in the QEMU guest), or with `UGDS_TEST_TCP=emu` the
 //! emulated NVMe/TCP target (one per test process), header and data
-//! digests on with `UGDS_TEST_TCP_DIGESTS=1`.
+//! digests on with `UGDS_TEST_TCP_DIGESTS=1`; with
+//! `UGDS_TEST_RDMA=<address:port>/<subsystem NQN>` a controller over
+//! NVMe/RDMA (nvmet-rdma over soft RoCE in the QEMU `rdma` guest).
 //!
 //! Run them one at a time (`--test-threads=1`) against a PCI device: each
 //! test opens it, and a device can be opened by one process user at a time.
@@ -93,7 +95,17 @@ fn tcp() -> Option<ugds::fabrics::TcpTarget> {
     Some(t)
 }
 
+/// `UGDS_TEST_RDMA`: the NVMe/RDMA target to run on.
+fn rdma() -> Option<ugds::fabrics::RdmaTarget> {
+    let v = std::env::var("UGDS_TEST_RDMA").ok().filter(|s| !s.is_empty())?;
+    let (addr, nqn) = v.split_once('/').expect("UGDS_TEST_RDMA is address:port/nqn");
+    Some(ugds::fabrics::RdmaTarget::new(addr, nqn))
+}
+
 fn target_ns(d: &Driver, nsid: Option<u32>) -> (Handle, Option<EmuControl>) {
+    if let Some(t) = rdma() {
+        return (d.open_rdma(&t, test_opts(nsid)).expect("open a handle over NVMe/RDMA"), None);
+    }
     if let Some(t) = tcp() {
         return (d.open_tcp(&t, test_opts(nsid)).expect("open a handle over NVMe/TCP"), None);
     }
@@ -614,6 +626,12 @@ fn dmabuf_registered_through_the_public_api() {
     if pci().is_some() && drv().is_none() {
         // vfio cannot import dma-bufs (iommufd does not as of Linux 6.19).
         assert!(matches!(r, Err(Error::Unsupported(_))), "{r:?}");
+        return;
+    }
+    if rdma().is_some() {
+        // An NVMe/RDMA handle moves host memory only (its platform refuses
+        // device memory, a dma-buf's included): refused when mapped for it.
+        assert!(matches!(&r, Err(Error::Unsupported(m)) if m.contains("NVMe/RDMA")), "{r:?}");
         return;
     }
     let t = r.unwrap();

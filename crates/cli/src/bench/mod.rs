@@ -398,7 +398,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     // QEMU's TCG a 1024-entry queue at depth 1 gave about 20% fewer IOPS
     // than a 64-entry one, medians of four alternations in one boot), and a
     // tiny one reports every completion to the controller.
-    let per_req = if target.is_kernel_path() || target.is_tcp() {
+    let per_req = if target.is_kernel_path() || target.is_fabrics() {
         max_size.div_ceil(1 << 20)
     } else if o.target.pci.is_some() || o.target.drv.is_some() {
         max_size.div_ceil(4096)
@@ -458,7 +458,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         setup.as_secs_f64() * 1e3,
         if target.is_kernel_path() {
             "file opened, one io_uring ring per queue"
-        } else if target.is_tcp() {
+        } else if target.is_fabrics() {
             "controller connected, enabled, identified; one connection per queue"
         } else {
             "controller enabled, identified"
@@ -469,7 +469,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         if handle.shadow_doorbells() { ", shadow doorbells" } else { "" },
         shared_note
     );
-    if !target.is_kernel_path() && !target.is_tcp() {
+    if !target.is_kernel_path() && !target.is_fabrics() {
         println!(
             "         doorbells: {} ({})",
             if handle.shadow_doorbells() { "shadow" } else { "MMIO" },

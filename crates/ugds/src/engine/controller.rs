@@ -10,6 +10,7 @@
 use super::kernel::KernelController;
 use super::qpair::{NvmeQueue, Owner};
 use super::queue::QueuePair;
+use super::rdma::RdmaController;
 use super::tcp::TcpController;
 use crate::dma::DmaBuffer;
 use crate::platform::Platform;
@@ -79,6 +80,8 @@ pub enum Controller {
     Kernel(Box<KernelController>),
     /// A controller over NVMe/TCP (see [`super::tcp`]).
     Tcp(Box<TcpController>),
+    /// A controller over NVMe/RDMA (see [`super::rdma`]).
+    Rdma(Box<RdmaController>),
 }
 
 impl Controller {
@@ -104,6 +107,7 @@ impl Controller {
             Controller::Nvme(c) => c.info(),
             Controller::Kernel(c) => c.info(),
             Controller::Tcp(c) => c.info(),
+            Controller::Rdma(c) => c.info(),
         }
     }
 
@@ -113,6 +117,7 @@ impl Controller {
             Controller::Nvme(c) => c.platform(),
             Controller::Kernel(c) => c.dyn_platform(),
             Controller::Tcp(c) => c.dyn_platform(),
+            Controller::Rdma(c) => c.dyn_platform(),
         }
     }
 
@@ -121,11 +126,12 @@ impl Controller {
         matches!(self, Controller::Nvme(c) if c.shadow_doorbells())
     }
 
-    /// Current controller status (the kernel path: always ready; NVMe/TCP:
-    /// through Property Get, all ones when the target no longer answers).
+    /// Current controller status (the kernel path: always ready; over
+    /// fabrics: through Property Get, all ones when the target no longer answers).
     pub fn csts(&self) -> Csts {
         match self {
             Controller::Tcp(c) => Csts(c.csts()),
+            Controller::Rdma(c) => Csts(c.csts()),
             _ => Csts(self.platform().read32(regs::CSTS)),
         }
     }
@@ -136,6 +142,7 @@ impl Controller {
             Controller::Nvme(c) => c.admin_command(sqe, op),
             Controller::Kernel(_) => Err(Error::Unsupported(format!("{op}: no admin commands on the kernel path"))),
             Controller::Tcp(c) => c.admin_command(sqe, op),
+            Controller::Rdma(c) => c.admin_command(sqe, op),
         }
     }
 
@@ -158,6 +165,7 @@ impl Controller {
             Controller::Nvme(c) => c.create_io_qpair_with(qid, entries, vector, prp_pages).map(QueuePair::Nvme),
             Controller::Kernel(c) => c.create_ring(qid, entries, vector).map(QueuePair::from),
             Controller::Tcp(c) => c.create_queue(qid, entries, vector).map(QueuePair::from),
+            Controller::Rdma(c) => c.create_queue(qid, entries, vector).map(QueuePair::from),
         }
     }
 
@@ -169,7 +177,7 @@ impl Controller {
             // cancels) what is in flight first.
             (Controller::Kernel(_), QueuePair::Uring(_)) => Ok(()),
             // A connection ends when its queue goes.
-            (Controller::Tcp(_), QueuePair::Tcp(_)) => Ok(()),
+            (Controller::Tcp(_), QueuePair::Tcp(_)) | (Controller::Rdma(_), QueuePair::Rdma(_)) => Ok(()),
             _ => Err(Error::InvalidArgument("a queue pair of another transport".into())),
         }
     }
@@ -180,6 +188,7 @@ impl Controller {
             Controller::Nvme(c) => c.shutdown(),
             Controller::Kernel(_) => Ok(()),
             Controller::Tcp(c) => c.shutdown(),
+            Controller::Rdma(c) => c.shutdown(),
         }
     }
 
@@ -189,6 +198,7 @@ impl Controller {
             Controller::Nvme(c) => c.disable(),
             Controller::Kernel(_) => Ok(()),
             Controller::Tcp(c) => c.disable(),
+            Controller::Rdma(c) => c.disable(),
         }
     }
 }

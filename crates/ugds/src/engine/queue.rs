@@ -5,6 +5,7 @@
 //! and does not know which.
 
 use super::qpair::{CqView, Full, NvmeQueue, Owner};
+use super::rdma::RdmaIoQueue;
 use super::stats::QueueCounters;
 use super::tcp::TcpQueue;
 use super::uring::UringQueue;
@@ -25,6 +26,14 @@ pub enum QueuePair {
     Uring(UringQueue),
     /// An NVMe/TCP connection's.
     Tcp(TcpQueue),
+    /// An NVMe/RDMA connection's.
+    Rdma(RdmaIoQueue),
+}
+
+impl From<RdmaIoQueue> for QueuePair {
+    fn from(q: RdmaIoQueue) -> QueuePair {
+        QueuePair::Rdma(q)
+    }
 }
 
 impl From<TcpQueue> for QueuePair {
@@ -52,6 +61,7 @@ impl QueuePair {
             QueuePair::Nvme(q) => q.qid(),
             QueuePair::Uring(q) => q.qid(),
             QueuePair::Tcp(q) => q.qid(),
+            QueuePair::Rdma(q) => q.qid(),
         }
     }
 
@@ -61,6 +71,7 @@ impl QueuePair {
             QueuePair::Nvme(q) => q.entries(),
             QueuePair::Uring(q) => q.entries(),
             QueuePair::Tcp(q) => q.entries(),
+            QueuePair::Rdma(q) => q.entries(),
         }
     }
 
@@ -70,6 +81,7 @@ impl QueuePair {
             QueuePair::Nvme(q) => q.vector(),
             QueuePair::Uring(q) => q.vector(),
             QueuePair::Tcp(q) => q.vector(),
+            QueuePair::Rdma(q) => q.vector(),
         }
     }
 
@@ -80,6 +92,7 @@ impl QueuePair {
             QueuePair::Nvme(q) => q.free_slots(),
             QueuePair::Uring(q) => q.free_slots(),
             QueuePair::Tcp(q) => q.free_slots(),
+            QueuePair::Rdma(q) => q.free_slots(),
         }
     }
 
@@ -96,6 +109,7 @@ impl QueuePair {
             QueuePair::Nvme(q) => q.prp_pool_size(),
             QueuePair::Uring(q) => q.entries() as usize - 1,
             QueuePair::Tcp(q) => q.entries() as usize - 1,
+            QueuePair::Rdma(q) => q.entries() as usize - 1,
         }
     }
 
@@ -106,6 +120,7 @@ impl QueuePair {
             QueuePair::Nvme(q) => q.outstanding(),
             QueuePair::Uring(q) => q.outstanding(),
             QueuePair::Tcp(q) => q.outstanding(),
+            QueuePair::Rdma(q) => q.outstanding(),
         }
     }
 
@@ -116,6 +131,7 @@ impl QueuePair {
             QueuePair::Nvme(q) => q.protocol_errors(),
             QueuePair::Uring(q) => q.protocol_errors(),
             QueuePair::Tcp(q) => q.protocol_errors(),
+            QueuePair::Rdma(q) => q.protocol_errors(),
         }
     }
 
@@ -129,6 +145,9 @@ impl QueuePair {
             QueuePair::Tcp(q) => {
                 q.tracker_ref().outstanding_commands().filter(|(_, t)| t.owner == owner).map(|(c, _)| c).collect()
             }
+            QueuePair::Rdma(q) => {
+                q.tracker_ref().outstanding_commands().filter(|(_, t)| t.owner == owner).map(|(c, _)| c).collect()
+            }
         }
     }
 
@@ -140,6 +159,9 @@ impl QueuePair {
                 q.tracker_ref().outstanding_commands().find(|(_, t)| t.owner == owner).map(|(c, _)| c)
             }
             QueuePair::Tcp(q) => q.tracker_ref().outstanding_commands().find(|(_, t)| t.owner == owner).map(|(c, _)| c),
+            QueuePair::Rdma(q) => {
+                q.tracker_ref().outstanding_commands().find(|(_, t)| t.owner == owner).map(|(c, _)| c)
+            }
         }
     }
 
@@ -150,6 +172,7 @@ impl QueuePair {
             QueuePair::Nvme(q) => q.late_commands(limit),
             QueuePair::Uring(q) => Self::late_of(q.tracker(), limit),
             QueuePair::Tcp(q) => Self::late_of(q.tracker(), limit),
+            QueuePair::Rdma(q) => Self::late_of(q.tracker(), limit),
         }
     }
 
@@ -174,8 +197,8 @@ impl QueuePair {
     pub fn submit_sgl(&mut self, sqe: Sqe, pieces: &[ugds_nvme::sgl::Piece<'_>], owner: Owner) -> Result<Cid, Full> {
         match self {
             QueuePair::Nvme(q) => q.submit_sgl(sqe, pieces, owner),
-            QueuePair::Uring(_) | QueuePair::Tcp(_) => {
-                unreachable!("the kernel path and NVMe/TCP report no SGL support")
+            QueuePair::Uring(_) | QueuePair::Tcp(_) | QueuePair::Rdma(_) => {
+                unreachable!("the kernel path and fabrics controllers report no SGL support")
             }
         }
     }
@@ -201,6 +224,7 @@ impl QueuePair {
             QueuePair::Nvme(q) => q.stage(sqe, data, owner),
             QueuePair::Uring(q) => q.submit(sqe, data.map(first_address), owner),
             QueuePair::Tcp(q) => q.submit(sqe, data.map(first_address), owner),
+            QueuePair::Rdma(q) => q.submit(sqe, data.map(first_address), owner),
         }
     }
 
@@ -213,6 +237,7 @@ impl QueuePair {
             QueuePair::Nvme(q) => q.tracker_mut().enable_trace(depth, base, latency),
             QueuePair::Uring(q) => q.tracker().enable_trace(depth, base, latency),
             QueuePair::Tcp(q) => q.tracker().enable_trace(depth, base, latency),
+            QueuePair::Rdma(q) => q.tracker().enable_trace(depth, base, latency),
         }
     }
 
@@ -222,6 +247,7 @@ impl QueuePair {
             QueuePair::Nvme(q) => q.tracker().trace_events(),
             QueuePair::Uring(q) => q.tracker_ref().trace_events(),
             QueuePair::Tcp(q) => q.tracker_ref().trace_events(),
+            QueuePair::Rdma(q) => q.tracker_ref().trace_events(),
         }
     }
 
@@ -231,6 +257,7 @@ impl QueuePair {
             QueuePair::Nvme(q) => q.counters(),
             QueuePair::Uring(q) => q.counters(),
             QueuePair::Tcp(q) => q.counters(),
+            QueuePair::Rdma(q) => q.counters(),
         }
     }
 
@@ -242,6 +269,7 @@ impl QueuePair {
             QueuePair::Nvme(q) => q.ring_sq_doorbell(),
             QueuePair::Uring(q) => q.ring_sq_doorbell(),
             QueuePair::Tcp(q) => q.ring_sq_doorbell(),
+            QueuePair::Rdma(q) => q.ring_sq_doorbell(),
         }
     }
 
@@ -251,6 +279,7 @@ impl QueuePair {
             QueuePair::Nvme(q) => q.cq_view(),
             QueuePair::Uring(q) => q.cq_view(),
             QueuePair::Tcp(q) => q.cq_view(),
+            QueuePair::Rdma(q) => q.cq_view(),
         }
     }
 
@@ -259,7 +288,7 @@ impl QueuePair {
     pub fn cq_cursor(&self) -> (u32, bool) {
         match self {
             QueuePair::Nvme(q) => q.cq_cursor(),
-            QueuePair::Uring(_) | QueuePair::Tcp(_) => (0, false),
+            QueuePair::Uring(_) | QueuePair::Tcp(_) | QueuePair::Rdma(_) => (0, false),
         }
     }
 
@@ -270,6 +299,7 @@ impl QueuePair {
             QueuePair::Nvme(q) => q.completion_pending(),
             QueuePair::Uring(q) => q.completion_pending(),
             QueuePair::Tcp(q) => q.completion_pending(),
+            QueuePair::Rdma(q) => q.completion_pending(),
         }
     }
 
@@ -280,6 +310,7 @@ impl QueuePair {
             QueuePair::Nvme(q) => q.process_completions(max, f),
             QueuePair::Uring(q) => q.process_completions(max, f),
             QueuePair::Tcp(q) => q.process_completions(max, f),
+            QueuePair::Rdma(q) => q.process_completions(max, f),
         }
     }
 
@@ -289,6 +320,7 @@ impl QueuePair {
             QueuePair::Nvme(q) => q.forget_outstanding(),
             QueuePair::Uring(q) => q.forget_outstanding(),
             QueuePair::Tcp(q) => q.forget_outstanding(),
+            QueuePair::Rdma(q) => q.forget_outstanding(),
         }
     }
 

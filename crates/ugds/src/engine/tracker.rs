@@ -93,6 +93,14 @@ impl<X: Copy + Default> Tracker<X> {
         Some(t.events(self.cids.outstanding_iter().map(|(c, i, _)| (c, i))))
     }
 
+    /// The table slot of `cid`, whatever its generation: a transport may
+    /// keep memory per slot (an NVMe/RDMA queue's capsule and data area),
+    /// which a command holds from `begin` until its `end`.
+    #[inline]
+    pub fn slot(&self, cid: Cid) -> usize {
+        self.cids.index(cid)
+    }
+
     /// Commands it can hold at once.
     pub fn capacity(&self) -> u16 {
         self.cids.capacity()

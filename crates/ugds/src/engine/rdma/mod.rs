@@ -7,14 +7,25 @@
 //! RDMA READ from, host memory registered with the connection's device and
 //! named in the command's Keyed SGL Data Block.
 //!
-//! [`RdmaSession`] is what exists so far: the admin queue (Connect,
-//! Property Get and Set, enable, Identify) and one I/O queue, each running
-//! one command at a time, data through a registered host buffer of the
-//! queue's own (at most [`STAGING`] bytes a command). Tested against Linux's
-//! nvmet-rdma over soft RoCE in the QEMU `rdma` configuration. Not built
-//! yet: a `Handle` on an RDMA controller (queues of many commands, the
-//! caller's registered buffers as memory regions, GPU memory through
-//! `ibv_reg_dmabuf_mr`, which soft RoCE does not offer).
+//! [`RdmaSession`]: the admin queue (Connect, Property Get and Set,
+//! enable, Identify) and one I/O queue, each running one command at a
+//! time, data through a registered host buffer of the queue's own (at most
+//! [`STAGING`] bytes a command): what `ugds rdma --connect` uses.
+//! [`RdmaController`] and [`RdmaIoQueue`]: the same controller behind a
+//! `Handle` (`Driver::open_rdma`), each I/O queue with up to `ENTRIES - 1`
+//! commands in flight, each command's data staged in a slot of the
+//! queue's registered memory and copied to or from the caller's buffer.
+//! Tested against Linux's nvmet-rdma over soft RoCE in the QEMU `rdma`
+//! configuration. Not built: the caller's buffers registered as memory
+//! regions themselves (no copy), and GPU memory through
+//! `ibv_reg_dmabuf_mr`, which soft RoCE does not offer (refused by the
+//! platform, `ugds_platform::rdma`).
+
+mod controller;
+mod queue;
+
+pub use controller::RdmaController;
+pub use queue::RdmaIoQueue;
 
 use super::fabrics::{self, Broken, Capsules, Names};
 use super::tcp::FabricsProbe;
@@ -113,6 +124,21 @@ impl RdmaQueue {
     /// registers the queue's buffer, posts its receives, and connects with
     /// NVMe/RDMA's private data. A refusal says why, in the target's words.
     pub fn connect(t: &RdmaTarget, qid: u16, cntlid: u16) -> Result<RdmaQueue> {
+        RdmaQueue::connect_sized(t, qid, cntlid, ENTRIES, DATA_AT + STAGING, 8)
+    }
+
+    /// As [`connect`](Self::connect), for a queue of `entries` (at most
+    /// [`ENTRIES`]) with `mem_len` bytes of registered memory and room
+    /// for `sends` SENDs not yet completed.
+    fn connect_sized(
+        t: &RdmaTarget,
+        qid: u16,
+        cntlid: u16,
+        entries: u16,
+        mem_len: usize,
+        sends: usize,
+    ) -> Result<RdmaQueue> {
+        debug_assert!((2..=ENTRIES).contains(&entries));
         let peer = t
             .addr
             .to_socket_addrs()
@@ -121,8 +147,8 @@ impl RdmaQueue {
             .ok_or_else(|| Error::InvalidArgument(format!("{}: no address", t.addr)))?;
         // Dropped in the reverse order on an error below: the region, the
         // connection (its queue pair and posted receives), the memory.
-        let mem = DmaBuffer::anonymous(DATA_AT + STAGING)?;
-        let mut conn = Connection::new(peer, t.timeout, (RECEIVES + 8) as u32, 8, RECEIVES as u32)?;
+        let mem = DmaBuffer::anonymous(mem_len)?;
+        let mut conn = Connection::new(peer, t.timeout, (RECEIVES + sends) as u32, sends as u32, RECEIVES as u32)?;
         // SAFETY: `mem` outlives the region: dropped after it here and in
         // the queue (field order).
         let mr = unsafe { conn.device().register_host(mem.vaddr(), mem.len())? };
@@ -130,7 +156,7 @@ impl RdmaQueue {
         for slot in 0..RECEIVES {
             post_receive(&poster, &mr, slot)?;
         }
-        let private = wire::cm_request(qid, RECEIVES as u16, ENTRIES - 1, cntlid);
+        let private = wire::cm_request(qid, RECEIVES as u16, entries - 1, cntlid);
         let answer = conn.connect(&private, t.timeout)?;
         let q = RdmaQueue {
             mr,

@@ -1,0 +1,162 @@
+//! An NVMe/RDMA controller brought up from user space, behind a `Handle`:
+//! the admin queue on a connection of its own (Fabrics Connect, the
+//! registers through Property Get and Set, Identify, Set Features Number
+//! of Queues), and one more connection for each I/O queue
+//! ([`RdmaIoQueue`]). No keep-alive is asked for at Connect, so none is
+//! sent.
+
+use super::queue::{memory_for, SENDS};
+use super::{RdmaIoQueue, RdmaQueue, RdmaTarget, ENTRIES, STAGING};
+use crate::engine::fabrics::{connect_queue, enable, identify, Capsules};
+use crate::engine::{ControllerInfo, NamespaceInfo};
+use crate::{Error, Result};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use ugds_nvme::fabrics::CNTLID_DYNAMIC;
+use ugds_nvme::regs::{self, Cap, Cc, Csts, Version};
+use ugds_nvme::{Cid, IdentifyController, Sqe};
+use ugds_platform::rdma::RdmaPlatform;
+use ugds_platform::Recover;
+
+/// An NVMe/RDMA controller; see the module docs.
+pub struct RdmaController {
+    target: RdmaTarget,
+    platform: Arc<dyn ugds_platform::Platform>,
+    admin: Mutex<RdmaQueue>,
+    info: ControllerInfo,
+    cntlid: u16,
+    /// (nsid, block size) of each namespace, for the queues.
+    blocks: Vec<(u32, u32)>,
+}
+
+impl std::fmt::Debug for RdmaController {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaController")
+            .field("addr", &self.target.addr)
+            .field("subnqn", &self.target.subnqn)
+            .field("cntlid", &self.cntlid)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RdmaController {
+    /// Connects to `t`'s controller, enables it and asks for
+    /// `want_io_queues` I/O queues.
+    pub fn connect(t: &RdmaTarget, want_io_queues: u16) -> Result<RdmaController> {
+        let n = t.names();
+        let mut admin = RdmaQueue::connect(t, 0, CNTLID_DYNAMIC)?;
+        let cntlid = connect_queue(&mut admin, &n, 0, ENTRIES, CNTLID_DYNAMIC)?;
+        let cap = Cap(admin.property_get(regs::CAP, true)?);
+        let version = Version(admin.property_get(regs::VS, false)? as u32);
+        enable(&mut admin, &n, cap)?;
+        let (identify, namespaces) = identify(&mut admin)?;
+        if namespaces.is_empty() {
+            return Err(Error::InvalidArgument(format!("{} ({}): no namespace this host can use", t.subnqn, t.addr)));
+        }
+        let want = want_io_queues.max(1);
+        let cqe =
+            admin.run("Set Features (Number of Queues)", Sqe::set_num_queues(Cid(0), want, want), &[], &mut [])?;
+        // Zero-based counts granted, submission and completion.
+        let granted = ((cqe.dw0 & 0xffff).min(cqe.dw0 >> 16) + 1) as u16;
+        let io_queues = granted.min(want);
+        // A command's data fits its slot's area.
+        let max_transfer = identify.max_transfer_bytes(4096 << cap.mpsmin()).unwrap_or(STAGING).min(STAGING);
+        let platform: Arc<dyn ugds_platform::Platform> = Arc::new(RdmaPlatform::new(&t.addr, &t.subnqn));
+        // The engine's SGLs describe memory segments, which this transport
+        // does not take (its own Keyed SGL names a slot's area): vectored
+        // requests go as one command per contiguous piece.
+        let identify = IdentifyController { sgls: 0, ..identify };
+        let info = ControllerInfo {
+            cap,
+            version,
+            identify,
+            namespaces: namespaces
+                .iter()
+                .map(|&(nsid, blocks, block_size)| NamespaceInfo { nsid, block_size, blocks })
+                .collect(),
+            io_queues,
+            max_transfer: Some(max_transfer),
+            page_size: 4096,
+            platform: platform.describe(),
+        };
+        tracing::info!(addr = %t.addr, subnqn = %t.subnqn, cntlid, io_queues, "NVMe/RDMA controller connected");
+        Ok(RdmaController {
+            target: t.clone(),
+            platform,
+            admin: Mutex::new(admin),
+            info,
+            cntlid,
+            blocks: namespaces.iter().map(|&(nsid, _, bs)| (nsid, bs)).collect(),
+        })
+    }
+
+    /// What bring-up learned.
+    pub fn info(&self) -> &ControllerInfo {
+        &self.info
+    }
+
+    /// The platform, as the engine's.
+    pub fn dyn_platform(&self) -> &Arc<dyn ugds_platform::Platform> {
+        &self.platform
+    }
+
+    /// Runs an admin command that moves no data (Abort, Set and Get
+    /// Features' values); commands with data are refused here.
+    pub fn admin_command(&self, sqe: Sqe, op: &'static str) -> Result<ugds_nvme::Cqe> {
+        if sqe.prp1 != 0 || sqe.prp2 != 0 {
+            return Err(Error::Unsupported(format!("{op}: admin commands that move data, over NVMe/RDMA")));
+        }
+        let cqe = self.admin.lock().recover().execute(sqe, &[], &mut [])?;
+        if !cqe.is_success() {
+            return Err(Error::Nvme { op, status: cqe.status() });
+        }
+        Ok(cqe)
+    }
+
+    /// CSTS through Property Get; all ones (gone) when the admin queue no
+    /// longer answers.
+    pub fn csts(&self) -> u32 {
+        match self.admin.lock().recover().property_get(regs::CSTS, false) {
+            Ok(v) => v as u32,
+            Err(e) => {
+                tracing::warn!(addr = %self.target.addr, "NVMe/RDMA: CSTS not read ({e}); taken as gone");
+                u32::MAX
+            }
+        }
+    }
+
+    /// I/O queue `qid` of up to `entries` (at most 32: nvmet-rdma's
+    /// receive queue and this queue's memory are sized for that) on a
+    /// connection of its own. Polled only: a `vector` is refused.
+    pub fn create_queue(&self, qid: u16, entries: u16, vector: Option<u16>) -> Result<RdmaIoQueue> {
+        if vector.is_some() {
+            return Err(Error::Unsupported(
+                "interrupt completion over NVMe/RDMA is not built: open the handle with polled completion".into(),
+            ));
+        }
+        let entries = entries.clamp(2, self.info.cap.mqes().saturating_add(1).min(ENTRIES));
+        let mut q = RdmaQueue::connect_sized(&self.target, qid, self.cntlid, entries, memory_for(entries), SENDS)?;
+        connect_queue(&mut q, &self.target.names(), qid, entries, self.cntlid)?;
+        Ok(RdmaIoQueue::new(q, entries, self.blocks.clone()))
+    }
+
+    /// Normal shutdown (CC.SHN, then CSTS.SHST complete, for up to the
+    /// target's timeout).
+    pub fn shutdown(&self) -> Result<()> {
+        let mut c = self.admin.lock().recover();
+        c.property_set(regs::CC, Cc::enable(0).with_shn(regs::shutdown::NORMAL).0)?;
+        let deadline = Instant::now() + self.target.timeout;
+        while Instant::now() < deadline {
+            if Csts(c.property_get(regs::CSTS, false)? as u32).shst() == regs::shutdown::COMPLETE {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Err(Error::NotReady { ready: false, after: self.target.timeout })
+    }
+
+    /// Disables the controller (CC.EN cleared).
+    pub fn disable(&self) -> Result<()> {
+        self.admin.lock().recover().property_set(regs::CC, 0)
+    }
+}

@@ -1,0 +1,438 @@
+//! An NVMe/RDMA I/O queue with many commands in flight: the queue pair a
+//! `Handle` uses on an RDMA controller.
+//!
+//! Each command identifier's table slot owns a piece of the queue's
+//! registered memory: a 64-byte capsule and a data area of [`STAGING`]
+//! bytes. A write's data is copied from the caller's buffer into its
+//! slot's area when it is staged; the capsule names the area in a Keyed
+//! SGL Data Block, and the target moves the data itself (RDMA READ of a
+//! write's, RDMA WRITE of a read's) before it sends the response. A read's
+//! data is copied out to the caller's buffer when its response is
+//! consumed: the caller's memory is touched only by this queue's copies,
+//! never by the device, so a command given up on (a timeout, a broken
+//! connection) cannot write into memory given back.
+//!
+//! Capsules are sent at [`ring_sq_doorbell`](RdmaIoQueue::ring_sq_doorbell),
+//! one SEND each (signaled; the send queue holds [`SENDS`]). A slot is used
+//! again only after its command's response is consumed, which the target
+//! sends after it has read the capsule and moved the data. Any failed work
+//! request or malformed response ends the queue: every command on it then
+//! completes with a transport error, and later ones are refused at once.
+
+use super::super::qpair::{CqView, Full, Owner};
+use super::super::stats::{QueueCounters, Staged};
+use super::super::tracker::Tracker;
+use super::{post_receive, RdmaQueue, CQE_AT, DATA_AT, RECEIVES, STAGING};
+use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
+use ugds_nvme::status::generic;
+use ugds_nvme::{Cid, Cqe, NvmOpcode, Qid, Sqe, Status};
+use ugds_platform::sys::verbs::{self, Sge, WorkCompletion};
+
+/// Where slot `i`'s capsule is: after the response slots, before the data.
+const CAPSULES_AT: usize = 1024;
+
+/// SENDs that may be posted and not yet completed: every command in flight
+/// and as many whose responses came before their SENDs' completions.
+pub(super) const SENDS: usize = 2 * RECEIVES;
+
+/// Set in a SEND's `wr_id` (the slot below it); receives use their
+/// response slot's index.
+const SEND_BIT: u64 = 1 << 63;
+
+/// Empty polls with commands out between two looks at the connection
+/// manager's events (a system call): a target that disconnects (its port
+/// removed, say) flushes nothing on this side, so only that says so.
+const EVENT_CHECK_POLLS: u32 = 1024;
+
+/// Which way a command's data goes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Dir {
+    #[default]
+    None,
+    /// Target to host: copied out when the response comes.
+    In,
+    /// Host to target: copied in when staged.
+    Out,
+}
+
+/// What the queue keeps of each command besides the tracker's entry.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Transfer {
+    dir: Dir,
+    /// The caller's memory (its virtual address: the platform maps host
+    /// memory one to one) and its length.
+    addr: usize,
+    len: u32,
+    /// The status a refused command completes with at the next look.
+    refused: Option<u16>,
+}
+
+/// An I/O queue of an NVMe/RDMA controller; see the module docs.
+pub struct RdmaIoQueue {
+    q: RdmaQueue,
+    tracker: Tracker<Transfer>,
+    entries: u16,
+    /// (nsid, block size) of each namespace.
+    blocks: Vec<(u32, u32)>,
+    /// Slots whose capsules are staged, sent at the doorbell.
+    staged: Vec<u16>,
+    /// SENDs posted and not yet completed.
+    sends: usize,
+    /// Commands refused at submission, completed at the next look.
+    refused: Vec<Cid>,
+    /// Why the queue ended, once it has.
+    failure: Option<String>,
+    /// Empty polls since the last look at the connection's events.
+    quiet: u32,
+    protocol_errors: u64,
+    counts: Staged,
+    counters: Arc<QueueCounters>,
+    /// Never set: a polled queue is always worth a look (see [`CqView`]).
+    busy: Arc<AtomicU32>,
+}
+
+impl std::fmt::Debug for RdmaIoQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaIoQueue")
+            .field("qid", &self.q.qid)
+            .field("addr", &self.q.addr)
+            .field("outstanding", &self.tracker.outstanding())
+            .field("failure", &self.failure)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Registered memory a queue of `entries` needs.
+pub(super) fn memory_for(entries: u16) -> usize {
+    DATA_AT + (entries as usize - 1) * STAGING
+}
+
+impl RdmaIoQueue {
+    /// The queue on a connection whose Fabrics Connect is done (`q` made
+    /// with [`memory_for`]`(entries)` bytes and room for [`SENDS`]).
+    pub(super) fn new(q: RdmaQueue, entries: u16, blocks: Vec<(u32, u32)>) -> RdmaIoQueue {
+        debug_assert!(CAPSULES_AT + (entries as usize - 1) * 64 <= DATA_AT);
+        debug_assert!(q.mem.len() >= memory_for(entries));
+        RdmaIoQueue {
+            q,
+            // SQSIZE entries; one kept free as on a controller's ring.
+            tracker: Tracker::new(entries - 1),
+            entries,
+            blocks,
+            staged: Vec::with_capacity(entries as usize),
+            sends: 0,
+            refused: Vec::new(),
+            failure: None,
+            quiet: 0,
+            protocol_errors: 0,
+            counts: Staged::default(),
+            counters: Arc::default(),
+            busy: Arc::default(),
+        }
+    }
+
+    /// Queue identifier.
+    pub fn qid(&self) -> Qid {
+        Qid(self.q.qid)
+    }
+
+    /// Entries (the connection's SQSIZE).
+    pub fn entries(&self) -> u16 {
+        self.entries
+    }
+
+    /// None: the queue is polled.
+    pub fn vector(&self) -> Option<u16> {
+        None
+    }
+
+    /// Commands that may be submitted now.
+    pub fn free_slots(&self) -> usize {
+        (self.tracker.capacity() as usize - self.tracker.outstanding()).min(SENDS - self.sends - self.staged.len())
+    }
+
+    /// Commands outstanding.
+    pub fn outstanding(&self) -> usize {
+        self.tracker.outstanding()
+    }
+
+    /// Responses that broke the protocol (each ended the queue).
+    pub fn protocol_errors(&self) -> u64 {
+        self.protocol_errors
+    }
+
+    /// The commands in flight.
+    pub fn tracker(&mut self) -> &mut Tracker<Transfer> {
+        &mut self.tracker
+    }
+
+    /// The tracker, read only.
+    pub fn tracker_ref(&self) -> &Tracker<Transfer> {
+        &self.tracker
+    }
+
+    /// What this queue has done.
+    pub fn counters(&self) -> &Arc<QueueCounters> {
+        &self.counters
+    }
+
+    /// Always worth a look: responses arrive on the completion queue,
+    /// which only a poll finds.
+    pub fn cq_view(&self) -> CqView {
+        CqView::kernel(true, self.busy.clone())
+    }
+
+    /// Whether a look may find something: always, while commands are out.
+    pub fn completion_pending(&mut self) -> bool {
+        self.tracker.outstanding() > 0
+    }
+
+    /// The transfer of `sqe` with its data at `addr` (PRP1), or the status
+    /// it is refused with.
+    fn transfer(&self, sqe: &Sqe, addr: Option<u64>) -> std::result::Result<Transfer, Status> {
+        let op = NvmOpcode::from_u8(sqe.opcode());
+        // A namespace this queue does not know moves nothing: the target
+        // answers with Invalid Namespace.
+        let bs = self.blocks.iter().find(|b| b.0 == sqe.nsid).map_or(0, |b| b.1 as u64);
+        let (dir, len) = match op {
+            Some(NvmOpcode::Read) if bs != 0 => (Dir::In, sqe.nlb() as u64 * bs),
+            Some(NvmOpcode::Write) if bs != 0 => (Dir::Out, sqe.nlb() as u64 * bs),
+            // The ranges: 16 bytes each.
+            Some(NvmOpcode::DatasetManagement) => (Dir::Out, ((sqe.cdw10 & 0xff) as u64 + 1) * 16),
+            _ => (Dir::None, 0),
+        };
+        if dir == Dir::None {
+            return Ok(Transfer::default());
+        }
+        // The engine splits requests at the controller's maximum transfer
+        // (at most a slot): a longer command is a caller's error.
+        match (addr, u32::try_from(len)) {
+            (Some(addr), Ok(len32)) if len as usize <= STAGING => {
+                Ok(Transfer { dir, addr: addr as usize, len: len32, refused: None })
+            }
+            _ => Err(Status::generic(generic::INVALID_FIELD)),
+        }
+    }
+
+    /// Where slot `slot`'s data area is in the queue's memory.
+    fn data_at(slot: usize) -> usize {
+        DATA_AT + slot * STAGING
+    }
+
+    /// Stages a command (its data at `addr`, PRP1 of its plan): a write's
+    /// data is copied into the command's slot now, its capsule written
+    /// there, and sent at [`ring_sq_doorbell`](Self::ring_sq_doorbell).
+    pub fn submit(&mut self, mut sqe: Sqe, addr: Option<u64>, owner: Owner) -> std::result::Result<Cid, Full> {
+        if self.tracker.is_full() {
+            return Err(Full::Cid);
+        }
+        if self.sends + self.staged.len() >= SENDS {
+            return Err(Full::Sq);
+        }
+        let t = match self.transfer(&sqe, addr) {
+            Ok(t) => t,
+            Err(s) => Transfer { refused: Some(s.to_field(false)), ..Default::default() },
+        };
+        let cid = self.tracker.begin_with(owner, None, t).expect("a CID is free");
+        self.counts.add(sqe.opcode(), sqe.nlb());
+        self.tracker.staged(cid, &sqe);
+        if t.refused.is_some() || self.failure.is_some() {
+            self.refused.push(cid);
+            return Ok(cid);
+        }
+        let slot = self.tracker.slot(cid);
+        let at = Self::data_at(slot);
+        if t.dir == Dir::Out {
+            assert!(at + t.len as usize <= self.q.mem.len(), "a slot's data lies in the queue's memory");
+            // SAFETY: the source is the command's memory (the caller's
+            // registered buffer, held by its request until this command
+            // completes; `len` bytes checked by the engine against the
+            // registration); the destination is this slot's area of the
+            // queue's memory (checked above), which no command in flight
+            // uses: the slot is this command's until its response.
+            unsafe { std::ptr::copy_nonoverlapping(t.addr as *const u8, self.q.mem.vaddr().add(at), t.len as usize) };
+        }
+        sqe.set_cid(cid);
+        // Every command names its data with a Keyed SGL Data Block, one of
+        // length 0 when it has none (nvmet-rdma refuses other descriptors).
+        sqe = if t.len > 0 {
+            sqe.with_keyed_data(self.q.mr.addr() + at as u64, t.len, self.q.mr.rkey())
+        } else {
+            sqe.with_keyed_data(0, 0, 0)
+        };
+        self.q.mem.write_sqe(CAPSULES_AT + slot * 64, &sqe);
+        self.staged.push(slot as u16);
+        Ok(cid)
+    }
+
+    /// Sends the staged capsules, one SEND each.
+    pub fn ring_sq_doorbell(&mut self) {
+        self.counts.publish(&self.counters);
+        if self.staged.is_empty() {
+            return;
+        }
+        // The capsules and data written above are in memory before the
+        // device reads them: ibv_post_send's own barrier orders them (as
+        // the doorbell's does on a controller).
+        let mut failed = None;
+        for &slot in &self.staged {
+            let at = CAPSULES_AT + slot as usize * 64;
+            let sge = Sge { addr: self.q.mr.addr() + at as u64, length: 64, lkey: self.q.mr.lkey() };
+            match self.q.poster.send(SEND_BIT | slot as u64, sge, false) {
+                Ok(()) => self.sends += 1,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        self.staged.clear();
+        self.counters.doorbell_writes.add(1);
+        if let Some(e) = failed {
+            // A capsule not sent leaves its command without an answer: the
+            // queue ends, and every command on it completes at the next look.
+            self.fail(format!("NVMe/RDMA: a capsule to {} not sent: {e}", self.q.addr));
+        }
+    }
+
+    /// Ends the queue: what is outstanding completes with a transport
+    /// error at the next look.
+    fn fail(&mut self, why: String) {
+        if self.failure.is_none() {
+            tracing::error!(qid = self.q.qid, "{why}");
+            self.failure = Some(why);
+        }
+    }
+
+    /// A response or work completion that breaks the protocol ends the
+    /// queue.
+    fn violation(&mut self, why: String) {
+        self.protocol_errors += 1;
+        self.fail(format!("{} broke the NVMe/RDMA protocol: {why}", self.q.addr));
+    }
+
+    /// The status of commands on a queue that ended.
+    fn transport_error() -> u16 {
+        Status { dnr: true, ..Status::generic(generic::TRANSIENT_TRANSPORT_ERROR) }.to_field(false)
+    }
+
+    /// Consumes up to `max` responses (all the work completions of a poll
+    /// are consumed), calling `f(owner, cqe)` for each command that
+    /// finished. Returns how many.
+    pub fn process_completions(&mut self, max: usize, mut f: impl FnMut(Owner, &Cqe)) -> usize {
+        let (n, failed) = (std::cell::Cell::new(0usize), std::cell::Cell::new(0u64));
+        let qid = self.q.qid;
+        let mut report = |owner: Owner, cqe: &Cqe| {
+            n.set(n.get() + 1);
+            failed.set(failed.get() + !cqe.is_success() as u64);
+            f(owner, cqe)
+        };
+        for cid in std::mem::take(&mut self.refused) {
+            let e = self.tracker.end(cid, 0).expect("outstanding");
+            let status = e.extra.refused.unwrap_or(Self::transport_error());
+            report(e.owner, &Cqe { dw0: 0, dw1: 0, sqhd: 0, sqid: qid, cid: cid.0, status });
+        }
+        let mut wcs = [WorkCompletion::default(); 16];
+        while n.get() < max && self.failure.is_none() && (self.tracker.outstanding() > 0 || self.sends > 0) {
+            let k = match self.q.conn.cq().poll(&mut wcs) {
+                Ok(0) => {
+                    self.quiet += 1;
+                    if self.quiet >= EVENT_CHECK_POLLS {
+                        self.quiet = 0;
+                        if self.q.conn.disconnected() {
+                            self.fail(format!("NVMe/RDMA: {} disconnected queue {qid}", self.q.addr));
+                        }
+                    }
+                    break;
+                }
+                Ok(k) => k,
+                Err(e) => {
+                    self.fail(format!("NVMe/RDMA: polling the completion queue of {}: {e}", self.q.addr));
+                    break;
+                }
+            };
+            self.quiet = 0;
+            for wc in &wcs[..k] {
+                if wc.status != 0 {
+                    self.fail(format!(
+                        "NVMe/RDMA: {} on queue {} to {}: {} (status {}, vendor error {:#x})",
+                        if wc.wr_id & SEND_BIT != 0 { "a send" } else { "a receive" },
+                        qid,
+                        self.q.addr,
+                        verbs::wc_status_str(wc.status),
+                        wc.status,
+                        wc.vendor_err
+                    ));
+                    continue;
+                }
+                if wc.wr_id & SEND_BIT != 0 {
+                    self.sends = self.sends.saturating_sub(1);
+                    continue;
+                }
+                let slot = wc.wr_id as usize;
+                if wc.opcode != verbs::WC_RECV || slot >= RECEIVES || wc.byte_len != 16 {
+                    self.violation(format!(
+                        "a completion of {} bytes (opcode {}, request {}) where a 16-byte response was due",
+                        wc.byte_len, wc.opcode, wc.wr_id
+                    ));
+                    continue;
+                }
+                let mut cqe = self.q.mem.read_cqe(CQE_AT + slot * 16);
+                if let Err(e) = post_receive(&self.q.poster, &self.q.mr, slot) {
+                    self.fail(format!("NVMe/RDMA: a receive on queue {qid} not posted again: {e}"));
+                }
+                let cid = Cid(cqe.cid);
+                let Some(t) = self.tracker.get_mut(cid).map(|e| e.extra) else {
+                    self.violation(format!("a response for command {:#06x}, which is not in flight", cid.0));
+                    continue;
+                };
+                if t.refused.is_some() {
+                    self.violation(format!("a response for command {:#06x}, which was never sent", cid.0));
+                    continue;
+                }
+                if cqe.is_success() && t.dir == Dir::In {
+                    let at = Self::data_at(self.tracker.slot(cid));
+                    assert!(at + t.len as usize <= self.q.mem.len(), "a slot's data lies in the queue's memory");
+                    // SAFETY: the target wrote this slot's area before it
+                    // sent the response (one reliable connection keeps
+                    // them in order); the destination is the command's
+                    // memory, held by its request until it is reported
+                    // below, `len` bytes checked by the engine.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(self.q.mem.vaddr().add(at), t.addr as *mut u8, t.len as usize)
+                    };
+                }
+                let e = self.tracker.end(cid, cqe.status).expect("looked up above");
+                cqe.sqid = qid;
+                report(e.owner, &cqe);
+            }
+        }
+        if self.failure.is_some() {
+            // Everything on the queue is lost with it. The target may
+            // still write a slot's area, which is the queue's own memory.
+            let status = Self::transport_error();
+            let cids: Vec<Cid> = self.tracker.outstanding_commands().map(|(c, _)| c).collect();
+            for cid in cids {
+                let e = self.tracker.end(cid, status).expect("outstanding");
+                report(e.owner, &Cqe { dw0: 0, dw1: 0, sqhd: 0, sqid: qid, cid: cid.0, status });
+            }
+            self.staged.clear();
+        }
+        self.counters.completed.add(n.get() as u64);
+        self.counters.errors.add(failed.get());
+        n.get()
+    }
+
+    /// Forgets every outstanding command: after the handle gave up on
+    /// them. Their slots' areas are the queue's own memory, so the target
+    /// may still write them; the queue is not used again.
+    pub fn forget_outstanding(&mut self) -> usize {
+        let n = self.tracker.outstanding();
+        let _ = self.tracker.forget_all();
+        self.refused.clear();
+        self.staged.clear();
+        self.fail(format!("NVMe/RDMA: queue {} to {}: its commands were given up", self.q.qid, self.q.addr));
+        n
+    }
+}
