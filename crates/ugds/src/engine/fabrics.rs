@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use ugds_nvme::fabrics::{self, ConnectData, Connected};
 use ugds_nvme::identify::parse_active_ns_list;
 use ugds_nvme::regs::{self, Cap, Cc, Csts};
-use ugds_nvme::{Cid, Cqe, IdentifyController, IdentifyNamespace, Nsid, Sqe, IDENTIFY_LEN};
+use ugds_nvme::{Cid, Cqe, IdentifyController, IdentifyNamespace, Nsid, NvmOpcode, Sqe, IDENTIFY_LEN};
 
 /// A queue of a fabrics controller that runs one command at a time.
 pub(crate) trait Capsules {
@@ -118,6 +118,61 @@ pub(crate) fn enable(c: &mut impl Capsules, n: &Names, cap: Cap) -> Result<()> {
 /// A normal shutdown (CC.SHN), not waited for: the connection closes next.
 pub(crate) fn shut_down(c: &mut impl Capsules) -> Result<()> {
     c.property_set(regs::CC, Cc::enable(0).with_shn(regs::shutdown::NORMAL).0)
+}
+
+/// A normal shutdown (CC.SHN), then CSTS.SHST polled until complete, for
+/// up to `timeout` (a controller handle's close: the connection stays).
+pub(crate) fn shut_down_waited(c: &mut impl Capsules, timeout: Duration) -> Result<()> {
+    shut_down(c)?;
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if Csts(c.property_get(regs::CSTS, false)? as u32).shst() == regs::shutdown::COMPLETE {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Err(Error::NotReady { ready: false, after: timeout })
+}
+
+/// CSTS through Property Get; all ones (gone) when the admin queue no
+/// longer answers (`transport` and `addr` name it in the warning).
+pub(crate) fn csts(c: &mut impl Capsules, transport: &str, addr: &str) -> u32 {
+    match c.property_get(regs::CSTS, false) {
+        Ok(v) => v as u32,
+        Err(e) => {
+            tracing::warn!(%addr, "{transport}: CSTS not read ({e}); taken as gone");
+            u32::MAX
+        }
+    }
+}
+
+/// Runs an admin command that moves no data (Abort, Set and Get Features'
+/// values, Keep Alive); one with data is refused, its `op` and `transport`
+/// named.
+pub(crate) fn admin_command(c: &mut impl Capsules, sqe: Sqe, op: &'static str, transport: &str) -> Result<Cqe> {
+    if sqe.prp1 != 0 || sqe.prp2 != 0 {
+        return Err(Error::Unsupported(format!("{op}: admin commands that move data, over {transport}")));
+    }
+    let cqe = c.execute(sqe, &[], &mut [])?;
+    if !cqe.is_success() {
+        return Err(Error::Nvme { op, status: cqe.status() });
+    }
+    Ok(cqe)
+}
+
+/// Which way an I/O command's data goes over a fabric, and how many bytes:
+/// `None` for a command without data (or on a namespace not in `blocks`,
+/// (nsid, block size) pairs: the target answers Invalid Namespace), else
+/// `(to the target, bytes)`.
+pub(crate) fn command_data(sqe: &Sqe, blocks: &[(u32, u32)]) -> Option<(bool, u64)> {
+    let bs = blocks.iter().find(|b| b.0 == sqe.nsid).map_or(0, |b| b.1 as u64);
+    match NvmOpcode::from_u8(sqe.opcode()) {
+        Some(NvmOpcode::Read) if bs != 0 => Some((false, sqe.nlb() as u64 * bs)),
+        Some(NvmOpcode::Write) if bs != 0 => Some((true, sqe.nlb() as u64 * bs)),
+        // The ranges: 16 bytes each.
+        Some(NvmOpcode::DatasetManagement) => Some((true, ((sqe.cdw10 & 0xff) as u64 + 1) * 16)),
+        _ => None,
+    }
 }
 
 /// An active namespace with a usable format: (nsid, blocks, block size).

@@ -7,13 +7,12 @@
 
 use super::queue::{memory_for, SENDS};
 use super::{RdmaIoQueue, RdmaQueue, RdmaTarget, ENTRIES, STAGING};
-use crate::engine::fabrics::{connect_queue, enable, identify, Capsules};
+use crate::engine::fabrics::{self, connect_queue, enable, identify, Capsules};
 use crate::engine::{ControllerInfo, NamespaceInfo};
 use crate::{Error, Result};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 use ugds_nvme::fabrics::CNTLID_DYNAMIC;
-use ugds_nvme::regs::{self, Cap, Cc, Csts, Version};
+use ugds_nvme::regs::{self, Cap, Version};
 use ugds_nvme::{Cid, IdentifyController, Sqe};
 use ugds_platform::rdma::RdmaPlatform;
 use ugds_platform::Recover;
@@ -103,26 +102,13 @@ impl RdmaController {
     /// Runs an admin command that moves no data (Abort, Set and Get
     /// Features' values); commands with data are refused here.
     pub fn admin_command(&self, sqe: Sqe, op: &'static str) -> Result<ugds_nvme::Cqe> {
-        if sqe.prp1 != 0 || sqe.prp2 != 0 {
-            return Err(Error::Unsupported(format!("{op}: admin commands that move data, over NVMe/RDMA")));
-        }
-        let cqe = self.admin.lock().recover().execute(sqe, &[], &mut [])?;
-        if !cqe.is_success() {
-            return Err(Error::Nvme { op, status: cqe.status() });
-        }
-        Ok(cqe)
+        fabrics::admin_command(&mut *self.admin.lock().recover(), sqe, op, "NVMe/RDMA")
     }
 
     /// CSTS through Property Get; all ones (gone) when the admin queue no
     /// longer answers.
     pub fn csts(&self) -> u32 {
-        match self.admin.lock().recover().property_get(regs::CSTS, false) {
-            Ok(v) => v as u32,
-            Err(e) => {
-                tracing::warn!(addr = %self.target.addr, "NVMe/RDMA: CSTS not read ({e}); taken as gone");
-                u32::MAX
-            }
-        }
+        fabrics::csts(&mut *self.admin.lock().recover(), "NVMe/RDMA", &self.target.addr)
     }
 
     /// I/O queue `qid` of up to `entries` (at most 32: nvmet-rdma's
@@ -143,16 +129,7 @@ impl RdmaController {
     /// Normal shutdown (CC.SHN, then CSTS.SHST complete, for up to the
     /// target's timeout).
     pub fn shutdown(&self) -> Result<()> {
-        let mut c = self.admin.lock().recover();
-        c.property_set(regs::CC, Cc::enable(0).with_shn(regs::shutdown::NORMAL).0)?;
-        let deadline = Instant::now() + self.target.timeout;
-        while Instant::now() < deadline {
-            if Csts(c.property_get(regs::CSTS, false)? as u32).shst() == regs::shutdown::COMPLETE {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Err(Error::NotReady { ready: false, after: self.target.timeout })
+        fabrics::shut_down_waited(&mut *self.admin.lock().recover(), self.target.timeout)
     }
 
     /// Disables the controller (CC.EN cleared).

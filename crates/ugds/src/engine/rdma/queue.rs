@@ -19,6 +19,7 @@
 //! request or malformed response ends the queue: every command on it then
 //! completes with a transport error, and later ones are refused at once.
 
+use super::super::fabrics;
 use super::super::qpair::{CqView, Full, Owner};
 use super::super::stats::{QueueCounters, Staged};
 use super::super::tracker::Tracker;
@@ -26,7 +27,7 @@ use super::{post_receive, RdmaQueue, CQE_AT, DATA_AT, RECEIVES, STAGING};
 use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 use ugds_nvme::status::generic;
-use ugds_nvme::{Cid, Cqe, NvmOpcode, Qid, Sqe, Status};
+use ugds_nvme::{Cid, Cqe, Qid, Sqe, Status};
 use ugds_platform::sys::verbs::{self, Sge, WorkCompletion};
 
 /// Where slot `i`'s capsule is: after the response slots, before the data.
@@ -191,20 +192,10 @@ impl RdmaIoQueue {
     /// The transfer of `sqe` with its data at `addr` (PRP1), or the status
     /// it is refused with.
     fn transfer(&self, sqe: &Sqe, addr: Option<u64>) -> std::result::Result<Transfer, Status> {
-        let op = NvmOpcode::from_u8(sqe.opcode());
-        // A namespace this queue does not know moves nothing: the target
-        // answers with Invalid Namespace.
-        let bs = self.blocks.iter().find(|b| b.0 == sqe.nsid).map_or(0, |b| b.1 as u64);
-        let (dir, len) = match op {
-            Some(NvmOpcode::Read) if bs != 0 => (Dir::In, sqe.nlb() as u64 * bs),
-            Some(NvmOpcode::Write) if bs != 0 => (Dir::Out, sqe.nlb() as u64 * bs),
-            // The ranges: 16 bytes each.
-            Some(NvmOpcode::DatasetManagement) => (Dir::Out, ((sqe.cdw10 & 0xff) as u64 + 1) * 16),
-            _ => (Dir::None, 0),
-        };
-        if dir == Dir::None {
+        let Some((out, len)) = fabrics::command_data(sqe, &self.blocks) else {
             return Ok(Transfer::default());
-        }
+        };
+        let dir = if out { Dir::Out } else { Dir::In };
         // The engine splits requests at the controller's maximum transfer
         // (at most a slot): a longer command is a caller's error.
         match (addr, u32::try_from(len)) {

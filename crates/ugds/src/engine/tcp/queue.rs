@@ -49,7 +49,7 @@ use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 use ugds_nvme::status::generic;
 use ugds_nvme::tcp::{self, CommonHeader, Framing, Head, PduError};
-use ugds_nvme::{Cid, Cqe, NvmOpcode, Qid, Sqe, Status};
+use ugds_nvme::{Cid, Cqe, Qid, Sqe, Status};
 use ugds_platform::device::{CopyTicket, DeviceRuntime};
 use ugds_platform::tcp::TcpPlatform;
 use ugds_platform::window::DEVICE_IOVA_BASE;
@@ -294,20 +294,12 @@ impl TcpQueue {
     /// The transfer of `sqe` with its data at `addr` (PRP1), or the status
     /// it is refused with.
     fn transfer(&self, sqe: &Sqe, addr: Option<u64>) -> std::result::Result<Transfer, Status> {
-        let op = NvmOpcode::from_u8(sqe.opcode());
         // A namespace this queue does not know moves nothing: the controller
         // answers with Invalid Namespace.
-        let bs = self.blocks.iter().find(|b| b.0 == sqe.nsid).map_or(0, |b| b.1 as u64);
-        let (dir, len) = match op {
-            Some(NvmOpcode::Read) if bs != 0 => (Dir::In, sqe.nlb() as u64 * bs),
-            Some(NvmOpcode::Write) if bs != 0 => (Dir::Out, sqe.nlb() as u64 * bs),
-            // The ranges: 16 bytes each.
-            Some(NvmOpcode::DatasetManagement) => (Dir::Out, ((sqe.cdw10 & 0xff) as u64 + 1) * 16),
-            _ => (Dir::None, 0),
-        };
-        if dir == Dir::None {
+        let Some((out, len)) = super::super::fabrics::command_data(sqe, &self.blocks) else {
             return Ok(Transfer::default());
-        }
+        };
+        let dir = if out { Dir::Out } else { Dir::In };
         let (Some(addr), Ok(len32)) = (addr, u32::try_from(len)) else {
             return Err(Status::generic(generic::INVALID_FIELD));
         };
