@@ -196,3 +196,25 @@ pub(crate) fn identify(c: &mut impl Capsules) -> Result<(IdentifyController, Vec
     }
     Ok((identify, namespaces))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ugds_nvme::Lba;
+
+    #[test]
+    fn a_commands_data_is_sized_by_its_namespace_and_opcode() {
+        let blocks = [(1, 512), (2, 4096)];
+        let rw = |op, nsid, nlb| Sqe::rw(op, Cid(0), Nsid(nsid), Lba(0), nlb, 0, 0);
+        assert_eq!(command_data(&rw(NvmOpcode::Read, 1, 8), &blocks), Some((false, 4096)));
+        assert_eq!(command_data(&rw(NvmOpcode::Write, 2, 3), &blocks), Some((true, 3 * 4096)));
+        // A namespace the queue does not know moves nothing (the target
+        // answers Invalid Namespace); nor do Flush and Write Zeroes.
+        assert_eq!(command_data(&rw(NvmOpcode::Read, 9, 8), &blocks), None);
+        assert_eq!(command_data(&Sqe::flush(Cid(0), Nsid(1)), &blocks), None);
+        assert_eq!(command_data(&Sqe::write_zeroes(Cid(0), Nsid(1), Lba(0), 8), &blocks), None);
+        // Dataset Management: its ranges, 16 bytes each (NR is zero-based).
+        let dsm = Sqe::dataset_management(Cid(0), Nsid(1), 3, 0x1000, true);
+        assert_eq!(command_data(&dsm, &blocks), Some((true, 48)));
+    }
+}
