@@ -2,9 +2,11 @@
 //! request per call (as `ugds bench`'s volume runs submit): a handle's
 //! [`Batch`](ugds::Batch) on one emulated null controller, and a
 //! [`VolumeBatch`](ugds::VolumeBatch) over four striped in 128 KiB stripes
-//! (each request within a stripe: one member's). Counted by callgrind in
-//! the two submission functions, which do nothing else; waiting for
-//! completions is not counted. `scripts/instructions` runs it under
+//! (each request within a stripe: one member's), then the same volume's
+//! [`VolumeQueue`](ugds::VolumeQueue) (the members' lent queues; each
+//! request submitted and rung alone, as a batch submission rings). Counted
+//! by callgrind in the three submission functions, which do nothing else;
+//! waiting for completions is not counted. `scripts/instructions` runs it under
 //! valgrind and prints the figures; run alone it only checks that every
 //! request completes.
 
@@ -22,6 +24,13 @@ const WARMUP: u64 = 1_000;
 #[inline(never)]
 fn measured_volume_submit(b: &ugds::VolumeBatch, io: &[BatchIo]) {
     b.submit(io).expect("room for the request");
+}
+
+/// Submits one read on the volume's queue and rings (counted).
+#[inline(never)]
+fn measured_volume_queue_submit(q: &mut ugds::VolumeQueue<'_>, io: &BatchIo) {
+    q.submit_read(&io.buf, io.size, io.file_offset, io.buf_offset, io.cookie).expect("room for the request");
+    q.ring();
 }
 
 /// Submits one request on the handle's batch context (counted).
@@ -76,6 +85,38 @@ fn main() -> ugds::Result<()> {
             assert!(out.iter().all(|e| e.result.as_ref().is_ok_and(|&n| n == 4096)), "{out:?}");
         }
     }
+    // The volume's queue: the same requests, reported by poll.
+    let mut q = volume.io_queue()?;
+    let (mut submitted, mut done, mut off) = (0u64, 0u64, 0u64);
+    let mut bad = 0;
+    while done < REQUESTS {
+        while submitted - done < QD as u64 && submitted < REQUESTS {
+            off = (off + 7 * 4096 + (128 << 10)) % (60 << 20);
+            let slot = (submitted % QD as u64) as usize;
+            let io = BatchIo {
+                op: BatchOp::Read,
+                buf: token,
+                size: 4096,
+                file_offset: off,
+                buf_offset: slot * 4096,
+                cookie: 0,
+            };
+            if submitted >= WARMUP {
+                measured_volume_queue_submit(&mut q, &io);
+            } else {
+                q.submit_read(&io.buf, io.size, io.file_offset, io.buf_offset, 0)?;
+                q.ring();
+            }
+            submitted += 1;
+        }
+        match q.poll(usize::MAX, |_, r| bad += usize::from(r.ok() != Some(4096))) {
+            // Let the emulator's threads run (valgrind runs one thread at a time).
+            0 => std::thread::yield_now(),
+            n => done += n as u64,
+        }
+    }
+    assert_eq!(bad, 0, "every read on the volume's queue moved 4 KiB");
+    drop(q);
     drop((vb, hb));
     d.deregister(&token)?;
     println!("batch_instructions: {} measured requests on each context completed", REQUESTS - WARMUP);

@@ -322,6 +322,12 @@ impl<'h> IoQueue<'h> {
         self.shared.is_some()
     }
 
+    /// Whether this queue was given up on (a request stuck past the
+    /// handle's timeout): it takes no more requests.
+    pub(crate) fn is_dead(&self) -> bool {
+        self.dead
+    }
+
     /// Commands that may be outstanding at once.
     pub fn depth(&self) -> usize {
         match (&self.qp, &self.shared) {
@@ -520,6 +526,61 @@ impl<'h> IoQueue<'h> {
                 Err(e)
             }
             Err(e) => Err(e),
+        }
+    }
+
+    /// Whether requests of these sizes, at these namespace offsets and
+    /// data offsets into their first page, would all be staged now: `Ok(false)`
+    /// when the queue has no room for them yet, an error when they need
+    /// more than the queue holds at all. A volume's queue asks before it
+    /// stages any part of a request, so that a request is staged on every
+    /// member or on none.
+    pub(crate) fn admits(&self, reqs: impl Iterator<Item = (usize, u64, usize)>) -> Result<bool> {
+        let h = &*self.handle.inner;
+        let (mut commands, mut requests) = (0, 0);
+        for (size, file_offset, data_off) in reqs {
+            let n = if (1..=PAGE_SIZE).contains(&size) { 1 } else { h.chunker(file_offset, data_off, size).commands() };
+            if n > self.depth() {
+                return Err(self.refuse(size, n));
+            }
+            commands += n;
+            requests += 1;
+        }
+        let (need, unit) = if self.shared.is_some() { (requests, "requests") } else { (commands, "commands") };
+        if need > self.depth() {
+            return Err(Error::InvalidArgument(format!(
+                "the request's pieces on this member need {need} {unit}; its queue holds {} at most",
+                self.depth()
+            )));
+        }
+        Ok(match (&self.qp, &self.shared) {
+            (Some(q), _) => commands <= q.free_slots(),
+            (None, Some(sh)) => requests <= h.batch_queue_at(sh.queue).room(sh.ctx),
+            (None, None) => false,
+        })
+    }
+
+    /// What [`wait`](Self::wait) would block on: the queue's interrupt
+    /// when it completes by interrupt and no completion waits already;
+    /// `None` when there is nothing to wait for (polling, or a
+    /// completion is there).
+    pub(crate) fn interrupt(&mut self) -> Option<&ugds_platform::sys::EventFd> {
+        let h = &*self.handle.inner;
+        if h.opts.completion != Completion::Interrupt {
+            return None;
+        }
+        let v = self.qp.as_ref()?.vector()?;
+        if self.qp.as_mut().is_some_and(|q| q.completion_pending()) {
+            return None;
+        }
+        h.platform().interrupt(v).ok().flatten()
+    }
+
+    /// Counts an interrupt [`interrupt`](Self::interrupt)'s descriptor
+    /// delivered.
+    pub(crate) fn count_interrupt(&self) {
+        if let Some(q) = self.qp.as_ref() {
+            q.counters().interrupts.add_shared(1);
         }
     }
 

@@ -83,7 +83,7 @@ pub use registry::BufferToken;
 pub use stream::{HostStream, Stream, StreamCounters, StreamIo, StreamResult, StreamService, StreamSignal};
 pub use ugds_nvme as nvme;
 pub use ugds_platform::{Error, ErrorKind, Result};
-pub use volume::{Volume, VolumeBatch, VolumeLayout};
+pub use volume::{Volume, VolumeBatch, VolumeLayout, VolumeQueue};
 
 /// The ugds_drv ioctl ABI version this library speaks.
 pub const UGDS_DRV_ABI_VERSION: u32 = ugds_platform::ugds_drv::ABI_VERSION;

@@ -67,8 +67,10 @@ Options:
                           volume (RAID 0) with SIZE stripes, a power of two of
                           at least 4k [128k]; the workload runs on the first
                           target alone, then on the volume (qd above 1 through
-                          a volume batch context)
+                          a queue lent by each member, Volume::io_queue)
       --concat            over several targets: concatenate them instead
+      --volume-batch      over several targets: qd above 1 through a volume
+                          batch context (one submit call per request) instead
       --gpu               over several targets: the buffers in GPU 0's memory
                           (CUDA) instead of host memory (no --verify)
       --sample N          at queue depth 1, time one call in N (1: every
@@ -161,6 +163,8 @@ pub(super) struct Opts {
     pub(super) json: Option<std::path::PathBuf>,
     /// The targets as one volume (`--stripe SIZE`, `--concat`).
     pub(super) volume: Option<ugds::VolumeLayout>,
+    /// A volume's deep runs through a `VolumeBatch`, not `Volume::io_queue`.
+    pub(super) volume_batch: bool,
     /// A volume's buffers in GPU memory (`--gpu`).
     pub(super) gpu: bool,
 }
@@ -196,6 +200,7 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
         target: TargetOpts::default(),
         json: None,
         volume: None,
+        volume_batch: false,
         gpu: false,
     };
     let mut p = lexopt::Parser::from_args(args);
@@ -236,6 +241,7 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
             Short('b') | Long("bytes") => o.bytes = Some(parse_size(&p.value().map_err(err)?.string().map_err(err)?)?),
             Short('r') | Long("range") => o.range = Some(parse_size(&p.value().map_err(err)?.string().map_err(err)?)?),
             Long("verify") => o.verify = true,
+            Long("volume-batch") => o.volume_batch = true,
             Long("json") => o.json = Some(p.value().map_err(err)?.into()),
             Long("batch") => {
                 let v = p.value().map_err(err)?.string().map_err(err)?;
@@ -323,9 +329,12 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
         o.volume = Some(ugds::VolumeLayout::Striped { stripe: 128 << 10 });
     }
     if o.volume.is_some() && (o.mixed || o.modes || o.vectored.is_some() || o.stream || !o.batches.is_empty()) {
-        return Err("a volume runs synchronous calls (qd 1) or a volume batch context: no --mixed, --modes, \
-                    --vectored, --stream or --batch"
+        return Err("a volume runs synchronous calls (qd 1), its members' lent queues or a volume batch context: \
+                    no --mixed, --modes, --vectored, --stream or --batch"
             .into());
+    }
+    if o.volume_batch && o.volume.is_none() {
+        return Err("--volume-batch is for several targets run as one volume".into());
     }
     if o.gpu && (o.volume.is_none() || o.verify) {
         return Err("--gpu runs a volume's workload (several targets) in GPU memory, without --verify".into());

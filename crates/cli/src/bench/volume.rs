@@ -53,13 +53,23 @@ unsafe impl Sync for ThreadBuf {}
 pub(super) fn run(o: &Opts, layout: VolumeLayout) -> Result<(), String> {
     let targets = target::open_all(&o.target)?;
     let driver = Driver::open();
+    // A lent queue takes a request's pieces (one per stripe) as requests
+    // of their own: room for `qd` of the largest.
+    let stripe = match layout {
+        VolumeLayout::Striped { stripe } => stripe as usize,
+        _ => usize::MAX,
+    };
+    let pieces = o.sizes.iter().map(|&s| s.div_ceil(stripe) + 1).max().unwrap_or(1);
+    let depth = if o.volume_batch { o.qd * 4 } else { o.qd * pieces.max(4) }.clamp(32, 1024) as u16;
     let opts = || {
         HandleOptions::default()
             .nsid(o.target.nsid)
             .sync_queues(o.threads.clamp(1, 8) as u16)
-            .async_queues(0)
-            .batch_queues(super::batch_queue_per_thread(o.threads))
-            .queue_depth((o.qd * 4).clamp(32, 1024) as u16)
+            // A deep run's thread takes a queue of each member: lent, or
+            // (--volume-batch) a batch queue pair of its own.
+            .async_queues(if o.volume_batch { 0 } else { o.threads.clamp(1, 64) as u16 })
+            .batch_queues(if o.volume_batch { super::batch_queue_per_thread(o.threads) } else { 0 })
+            .queue_depth(depth)
             .shadow_doorbells(o.shadow_doorbells)
             .completion(if o.interrupt { Completion::Interrupt } else { Completion::Poll })
     };
@@ -73,7 +83,14 @@ pub(super) fn run(o: &Opts, layout: VolumeLayout) -> Result<(), String> {
     for (i, t) in targets.iter().enumerate() {
         println!("member {i} {} ({})", t.description, volume.member_name(i));
     }
-    println!("queues   {} batch queue pair(s) per member (a context per thread each)", volume.member(0).batch_queues());
+    if o.volume_batch {
+        println!(
+            "queues   {} batch queue pair(s) per member (a context per thread each)",
+            volume.member(0).batch_queues()
+        );
+    } else {
+        println!("queues   a queue pair of each member lent to each thread (Volume::io_queue) at qd above 1");
+    }
     let max_size = *o.sizes.iter().max().expect("a size");
     let cuda = if o.gpu {
         let c = ugds::gpu::cuda::Cuda::get().map_err(|e| format!("--gpu: {e}"))?;
@@ -260,8 +277,9 @@ fn run_one(o: &Opts, v: &Volume, bufs: &[ThreadBuf], size: usize, range: u64, ve
     all
 }
 
-/// One thread: `qd` requests outstanding (synchronous calls at qd 1, a
-/// volume batch context otherwise) until stopped or the budget is spent.
+/// One thread: `qd` requests outstanding (synchronous calls at qd 1, the
+/// members' lent queues or, with --volume-batch, a volume batch context
+/// otherwise) until stopped or the budget is spent.
 fn thread_loop(
     o: &Opts,
     v: &Volume,
@@ -330,6 +348,9 @@ fn thread_loop(
         }
         return f;
     }
+    if !o.volume_batch {
+        return queue_loop(o, v, b, size, op, f, &prepare, &check, &mut next_off, take, stop);
+    }
     let batch = match v.batch(o.qd) {
         Ok(b) => b,
         Err(e) => {
@@ -384,6 +405,94 @@ fn thread_loop(
                 Ok(_) => outstanding += 1,
                 Err(e) => fail(&mut f, e.to_string()),
             }
+        }
+    }
+    f
+}
+
+/// A deep run through `Volume::io_queue`: `qd` requests staged and rung
+/// together, then each slot submitted again as its request is reported
+/// (rung with the others found in the same look); a slot a member had no
+/// room for waits for the next look.
+#[allow(clippy::too_many_arguments)]
+fn queue_loop(
+    o: &Opts,
+    v: &Volume,
+    b: &ThreadBuf,
+    size: usize,
+    op: BatchOp,
+    mut f: Figures,
+    prepare: &dyn Fn(usize, u64),
+    check: &dyn Fn(usize, u64) -> u64,
+    next_off: &mut dyn FnMut() -> u64,
+    take: &dyn Fn() -> bool,
+    stop: &AtomicBool,
+) -> Figures {
+    let mut q = match v.io_queue() {
+        Ok(q) => q,
+        Err(e) => {
+            f.errors += 1;
+            f.first_error.get_or_insert(format!("volume queue: {e}"));
+            return f;
+        }
+    };
+    let mut started: Vec<(Instant, u64)> = vec![(Instant::now(), 0); o.qd];
+    // Slots to submit, each with its offset once drawn: all at first, then
+    // each as its request is reported.
+    let mut ready: Vec<(usize, Option<u64>)> = (0..o.qd).rev().map(|s| (s, None)).collect();
+    let mut done: Vec<(u64, ugds::Result<usize>)> = Vec::with_capacity(o.qd);
+    loop {
+        while let Some((slot, drawn)) = ready.pop() {
+            if stop.load(Ordering::Relaxed) || (drawn.is_none() && !take()) {
+                continue;
+            }
+            let off = drawn.unwrap_or_else(|| {
+                let off = next_off();
+                prepare(slot, off);
+                off
+            });
+            started[slot] = (Instant::now(), off);
+            let r = match op {
+                BatchOp::Read => q.submit_read(&b.token, size, off, slot * size, slot as u64),
+                _ => q.submit_write(&b.token, size, off, slot * size, slot as u64),
+            };
+            match r {
+                Ok(()) => {}
+                Err(ugds::Error::QueueFull) if q.outstanding() > 0 => {
+                    // Again after the next look, at the same offset.
+                    ready.push((slot, Some(off)));
+                    break;
+                }
+                Err(e) => {
+                    f.errors += 1;
+                    f.first_error.get_or_insert(e.to_string());
+                }
+            }
+        }
+        if q.outstanding() == 0 {
+            break;
+        }
+        q.ring();
+        done.clear();
+        if q.poll(usize::MAX, |tag, r| done.push((tag, r))) == 0 {
+            q.wait(Duration::from_millis(10));
+            continue;
+        }
+        for (tag, r) in done.drain(..) {
+            let slot = tag as usize;
+            let (t, off) = started[slot];
+            f.lat.push(t.elapsed().as_nanos() as u64);
+            match r {
+                Ok(_) => {
+                    f.ios += 1;
+                    f.mismatched_words += check(slot, off);
+                }
+                Err(e) => {
+                    f.errors += 1;
+                    f.first_error.get_or_insert(e.to_string());
+                }
+            }
+            ready.push((slot, None));
         }
     }
     f

@@ -156,6 +156,18 @@ impl EventFd {
         (p[0].revents().contains(PollFlags::IN), p[1].revents().contains(PollFlags::IN))
     }
 
+    /// Waits until any of `fds` is non-zero or `timeout` passes; which
+    /// were signalled, by index. Interrupted waits report none (callers
+    /// re-check anyway).
+    pub fn wait_any(fds: &[&EventFd], timeout: Duration) -> Vec<usize> {
+        use rustix::event::{PollFd, PollFlags};
+        let mut p: Vec<PollFd<'_>> = fds.iter().map(|e| PollFd::new(&e.0, PollFlags::IN)).collect();
+        if !poll(&mut p, timeout) {
+            return Vec::new();
+        }
+        p.iter().enumerate().filter(|(_, p)| p.revents().contains(PollFlags::IN)).map(|(i, _)| i).collect()
+    }
+
     /// The descriptor, borrowed.
     pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         std::os::fd::AsFd::as_fd(&self.0)

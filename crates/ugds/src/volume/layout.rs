@@ -139,6 +139,33 @@ impl Geometry {
         }
     }
 
+    /// Where `len` bytes at `offset` lie when they lie on one member in one
+    /// piece (within a stripe, or within a concatenated member): (member,
+    /// offset on it); `None` when they do not, or are empty or not within
+    /// the volume. What [`split`](Self::split) would give as its one piece,
+    /// with a mask and a shift for the stripe (a power of two): every
+    /// request of a volume's queue asks.
+    pub fn single_piece(&self, offset: u64, len: u64) -> Option<(usize, u64)> {
+        if len == 0 || offset.checked_add(len).is_none_or(|e| e > self.capacity) {
+            return None;
+        }
+        if let VolumeLayout::Striped { stripe } = self.layout {
+            let within = offset & (stripe - 1);
+            if within + len > stripe {
+                return None;
+            }
+            let (s, n) = (offset >> stripe.trailing_zeros(), self.used.len() as u64);
+            return Some(((s % n) as usize, (s / n) * stripe + within));
+        }
+        let mut one = None;
+        let mut pieces = 0;
+        self.split(offset, len, |p| {
+            pieces += 1;
+            one = Some((p.member, p.member_offset));
+        });
+        one.filter(|_| pieces == 1)
+    }
+
     /// The pieces of a range grouped by member: for each member that the
     /// range touches, runs of pieces that are contiguous on the member (in
     /// volume order within a member), each run as (member, member offset,
@@ -254,6 +281,9 @@ mod tests {
                 seen.push(p);
             });
             prop_assert_eq!(next, len);
+            // The one-piece answer is split's when split gives one piece.
+            let one = (seen.len() == 1).then(|| (seen[0].member, seen[0].member_offset));
+            prop_assert_eq!(g.single_piece(off, len), one);
             // No two pieces share a member byte.
             let mut spans: Vec<(usize, u64, u64)> = seen.iter().map(|p| (p.member, p.member_offset, p.len)).collect();
             spans.sort();

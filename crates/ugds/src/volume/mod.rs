@@ -16,16 +16,22 @@
 //! may still use them). Bytes moved are only ever reported for a request
 //! every member completed.
 //!
+//! [`VolumeBatch`] submits many requests per call from any thread;
+//! [`VolumeQueue`] is the one-thread asynchronous form, on a queue lent by
+//! each member (as [`IoQueue`](crate::IoQueue) on a handle).
+//!
 //! All members come from the same [`Driver`](crate::Driver), so one
 //! registration serves them all, and have the same block size.
 
 mod batch;
 pub mod layout;
+mod queue;
 mod stream;
 pub mod topology;
 
 pub use batch::VolumeBatch;
 pub use layout::{Geometry, Piece, Run, VolumeLayout, MIN_STRIPE};
+pub use queue::VolumeQueue;
 
 use crate::batch::{Batch, BatchIov, BatchOp};
 use crate::engine::BatchEvent;
@@ -243,16 +249,7 @@ impl Inner {
     /// in one piece (within a stripe, or within a concatenated member):
     /// (member, offset on it).
     fn single_piece(&self, file_offset: u64, len: u64) -> Option<(usize, u64)> {
-        if len == 0 || file_offset.checked_add(len).is_none_or(|e| e > self.geometry.capacity()) {
-            return None;
-        }
-        let mut one = None;
-        let mut pieces = 0;
-        self.geometry.split(file_offset, len, |p| {
-            pieces += 1;
-            one = Some((p.member, p.member_offset));
-        });
-        one.filter(|_| pieces == 1)
+        self.geometry.single_piece(file_offset, len)
     }
 
     /// The parts of a checked request: its runs on each member, cut where
