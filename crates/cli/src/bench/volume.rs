@@ -64,7 +64,10 @@ pub(super) fn run(o: &Opts, layout: VolumeLayout) -> Result<(), String> {
     let opts = || {
         HandleOptions::default()
             .nsid(o.target.nsid)
-            .sync_queues(o.threads.clamp(1, 8) as u16)
+            // Synchronous calls (qd 1 runs, the pattern's writes) on a
+            // queue per thread; at depth the threads take lent queues, and
+            // one synchronous queue is left (emulated controllers grant 16).
+            .sync_queues(if o.qd == 1 || o.volume_batch { o.threads.clamp(1, 8) as u16 } else { 1 })
             // A deep run's thread takes a queue of each member: lent, or
             // (--volume-batch) a batch queue pair of its own.
             .async_queues(if o.volume_batch { 0 } else { o.threads.clamp(1, 64) as u16 })
