@@ -59,9 +59,9 @@ export RUST_BACKTRACE=1
 # A handle on the controller (Driver::open_rdma): the conformance suite,
 # then `ugds bench` writing and reading with verification.
 UGDS_TEST_RDMA=10.9.0.1:4420/$NQN run conformance-rdma /bin/conformance --test-threads=1
-run bench-rdma-verify /bin/ugds bench --rdma 10.9.0.1:4420 --nqn $NQN --verify -d 1 -q 8 -s 4k,128k,1m --range 32M \
+run bench-rdma-verify /bin/ugds bench --rdma 10.9.0.1:4420 --nqn $NQN --verify -d 1 -q 32 -s 4k,128k,1m --range 32M \
     --no-progress
-run bench-rdma-write /bin/ugds bench --rdma 10.9.0.1:4420 --nqn $NQN --rw randwrite -d 1 -q 8 -s 4k,64k --range 32M \
+run bench-rdma-write /bin/ugds bench --rdma 10.9.0.1:4420 --nqn $NQN --rw randwrite -d 1 -q 64 -s 4k,64k --range 32M \
     --no-progress
 irq_polls() {
     out=$(/bin/ugds bench --rdma 10.9.0.1:4420 --nqn $NQN --interrupt -d 1 --no-progress 2>&1); rc=$?

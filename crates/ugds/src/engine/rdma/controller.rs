@@ -5,8 +5,8 @@
 //! ([`RdmaIoQueue`]). No keep-alive is asked for at Connect, so none is
 //! sent.
 
-use super::queue::{memory_for, SENDS};
-use super::{RdmaIoQueue, RdmaQueue, RdmaTarget, ENTRIES, STAGING};
+use super::queue::{memory_for, sends_for};
+use super::{RdmaIoQueue, RdmaQueue, RdmaTarget, ENTRIES, IO_ENTRIES, STAGING};
 use crate::engine::fabrics::{self, connect_queue, enable, identify, Capsules};
 use crate::engine::{ControllerInfo, NamespaceInfo};
 use crate::{Error, Result};
@@ -111,17 +111,18 @@ impl RdmaController {
         fabrics::csts(&mut *self.admin.lock().recover(), "NVMe/RDMA", &self.target.addr)
     }
 
-    /// I/O queue `qid` of up to `entries` (at most 32: nvmet-rdma's
-    /// receive queue and this queue's memory are sized for that) on a
-    /// connection of its own. Polled only: a `vector` is refused.
+    /// I/O queue `qid` of up to `entries` (at most [`IO_ENTRIES`], and
+    /// what CAP.MQES allows) on a connection of its own. Polled only: a
+    /// `vector` is refused.
     pub fn create_queue(&self, qid: u16, entries: u16, vector: Option<u16>) -> Result<RdmaIoQueue> {
         if vector.is_some() {
             return Err(Error::Unsupported(
                 "interrupt completion over NVMe/RDMA is not built: open the handle with polled completion".into(),
             ));
         }
-        let entries = entries.clamp(2, self.info.cap.mqes().saturating_add(1).min(ENTRIES));
-        let mut q = RdmaQueue::connect_sized(&self.target, qid, self.cntlid, entries, memory_for(entries), SENDS)?;
+        let entries = entries.clamp(2, self.info.cap.mqes().saturating_add(1).min(IO_ENTRIES));
+        let mut q =
+            RdmaQueue::connect_sized(&self.target, qid, self.cntlid, entries, memory_for(entries), sends_for(entries))?;
         connect_queue(&mut q, &self.target.names(), qid, entries, self.cntlid)?;
         Ok(RdmaIoQueue::new(q, entries, self.blocks.clone()))
     }

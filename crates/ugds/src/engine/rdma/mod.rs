@@ -12,7 +12,7 @@
 //! time, data through a registered host buffer of the queue's own (at most
 //! [`STAGING`] bytes a command): what `ugds rdma --connect` uses.
 //! [`RdmaController`] and [`RdmaIoQueue`]: the same controller behind a
-//! `Handle` (`Driver::open_rdma`), each I/O queue with up to `ENTRIES - 1`
+//! `Handle` (`Driver::open_rdma`), each I/O queue with up to `IO_ENTRIES - 1`
 //! commands in flight, each command's data staged in a slot of the
 //! queue's registered memory and copied to or from the caller's buffer.
 //! Tested against Linux's nvmet-rdma over soft RoCE in the QEMU `rdma`
@@ -43,13 +43,13 @@ use ugds_platform::sys::verbs::{self, MemoryRegion, Poster, Sge, WorkCompletion}
 /// Bytes of data one command may move through a queue's registered buffer.
 pub const STAGING: usize = 128 << 10;
 
-/// Receives posted per queue (the completions the target may send at
-/// once: one here, as each queue runs one command at a time, and room).
-const RECEIVES: usize = 32;
-
-/// Entries asked for each queue at Connect (nvmet-rdma allows at most 32 on
-/// the admin queue).
+/// Entries of the admin queue and of a session's queues (nvmet-rdma allows
+/// at most 32 on the admin queue).
 const ENTRIES: u16 = 32;
+
+/// Entries an I/O queue asks for at most: the Linux host's
+/// NVME_RDMA_MAX_QUEUE_SIZE, which nvmet-rdma serves.
+pub(super) const IO_ENTRIES: u16 = 128;
 
 const SQE_AT: usize = 0;
 const CQE_AT: usize = 64;
@@ -106,6 +106,9 @@ pub struct RdmaQueue {
     poster: Poster,
     addr: String,
     qid: u16,
+    /// Receives posted (one per entry: a response for every command the
+    /// queue may have out), in response slots at `CQE_AT`.
+    receives: usize,
     next_cid: u16,
     timeout: Duration,
     /// Why the queue can no longer be used.
@@ -128,8 +131,8 @@ impl RdmaQueue {
     }
 
     /// As [`connect`](Self::connect), for a queue of `entries` (at most
-    /// [`ENTRIES`]) with `mem_len` bytes of registered memory and room
-    /// for `sends` SENDs not yet completed.
+    /// [`IO_ENTRIES`]; a receive posted for each) with `mem_len` bytes of
+    /// registered memory and room for `sends` SENDs not yet completed.
     fn connect_sized(
         t: &RdmaTarget,
         qid: u16,
@@ -138,7 +141,8 @@ impl RdmaQueue {
         mem_len: usize,
         sends: usize,
     ) -> Result<RdmaQueue> {
-        debug_assert!((2..=ENTRIES).contains(&entries));
+        debug_assert!((2..=IO_ENTRIES).contains(&entries));
+        let receives = entries as usize;
         let peer = t
             .addr
             .to_socket_addrs()
@@ -148,15 +152,15 @@ impl RdmaQueue {
         // Dropped in the reverse order on an error below: the region, the
         // connection (its queue pair and posted receives), the memory.
         let mem = DmaBuffer::anonymous(mem_len)?;
-        let mut conn = Connection::new(peer, t.timeout, (RECEIVES + sends) as u32, sends as u32, RECEIVES as u32)?;
+        let mut conn = Connection::new(peer, t.timeout, (receives + sends) as u32, sends as u32, receives as u32)?;
         // SAFETY: `mem` outlives the region: dropped after it here and in
         // the queue (field order).
         let mr = unsafe { conn.device().register_host(mem.vaddr(), mem.len())? };
         let poster = conn.poster()?;
-        for slot in 0..RECEIVES {
+        for slot in 0..receives {
             post_receive(&poster, &mr, slot)?;
         }
-        let private = wire::cm_request(qid, RECEIVES as u16, entries - 1, cntlid);
+        let private = wire::cm_request(qid, receives as u16, entries - 1, cntlid);
         let answer = conn.connect(&private, t.timeout)?;
         let q = RdmaQueue {
             mr,
@@ -165,6 +169,7 @@ impl RdmaQueue {
             poster,
             addr: t.addr.clone(),
             qid,
+            receives,
             next_cid: 0,
             timeout: t.timeout,
             broken: Broken::default(),
@@ -237,7 +242,7 @@ impl RdmaQueue {
                     continue;
                 }
                 let slot = wc.wr_id as usize;
-                if wc.opcode != verbs::WC_RECV || slot >= RECEIVES || wc.byte_len != 16 {
+                if wc.opcode != verbs::WC_RECV || slot >= self.receives || wc.byte_len != 16 {
                     return Err(Error::Platform(format!(
                         "NVMe/RDMA: from {}: a completion of {} bytes (opcode {}, request {}) where a 16-byte response was due",
                         self.addr, wc.byte_len, wc.opcode, wc.wr_id

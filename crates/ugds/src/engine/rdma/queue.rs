@@ -13,7 +13,7 @@
 //! connection) cannot write into memory given back.
 //!
 //! Capsules are sent at [`ring_sq_doorbell`](RdmaIoQueue::ring_sq_doorbell),
-//! one SEND each (signaled; the send queue holds [`SENDS`]). A slot is used
+//! one SEND each (signaled; the send queue holds two per entry). A slot is used
 //! again only after its command's response is consumed, which the target
 //! sends after it has read the capsule and moved the data. Any failed work
 //! request or malformed response ends the queue: every command on it then
@@ -23,19 +23,27 @@ use super::super::fabrics;
 use super::super::qpair::{CqView, Full, Owner};
 use super::super::stats::{QueueCounters, Staged};
 use super::super::tracker::Tracker;
-use super::{post_receive, RdmaQueue, CQE_AT, DATA_AT, RECEIVES, STAGING};
+use super::{post_receive, RdmaQueue, CQE_AT, STAGING};
 use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 use ugds_nvme::status::generic;
 use ugds_nvme::{Cid, Cqe, Qid, Sqe, Status};
 use ugds_platform::sys::verbs::{self, Sge, WorkCompletion};
 
-/// Where slot `i`'s capsule is: after the response slots, before the data.
-const CAPSULES_AT: usize = 1024;
+/// SENDs that may be posted and not yet completed on a queue of `entries`:
+/// every command in flight and as many whose responses came before their
+/// SENDs' completions.
+pub(super) fn sends_for(entries: u16) -> usize {
+    2 * entries as usize
+}
 
-/// SENDs that may be posted and not yet completed: every command in flight
-/// and as many whose responses came before their SENDs' completions.
-pub(super) const SENDS: usize = 2 * RECEIVES;
+/// Where a queue of `entries` keeps its capsules (after the response
+/// slots, one per entry) and its slots' data areas (after the capsules,
+/// page aligned).
+fn layout(entries: u16) -> (usize, usize) {
+    let capsules = (CQE_AT + entries as usize * 16).next_multiple_of(64);
+    (capsules, (capsules + entries as usize * 64).next_multiple_of(4096))
+}
 
 /// Set in a SEND's `wr_id` (the slot below it); receives use their
 /// response slot's index.
@@ -76,10 +84,14 @@ pub struct RdmaIoQueue {
     entries: u16,
     /// (nsid, block size) of each namespace.
     blocks: Vec<(u32, u32)>,
+    /// Where the capsules and the data areas are in the queue's memory.
+    capsules_at: usize,
+    data_base: usize,
     /// Slots whose capsules are staged, sent at the doorbell.
     staged: Vec<u16>,
-    /// SENDs posted and not yet completed.
+    /// SENDs posted and not yet completed, and how many may be.
     sends: usize,
+    send_room: usize,
     /// Commands refused at submission, completed at the next look.
     refused: Vec<Cid>,
     /// Why the queue ended, once it has.
@@ -106,23 +118,27 @@ impl std::fmt::Debug for RdmaIoQueue {
 
 /// Registered memory a queue of `entries` needs.
 pub(super) fn memory_for(entries: u16) -> usize {
-    DATA_AT + (entries as usize - 1) * STAGING
+    layout(entries).1 + (entries as usize - 1) * STAGING
 }
 
 impl RdmaIoQueue {
     /// The queue on a connection whose Fabrics Connect is done (`q` made
-    /// with [`memory_for`]`(entries)` bytes and room for [`SENDS`]).
+    /// with [`memory_for`]`(entries)` bytes, a receive per entry and room
+    /// for [`sends_for`]`(entries)`).
     pub(super) fn new(q: RdmaQueue, entries: u16, blocks: Vec<(u32, u32)>) -> RdmaIoQueue {
-        debug_assert!(CAPSULES_AT + (entries as usize - 1) * 64 <= DATA_AT);
-        debug_assert!(q.mem.len() >= memory_for(entries));
+        debug_assert!(q.mem.len() >= memory_for(entries) && q.receives == entries as usize);
+        let (capsules_at, data_base) = layout(entries);
         RdmaIoQueue {
             q,
             // SQSIZE entries; one kept free as on a controller's ring.
             tracker: Tracker::new(entries - 1),
             entries,
             blocks,
+            capsules_at,
+            data_base,
             staged: Vec::with_capacity(entries as usize),
             sends: 0,
+            send_room: sends_for(entries),
             refused: Vec::new(),
             failure: None,
             quiet: 0,
@@ -150,7 +166,8 @@ impl RdmaIoQueue {
 
     /// Commands that may be submitted now.
     pub fn free_slots(&self) -> usize {
-        (self.tracker.capacity() as usize - self.tracker.outstanding()).min(SENDS - self.sends - self.staged.len())
+        (self.tracker.capacity() as usize - self.tracker.outstanding())
+            .min(self.send_room - self.sends - self.staged.len())
     }
 
     /// Commands outstanding.
@@ -207,8 +224,8 @@ impl RdmaIoQueue {
     }
 
     /// Where slot `slot`'s data area is in the queue's memory.
-    fn data_at(slot: usize) -> usize {
-        DATA_AT + slot * STAGING
+    fn data_at(&self, slot: usize) -> usize {
+        self.data_base + slot * STAGING
     }
 
     /// Stages a command (its data at `addr`, PRP1 of its plan): a write's
@@ -218,7 +235,7 @@ impl RdmaIoQueue {
         if self.tracker.is_full() {
             return Err(Full::Cid);
         }
-        if self.sends + self.staged.len() >= SENDS {
+        if self.sends + self.staged.len() >= self.send_room {
             return Err(Full::Sq);
         }
         let t = match self.transfer(&sqe, addr) {
@@ -233,7 +250,7 @@ impl RdmaIoQueue {
             return Ok(cid);
         }
         let slot = self.tracker.slot(cid);
-        let at = Self::data_at(slot);
+        let at = self.data_at(slot);
         if t.dir == Dir::Out {
             assert!(at + t.len as usize <= self.q.mem.len(), "a slot's data lies in the queue's memory");
             // SAFETY: the source is the command's memory (the caller's
@@ -252,7 +269,7 @@ impl RdmaIoQueue {
         } else {
             sqe.with_keyed_data(0, 0, 0)
         };
-        self.q.mem.write_sqe(CAPSULES_AT + slot * 64, &sqe);
+        self.q.mem.write_sqe(self.capsules_at + slot * 64, &sqe);
         self.staged.push(slot as u16);
         Ok(cid)
     }
@@ -268,7 +285,7 @@ impl RdmaIoQueue {
         // the doorbell's does on a controller).
         let mut failed = None;
         for &slot in &self.staged {
-            let at = CAPSULES_AT + slot as usize * 64;
+            let at = self.capsules_at + slot as usize * 64;
             let sge = Sge { addr: self.q.mr.addr() + at as u64, length: 64, lkey: self.q.mr.lkey() };
             match self.q.poster.send(SEND_BIT | slot as u64, sge, false) {
                 Ok(()) => self.sends += 1,
@@ -362,7 +379,7 @@ impl RdmaIoQueue {
                     continue;
                 }
                 let slot = wc.wr_id as usize;
-                if wc.opcode != verbs::WC_RECV || slot >= RECEIVES || wc.byte_len != 16 {
+                if wc.opcode != verbs::WC_RECV || slot >= self.q.receives || wc.byte_len != 16 {
                     self.violation(format!(
                         "a completion of {} bytes (opcode {}, request {}) where a 16-byte response was due",
                         wc.byte_len, wc.opcode, wc.wr_id
@@ -383,7 +400,7 @@ impl RdmaIoQueue {
                     continue;
                 }
                 if cqe.is_success() && t.dir == Dir::In {
-                    let at = Self::data_at(self.tracker.slot(cid));
+                    let at = self.data_at(self.tracker.slot(cid));
                     assert!(at + t.len as usize <= self.q.mem.len(), "a slot's data lies in the queue's memory");
                     // SAFETY: the target wrote this slot's area before it
                     // sent the response (one reliable connection keeps
