@@ -444,3 +444,27 @@ impl RdmaIoQueue {
         n
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The response slots, the capsules and the data areas of a queue of
+    /// any size it may be lie apart, in the queue's memory, with the data
+    /// page aligned.
+    #[test]
+    fn a_queues_memory_holds_each_entrys_pieces_apart() {
+        for entries in 2..=super::super::IO_ENTRIES {
+            let (capsules, data) = layout(entries);
+            let n = entries as usize;
+            assert!(CQE_AT + n * 16 <= capsules, "{entries}: responses before the capsules");
+            assert_eq!(capsules % 64, 0);
+            assert!(capsules + n * 64 <= data, "{entries}: capsules before the data");
+            assert_eq!(data % 4096, 0);
+            // The tracker's slots are 0..entries - 1.
+            assert_eq!(memory_for(entries), data + (n - 1) * STAGING);
+            assert!(sends_for(entries) >= 2 * (n - 1), "a SEND per command in flight, and as many unacknowledged");
+        }
+        assert_eq!(layout(32), (576, 4096));
+    }
+}
