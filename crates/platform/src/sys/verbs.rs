@@ -65,6 +65,9 @@ pub struct Sge {
     pub lkey: u32,
 }
 
+/// SENDs chained in one `ibv_post_send` call by [`Poster::send_all`].
+pub const SEND_CHAIN: usize = 16;
+
 /// `struct ibv_send_wr` (128 bytes; the fields past `imm` are the unions
 /// of other operations, left zero).
 #[repr(C)]
@@ -647,6 +650,55 @@ impl Poster {
         Ok(())
     }
 
+    /// Posts a signaled SEND of each `(wr_id, sge)` (registered memory),
+    /// in order, chained [`SEND_CHAIN`] to a call (a provider that tells
+    /// the device by a system call, soft RoCE's, makes one per call, not
+    /// one per SEND). Returns how many were posted, and why the rest were
+    /// not.
+    pub fn send_all(&self, sends: &[(u64, Sge)]) -> (usize, Result<()>) {
+        let mut posted = 0;
+        for chunk in sends.chunks(SEND_CHAIN) {
+            let mut sges: [Sge; SEND_CHAIN] = [Sge::default(); SEND_CHAIN];
+            let blank = || SendWr {
+                wr_id: 0,
+                next: std::ptr::null_mut(),
+                sg_list: std::ptr::null_mut(),
+                num_sge: 1,
+                opcode: WR_SEND,
+                send_flags: SEND_SIGNALED,
+                imm: 0,
+                rest: [0; 11],
+            };
+            let mut wrs: [SendWr; SEND_CHAIN] = std::array::from_fn(|_| blank());
+            for (i, &(wr_id, sge)) in chunk.iter().enumerate() {
+                sges[i] = sge;
+                wrs[i].wr_id = wr_id;
+            }
+            let (base, sge_base) = (wrs.as_mut_ptr(), sges.as_mut_ptr());
+            for i in 0..chunk.len() {
+                let next = if i + 1 < chunk.len() { base.wrapping_add(i + 1) } else { std::ptr::null_mut() };
+                // SAFETY: `i` is within both arrays (at most SEND_CHAIN
+                // long), which outlive the call below that reads the chain.
+                unsafe {
+                    (*base.add(i)).sg_list = sge_base.add(i);
+                    (*base.add(i)).next = next;
+                }
+            }
+            let mut bad: *mut SendWr = std::ptr::null_mut();
+            // SAFETY: a live QP; the chain and its SGEs live across the call
+            // (the provider copies them).
+            let rc = unsafe { (self.send)(self.qp, base, &mut bad) };
+            if rc != 0 {
+                // `bad` is the first request not posted (all of the chunk
+                // when the provider does not say).
+                let done = if bad.is_null() { 0 } else { (bad as usize - base as usize) / std::mem::size_of::<SendWr>() };
+                return (posted + done.min(chunk.len()), Err(Error::Os { op: "ibv_post_send".into(), errno: rc }));
+            }
+            posted += chunk.len();
+        }
+        (posted, Ok(()))
+    }
+
     /// Posts a receive into `sge` (registered memory), identified by
     /// `wr_id`.
     pub fn recv(&self, wr_id: u64, mut sge: Sge) -> Result<()> {
@@ -664,6 +716,65 @@ impl Poster {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the fake provider below was posted (wr_id, address), after how
+    /// many requests it refuses the rest, and how many calls it took.
+    #[derive(Default)]
+    struct Fake(Vec<(u64, u64)>, usize, usize);
+
+    thread_local! {
+        static POSTED: std::cell::RefCell<Fake> = Default::default();
+    }
+
+    /// A provider's post_send that walks the chain as a provider does,
+    /// records each request, and refuses the one past its limit (`bad`
+    /// pointing at it, as libibverbs says).
+    unsafe extern "C" fn fake_send(_qp: *mut c_void, mut wr: *mut SendWr, bad: *mut *mut SendWr) -> c_int {
+        POSTED.with(|p| {
+            let mut p = p.borrow_mut();
+            p.2 += 1;
+            while !wr.is_null() {
+                if p.0.len() == p.1 {
+                    // SAFETY: `bad` is the caller's out pointer.
+                    unsafe { *bad = wr };
+                    return libc::ENOMEM;
+                }
+                // SAFETY: the chain send_all built, alive across the call.
+                let (id, addr, next) = unsafe { ((*wr).wr_id, (*(*wr).sg_list).addr, (*wr).next) };
+                p.0.push((id, addr));
+                wr = next;
+            }
+            0
+        })
+    }
+
+    unsafe extern "C" fn fake_recv(_qp: *mut c_void, _wr: *mut RecvWr, _bad: *mut *mut RecvWr) -> c_int {
+        0
+    }
+
+    /// `send_all` chains every request in order, 16 to a call, and says
+    /// how many were posted when the provider refuses one.
+    #[test]
+    fn send_all_chains_the_sends_and_counts_a_refusal() {
+        let p = Poster { qp: std::ptr::null_mut(), send: fake_send, recv: fake_recv };
+        let sends: Vec<(u64, Sge)> =
+            (0..40u64).map(|i| (i | 1 << 63, Sge { addr: 0x1000 + i * 64, length: 64, lkey: 7 })).collect();
+        POSTED.with(|x| *x.borrow_mut() = Fake(Vec::new(), usize::MAX, 0));
+        let (n, r) = p.send_all(&sends);
+        assert!(r.is_ok());
+        assert_eq!(n, 40);
+        POSTED.with(|x| {
+            let x = x.borrow();
+            assert_eq!(x.0, sends.iter().map(|(id, s)| (*id, s.addr)).collect::<Vec<_>>(), "each once, in order");
+            assert_eq!(x.2, 3, "16, 16 and 8 to a call");
+        });
+        // Refused at the 21st: the first 20 were posted.
+        POSTED.with(|x| *x.borrow_mut() = Fake(Vec::new(), 20, 0));
+        let (n, r) = p.send_all(&sends);
+        assert_eq!(n, 20);
+        assert!(r.is_err());
+        assert_eq!(p.send_all(&[]).0, 0);
+    }
 
     /// Without libibverbs or an RDMA device (this machine and CI's), every
     /// call is a clear error or an empty list, never a crash.
