@@ -220,7 +220,9 @@ impl Batch {
             return Err(Error::InvalidArgument("empty batch".into()));
         }
         let _in = self.handle.enter()?;
-        self.queue().check_room(self.ctx, n)?;
+        // Room in the context (and its not being canceled) is checked by the
+        // queue's submission, under the lock it takes anyway: a refused
+        // submission drops the claims taken below with the scratch list.
         let mut scratch = self.scratch.lock().recover();
         let (reqs, recent) = &mut *scratch;
         reqs.clear();

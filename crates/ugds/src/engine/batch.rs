@@ -343,25 +343,6 @@ impl BatchQueue {
         st.batch.ctxs[ctx as usize].as_ref().map_or(0, |c| c.free.len())
     }
 
-    /// Reserves request slots in `ctx` for `n` requests, or says why not.
-    pub(crate) fn check_room(&self, ctx: u32, n: usize) -> Result<()> {
-        let st = self.lock();
-        // (`let else`, not `ok_or`: an error built on every call and
-        // dropped costs the drop glue's call.)
-        let Some(c) = st.batch.ctxs[ctx as usize].as_ref() else { return Err(Error::Closed) };
-        if c.canceled {
-            return Err(Error::Canceled);
-        }
-        if n > c.free.len() {
-            return Err(Error::CapacityExceeded {
-                capacity: c.reqs.len(),
-                requested: n,
-                outstanding: c.reqs.len() - c.free.len(),
-            });
-        }
-        Ok(())
-    }
-
     /// Stages and rings every command of `reqs` (validated by the caller),
     /// ringing, reaping and waiting without the lock when the queue or the
     /// PRP pool runs out. Returns the doorbell writes made.
@@ -376,6 +357,10 @@ impl BatchQueue {
         slots.clear();
         {
             let Some(c) = st.batch.ctxs[ctx as usize].as_mut() else { return Err(Error::Closed) };
+            if c.canceled {
+                c.slots = slots;
+                return Err(Error::Canceled);
+            }
             if reqs.len() > c.free.len() {
                 c.slots = slots;
                 return Err(Error::CapacityExceeded {
@@ -417,15 +402,9 @@ impl BatchQueue {
                 })?;
                 continue;
             }
-            for (chunks, pages) in std::iter::once((chunks, pages)).chain(more) {
-                for ch in chunks {
-                    let plan = ugds_nvme::prp::plan(&pages, crate::sys::PAGE_SIZE, ch.data_off, ch.len)
-                        .expect("validated range plans");
-                    let sqe = Sqe::rw(op, Cid(0), self.nsid, Lba(ch.slba), ch.nlb, 0, 0);
-                    st = self.stage(st, &mut waited_since, &mut doorbells, |st| {
-                        st.qp.submit(sqe, Some(plan), owner(ctx, slot))
-                    })?;
-                }
+            st = self.stage_chunks(st, &mut waited_since, &mut doorbells, op, chunks, &pages, owner(ctx, slot))?;
+            for (chunks, pages) in more {
+                st = self.stage_chunks(st, &mut waited_since, &mut doorbells, op, chunks, &pages, owner(ctx, slot))?;
             }
         }
         st.qp.ring_sq_doorbell();
@@ -433,6 +412,28 @@ impl BatchQueue {
             c.slots = slots;
         }
         Ok(doorbells + 1)
+    }
+
+    /// Stages a command per chunk of `chunks`, on `pages`, as [`stage`](Self::stage) does.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn stage_chunks<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        waited_since: &mut Option<Instant>,
+        doorbells: &mut usize,
+        op: NvmOpcode,
+        chunks: Chunker,
+        pages: &[u64],
+        owner: Owner,
+    ) -> Result<MutexGuard<'a, State>> {
+        for ch in chunks {
+            let plan =
+                ugds_nvme::prp::plan(pages, crate::sys::PAGE_SIZE, ch.data_off, ch.len).expect("validated range plans");
+            let sqe = Sqe::rw(op, Cid(0), self.nsid, Lba(ch.slba), ch.nlb, 0, 0);
+            st = self.stage(st, waited_since, doorbells, |st| st.qp.submit(sqe, Some(plan), owner))?;
+        }
+        Ok(st)
     }
 
     /// Stages one command with `submit`; while the queue is full, rings
