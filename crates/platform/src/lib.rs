@@ -67,6 +67,14 @@ impl HostMapping {
         Ok((start, end - start))
     }
 
+    /// `len` bytes at `vaddr` addressed by their own virtual addresses
+    /// (the platforms whose "device" is this process: the kernel path and
+    /// the fabrics' initiators, which copy the data themselves).
+    pub fn identity(vaddr: *const u8, len: usize) -> Result<HostMapping> {
+        let span = HostMapping::span(vaddr, len)?;
+        Ok(HostMapping::contiguous(vaddr, span, span.0 as u64))
+    }
+
     /// A mapping of the span of `vaddr` placed contiguously at `iova`
     /// (behind an IOMMU, or in the emulator's table); `cookie` is `iova`.
     pub fn contiguous(vaddr: *const u8, span: (usize, usize), iova: u64) -> HostMapping {

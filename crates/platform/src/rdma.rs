@@ -48,8 +48,7 @@ impl Platform for RdmaPlatform {
     }
 
     unsafe fn map_host(&self, vaddr: *mut u8, len: usize) -> Result<HostMapping> {
-        let span = HostMapping::span(vaddr, len)?;
-        Ok(HostMapping::contiguous(vaddr, span, span.0 as u64))
+        HostMapping::identity(vaddr, len)
     }
 
     unsafe fn map_device(&self, _mem: &DeviceMemory) -> Result<HostMapping> {

@@ -205,6 +205,7 @@ pub(super) fn run(o: &Opts, layout: VolumeLayout) -> Result<(), String> {
             "ugds_version": env!("CARGO_PKG_VERSION"), "workload": "volume", "layout": describe_layout(layout),
             "members": targets.iter().map(|t| t.description.clone()).collect::<Vec<_>>(),
             "mode": o.mode.name(), "threads": o.threads, "qd": o.qd, "machine": crate::machine(), "runs": rows,
+            "through": if o.qd == 1 { "synchronous calls" } else if o.volume_batch { "volume batch context" } else { "members' lent queues" },
         });
         let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
         std::fs::write(path, text + "\n").map_err(|e| format!("--json {}: {e}", path.display()))?;

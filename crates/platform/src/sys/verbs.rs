@@ -691,7 +691,8 @@ impl Poster {
             if rc != 0 {
                 // `bad` is the first request not posted (all of the chunk
                 // when the provider does not say).
-                let done = if bad.is_null() { 0 } else { (bad as usize - base as usize) / std::mem::size_of::<SendWr>() };
+                let done =
+                    if bad.is_null() { 0 } else { (bad as usize - base as usize) / std::mem::size_of::<SendWr>() };
                 return (posted + done.min(chunk.len()), Err(Error::Os { op: "ibv_post_send".into(), errno: rc }));
             }
             posted += chunk.len();
