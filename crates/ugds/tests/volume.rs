@@ -682,6 +682,30 @@ fn a_volume_queue_waits_on_every_members_interrupt() {
     );
 }
 
+/// Once a stream-ordered operation on a volume has let its stream go on,
+/// the volume's stream thread holds nothing of the volume: dropping the
+/// volume then leaves its members' handles to their other owners at once
+/// (a controller is free to open again, not closed later by that thread).
+#[test]
+fn a_volume_stream_operation_holds_no_member_once_its_stream_goes_on() {
+    use ugds::{HostStream, StreamIo};
+    let d = Driver::open();
+    let hs: Vec<Arc<Handle>> = members(&d, 2, 1 << 20).0.into_iter().map(Arc::new).collect();
+    let b = Buf::new(&d, 64 << 10);
+    let s = HostStream::new();
+    for round in 0..200 {
+        let v = Volume::with_shared(hs.clone(), VolumeLayout::Striped { stripe: 4096 }).unwrap();
+        let (io, read) = StreamIo::new(8192, 0, 0);
+        v.read_async(&b.token, io, &s).unwrap();
+        s.synchronize();
+        assert_eq!(read.bytes(), 8192);
+        drop(v);
+        for (m, h) in hs.iter().enumerate() {
+            assert_eq!(Arc::strong_count(h), 1, "round {round}: member {m} still held after the volume was dropped");
+        }
+    }
+}
+
 /// In the QEMU guest of `scripts/qemu-conformance volume`
 /// (`UGDS_TEST_VOLUME_TOPOLOGY=1`): members 0 and 1 sit under one emulated
 /// PCIe switch, member 2 on a root port of its own; the members nearest a

@@ -50,8 +50,12 @@ impl StreamThread {
                         job.volume.rwv(job.op, &[Segment::new(&job.buf, buf_offset, size)], file_offset)
                     });
                     job.io.finish(r);
-                    drop(job._hold);
-                    job.signal.set();
+                    let Job { volume, _hold, signal, .. } = job;
+                    // The buffer and the volume released; now the stream may
+                    // go on, and whoever waits on it may drop the volume
+                    // and find its members closed (not closed later here).
+                    drop((_hold, volume));
+                    signal.set();
                 }
             })
             .map_err(|e| Error::Platform(format!("starting the volume's stream thread: {e}")))?;
