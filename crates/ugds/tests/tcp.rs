@@ -152,6 +152,47 @@ fn interrupt_completion_sleeps_on_the_socket() {
     h.close(ugds::Drain::NoWait).unwrap();
 }
 
+/// A lent queue with interrupt completion sleeps in `wait` until its
+/// socket has data, not only a synchronous caller: each read submitted
+/// alone is waited for through the vector (counted as an interrupt on the
+/// lendable queue), and its data is right.
+#[test]
+fn a_lent_queue_with_interrupts_sleeps_until_its_socket_has_data() {
+    let t = target(EmuTcpConfig::default());
+    t.fill(0, &pattern(22, 0, 1 << 20));
+    let d = Driver::open();
+    let opts = tcp_opts().completion(ugds::Completion::Interrupt);
+    let h = d.open_tcp(&TcpTarget::new(t.addr(), t.nqn()), opts).unwrap();
+    let lent = |h: &Handle| -> u64 {
+        h.queue_stats().iter().filter(|s| s.role == ugds::QueueRole::Lendable).map(|s| s.interrupts).sum()
+    };
+    assert!(h.queues().iter().any(|q| q.role == ugds::QueueRole::Lendable && q.vector.is_some()), "{:?}", h.queues());
+    let b = Buf::new(&d, 65536);
+    let mut q = h.io_queue().unwrap();
+    let rounds = 16u64;
+    for i in 0..rounds {
+        q.submit_read(&b.token, 4096, i * 65536, 0, i).unwrap();
+        q.ring();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut done = false;
+        while !done {
+            q.wait(Duration::from_secs(5));
+            q.poll(usize::MAX, |tag, r| {
+                assert_eq!((tag, r.unwrap()), (i, 4096));
+                done = true;
+            });
+            assert!(std::time::Instant::now() < deadline, "read {i} did not complete");
+        }
+        assert!(b.mem[..4096] == pattern(22, i * 65536, 4096)[..], "read {i}");
+    }
+    drop(q);
+    // Each wait finds its read's response announced by the vector (or
+    // already in hand); a queue that never sleeps counts none.
+    assert!(lent(&h) >= rounds / 2, "{} interrupts for {rounds} reads waited for alone", lent(&h));
+    assert_eq!(h.interrupt_wakeups_lost(), 0);
+    h.close(ugds::Drain::NoWait).unwrap();
+}
+
 #[test]
 fn keep_alive_is_sent_on_its_timer() {
     let t = target(EmuTcpConfig::default());

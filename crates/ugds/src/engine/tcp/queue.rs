@@ -286,9 +286,15 @@ impl TcpQueue {
         CqView::kernel(self.vector.is_none(), self.busy.clone())
     }
 
-    /// Whether a look may find something: always, while commands are out.
+    /// Whether a look may find something. Polled: always, while commands
+    /// are out. With a vector: only while a look would find work no
+    /// signal announces (else the vector says when), so that a waiter
+    /// sleeps.
     pub fn completion_pending(&mut self) -> bool {
-        self.tracker.outstanding() > 0
+        match self.vector {
+            Some(_) => self.look_pending(),
+            None => self.tracker.outstanding() > 0,
+        }
     }
 
     /// The transfer of `sqe` with its data at `addr` (PRP1), or the status
