@@ -7,10 +7,11 @@
 # NVMe/RDMA initiator (`ugds rdma --connect`: admin queue, one I/O queue, a
 # write and a read through registered host memory, checked against the
 # backing file; refusals), a handle on it (`Driver::open_rdma`: the
-# conformance suite, `ugds bench --rdma` verified and writing; interrupt
-# completion asked for polls, saying so; the port removed mid-I/O ends the
-# bench with an error, never a hang), and the kernel's own nvme-rdma initiator reading
-# through the same port.
+# conformance suite polled and with interrupt completion (completion
+# channels), `ugds bench --rdma` verified and writing, polled and with
+# interrupts; the port removed mid-I/O ends the bench with an error, never a
+# hang, polled and with interrupts), and the kernel's own nvme-rdma
+# initiator reading through the same port.
 . /bin/guest-lib.sh
 for m in $(cat /mods/order); do insmod /mods/$m 2>/dev/null || echo "UGDS-GUEST: insmod $m failed"; done
 echo "UGDS-GUEST: kernel $(uname -r)"
@@ -59,23 +60,30 @@ export RUST_BACKTRACE=1
 # A handle on the controller (Driver::open_rdma): the conformance suite,
 # then `ugds bench` writing and reading with verification.
 UGDS_TEST_RDMA=10.9.0.1:4420/$NQN run conformance-rdma /bin/conformance --test-threads=1
+UGDS_TEST_RDMA=10.9.0.1:4420/$NQN UGDS_TEST_INTERRUPT=1 run conformance-rdma-irq /bin/conformance --test-threads=1
 run bench-rdma-verify /bin/ugds bench --rdma 10.9.0.1:4420 --nqn $NQN --verify -d 1 -q 32 -s 4k,128k,1m --range 32M \
     --no-progress
 run bench-rdma-write /bin/ugds bench --rdma 10.9.0.1:4420 --nqn $NQN --rw randwrite -d 1 -q 64 -s 4k,64k --range 32M \
     --no-progress
-irq_polls() {
-    out=$(/bin/ugds bench --rdma 10.9.0.1:4420 --nqn $NQN --interrupt -d 1 --no-progress 2>&1); rc=$?
-    echo "interrupt completion asked for: rc $rc: $out"
-    [ $rc -eq 0 ] && echo "$out" | grep -q "no interrupt vectors; the queue polls" &&
-        echo "$out" | grep -q "q2 lendable polled"
+# Interrupt completion: every queue has a vector (its completion channel
+# watched), the lent queue's waits woken through it (interrupts counted),
+# the data verified, and no wake-up lost (a wait that slept to its 100 ms
+# cap and then found its work ready).
+irq_bench() {
+    out=$(/bin/ugds bench --rdma 10.9.0.1:4420 --nqn $NQN --interrupt --verify -d 1 -q 32 -s 4k,128k --range 32M \
+        --no-progress 2>&1); rc=$?
+    echo "$out"
+    [ $rc -eq 0 ] && echo "$out" | grep -q "q2 lendable vector 2" && ! echo "$out" | grep -q " polled" &&
+        echo "$out" | grep -q "found their work ready (a lost wake-up): 0$" &&
+        ! echo "$out" | grep -q " 0 interrupts per command"
 }
-run bench-rdma-interrupt-polls irq_polls
+run bench-rdma-interrupt irq_bench
 # The port removed mid-I/O (configfs): `ugds bench --rdma` reads for up to
 # 60 s; after 3 s (reads completing) the subsystem leaves the port, which
 # disconnects its hosts; the bench must end with an error within 30 s (no
 # hang, no success); then the port is restored for the kernel's initiator.
 port_removed_mid_io() {
-    /bin/ugds bench --rdma 10.9.0.1:4420 --nqn $NQN -d 60 -q 8 --range 32M --progress-lines > /tmp/fault.out 2>&1 &
+    /bin/ugds bench --rdma 10.9.0.1:4420 --nqn $NQN -d 60 -q 8 --range 32M --progress-lines "$@" > /tmp/fault.out 2>&1 &
     pid=$!
     sleep 3
     last=""
@@ -99,6 +107,7 @@ port_removed_mid_io() {
     [ $rc -ne 0 ] && grep -q -iE "error|failed" /tmp/fault.out
 }
 run fault-rdma-port-removed-mid-io port_removed_mid_io
+run fault-rdma-port-removed-mid-io-irq port_removed_mid_io --interrupt
 kconnect() {
     echo "transport=rdma,traddr=10.9.0.1,trsvcid=4420,nqn=$NQN" > /dev/nvme-fabrics || return 1
     sleep 1

@@ -28,6 +28,7 @@ pub mod dma;
 mod error;
 pub mod kernel;
 pub mod rdma;
+pub mod readiness;
 pub mod sys;
 pub mod tcp;
 pub mod ugds_drv;

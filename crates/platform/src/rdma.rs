@@ -5,14 +5,22 @@
 //! virtual address (a command's data is contiguous there). GPU memory is
 //! refused: registering it with the device (`ibv_reg_dmabuf_mr`) is not
 //! built, and soft RoCE, the one RDMA device tested, cannot. No registers
-//! (the engine speaks through Property Get and Set) and no interrupts
-//! (queues are polled).
+//! (the engine speaks through Property Get and Set). Its interrupts are
+//! the completion channels': a queue that sleeps between looks arms its
+//! completion queue and has the channel's descriptor watched
+//! ([`RdmaPlatform::watch`], [`crate::readiness`]), and the queue's vector
+//! is signalled when a completion arrives.
 
 use crate::device::DeviceMemory;
 use crate::dma::DmaBuffer;
+use crate::readiness::ReadinessVectors;
 use crate::sys::EventFd;
 use crate::{Error, HostMapping, Platform, Result};
+use std::os::fd::BorrowedFd;
 use ugds_nvme::regs;
+
+/// Interrupt vectors (eventfds) a controller over RDMA has.
+const VECTORS: u16 = 64;
 
 /// The memory side of an NVMe/RDMA controller; see the module docs.
 #[derive(Debug)]
@@ -20,13 +28,34 @@ pub struct RdmaPlatform {
     /// `address:port`, and the subsystem's NQN.
     addr: String,
     subnqn: String,
+    vectors: ReadinessVectors,
 }
 
 impl RdmaPlatform {
     /// The platform of the controller of `subnqn` at `addr` (for what it
     /// says of itself; nothing is connected here).
-    pub fn new(addr: &str, subnqn: &str) -> RdmaPlatform {
-        RdmaPlatform { addr: addr.to_string(), subnqn: subnqn.to_string() }
+    pub fn new(addr: &str, subnqn: &str) -> Result<RdmaPlatform> {
+        Ok(RdmaPlatform {
+            addr: addr.to_string(),
+            subnqn: subnqn.to_string(),
+            vectors: ReadinessVectors::new(VECTORS, "ugds-rdma-irq")?,
+        })
+    }
+
+    /// Signals `vector` once when `channel` (a completion channel's
+    /// descriptor) has an event; [`rearm`](Self::rearm) after each look.
+    pub fn watch(&self, channel: BorrowedFd<'_>, vector: u16) -> Result<()> {
+        self.vectors.watch(channel, vector)
+    }
+
+    /// Watches `channel` again: signalled at once if it has an event now.
+    pub fn rearm(&self, channel: BorrowedFd<'_>, vector: u16) -> Result<()> {
+        self.vectors.rearm(channel, vector)
+    }
+
+    /// Stops watching `channel`.
+    pub fn unwatch(&self, channel: BorrowedFd<'_>) {
+        self.vectors.unwatch(channel)
     }
 }
 
@@ -63,11 +92,11 @@ impl Platform for RdmaPlatform {
         Ok(())
     }
 
-    fn interrupt(&self, _vector: u16) -> Result<Option<&EventFd>> {
-        Ok(None)
+    fn interrupt(&self, vector: u16) -> Result<Option<&EventFd>> {
+        Ok(self.vectors.get(vector))
     }
 
     fn interrupt_vectors(&self) -> u16 {
-        0
+        self.vectors.count()
     }
 }

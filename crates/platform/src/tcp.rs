@@ -7,25 +7,22 @@
 //! copy through pinned host buffers ([`crate::window`]). It has no
 //! registers: the engine speaks to the controller through the connection
 //! (Property Get and Set). Its interrupts are the sockets': a queue that
-//! sleeps between looks has its socket watched ([`TcpPlatform::watch`]),
-//! and a thread of the platform waiting in epoll signals the queue's vector
-//! (an eventfd, as a controller's MSI-X would) when data arrives.
+//! sleeps between looks has its socket watched ([`TcpPlatform::watch`],
+//! [`crate::readiness`]), and the queue's vector is signalled when data
+//! arrives.
 
 use crate::device::{DeviceMemory, DeviceRuntime};
 use crate::dma::DmaBuffer;
+use crate::readiness::ReadinessVectors;
 use crate::sys::EventFd;
 use crate::window::DeviceWindows;
-use crate::{Error, HostMapping, Platform, Recover, Result};
-use rustix::event::epoll;
-use std::os::fd::{BorrowedFd, OwnedFd};
-use std::sync::{Arc, Mutex};
+use crate::{HostMapping, Platform, Result};
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
 use ugds_nvme::regs;
 
 /// Interrupt vectors (eventfds) a controller over TCP has.
 const VECTORS: u16 = 64;
-
-/// The epoll data of the poller's stop eventfd.
-const STOP: u64 = u64::MAX;
 
 /// The memory side of an NVMe/TCP controller; see the module docs.
 #[derive(Debug)]
@@ -34,107 +31,36 @@ pub struct TcpPlatform {
     addr: String,
     subnqn: String,
     devices: DeviceWindows,
-    vectors: Arc<[EventFd]>,
-    /// Started at the first watched socket.
-    poller: Mutex<Option<Poller>>,
-}
-
-/// The thread that turns readable sockets into vector signals.
-#[derive(Debug)]
-struct Poller {
-    epoll: Arc<OwnedFd>,
-    stop: Arc<EventFd>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Poller {
-    fn drop(&mut self) {
-        self.stop.signal();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+    vectors: ReadinessVectors,
 }
 
 impl TcpPlatform {
     /// The platform of the controller of `subnqn` at `addr` (for what it
     /// says of itself; nothing is connected here).
     pub fn new(addr: &str, subnqn: &str) -> Result<TcpPlatform> {
-        let vectors = (0..VECTORS).map(|_| EventFd::new()).collect::<Result<Vec<_>>>()?.into();
         Ok(TcpPlatform {
             addr: addr.to_string(),
             subnqn: subnqn.to_string(),
             devices: DeviceWindows::default(),
-            vectors,
-            poller: Mutex::new(None),
+            vectors: ReadinessVectors::new(VECTORS, "ugds-tcp-irq")?,
         })
     }
 
     /// Signals `vector` once when `socket` has something to read (or is
     /// closed); [`rearm`](Self::rearm) after each look for the next time.
     pub fn watch(&self, socket: BorrowedFd<'_>, vector: u16) -> Result<()> {
-        if vector >= VECTORS {
-            return Err(Error::InvalidArgument(format!("no interrupt vector {vector}")));
-        }
-        let mut g = self.poller.lock().recover();
-        if g.is_none() {
-            *g = Some(self.start_poller()?);
-        }
-        let p = g.as_ref().expect("started above");
-        epoll::add(&*p.epoll, socket, epoll::EventData::new_u64(vector as u64), readable())
-            .map_err(|e| Error::io("epoll_ctl ADD", e.into()))
+        self.vectors.watch(socket, vector)
     }
 
     /// Watches `socket` again (see [`watch`](Self::watch)): signalled at
     /// once if it has something to read now.
     pub fn rearm(&self, socket: BorrowedFd<'_>, vector: u16) -> Result<()> {
-        let g = self.poller.lock().recover();
-        let Some(p) = g.as_ref() else { return Err(Error::InvalidArgument("socket not watched".into())) };
-        epoll::modify(&*p.epoll, socket, epoll::EventData::new_u64(vector as u64), readable())
-            .map_err(|e| Error::io("epoll_ctl MOD", e.into()))
+        self.vectors.rearm(socket, vector)
     }
 
     /// Stops watching `socket`.
     pub fn unwatch(&self, socket: BorrowedFd<'_>) {
-        if let Some(p) = self.poller.lock().recover().as_ref() {
-            let _ = epoll::delete(&*p.epoll, socket);
-        }
-    }
-
-    fn start_poller(&self) -> Result<Poller> {
-        let ep = epoll::create(epoll::CreateFlags::CLOEXEC).map_err(|e| Error::io("epoll_create1", e.into()))?;
-        let epoll = Arc::new(ep);
-        let stop = Arc::new(EventFd::new()?);
-        epoll::add(&*epoll, stop.as_fd(), epoll::EventData::new_u64(STOP), epoll::EventFlags::IN)
-            .map_err(|e| Error::io("epoll_ctl ADD", e.into()))?;
-        let (ep, st, vectors) = (epoll.clone(), stop.clone(), self.vectors.clone());
-        let thread = std::thread::Builder::new()
-            .name("ugds-tcp-irq".into())
-            .spawn(move || {
-                let _keep = st;
-                let none = epoll::Event { flags: epoll::EventFlags::empty(), data: epoll::EventData::new_u64(0) };
-                let mut events = [none; 64];
-                loop {
-                    let n = match epoll::wait(&*ep, &mut events[..], None) {
-                        Ok(n) => n,
-                        Err(rustix::io::Errno::INTR) => continue,
-                        Err(e) => {
-                            tracing::error!(
-                                "NVMe/TCP interrupt thread: epoll_wait: {e}; queues fall back to capped waits"
-                            );
-                            return;
-                        }
-                    };
-                    for e in &events[..n] {
-                        match e.data.u64() {
-                            STOP => return,
-                            v => vectors[v as usize].signal(),
-                        }
-                    }
-                }
-            })
-            .map_err(|e| Error::io("spawn the NVMe/TCP interrupt thread", e))?;
-        Ok(Poller { epoll, stop, thread: Some(thread) })
+        self.vectors.unwatch(socket)
     }
 
     /// The GPU memory at window address `addr` for `len` bytes (see
@@ -179,15 +105,10 @@ impl Platform for TcpPlatform {
     }
 
     fn interrupt(&self, vector: u16) -> Result<Option<&EventFd>> {
-        Ok(self.vectors.get(vector as usize))
+        Ok(self.vectors.get(vector))
     }
 
     fn interrupt_vectors(&self) -> u16 {
-        VECTORS
+        self.vectors.count()
     }
-}
-
-/// Readable (or closed), once per arming.
-fn readable() -> epoll::EventFlags {
-    epoll::EventFlags::IN | epoll::EventFlags::RDHUP | epoll::EventFlags::ONESHOT
 }

@@ -12,8 +12,9 @@
 //!   namespace of an NVMe/RDMA controller (through rdma-core, loaded at
 //!   run time), every API of a local one on host memory, each command's
 //!   data copied through its queue's registered memory (at most
-//!   [`RDMA_STAGING`] bytes a command; larger requests are split). Polled
-//!   completion only; GPU memory is refused.
+//!   [`RDMA_STAGING`] bytes a command; larger requests are split), polled
+//!   or with interrupt completion (completion channels); GPU memory is
+//!   refused.
 //! - [`RdmaSession`]: an NVMe/RDMA controller's admin queue and one I/O
 //!   queue, one command at a time (`ugds rdma --connect`).
 

@@ -564,8 +564,9 @@ impl<'h> IoQueue<'h> {
     /// when it completes by interrupt and no completion waits already;
     /// `None` when there is nothing to wait for (polling, or a
     /// completion is there).
-    pub(crate) fn interrupt(&mut self) -> Option<&ugds_platform::sys::EventFd> {
-        let h = &*self.handle.inner;
+    pub(crate) fn interrupt(&mut self) -> Option<&'h ugds_platform::sys::EventFd> {
+        let handle: &'h Handle = self.handle;
+        let h = &*handle.inner;
         if h.opts.completion != Completion::Interrupt {
             return None;
         }
@@ -662,20 +663,10 @@ impl<'h> IoQueue<'h> {
     /// Blocks until a completion may be waiting (interrupt mode) or returns
     /// at once (polling mode): call [`poll`](Self::poll) after it.
     pub fn wait(&mut self, timeout: Duration) {
-        let h = &*self.handle.inner;
-        if h.opts.completion != Completion::Interrupt {
-            return;
-        }
-        let Some(v) = self.qp.as_ref().and_then(|q| q.vector()) else { return };
-        if self.qp.as_mut().is_some_and(|q| q.completion_pending()) {
-            return;
-        }
-        if let Ok(Some(efd)) = h.platform().interrupt(v) {
+        if let Some(efd) = self.interrupt() {
             if efd.wait(timeout) {
                 efd.drain();
-                if let Some(q) = self.qp.as_ref() {
-                    q.counters().interrupts.add_shared(1);
-                }
+                self.count_interrupt();
             }
         }
     }

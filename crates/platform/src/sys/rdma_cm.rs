@@ -11,7 +11,7 @@
 //! `rdma_cma.h` and `verbs.h`, unchanged since librdmacm 1.0.
 
 use super::dl::Library;
-use super::verbs::{CompletionQueue, Device, Poster};
+use super::verbs::{CompletionChannel, CompletionQueue, Device, Poster};
 use crate::{Error, Result};
 use std::ffi::{c_int, c_void};
 use std::net::SocketAddr;
@@ -205,9 +205,17 @@ impl std::fmt::Debug for Connection {
 
 impl Connection {
     /// Resolves `peer` to a device and a route (each within `timeout`),
-    /// then makes a completion queue of `cq_entries` and a queue pair of
-    /// `send` and `recv` work requests on that device.
-    pub fn new(peer: SocketAddr, timeout: Duration, cq_entries: u32, send: u32, recv: u32) -> Result<Connection> {
+    /// then makes a completion queue of `cq_entries` (with a completion
+    /// channel when `notify`: see [`CompletionQueue::arm`]) and a queue
+    /// pair of `send` and `recv` work requests on that device.
+    pub fn new(
+        peer: SocketAddr,
+        timeout: Duration,
+        cq_entries: u32,
+        send: u32,
+        recv: u32,
+        notify: bool,
+    ) -> Result<Connection> {
         let c = cm()?;
         // SAFETY: no arguments; null on failure.
         let channel = unsafe { (c.create_event_channel)() };
@@ -249,7 +257,8 @@ impl Connection {
         // the connection manager's for the identifier's life (longer than
         // the device's: the device goes first in drop).
         let device = unsafe { Device::on_context((*conn.id).verbs)? };
-        let cq = CompletionQueue::new(&device, cq_entries)?;
+        let channel = if notify { Some(CompletionChannel::new(&device)?) } else { None };
+        let cq = CompletionQueue::new(&device, cq_entries, channel)?;
         let mut attr = QpInitAttr {
             qp_context: std::ptr::null_mut(),
             send_cq: cq.raw(),
@@ -476,7 +485,7 @@ mod tests {
     #[test]
     fn no_rdma_here_is_a_clear_error() {
         let started = Instant::now();
-        match Connection::new("127.0.0.1:4420".parse().unwrap(), Duration::from_millis(500), 8, 8, 8) {
+        match Connection::new("127.0.0.1:4420".parse().unwrap(), Duration::from_millis(500), 8, 8, 8, false) {
             Ok(_) => {} // a machine with RDMA on loopback: nothing to judge
             Err(e) => assert!(matches!(e, Error::Unsupported(_) | Error::Os { .. } | Error::Platform(_)), "{e}"),
         }

@@ -270,29 +270,25 @@ impl VolumeQueue<'_> {
     /// (polling mode, or a completion is there): call
     /// [`poll`](Self::poll) after it.
     pub fn wait(&mut self, timeout: Duration) {
-        let mut fired = Vec::new();
-        {
-            let mut fds: Vec<(usize, &EventFd)> = Vec::new();
-            for (m, q) in self.members.iter_mut().enumerate() {
-                if q.outstanding() == 0 {
-                    continue;
-                }
-                match q.interrupt() {
-                    Some(efd) => fds.push((m, efd)),
-                    None => return,
-                }
+        let (mut members, mut fds): (Vec<usize>, Vec<&EventFd>) = (Vec::new(), Vec::new());
+        for (m, q) in self.members.iter_mut().enumerate() {
+            if q.outstanding() == 0 {
+                continue;
             }
-            if fds.is_empty() {
-                return;
-            }
-            let only: Vec<&EventFd> = fds.iter().map(|&(_, e)| e).collect();
-            for i in EventFd::wait_any(&only, timeout) {
-                fds[i].1.drain();
-                fired.push(fds[i].0);
+            match q.interrupt() {
+                Some(efd) => {
+                    members.push(m);
+                    fds.push(efd);
+                }
+                None => return,
             }
         }
-        for m in fired {
-            self.members[m].count_interrupt();
+        if fds.is_empty() {
+            return;
+        }
+        for i in EventFd::wait_any(&fds, timeout) {
+            fds[i].drain();
+            self.members[members[i]].count_interrupt();
         }
     }
 

@@ -20,6 +20,7 @@ use ugds_platform::Recover;
 /// An NVMe/RDMA controller; see the module docs.
 pub struct RdmaController {
     target: RdmaTarget,
+    rdma: Arc<RdmaPlatform>,
     platform: Arc<dyn ugds_platform::Platform>,
     admin: Mutex<RdmaQueue>,
     info: ControllerInfo,
@@ -60,7 +61,8 @@ impl RdmaController {
         let io_queues = granted.min(want);
         // A command's data fits its slot's area.
         let max_transfer = identify.max_transfer_bytes(4096 << cap.mpsmin()).unwrap_or(STAGING).min(STAGING);
-        let platform: Arc<dyn ugds_platform::Platform> = Arc::new(RdmaPlatform::new(&t.addr, &t.subnqn));
+        let rdma = Arc::new(RdmaPlatform::new(&t.addr, &t.subnqn)?);
+        let platform: Arc<dyn ugds_platform::Platform> = rdma.clone();
         // The engine's SGLs describe memory segments, which this transport
         // does not take (its own Keyed SGL names a slot's area): vectored
         // requests go as one command per contiguous piece.
@@ -81,6 +83,7 @@ impl RdmaController {
         tracing::info!(addr = %t.addr, subnqn = %t.subnqn, cntlid, io_queues, "NVMe/RDMA controller connected");
         Ok(RdmaController {
             target: t.clone(),
+            rdma,
             platform,
             admin: Mutex::new(admin),
             info,
@@ -112,19 +115,25 @@ impl RdmaController {
     }
 
     /// I/O queue `qid` of up to `entries` (at most [`IO_ENTRIES`], and
-    /// what CAP.MQES allows) on a connection of its own. Polled only: a
-    /// `vector` is refused.
+    /// what CAP.MQES allows) on a connection of its own. With a `vector`,
+    /// its completion queue reports to a completion channel the platform
+    /// watches, which signals the vector (interrupt completion).
     pub fn create_queue(&self, qid: u16, entries: u16, vector: Option<u16>) -> Result<RdmaIoQueue> {
-        if vector.is_some() {
-            return Err(Error::Unsupported(
-                "interrupt completion over NVMe/RDMA is not built: open the handle with polled completion".into(),
-            ));
+        if vector.is_some_and(|v| v >= self.platform.interrupt_vectors()) {
+            return Err(Error::InvalidArgument(format!("no interrupt vector {} over NVMe/RDMA", vector.unwrap())));
         }
         let entries = entries.clamp(2, self.info.cap.mqes().saturating_add(1).min(IO_ENTRIES));
-        let mut q =
-            RdmaQueue::connect_sized(&self.target, qid, self.cntlid, entries, memory_for(entries), sends_for(entries))?;
+        let mut q = RdmaQueue::connect_sized(
+            &self.target,
+            qid,
+            self.cntlid,
+            entries,
+            memory_for(entries),
+            sends_for(entries),
+            vector.is_some(),
+        )?;
         connect_queue(&mut q, &self.target.names(), qid, entries, self.cntlid)?;
-        Ok(RdmaIoQueue::new(q, entries, self.blocks.clone()))
+        RdmaIoQueue::new(q, entries, self.blocks.clone(), vector.map(|v| (v, self.rdma.clone())))
     }
 
     /// Normal shutdown (CC.SHN, then CSTS.SHST complete, for up to the

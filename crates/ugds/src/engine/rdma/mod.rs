@@ -127,12 +127,13 @@ impl RdmaQueue {
     /// registers the queue's buffer, posts its receives, and connects with
     /// NVMe/RDMA's private data. A refusal says why, in the target's words.
     pub fn connect(t: &RdmaTarget, qid: u16, cntlid: u16) -> Result<RdmaQueue> {
-        RdmaQueue::connect_sized(t, qid, cntlid, ENTRIES, DATA_AT + STAGING, 8)
+        RdmaQueue::connect_sized(t, qid, cntlid, ENTRIES, DATA_AT + STAGING, 8, false)
     }
 
     /// As [`connect`](Self::connect), for a queue of `entries` (at most
     /// [`IO_ENTRIES`]; a receive posted for each) with `mem_len` bytes of
-    /// registered memory and room for `sends` SENDs not yet completed.
+    /// registered memory and room for `sends` SENDs not yet completed; its
+    /// completion queue with a completion channel when `notify`.
     fn connect_sized(
         t: &RdmaTarget,
         qid: u16,
@@ -140,6 +141,7 @@ impl RdmaQueue {
         entries: u16,
         mem_len: usize,
         sends: usize,
+        notify: bool,
     ) -> Result<RdmaQueue> {
         debug_assert!((2..=IO_ENTRIES).contains(&entries));
         let receives = entries as usize;
@@ -152,7 +154,8 @@ impl RdmaQueue {
         // Dropped in the reverse order on an error below: the region, the
         // connection (its queue pair and posted receives), the memory.
         let mem = DmaBuffer::anonymous(mem_len)?;
-        let mut conn = Connection::new(peer, t.timeout, (receives + sends) as u32, sends as u32, receives as u32)?;
+        let mut conn =
+            Connection::new(peer, t.timeout, (receives + sends) as u32, sends as u32, receives as u32, notify)?;
         // SAFETY: `mem` outlives the region: dropped after it here and in
         // the queue (field order).
         let mr = unsafe { conn.device().register_host(mem.vaddr(), mem.len())? };

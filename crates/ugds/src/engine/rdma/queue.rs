@@ -19,16 +19,29 @@
 //! sends after it has read the capsule and moved the data. Any failed work
 //! request or malformed response ends the queue: every command on it then
 //! completes with a transport error, and later ones are refused at once.
+//!
+//! Waiting: a polled queue is always worth a look. With an interrupt
+//! vector the completion queue reports to a completion channel that the
+//! platform watches (`ugds_platform::rdma`): each look takes the channel's
+//! events, arms the completion queue for the next completion and only then
+//! polls it (so a completion is either found by that poll or reported on
+//! the channel), and watches the channel again when done; a look cut short
+//! by its caller's limit, or a refusal or failure to report, keeps the
+//! queue worth a look without a signal. A target that disconnects sends
+//! nothing, so a look woken by no event (the engine's capped wait) asks
+//! the connection manager whether the peer has gone.
 
 use super::super::fabrics;
 use super::super::qpair::{CqView, Full, Owner};
 use super::super::stats::{QueueCounters, Staged};
 use super::super::tracker::Tracker;
 use super::{post_receive, RdmaQueue, CQE_AT, STAGING};
-use std::sync::atomic::AtomicU32;
+use crate::Result;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use ugds_nvme::status::generic;
 use ugds_nvme::{Cid, Cqe, Qid, Sqe, Status};
+use ugds_platform::rdma::RdmaPlatform;
 use ugds_platform::sys::verbs::{self, Sge, WorkCompletion};
 
 /// SENDs that may be posted and not yet completed on a queue of `entries`:
@@ -104,8 +117,12 @@ pub struct RdmaIoQueue {
     protocol_errors: u64,
     counts: Staged,
     counters: Arc<QueueCounters>,
-    /// Never set: a polled queue is always worth a look (see [`CqView`]).
+    /// With a vector: non-zero while a look would find work no signal
+    /// announces (see [`CqView`]); a polled queue is always worth a look.
     busy: Arc<AtomicU32>,
+    /// The vector the platform signals when the completion channel has an
+    /// event (interrupt completion), and the platform; none: polled.
+    irq: Option<(u16, Arc<RdmaPlatform>)>,
 }
 
 impl std::fmt::Debug for RdmaIoQueue {
@@ -127,11 +144,24 @@ pub(super) fn memory_for(entries: u16) -> usize {
 impl RdmaIoQueue {
     /// The queue on a connection whose Fabrics Connect is done (`q` made
     /// with [`memory_for`]`(entries)` bytes, a receive per entry and room
-    /// for [`sends_for`]`(entries)`).
-    pub(super) fn new(q: RdmaQueue, entries: u16, blocks: Vec<(u32, u32)>) -> RdmaIoQueue {
+    /// for [`sends_for`]`(entries)`; with a completion channel when `irq`
+    /// names the vector to signal).
+    pub(super) fn new(
+        q: RdmaQueue,
+        entries: u16,
+        blocks: Vec<(u32, u32)>,
+        irq: Option<(u16, Arc<RdmaPlatform>)>,
+    ) -> Result<RdmaIoQueue> {
         debug_assert!(q.mem.len() >= memory_for(entries) && q.receives == entries as usize);
+        if let Some((v, platform)) = &irq {
+            let channel = q.conn.cq().channel().ok_or_else(|| {
+                crate::Error::InvalidArgument("an NVMe/RDMA queue with a vector needs a completion channel".into())
+            })?;
+            q.conn.cq().arm()?;
+            platform.watch(channel.fd(), *v)?;
+        }
         let (capsules_at, data_base) = layout(entries);
-        RdmaIoQueue {
+        Ok(RdmaIoQueue {
             q,
             // SQSIZE entries; one kept free as on a controller's ring.
             tracker: Tracker::new(entries - 1),
@@ -150,7 +180,8 @@ impl RdmaIoQueue {
             counts: Staged::default(),
             counters: Arc::default(),
             busy: Arc::default(),
-        }
+            irq,
+        })
     }
 
     /// Queue identifier.
@@ -163,9 +194,9 @@ impl RdmaIoQueue {
         self.entries
     }
 
-    /// None: the queue is polled.
+    /// The interrupt vector the platform signals, if any (none: polled).
     pub fn vector(&self) -> Option<u16> {
-        None
+        self.irq.as_ref().map(|i| i.0)
     }
 
     /// Commands that may be submitted now.
@@ -199,15 +230,35 @@ impl RdmaIoQueue {
         &self.counters
     }
 
-    /// Always worth a look: responses arrive on the completion queue,
-    /// which only a poll finds.
+    /// Polled: always worth a look (responses arrive on the completion
+    /// queue, which only a poll finds). With a vector: worth a look when
+    /// signalled, or while `busy`.
     pub fn cq_view(&self) -> CqView {
-        CqView::kernel(true, self.busy.clone())
+        CqView::kernel(self.irq.is_none(), self.busy.clone())
     }
 
-    /// Whether a look may find something: always, while commands are out.
+    /// Whether a look would find work no signal announces: refusals to
+    /// report, or commands of an ended queue to end.
+    fn look_pending(&self) -> bool {
+        !self.refused.is_empty() || (self.failure.is_some() && self.tracker.outstanding() > 0)
+    }
+
+    /// With a vector: publishes whether a look is due without a signal.
+    fn publish_pending(&self, more: bool) {
+        if self.irq.is_some() {
+            self.busy.store((more || self.look_pending()) as u32, Ordering::Release);
+        }
+    }
+
+    /// Whether a look may find something. Polled: always, while commands
+    /// are out. With a vector: only while a look would find work no
+    /// signal announces (else the vector says when), so that a waiter
+    /// sleeps.
     pub fn completion_pending(&mut self) -> bool {
-        self.tracker.outstanding() > 0
+        match self.irq {
+            Some(_) => self.busy.load(Ordering::Acquire) != 0 || self.look_pending(),
+            None => self.tracker.outstanding() > 0,
+        }
     }
 
     /// The transfer of `sqe` with its data at `addr` (PRP1), or the status
@@ -251,6 +302,7 @@ impl RdmaIoQueue {
         self.tracker.staged(cid, &sqe);
         if t.refused.is_some() || self.failure.is_some() {
             self.refused.push(cid);
+            self.publish_pending(false);
             return Ok(cid);
         }
         let slot = self.tracker.slot(cid);
@@ -303,6 +355,7 @@ impl RdmaIoQueue {
             // A capsule not sent leaves its command without an answer: the
             // queue ends, and every command on it completes at the next look.
             self.fail(format!("NVMe/RDMA: a capsule to {} not sent: {e}", self.q.addr));
+            self.publish_pending(false);
         }
     }
 
@@ -338,6 +391,12 @@ impl RdmaIoQueue {
             failed.set(failed.get() + !cqe.is_success() as u64);
             f(owner, cqe)
         };
+        // Interrupts: the channel's events taken, the queue armed, then
+        // polled (a completion after the arming is reported on the channel).
+        let events = match &self.irq {
+            Some(_) => self.arm(),
+            None => 0,
+        };
         for cid in std::mem::take(&mut self.refused) {
             let e = self.tracker.end(cid, 0).expect("outstanding");
             let status = e.extra.refused.unwrap_or(Self::transport_error());
@@ -348,7 +407,10 @@ impl RdmaIoQueue {
             let k = match self.q.conn.cq().poll(&mut wcs) {
                 Ok(0) => {
                     self.quiet += 1;
-                    if self.quiet >= EVENT_CHECK_POLLS {
+                    // Woken by no event and nothing found: the capped wait
+                    // of a queue whose peer may have gone.
+                    let woken_idle = self.irq.is_some() && events == 0 && n.get() == 0;
+                    if self.quiet >= EVENT_CHECK_POLLS || woken_idle {
                         self.quiet = 0;
                         if self.q.conn.disconnected() {
                             self.fail(format!("NVMe/RDMA: {} disconnected queue {qid}", self.q.addr));
@@ -431,7 +493,34 @@ impl RdmaIoQueue {
         }
         self.counters.completed.add(n.get() as u64);
         self.counters.errors.add(failed.get());
+        if let Some((v, platform)) = &self.irq {
+            // Cut short by `max`: completions may wait that no event
+            // announces (they came before the arming).
+            self.publish_pending(n.get() >= max);
+            if self.failure.is_none() {
+                if let Some(c) = self.q.conn.cq().channel() {
+                    if let Err(e) = platform.rearm(c.fd(), *v) {
+                        tracing::warn!(qid, "NVMe/RDMA: completion channel not watched again ({e}); waits are capped");
+                    }
+                }
+            }
+        }
         n.get()
+    }
+
+    /// Takes the completion channel's events and arms the completion queue
+    /// for the next completion; how many events there were. A failure
+    /// leaves the queue to the engine's capped waits.
+    fn arm(&mut self) -> u32 {
+        let cq = self.q.conn.cq();
+        let events = cq.take_events().unwrap_or_else(|e| {
+            tracing::warn!(qid = self.q.qid, "NVMe/RDMA: completion channel: {e}; waits are capped");
+            0
+        });
+        if let Err(e) = cq.arm() {
+            tracing::warn!(qid = self.q.qid, "NVMe/RDMA: completion queue not armed ({e}); waits are capped");
+        }
+        events
     }
 
     /// Forgets every outstanding command: after the handle gave up on
@@ -444,6 +533,14 @@ impl RdmaIoQueue {
         self.staged.clear();
         self.fail(format!("NVMe/RDMA: queue {} to {}: its commands were given up", self.q.qid, self.q.addr));
         n
+    }
+}
+
+impl Drop for RdmaIoQueue {
+    fn drop(&mut self) {
+        if let (Some((_, platform)), Some(c)) = (&self.irq, self.q.conn.cq().channel()) {
+            platform.unwatch(c.fd());
+        }
     }
 }
 
