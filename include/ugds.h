@@ -336,7 +336,8 @@ uGDSError_t uGDSTcpOpen(uGDSHandle_t *fh, const char *addr, const char *subnqn, 
  * exporting subnqn at addr ("address:port" on an RDMA device's network),
  * through ugds's own initiator (rdma-core loaded at run time); flags must
  * be 0. Host memory only (registering GPU memory is refused while it is
- * open), polled completion. */
+ * open). Options come from the environment as for uGDSTcpOpen
+ * (UGDS_INTERRUPT_MODE=1 sleeps on the queues' completion channels). */
 uGDSError_t uGDSRdmaOpen(uGDSHandle_t *fh, const char *addr, const char *subnqn, uint32_t nsid, uint32_t flags);
 
 /* A vectored request of a batch (an extension): the range at file_offset to

@@ -598,6 +598,10 @@ class Rdma(unittest.TestCase):
         with self.assertRaises(ugds.Error) as cm:
             ugds.Driver().open_rdma("127.0.0.1:9", "nqn.2026-12.io.ugds:absent")
         self.assertIn("RDMA", str(cm.exception))
+        # Interrupt completion is asked for by keyword, as for open_tcp.
+        with self.assertRaises(ugds.Error) as cm:
+            ugds.Driver().open_rdma("127.0.0.1:9", "nqn.2026-12.io.ugds:absent", interrupt=True)
+        self.assertIn("RDMA", str(cm.exception))
 
 
 class KernelPath(unittest.TestCase):

@@ -354,8 +354,8 @@ pub unsafe extern "C" fn uGDSTcpOpen(
 /// NVMe/RDMA controller exporting `subnqn` at `addr` ("address:port" on an
 /// RDMA device's network), through ugds's own initiator (rdma-core loaded
 /// at run time); `flags` must be 0. Host memory only (registering GPU
-/// memory for it is refused), polled completion. Otherwise as
-/// uGDSTcpOpen.
+/// memory for it is refused); `UGDS_INTERRUPT_MODE=1` sleeps on the
+/// queues' completion channels. Otherwise as uGDSTcpOpen.
 ///
 /// # Safety
 /// As for [`uGDSTcpOpen`].

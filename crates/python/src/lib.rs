@@ -258,19 +258,21 @@ impl Driver {
 
     /// Opens a handle on namespace `nsid` (the first when None) of the
     /// NVMe/RDMA controller `nqn` at `addr` ("address:port"), through
-    /// ugds's own initiator (rdma-core loaded at run time): host memory,
-    /// polled completion.
-    #[pyo3(signature = (addr, nqn, nsid=None, mode=None))]
+    /// ugds's own initiator (rdma-core loaded at run time), on host
+    /// memory; `interrupt` sleeps on the queues' completion channels
+    /// instead of polling them.
+    #[pyo3(signature = (addr, nqn, nsid=None, interrupt=false, mode=None))]
     fn open_rdma(
         &self,
         py: Python<'_>,
         addr: &str,
         nqn: &str,
         nsid: Option<u32>,
+        interrupt: bool,
         mode: Option<&str>,
     ) -> PyResult<Handle> {
         let t = ugds::fabrics::RdmaTarget::new(addr, nqn);
-        let opts = options(false, mode)?.nsid(nsid);
+        let opts = options(interrupt, mode)?.nsid(nsid);
         py.allow_threads(|| self.inner.open_rdma(&t, opts)).map(Handle::from).map_err(err)
     }
 
