@@ -933,7 +933,8 @@ mod tests {
 
     /// Without libibverbs or an RDMA device (this machine and CI's), every
     /// call is a clear error or an empty list, never a crash.
-    /// The structures the provider reads and writes have the C sizes.
+    /// The structures the provider reads and writes have the C sizes (and
+    /// the completion channel's descriptor its place).
     #[test]
     fn work_requests_and_completions_have_the_c_layout() {
         assert_eq!(std::mem::size_of::<SendWr>(), 128);
@@ -941,6 +942,8 @@ mod tests {
         assert_eq!(std::mem::size_of::<Sge>(), 16);
         assert_eq!(std::mem::size_of::<WorkCompletion>(), 48);
         assert_eq!(std::mem::offset_of!(WorkCompletion, byte_len), 20);
+        assert_eq!(std::mem::size_of::<RawChannel>(), 16);
+        assert_eq!(std::mem::offset_of!(RawChannel, fd), 8);
         assert_eq!(wc_status_str(10), "remote access error");
         assert_eq!(wc_status_str(99), "unknown");
     }
