@@ -61,6 +61,9 @@ pub struct TargetOpts {
     pub nqn: Option<String>,
     /// Ask for header and data digests over NVMe/TCP.
     pub digests: bool,
+    /// NVMe/RDMA: copy every command's data through the queues' own
+    /// memory instead of registering the caller's buffers.
+    pub rdma_copy: bool,
     /// An emulated NVMe/TCP target in this process (memory namespace of
     /// `--emu-size`, `--emu-block`), reached over 127.0.0.1.
     pub emu_tcp: bool,
@@ -110,6 +113,7 @@ impl Default for TargetOpts {
             rdma: None,
             nqn: None,
             digests: false,
+            rdma_copy: false,
             emu_tcp: false,
         }
     }
@@ -164,6 +168,7 @@ pub fn parse_long(t: &mut TargetOpts, name: &str, p: &mut lexopt::Parser) -> Res
         }
         "nqn" => t.nqn = Some(p.value()?.string()?),
         "digests" => t.digests = true,
+        "rdma-copy" => t.rdma_copy = true,
         "emu-tcp" => t.emu_tcp = true,
         _ => return Ok(false),
     }
@@ -188,7 +193,10 @@ Target (default: an emulated controller whose namespace is a temporary file):
       --rdma ADDRESS:PORT     an NVMe/RDMA target (4420 by convention) on an RDMA
                               device's network, reached by ugds's own initiator
                               (rdma-core loaded at run time); with --nqn; host
-                              memory, polled completion
+                              memory (each buffer registered with the RDMA
+                              device: the target moves its data)
+      --rdma-copy             NVMe/RDMA: register no buffers; copy every
+                              command's data through the queues' own memory
       --nqn NQN               the subsystem to connect to over NVMe/TCP or RDMA
       --digests               NVMe/TCP: ask for header and data digests (CRC32C)
       --emu-tcp               an emulated NVMe/TCP target in this process, on
@@ -412,7 +420,13 @@ pub fn open(t: &TargetOpts) -> Result<Target, String> {
     if let Some(addr) = &t.rdma {
         let nqn = t.nqn.as_deref().ok_or("--rdma needs --nqn: the subsystem to connect to")?;
         let description = format!("{nqn} at {addr} through ugds's NVMe/RDMA initiator");
-        let source = Source::Rdma(ugds::fabrics::RdmaTarget::new(addr, nqn));
+        let mut rt = ugds::fabrics::RdmaTarget::new(addr, nqn);
+        rt.register_memory = !t.rdma_copy;
+        let description = match t.rdma_copy {
+            true => format!("{description} (data copied through its queues' memory)"),
+            false => description,
+        };
+        let source = Source::Rdma(rt);
         return Ok(Target { source, emu: None, description, _tmp: None, _more: vec![], _emu_tcp: None });
     }
     if let Some(path) = &t.kernel_file {

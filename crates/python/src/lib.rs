@@ -802,7 +802,7 @@ impl Handle {
     /// What each I/O queue pair has done since the handle opened: a list of
     /// dicts (qid, role "sync"/"batch"/"lendable", submitted, completed,
     /// in_flight, bytes_read, bytes_written, errors, timeouts,
-    /// doorbell_writes, interrupts), one per queue.
+    /// doorbell_writes, interrupts, copied), one per queue.
     fn queue_stats<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, pyo3::types::PyDict>>> {
         self.inner
             .queue_stats()
@@ -821,6 +821,7 @@ impl Handle {
                     ("timeouts", s.timeouts),
                     ("doorbell_writes", s.doorbell_writes),
                     ("interrupts", s.interrupts),
+                    ("copied", s.copied),
                 ] {
                     d.set_item(k, v)?;
                 }

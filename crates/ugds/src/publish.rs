@@ -52,6 +52,7 @@ pub(crate) fn queue_stats(queues: &[QueueInfo], counters: &[Arc<QueueCounters>],
                 timeouts: c.timeouts.get(),
                 doorbell_writes: c.doorbell_writes.get(),
                 interrupts: c.interrupts.get(),
+                copied: c.copied.get(),
             }
         })
         .collect()
@@ -99,7 +100,7 @@ pub(crate) fn render(pid: u32, handle: u64, stats: &[QueueStats], latency: &[Opt
     for (i, q) in stats.iter().enumerate() {
         s += &format!(
             "queue qid={} role={} submitted={} completed={} in_flight={} bytes_read={} bytes_written={} errors={} \
-             timeouts={} doorbell_writes={} interrupts={}",
+             timeouts={} doorbell_writes={} interrupts={} copied={}",
             q.qid,
             role_name(q.role),
             q.submitted,
@@ -110,7 +111,8 @@ pub(crate) fn render(pid: u32, handle: u64, stats: &[QueueStats], latency: &[Opt
             q.errors,
             q.timeouts,
             q.doorbell_writes,
-            q.interrupts
+            q.interrupts,
+            q.copied
         );
         if let Some(Some(l)) = latency.get(i) {
             s += &format!(
@@ -172,6 +174,8 @@ pub fn parse(text: &str) -> Option<Published> {
             timeouts: n("timeouts")?,
             doorbell_writes: n("doorbell_writes")?,
             interrupts: n("interrupts")?,
+            // Not in files written before it was counted.
+            copied: n("copied").unwrap_or(0),
         });
         p.latency.push(n("lat_n").map(|commands| PublishedLatency {
             commands,

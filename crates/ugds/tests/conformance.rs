@@ -99,7 +99,10 @@ fn tcp() -> Option<ugds::fabrics::TcpTarget> {
 fn rdma() -> Option<ugds::fabrics::RdmaTarget> {
     let v = std::env::var("UGDS_TEST_RDMA").ok().filter(|s| !s.is_empty())?;
     let (addr, nqn) = v.split_once('/').expect("UGDS_TEST_RDMA is address:port/nqn");
-    Some(ugds::fabrics::RdmaTarget::new(addr, nqn))
+    let mut t = ugds::fabrics::RdmaTarget::new(addr, nqn);
+    // UGDS_TEST_RDMA_COPY=1: no buffer registered, all data copied.
+    t.register_memory = std::env::var("UGDS_TEST_RDMA_COPY").map_or(true, |v| v != "1");
+    Some(t)
 }
 
 fn target_ns(d: &Driver, nsid: Option<u32>) -> (Handle, Option<EmuControl>) {
@@ -453,6 +456,43 @@ fn write_zeroes_and_flush() {
     assert!(b.mem[..4096].iter().all(|&x| x == 0xa5));
     assert!(b.mem[4096..12288].iter().all(|&x| x == 0));
     assert!(b.mem[12288..].iter().all(|&x| x == 0xa5));
+}
+
+/// Over NVMe/RDMA only: the target moves a registered buffer's data
+/// itself (no command's data copied), or, with registration off
+/// (`UGDS_TEST_RDMA_COPY=1`), every command's data is copied through the
+/// queue's own memory; either way it round-trips, at page and dword
+/// offsets into the buffer.
+#[test]
+fn rdma_data_goes_where_the_registration_says() {
+    let Some(t) = rdma() else {
+        eprintln!("skipped: not over NVMe/RDMA");
+        return;
+    };
+    let d = Driver::open();
+    let (h, _) = target(&d);
+    let mut b = Buf::new(&d, 1 << 20);
+    let before: (u64, u64) = h.queue_stats().iter().fold((0, 0), |a, q| (a.0 + q.copied, a.1 + q.submitted));
+    let mut off = 20 << 20;
+    for (i, &(size, bo)) in [(4096usize, 0usize), (65536, 4), (131072, 512)].iter().enumerate() {
+        let data = pattern(0x40 + i as u8, off, size);
+        b.mem[bo..bo + size].copy_from_slice(&data);
+        assert_eq!(h.write(&b.token, size, off, bo).unwrap(), size);
+        let ro = (512 << 10) + bo;
+        h.read(&b.token, size, off, ro).unwrap();
+        assert!(b.mem[ro..ro + size] == data[..], "size {size} at buffer offset {bo}");
+        off += 1 << 20;
+    }
+    let after: (u64, u64) = h.queue_stats().iter().fold((0, 0), |a, q| (a.0 + q.copied, a.1 + q.submitted));
+    let (copied, commands) = (after.0 - before.0, after.1 - before.1);
+    assert!(commands >= 6, "{commands} commands for 3 writes and 3 reads");
+    if t.register_memory {
+        assert_eq!(copied, 0, "registered: the target reaches the buffer itself ({commands} commands)");
+    } else {
+        assert_eq!(copied, commands, "not registered: every command's data is copied");
+    }
+    drop(b);
+    h.close(ugds::Drain::NoWait).unwrap();
 }
 
 #[test]

@@ -563,6 +563,9 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
             q.errors,
             q.timeouts
         );
+        if q.copied > 0 {
+            println!("queue {:<3}{} commands' data copied through the queue's own memory", q.qid, q.copied);
+        }
     }
     let latency = handle.queue_latency();
     for l in latency.iter().filter(|l| l.latency.count() > 0) {
@@ -655,6 +658,7 @@ fn queue_delta(after: &ugds::QueueStats, before: &ugds::QueueStats) -> ugds::Que
     d.timeouts -= before.timeouts;
     d.doorbell_writes -= before.doorbell_writes;
     d.interrupts -= before.interrupts;
+    d.copied -= before.copied;
     d
 }
 

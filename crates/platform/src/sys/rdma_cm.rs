@@ -207,7 +207,10 @@ impl Connection {
     /// Resolves `peer` to a device and a route (each within `timeout`),
     /// then makes a completion queue of `cq_entries` (with a completion
     /// channel when `notify`: see [`CompletionQueue::arm`]) and a queue
-    /// pair of `send` and `recv` work requests on that device.
+    /// pair of `send` and `recv` work requests on that device, in the
+    /// protection domain of `shared` when the route runs through its
+    /// context (so that memory registered there is this connection's too;
+    /// see [`shares`](Self::shares)), else in one of its own.
     pub fn new(
         peer: SocketAddr,
         timeout: Duration,
@@ -215,6 +218,7 @@ impl Connection {
         send: u32,
         recv: u32,
         notify: bool,
+        shared: Option<&Arc<Device>>,
     ) -> Result<Connection> {
         let c = cm()?;
         // SAFETY: no arguments; null on failure.
@@ -255,8 +259,15 @@ impl Connection {
         conn.expect(event::ROUTE_RESOLVED, timeout)?;
         // SAFETY: resolved: `verbs` is the device context the route uses,
         // the connection manager's for the identifier's life (longer than
-        // the device's: the device goes first in drop).
-        let device = unsafe { Device::on_context((*conn.id).verbs)? };
+        // the device's: the device goes first in drop). A shared device is
+        // on that context (checked), which librdmacm keeps open while the
+        // device is present, past this identifier's life.
+        let ctx = unsafe { (*conn.id).verbs };
+        let device = match shared {
+            Some(d) if d.context() == ctx => d.clone(),
+            // SAFETY: as above.
+            _ => unsafe { Device::on_context(ctx)? },
+        };
         let channel = if notify { Some(CompletionChannel::new(&device)?) } else { None };
         let cq = CompletionQueue::new(&device, cq_entries, channel)?;
         let mut attr = QpInitAttr {
@@ -285,6 +296,12 @@ impl Connection {
     /// The device the route runs through (register memory on it).
     pub fn device(&self) -> &Arc<Device> {
         self.device.as_ref().expect("made in new")
+    }
+
+    /// Whether the connection's queue pair is in `device`'s protection
+    /// domain (memory registered there may be named in its requests).
+    pub fn shares(&self, device: &Arc<Device>) -> bool {
+        Arc::ptr_eq(self.device(), device)
     }
 
     /// The completion queue of both directions.
@@ -485,7 +502,7 @@ mod tests {
     #[test]
     fn no_rdma_here_is_a_clear_error() {
         let started = Instant::now();
-        match Connection::new("127.0.0.1:4420".parse().unwrap(), Duration::from_millis(500), 8, 8, 8, false) {
+        match Connection::new("127.0.0.1:4420".parse().unwrap(), Duration::from_millis(500), 8, 8, 8, false, None) {
             Ok(_) => {} // a machine with RDMA on loopback: nothing to judge
             Err(e) => assert!(matches!(e, Error::Unsupported(_) | Error::Os { .. } | Error::Platform(_)), "{e}"),
         }

@@ -43,6 +43,7 @@ type CreateCompChannel = unsafe extern "C" fn(*mut c_void) -> *mut RawChannel;
 type DestroyCompChannel = unsafe extern "C" fn(*mut RawChannel) -> c_int;
 type GetCqEvent = unsafe extern "C" fn(*mut RawChannel, *mut *mut c_void, *mut *mut c_void) -> c_int;
 type AckCqEvents = unsafe extern "C" fn(*mut c_void, c_uint);
+type ModifyQp = unsafe extern "C" fn(*mut c_void, *mut QpAttr, c_int) -> c_int;
 
 /// Where `ibv_context_ops` starts in `struct ibv_context` (after the
 /// device pointer), and the places of the entries used in it.
@@ -51,6 +52,18 @@ const OPS_POLL_CQ: usize = 11;
 const OPS_REQ_NOTIFY_CQ: usize = 12;
 const OPS_POST_SEND: usize = 25;
 const OPS_POST_RECV: usize = 26;
+
+/// `IBV_QPS_ERR`, and `IBV_QP_STATE` of `ibv_qp_attr_mask`.
+const QPS_ERR: u32 = 6;
+const QP_STATE: c_int = 1;
+
+/// `struct ibv_qp_attr`, of which only `qp_state` (its first field) is
+/// set; the rest is room (the structure is 144 bytes in rdma-core 44).
+#[repr(C)]
+struct QpAttr {
+    qp_state: u32,
+    rest: [u32; 63],
+}
 
 /// `IBV_WR_SEND`.
 const WR_SEND: c_int = 2;
@@ -209,6 +222,7 @@ struct Verbs {
     destroy_comp_channel: DestroyCompChannel,
     get_cq_event: GetCqEvent,
     ack_cq_events: AckCqEvents,
+    modify_qp: ModifyQp,
 }
 
 fn verbs() -> Result<&'static Verbs> {
@@ -243,6 +257,7 @@ fn load() -> Result<Verbs> {
             destroy_comp_channel: lib.sym(c"ibv_destroy_comp_channel")?,
             get_cq_event: lib.sym(c"ibv_get_cq_event")?,
             ack_cq_events: lib.sym(c"ibv_ack_cq_events")?,
+            modify_qp: lib.sym(c"ibv_modify_qp")?,
             _lib: lib,
         })
     }
@@ -403,6 +418,12 @@ impl Device {
     /// The protection domain (for a queue pair on it).
     pub fn pd(&self) -> *mut c_void {
         self.pd
+    }
+
+    /// The device context the protection domain is on (`struct
+    /// ibv_context`), to tell whether a queue pair may use it.
+    pub fn context(&self) -> *mut c_void {
+        self.ctx
     }
 
     /// What the device reports.
@@ -854,6 +875,25 @@ impl Poster {
         (posted, Ok(()))
     }
 
+    /// Moves the queue pair to the error state: it takes no more requests
+    /// from its peer (no RDMA READ or WRITE of this side's memory is served
+    /// after it) and flushes what is posted, each request completing with
+    /// `IBV_WC_WR_FLUSH_ERR` in the order it was posted. A receive posted
+    /// after this completes flushed once those before it have: when it
+    /// does, the peer's requests are no longer served (how Linux's
+    /// `ib_drain_rq` knows).
+    pub fn to_error(&self) -> Result<()> {
+        let v = verbs()?;
+        let mut attr = QpAttr { qp_state: QPS_ERR, rest: [0; 63] };
+        // SAFETY: a live QP; `attr` outlives the call and is larger than
+        // `struct ibv_qp_attr`; only its state is read (the mask).
+        let rc = unsafe { (v.modify_qp)(self.qp, &mut attr, QP_STATE) };
+        if rc != 0 {
+            return Err(Error::Os { op: "ibv_modify_qp (to the error state)".into(), errno: rc });
+        }
+        Ok(())
+    }
+
     /// Posts a receive into `sge` (registered memory), identified by
     /// `wr_id`.
     pub fn recv(&self, wr_id: u64, mut sge: Sge) -> Result<()> {
@@ -943,6 +983,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<WorkCompletion>(), 48);
         assert_eq!(std::mem::offset_of!(WorkCompletion, byte_len), 20);
         assert_eq!(std::mem::size_of::<RawChannel>(), 16);
+        assert!(std::mem::size_of::<QpAttr>() >= 144, "room for ibv_qp_attr");
         assert_eq!(std::mem::offset_of!(RawChannel, fd), 8);
         assert_eq!(wc_status_str(10), "remote access error");
         assert_eq!(wc_status_str(99), "unknown");

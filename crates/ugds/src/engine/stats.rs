@@ -67,6 +67,10 @@ pub struct QueueCounters {
     pub doorbell_writes: Counter,
     /// Waits on the queue's interrupt that it woke.
     pub interrupts: Counter,
+    /// Commands whose data the queue copied through memory of its own
+    /// because the device could not be given the caller's (NVMe/RDMA, for
+    /// a buffer not registered with the RDMA device).
+    pub copied: Counter,
     /// Commands still outstanding when a timeout check escalated them.
     pub timeouts: Counter,
     /// Command latencies, when the queue pair is traced.

@@ -432,6 +432,12 @@ pub struct QueueStats {
     pub doorbell_writes: u64,
     /// Waits on the queue's interrupt that it woke (0 for a polled queue).
     pub interrupts: u64,
+    /// Commands whose data the queue copied through memory of its own
+    /// because the device could not be given the caller's: NVMe/RDMA, for
+    /// memory not registered with the RDMA device (a buffer not registered
+    /// with the driver, say). 0 where the device always reaches the
+    /// caller's memory or never does (NVMe/TCP, the kernel path).
+    pub copied: u64,
 }
 
 /// The latencies of one I/O queue pair's commands since the handle opened,
@@ -474,6 +480,7 @@ impl QueueStats {
             timeouts: a.timeouts + b.timeouts,
             doorbell_writes: a.doorbell_writes + b.doorbell_writes,
             interrupts: a.interrupts + b.interrupts,
+            copied: a.copied + b.copied,
         })
     }
 }

@@ -61,7 +61,9 @@ impl RdmaController {
         let io_queues = granted.min(want);
         // A command's data fits its slot's area.
         let max_transfer = identify.max_transfer_bytes(4096 << cap.mpsmin()).unwrap_or(STAGING).min(STAGING);
-        let rdma = Arc::new(RdmaPlatform::new(&t.addr, &t.subnqn)?);
+        // Every queue's connection in the admin queue's protection domain,
+        // where the caller's buffers are registered.
+        let rdma = Arc::new(RdmaPlatform::new(&t.addr, &t.subnqn, admin.conn.device().clone(), t.register_memory)?);
         let platform: Arc<dyn ugds_platform::Platform> = rdma.clone();
         // The engine's SGLs describe memory segments, which this transport
         // does not take (its own Keyed SGL names a slot's area): vectored
@@ -131,9 +133,10 @@ impl RdmaController {
             memory_for(entries),
             sends_for(entries),
             vector.is_some(),
+            Some(self.rdma.device()),
         )?;
         connect_queue(&mut q, &self.target.names(), qid, entries, self.cntlid)?;
-        RdmaIoQueue::new(q, entries, self.blocks.clone(), vector.map(|v| (v, self.rdma.clone())))
+        RdmaIoQueue::new(q, entries, self.blocks.clone(), self.rdma.clone(), vector)
     }
 
     /// Normal shutdown (CC.SHN, then CSTS.SHST complete, for up to the

@@ -13,13 +13,14 @@
 //! [`STAGING`] bytes a command): what `ugds rdma --connect` uses.
 //! [`RdmaController`] and [`RdmaIoQueue`]: the same controller behind a
 //! `Handle` (`Driver::open_rdma`), each I/O queue with up to `IO_ENTRIES - 1`
-//! commands in flight, each command's data staged in a slot of the
-//! queue's registered memory and copied to or from the caller's buffer.
-//! Tested against Linux's nvmet-rdma over soft RoCE in the QEMU `rdma`
-//! configuration. Not built: the caller's buffers registered as memory
-//! regions themselves (no copy), and GPU memory through
-//! `ibv_reg_dmabuf_mr`, which soft RoCE does not offer (refused by the
-//! platform, `ugds_platform::rdma`).
+//! commands in flight, all its connections in one protection domain. A
+//! command on a buffer the caller registered names that buffer (its memory
+//! region, registered by the platform, `ugds_platform::rdma`), and the
+//! target moves the data to or from it; any other command's data is staged
+//! in a slot of the queue's registered memory and copied. Tested against
+//! Linux's nvmet-rdma over soft RoCE in the QEMU `rdma` configuration. Not
+//! built: GPU memory through `ibv_reg_dmabuf_mr`, which soft RoCE does not
+//! offer (refused by the platform).
 
 mod controller;
 mod queue;
@@ -31,6 +32,7 @@ use super::fabrics::{self, Broken, Capsules, Names};
 use super::tcp::FabricsProbe;
 use crate::{Error, Result};
 use std::net::ToSocketAddrs;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ugds_nvme::fabrics::CNTLID_DYNAMIC;
 use ugds_nvme::rdma::{self as wire, CmAnswer};
@@ -38,7 +40,7 @@ use ugds_nvme::regs::{self, Cap, Version};
 use ugds_nvme::{Cid, Cqe, Lba, Nsid, NvmOpcode, Sqe};
 use ugds_platform::dma::DmaBuffer;
 use ugds_platform::sys::rdma_cm::{Answer, Connection};
-use ugds_platform::sys::verbs::{self, MemoryRegion, Poster, Sge, WorkCompletion};
+use ugds_platform::sys::verbs::{self, Device, MemoryRegion, Poster, Sge, WorkCompletion};
 
 /// Bytes of data one command may move through a queue's registered buffer.
 pub const STAGING: usize = 128 << 10;
@@ -56,6 +58,10 @@ const CQE_AT: usize = 64;
 const DATA_AT: usize = 4096;
 /// The `wr_id` of the command's SEND (receives use their slot's index).
 const SEND_ID: u64 = u64::MAX;
+/// The `wr_id` of the receive posted after a queue pair is moved to the
+/// error state: its (flushed) completion says the queue pair serves its
+/// peer no more.
+const DRAIN_ID: u64 = 1 << 62;
 
 /// Where an NVMe/RDMA target is and how to talk to it.
 #[derive(Clone, Debug)]
@@ -71,14 +77,28 @@ pub struct RdmaTarget {
     pub hostid: [u8; 16],
     /// The longest any connection step or command may take.
     pub timeout: Duration,
+    /// Register the caller's buffers with the RDMA device, so that the
+    /// target moves their data itself (the default). Off: the target only
+    /// ever reaches each queue's own memory, and every command's data is
+    /// copied through it (no memory pinned per buffer; a command given up
+    /// on can never write the caller's memory).
+    pub register_memory: bool,
 }
 
 impl RdmaTarget {
     /// A target at `addr` exporting `subnqn`, with this host named as the
-    /// NVMe/TCP initiator names it, a 10-second timeout.
+    /// NVMe/TCP initiator names it, a 10-second timeout, the caller's
+    /// buffers registered.
     pub fn new(addr: &str, subnqn: &str) -> RdmaTarget {
         let t = super::tcp::TcpTarget::new(addr, subnqn);
-        RdmaTarget { addr: t.addr, subnqn: t.subnqn, hostnqn: t.hostnqn, hostid: t.hostid, timeout: t.timeout }
+        RdmaTarget {
+            addr: t.addr,
+            subnqn: t.subnqn,
+            hostnqn: t.hostnqn,
+            hostid: t.hostid,
+            timeout: t.timeout,
+            register_memory: true,
+        }
     }
 
     fn names(&self) -> Names<'_> {
@@ -127,13 +147,16 @@ impl RdmaQueue {
     /// registers the queue's buffer, posts its receives, and connects with
     /// NVMe/RDMA's private data. A refusal says why, in the target's words.
     pub fn connect(t: &RdmaTarget, qid: u16, cntlid: u16) -> Result<RdmaQueue> {
-        RdmaQueue::connect_sized(t, qid, cntlid, ENTRIES, DATA_AT + STAGING, 8, false)
+        RdmaQueue::connect_sized(t, qid, cntlid, ENTRIES, DATA_AT + STAGING, 8, false, None)
     }
 
     /// As [`connect`](Self::connect), for a queue of `entries` (at most
-    /// [`IO_ENTRIES`]; a receive posted for each) with `mem_len` bytes of
-    /// registered memory and room for `sends` SENDs not yet completed; its
-    /// completion queue with a completion channel when `notify`.
+    /// [`IO_ENTRIES`]; a receive posted for each, and room for one more:
+    /// see [`DRAIN_ID`]) with `mem_len` bytes of registered memory and room
+    /// for `sends` SENDs not yet completed; its completion queue with a
+    /// completion channel when `notify`; in `shared`'s protection domain
+    /// when the route runs through its device.
+    #[allow(clippy::too_many_arguments)]
     fn connect_sized(
         t: &RdmaTarget,
         qid: u16,
@@ -142,6 +165,7 @@ impl RdmaQueue {
         mem_len: usize,
         sends: usize,
         notify: bool,
+        shared: Option<&Arc<Device>>,
     ) -> Result<RdmaQueue> {
         debug_assert!((2..=IO_ENTRIES).contains(&entries));
         let receives = entries as usize;
@@ -154,8 +178,15 @@ impl RdmaQueue {
         // Dropped in the reverse order on an error below: the region, the
         // connection (its queue pair and posted receives), the memory.
         let mem = DmaBuffer::anonymous(mem_len)?;
-        let mut conn =
-            Connection::new(peer, t.timeout, (receives + sends) as u32, sends as u32, receives as u32, notify)?;
+        let mut conn = Connection::new(
+            peer,
+            t.timeout,
+            (receives + 1 + sends) as u32,
+            sends as u32,
+            receives as u32 + 1,
+            notify,
+            shared,
+        )?;
         // SAFETY: `mem` outlives the region: dropped after it here and in
         // the queue (field order).
         let mr = unsafe { conn.device().register_host(mem.vaddr(), mem.len())? };

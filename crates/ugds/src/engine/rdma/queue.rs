@@ -1,16 +1,23 @@
 //! An NVMe/RDMA I/O queue with many commands in flight: the queue pair a
 //! `Handle` uses on an RDMA controller.
 //!
-//! Each command identifier's table slot owns a piece of the queue's
-//! registered memory: a 64-byte capsule and a data area of [`STAGING`]
-//! bytes. A write's data is copied from the caller's buffer into its
-//! slot's area when it is staged; the capsule names the area in a Keyed
-//! SGL Data Block, and the target moves the data itself (RDMA READ of a
-//! write's, RDMA WRITE of a read's) before it sends the response. A read's
-//! data is copied out to the caller's buffer when its response is
-//! consumed: the caller's memory is touched only by this queue's copies,
-//! never by the device, so a command given up on (a timeout, a broken
-//! connection) cannot write into memory given back.
+//! Each command's capsule names its data in a Keyed SGL Data Block, and
+//! the target moves the data itself (RDMA READ of a write's, RDMA WRITE of
+//! a read's) before it sends the response. When the caller's buffer is
+//! registered with the device (the platform's memory regions, in the
+//! protection domain this queue's connection shares), the block names the
+//! buffer itself: no copy. Otherwise each command identifier's table slot
+//! owns a data area of [`STAGING`] bytes in the queue's registered memory
+//! (beside its 64-byte capsule): a write's data is copied there when it is
+//! staged, and a read's copied out when its response is consumed.
+//!
+//! A queue that ends (a failed work request, a broken response, a
+//! disconnection) moves its queue pair to the error state and waits, for
+//! at most [`DRAIN_WAIT`], until a receive posted after that completes
+//! flushed: from then on the target cannot reach the caller's memory
+//! through it, and only then are the queue's commands reported failed.
+//! If that wait does not end, they are never reported, and the engine's
+//! timeout keeps their memory (its quarantine).
 //!
 //! Capsules are sent at [`ring_sq_doorbell`](RdmaIoQueue::ring_sq_doorbell),
 //! one SEND each, chained up to 16 to a post (signaled; the send queue
@@ -35,10 +42,11 @@ use super::super::fabrics;
 use super::super::qpair::{CqView, Full, Owner};
 use super::super::stats::{QueueCounters, Staged};
 use super::super::tracker::Tracker;
-use super::{post_receive, RdmaQueue, CQE_AT, STAGING};
+use super::{post_receive, RdmaQueue, CQE_AT, DRAIN_ID, STAGING};
 use crate::Result;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use ugds_nvme::status::generic;
 use ugds_nvme::{Cid, Cqe, Qid, Sqe, Status};
 use ugds_platform::rdma::RdmaPlatform;
@@ -68,6 +76,21 @@ const SEND_BIT: u64 = 1 << 63;
 /// removed, say) flushes nothing on this side, so only that says so.
 const EVENT_CHECK_POLLS: u32 = 1024;
 
+/// The longest an ended queue waits for its queue pair to stop serving the
+/// target (see the module docs).
+pub const DRAIN_WAIT: Duration = Duration::from_secs(2);
+
+/// Where an ended queue stands with its queue pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Drain {
+    /// Not ended, or ended and not yet drained.
+    NotYet,
+    /// In the error state and flushed: the target reaches nothing through it.
+    Done,
+    /// Not confirmed: its commands are never reported.
+    Failed,
+}
+
 /// Which way a command's data goes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum Dir {
@@ -87,6 +110,8 @@ pub struct Transfer {
     /// memory one to one) and its length.
     addr: usize,
     len: u32,
+    /// Named in the command itself (registered): nothing to copy.
+    direct: bool,
     /// The status a refused command completes with at the next look.
     refused: Option<u16>,
 }
@@ -121,8 +146,16 @@ pub struct RdmaIoQueue {
     /// announces (see [`CqView`]); a polled queue is always worth a look.
     busy: Arc<AtomicU32>,
     /// The vector the platform signals when the completion channel has an
-    /// event (interrupt completion), and the platform; none: polled.
-    irq: Option<(u16, Arc<RdmaPlatform>)>,
+    /// event (interrupt completion); none: polled.
+    irq: Option<u16>,
+    /// The controller's platform: its memory regions and vectors.
+    platform: Arc<RdmaPlatform>,
+    /// Whether the connection is in the platform's protection domain (its
+    /// memory regions may be named in commands).
+    direct: bool,
+    /// Receives posted and not yet completed.
+    recvs_posted: usize,
+    drain: Drain,
 }
 
 impl std::fmt::Debug for RdmaIoQueue {
@@ -150,10 +183,11 @@ impl RdmaIoQueue {
         q: RdmaQueue,
         entries: u16,
         blocks: Vec<(u32, u32)>,
-        irq: Option<(u16, Arc<RdmaPlatform>)>,
+        platform: Arc<RdmaPlatform>,
+        irq: Option<u16>,
     ) -> Result<RdmaIoQueue> {
         debug_assert!(q.mem.len() >= memory_for(entries) && q.receives == entries as usize);
-        if let Some((v, platform)) = &irq {
+        if let Some(v) = &irq {
             let channel = q.conn.cq().channel().ok_or_else(|| {
                 crate::Error::InvalidArgument("an NVMe/RDMA queue with a vector needs a completion channel".into())
             })?;
@@ -161,6 +195,13 @@ impl RdmaIoQueue {
             platform.watch(channel.fd(), *v)?;
         }
         let (capsules_at, data_base) = layout(entries);
+        let (direct, recvs_posted) = (q.conn.shares(platform.device()), q.receives);
+        if !direct {
+            tracing::warn!(
+                qid = q.qid,
+                "NVMe/RDMA: queue on another device than the admin queue's: its data is copied"
+            );
+        }
         Ok(RdmaIoQueue {
             q,
             // SQSIZE entries; one kept free as on a controller's ring.
@@ -181,6 +222,10 @@ impl RdmaIoQueue {
             counters: Arc::default(),
             busy: Arc::default(),
             irq,
+            direct,
+            recvs_posted,
+            platform,
+            drain: Drain::NotYet,
         })
     }
 
@@ -196,7 +241,7 @@ impl RdmaIoQueue {
 
     /// The interrupt vector the platform signals, if any (none: polled).
     pub fn vector(&self) -> Option<u16> {
-        self.irq.as_ref().map(|i| i.0)
+        self.irq
     }
 
     /// Commands that may be submitted now.
@@ -240,7 +285,8 @@ impl RdmaIoQueue {
     /// Whether a look would find work no signal announces: refusals to
     /// report, or commands of an ended queue to end.
     fn look_pending(&self) -> bool {
-        !self.refused.is_empty() || (self.failure.is_some() && self.tracker.outstanding() > 0)
+        !self.refused.is_empty()
+            || (self.failure.is_some() && self.tracker.outstanding() > 0 && self.drain != Drain::Failed)
     }
 
     /// With a vector: publishes whether a look is due without a signal.
@@ -272,7 +318,7 @@ impl RdmaIoQueue {
         // (at most a slot): a longer command is a caller's error.
         match (addr, u32::try_from(len)) {
             (Some(addr), Ok(len32)) if len as usize <= STAGING => {
-                Ok(Transfer { dir, addr: addr as usize, len: len32, refused: None })
+                Ok(Transfer { dir, addr: addr as usize, len: len32, direct: false, refused: None })
             }
             _ => Err(Status::generic(generic::INVALID_FIELD)),
         }
@@ -293,10 +339,16 @@ impl RdmaIoQueue {
         if self.sends + self.staged.len() >= self.send_room {
             return Err(Full::Sq);
         }
-        let t = match self.transfer(&sqe, addr) {
+        let mut t = match self.transfer(&sqe, addr) {
             Ok(t) => t,
             Err(s) => Transfer { refused: Some(s.to_field(false)), ..Default::default() },
         };
+        // The caller's buffer registered: the command names it.
+        let rkey = match t.len > 0 && self.direct && t.refused.is_none() {
+            true => self.platform.region(t.addr as u64, t.len),
+            false => None,
+        };
+        t.direct = rkey.is_some();
         let cid = self.tracker.begin_with(owner, None, t).expect("a CID is free");
         self.counts.add(sqe.opcode(), sqe.nlb());
         self.tracker.staged(cid, &sqe);
@@ -307,7 +359,7 @@ impl RdmaIoQueue {
         }
         let slot = self.tracker.slot(cid);
         let at = self.data_at(slot);
-        if t.dir == Dir::Out {
+        if t.dir == Dir::Out && !t.direct {
             assert!(at + t.len as usize <= self.q.mem.len(), "a slot's data lies in the queue's memory");
             // SAFETY: the source is the command's memory (the caller's
             // registered buffer, held by its request until this command
@@ -320,10 +372,13 @@ impl RdmaIoQueue {
         sqe.set_cid(cid);
         // Every command names its data with a Keyed SGL Data Block, one of
         // length 0 when it has none (nvmet-rdma refuses other descriptors).
-        sqe = if t.len > 0 {
-            sqe.with_keyed_data(self.q.mr.addr() + at as u64, t.len, self.q.mr.rkey())
-        } else {
-            sqe.with_keyed_data(0, 0, 0)
+        sqe = match rkey {
+            Some(rkey) => sqe.with_keyed_data(t.addr as u64, t.len, rkey),
+            None if t.len > 0 => {
+                self.counters.copied.add(1);
+                sqe.with_keyed_data(self.q.mr.addr() + at as u64, t.len, self.q.mr.rkey())
+            }
+            None => sqe.with_keyed_data(0, 0, 0),
         };
         self.q.mem.write_sqe(self.capsules_at + slot * 64, &sqe);
         self.staged.push(slot as u16);
@@ -393,7 +448,7 @@ impl RdmaIoQueue {
         };
         // Interrupts: the channel's events taken, the queue armed, then
         // polled (a completion after the arming is reported on the channel).
-        let events = match &self.irq {
+        let events = match self.irq {
             Some(_) => self.arm(),
             None => 0,
         };
@@ -426,6 +481,11 @@ impl RdmaIoQueue {
             };
             self.quiet = 0;
             for wc in &wcs[..k] {
+                match wc.wr_id & SEND_BIT {
+                    0 => self.recvs_posted = self.recvs_posted.saturating_sub(1),
+                    _ if wc.status != 0 => self.sends = self.sends.saturating_sub(1),
+                    _ => {}
+                }
                 if wc.status != 0 {
                     self.fail(format!(
                         "NVMe/RDMA: {} on queue {} to {}: {} (status {}, vendor error {:#x})",
@@ -451,8 +511,9 @@ impl RdmaIoQueue {
                     continue;
                 }
                 let mut cqe = self.q.mem.read_cqe(CQE_AT + slot * 16);
-                if let Err(e) = post_receive(&self.q.poster, &self.q.mr, slot) {
-                    self.fail(format!("NVMe/RDMA: a receive on queue {qid} not posted again: {e}"));
+                match post_receive(&self.q.poster, &self.q.mr, slot) {
+                    Ok(()) => self.recvs_posted += 1,
+                    Err(e) => self.fail(format!("NVMe/RDMA: a receive on queue {qid} not posted again: {e}")),
                 }
                 let cid = Cid(cqe.cid);
                 let Some(t) = self.tracker.get_mut(cid).map(|e| e.extra) else {
@@ -463,7 +524,7 @@ impl RdmaIoQueue {
                     self.violation(format!("a response for command {:#06x}, which was never sent", cid.0));
                     continue;
                 }
-                if cqe.is_success() && t.dir == Dir::In {
+                if cqe.is_success() && t.dir == Dir::In && !t.direct {
                     let at = self.data_at(self.tracker.slot(cid));
                     assert!(at + t.len as usize <= self.q.mem.len(), "a slot's data lies in the queue's memory");
                     // SAFETY: the target wrote this slot's area before it
@@ -480,9 +541,9 @@ impl RdmaIoQueue {
                 report(e.owner, &cqe);
             }
         }
-        if self.failure.is_some() {
-            // Everything on the queue is lost with it. The target may
-            // still write a slot's area, which is the queue's own memory.
+        if self.failure.is_some() && self.tracker.outstanding() > 0 && self.stop() {
+            // Everything on the queue is lost with it; the target can no
+            // longer reach the caller's memory through it (stopped).
             let status = Self::transport_error();
             let cids: Vec<Cid> = self.tracker.outstanding_commands().map(|(c, _)| c).collect();
             for cid in cids {
@@ -493,13 +554,13 @@ impl RdmaIoQueue {
         }
         self.counters.completed.add(n.get() as u64);
         self.counters.errors.add(failed.get());
-        if let Some((v, platform)) = &self.irq {
+        if let Some(v) = self.irq {
             // Cut short by `max`: completions may wait that no event
             // announces (they came before the arming).
             self.publish_pending(n.get() >= max);
             if self.failure.is_none() {
                 if let Some(c) = self.q.conn.cq().channel() {
-                    if let Err(e) = platform.rearm(c.fd(), *v) {
+                    if let Err(e) = self.platform.rearm(c.fd(), v) {
                         tracing::warn!(qid, "NVMe/RDMA: completion channel not watched again ({e}); waits are capped");
                     }
                 }
@@ -523,11 +584,66 @@ impl RdmaIoQueue {
         events
     }
 
+    /// Stops the queue pair serving the target (once): moves it to the
+    /// error state and waits, for up to [`DRAIN_WAIT`], for a receive
+    /// posted after that to complete flushed. Whether it did: if not, the
+    /// target may still reach the memory of the commands on the queue.
+    fn stop(&mut self) -> bool {
+        if self.drain != Drain::NotYet {
+            return self.drain == Drain::Done;
+        }
+        let qid = self.q.qid;
+        let r = self.q.poster.to_error().and_then(|()| {
+            let sge = verbs::Sge { addr: self.q.mr.addr() + CQE_AT as u64, length: 16, lkey: self.q.mr.lkey() };
+            self.q.poster.recv(DRAIN_ID, sge)
+        });
+        self.drain = match r {
+            Ok(()) => self.wait_drained(),
+            Err(e) => {
+                tracing::error!(qid, "NVMe/RDMA: the queue pair to {} not stopped: {e}", self.q.addr);
+                Drain::Failed
+            }
+        };
+        if self.drain == Drain::Failed {
+            tracing::error!(
+                qid,
+                outstanding = self.tracker.outstanding(),
+                "NVMe/RDMA: the target may still reach the memory of this queue's commands; they are left to time out"
+            );
+        }
+        self.drain == Drain::Done
+    }
+
+    /// Polls for the drain receive's completion (everything before it is
+    /// flushed, and dropped: the queue has ended).
+    fn wait_drained(&mut self) -> Drain {
+        let started = Instant::now();
+        let mut wcs = [WorkCompletion::default(); 16];
+        loop {
+            match self.q.conn.cq().poll(&mut wcs) {
+                Ok(k) if wcs[..k].iter().any(|wc| wc.wr_id == DRAIN_ID) => return Drain::Done,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(qid = self.q.qid, "NVMe/RDMA: polling for the drain: {e}");
+                    return Drain::Failed;
+                }
+            }
+            if started.elapsed() > DRAIN_WAIT {
+                return Drain::Failed;
+            }
+            std::thread::yield_now();
+        }
+    }
+
     /// Forgets every outstanding command: after the handle gave up on
-    /// them. Their slots' areas are the queue's own memory, so the target
-    /// may still write them; the queue is not used again.
+    /// them (the queue pair is stopped first, so that the target cannot
+    /// reach their memory once it is given back, as far as this side can
+    /// tell); the queue is not used again.
     pub fn forget_outstanding(&mut self) -> usize {
         let n = self.tracker.outstanding();
+        if n > 0 && !self.stop() {
+            tracing::error!(qid = self.q.qid, "NVMe/RDMA: commands given up on a queue pair not confirmed stopped");
+        }
         let _ = self.tracker.forget_all();
         self.refused.clear();
         self.staged.clear();
@@ -538,8 +654,8 @@ impl RdmaIoQueue {
 
 impl Drop for RdmaIoQueue {
     fn drop(&mut self) {
-        if let (Some((_, platform)), Some(c)) = (&self.irq, self.q.conn.cq().channel()) {
-            platform.unwatch(c.fd());
+        if let (Some(_), Some(c)) = (self.irq, self.q.conn.cq().channel()) {
+            self.platform.unwatch(c.fd());
         }
     }
 }
