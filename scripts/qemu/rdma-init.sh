@@ -113,7 +113,7 @@ port_removed_mid_io() {
     i=0
     while kill -0 $pid 2>/dev/null && [ $i -lt 30 ]; do sleep 1; i=$((i + 1)); done
     if kill -0 $pid 2>/dev/null; then
-        echo "the bench still runs 30 s after the fault"; kill -9 $pid; tail -5 /tmp/fault.out
+        echo "the bench still runs 30 s after the fault"; kill -9 $pid; grep -v "I/Os done" /tmp/fault.out | tail -30
         ln -s $S $P/subsystems/$NQN; return 1
     fi
     wait $pid; rc=$?

@@ -4,15 +4,17 @@
 //! device the route runs through), and [`map_host`](Platform::map_host)
 //! registers the caller's buffer there as a memory region: a command on
 //! it names the buffer itself, by its virtual address and the region's
-//! key ([`RdmaPlatform::region`]), and the target moves the data straight
-//! to or from it. Memory not registered (the engine's own, or a buffer the
-//! device refused to register: the memlock limit, say) goes through each
-//! queue's own registered memory and is copied. The region lives as long
-//! as the mapping: `unmap_host` deregisters it, after which the device
-//! cannot reach the memory. GPU memory is refused: registering it with the
-//! device (`ibv_reg_dmabuf_mr`) is not built, and soft RoCE, the one RDMA
-//! device tested, cannot. No registers (the engine speaks through Property
-//! Get and Set). Its interrupts are the completion channels': a queue that
+//! key ([`RdmaPlatform::reach`]), and the target moves the data straight
+//! to or from it. A buffer the device refused to register (the memlock
+//! limit, say), or every buffer when registration is off, is reached
+//! through each queue's own registered memory and copied; memory mapped
+//! by neither way is never touched. The region lives as long as the
+//! mapping: `unmap_host` deregisters it, after which the device cannot
+//! reach the memory. GPU memory ([`map_device`](Platform::map_device)) is
+//! registered from its dma-buf (`ibv_reg_dmabuf_mr`) at its device
+//! address, and is only ever reached by the target: where the device
+//! cannot register it (soft RoCE cannot), it is refused with the device's
+//! answer. No registers (the engine speaks through Property Get and Set). Its interrupts are the completion channels': a queue that
 //! sleeps between looks arms its completion queue and has the channel's
 //! descriptor watched ([`RdmaPlatform::watch`], [`crate::readiness`]), and
 //! the queue's vector is signalled when a completion arrives.
@@ -23,7 +25,7 @@ use crate::readiness::ReadinessVectors;
 use crate::sys::verbs::{Device, MemoryRegion};
 use crate::sys::EventFd;
 use crate::{Error, HostMapping, Platform, Result};
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use ugds_nvme::regs;
@@ -48,13 +50,30 @@ pub struct RdmaPlatform {
     next_cookie: AtomicU64,
 }
 
-/// A buffer registered with the device: the page span it covers.
+/// A mapped buffer: the span it covers, and its memory region (none: host
+/// memory reached through the queues' copies).
 #[derive(Debug)]
 struct Region {
     start: u64,
     end: u64,
     cookie: u64,
-    mr: MemoryRegion,
+    mr: Option<MemoryRegion>,
+    device: bool,
+}
+
+/// How a command reaches its data ([`RdmaPlatform::reach`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reach {
+    /// In a registered region of host memory: the target moves it, named
+    /// with this key (or it is copied, by a queue outside the domain).
+    Direct(u32),
+    /// In a registered region of device memory: only the target may move
+    /// it, named with this key.
+    Device(u32),
+    /// In mapped host memory not registered: copied through the queue.
+    Copy,
+    /// In nothing mapped: the command must not run.
+    Unknown,
 }
 
 impl RdmaPlatform {
@@ -79,16 +98,26 @@ impl RdmaPlatform {
         &self.device
     }
 
-    /// The key of a registered buffer that holds all of `addr..addr+len`,
-    /// if one does (then the target may move those bytes itself).
-    pub fn region(&self, addr: u64, len: u32) -> Option<u32> {
+    /// How a command whose data is `addr..addr+len` reaches it: the
+    /// mapping that holds all of it says.
+    pub fn reach(&self, addr: u64, len: u32) -> Reach {
         let regions = self.regions.read().unwrap_or_else(PoisonError::into_inner);
-        covering(&regions, |r| (r.start, r.end), addr, len).map(|r| r.mr.rkey())
+        match covering(&regions, |r| (r.start, r.end), addr, len) {
+            Some(Region { mr: Some(mr), device: true, .. }) => Reach::Device(mr.rkey()),
+            Some(Region { mr: Some(mr), .. }) => Reach::Direct(mr.rkey()),
+            Some(Region { mr: None, .. }) => Reach::Copy,
+            None => Reach::Unknown,
+        }
     }
 
-    /// Buffers registered with the device now.
-    pub fn regions(&self) -> usize {
-        self.regions.read().unwrap_or_else(PoisonError::into_inner).len()
+    /// Records a mapping of `start..end` (of device memory when `device`);
+    /// its cookie.
+    fn insert(&self, start: u64, end: u64, mr: Option<MemoryRegion>, device: bool) -> u64 {
+        let cookie = self.next_cookie.fetch_add(1, Ordering::Relaxed);
+        let mut regions = self.regions.write().unwrap_or_else(PoisonError::into_inner);
+        let at = regions.partition_point(|x| x.start <= start);
+        regions.insert(at, Region { start, end, cookie, mr, device });
+        cookie
     }
 
     /// Signals `vector` once when `channel` (a completion channel's
@@ -137,48 +166,59 @@ impl Platform for RdmaPlatform {
 
     /// Registers the page span of the buffer with the device. A refusal
     /// (the memlock limit, say) is not an error: the buffer is then
-    /// reached through the queues' own memory, as the engine's is.
+    /// reached through the queues' own memory.
     unsafe fn map_host(&self, vaddr: *mut u8, len: usize) -> Result<HostMapping> {
         let mut mapping = HostMapping::identity(vaddr, len)?;
-        mapping.cookie = 0;
-        if !self.register {
-            return Ok(mapping);
-        }
         let (start, span) = HostMapping::span(vaddr, len)?;
-        // SAFETY: the caller keeps the memory mapped until `unmap_host`,
-        // which drops the region.
-        match unsafe { self.device.register_host(start as *mut u8, span) } {
-            Ok(mr) => {
-                let cookie = self.next_cookie.fetch_add(1, Ordering::Relaxed);
-                let r = Region { start: start as u64, end: (start + span) as u64, cookie, mr };
-                let mut regions = self.regions.write().unwrap_or_else(PoisonError::into_inner);
-                let at = regions.partition_point(|x| x.start <= r.start);
-                regions.insert(at, r);
-                mapping.cookie = cookie;
+        let mr = if self.register {
+            // SAFETY: the caller keeps the memory mapped until
+            // `unmap_host`, which drops the region.
+            match unsafe { self.device.register_host(start as *mut u8, span) } {
+                Ok(mr) => Some(mr),
+                Err(e) => {
+                    tracing::warn!(
+                        "NVMe/RDMA: {span} bytes at {start:#x} not registered with {} ({e}); their data is copied through the queues' memory",
+                        self.device.info().name
+                    );
+                    None
+                }
             }
-            Err(e) => {
-                tracing::warn!(
-                    "NVMe/RDMA: {} bytes at {start:#x} not registered with {} ({e}); their data is copied through the queues' memory",
-                    span,
-                    self.device.info().name
-                );
-            }
-        }
+        } else {
+            None
+        };
+        mapping.cookie = self.insert(start as u64, (start + span) as u64, mr, false);
         Ok(mapping)
     }
 
-    unsafe fn map_device(&self, _mem: &DeviceMemory) -> Result<HostMapping> {
-        Err(Error::Unsupported(
-            "GPU memory over NVMe/RDMA: registering it with the RDMA device (ibv_reg_dmabuf_mr) is not built; \
-             use host memory, or NVMe/TCP, which copies GPU memory through pinned buffers"
-                .into(),
-        ))
+    /// Registers the memory from its dma-buf (the runtime's export), at
+    /// its device address: commands name it by that address, and only the
+    /// target ever reaches it. Refused, with the device's answer, where
+    /// the device cannot (soft RoCE has no dma-buf memory regions).
+    unsafe fn map_device(&self, mem: &DeviceMemory) -> Result<HostMapping> {
+        let refused = |why: String| {
+            Error::Unsupported(format!(
+                "GPU memory over NVMe/RDMA: {} cannot register {mem:?} ({why}); \
+                 use host memory, or NVMe/TCP, which copies GPU memory through pinned buffers",
+                self.device.info().name
+            ))
+        };
+        let x = mem.runtime.export_dmabuf(mem.ptr, mem.len).map_err(|e| refused(format!("no dma-buf: {e}")))?;
+        // The kernel holds the dma-buf for the region's life: the
+        // descriptor is closed when `x` goes.
+        let mr = self
+            .device
+            .register_dmabuf(x.fd.as_raw_fd(), x.offset, mem.len, mem.ptr)
+            .map_err(|e| refused(e.to_string()))?;
+        let (start, span) = crate::device::page_span(mem.ptr, mem.len);
+        let mut mapping = HostMapping::contiguous(mem.ptr as *const u8, (start as usize, span), start);
+        mapping.cookie = self.insert(mem.ptr, mem.ptr + mem.len as u64, Some(mr), true);
+        Ok(mapping)
     }
 
     /// Deregisters the buffer: the device no longer reaches it once this
     /// returns.
     fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
-        if mapping.cookie != 0 {
+        {
             let mut regions = self.regions.write().unwrap_or_else(PoisonError::into_inner);
             if let Some(i) = regions.iter().position(|r| r.cookie == mapping.cookie) {
                 // Dropped outside the lock (ibv_dereg_mr is a system call).

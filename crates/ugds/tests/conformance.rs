@@ -668,10 +668,12 @@ fn dmabuf_registered_through_the_public_api() {
         assert!(matches!(r, Err(Error::Unsupported(_))), "{r:?}");
         return;
     }
-    if rdma().is_some() {
-        // An NVMe/RDMA handle moves host memory only (its platform refuses
-        // device memory, a dma-buf's included): refused when mapped for it.
-        assert!(matches!(&r, Err(Error::Unsupported(m)) if m.contains("NVMe/RDMA")), "{r:?}");
+    if let (Some(_), Err(e)) = (rdma(), &r) {
+        // Over NVMe/RDMA a dma-buf is registered with the RDMA device
+        // (ibv_reg_dmabuf_mr); a device without dma-buf memory regions
+        // (soft RoCE) refuses it, and the refusal says so.
+        assert!(matches!(e, Error::Unsupported(m) if m.contains("NVMe/RDMA")), "{e:?}");
+        eprintln!("skipped: {e}");
         return;
     }
     let t = r.unwrap();

@@ -136,6 +136,9 @@ pub struct WorkCompletion {
 
 /// `IBV_WC_RECV`: a receive completed.
 pub const WC_RECV: u32 = 128;
+/// `IBV_WC_WR_FLUSH_ERR`: a request flushed from a queue pair in the error
+/// state.
+pub const WC_WR_FLUSH_ERR: u32 = 5;
 
 /// The name of a completion status (`ibv_wc_status_str`'s words).
 pub fn wc_status_str(status: u32) -> &'static str {
@@ -878,10 +881,11 @@ impl Poster {
     /// Moves the queue pair to the error state: it takes no more requests
     /// from its peer (no RDMA READ or WRITE of this side's memory is served
     /// after it) and flushes what is posted, each request completing with
-    /// `IBV_WC_WR_FLUSH_ERR` in the order it was posted. A receive posted
-    /// after this completes flushed once those before it have: when it
-    /// does, the peer's requests are no longer served (how Linux's
-    /// `ib_drain_rq` knows).
+    /// [`WC_WR_FLUSH_ERR`] in the order it was posted. The device flushes
+    /// receives once it has stopped serving the peer: a flushed receive
+    /// says so (how Linux's `ib_drain_rq` knows). A receive posted after
+    /// this call may not be flushed at all by a provider that posts in user
+    /// space (soft RoCE's kernel is not told): post it before.
     pub fn to_error(&self) -> Result<()> {
         let v = verbs()?;
         let mut attr = QpAttr { qp_state: QPS_ERR, rest: [0; 63] };

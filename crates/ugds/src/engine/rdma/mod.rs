@@ -58,9 +58,8 @@ const CQE_AT: usize = 64;
 const DATA_AT: usize = 4096;
 /// The `wr_id` of the command's SEND (receives use their slot's index).
 const SEND_ID: u64 = u64::MAX;
-/// The `wr_id` of the receive posted after a queue pair is moved to the
-/// error state: its (flushed) completion says the queue pair serves its
-/// peer no more.
+/// The `wr_id` of the receive posted just before a queue pair is moved to
+/// the error state, so that at least one receive is there to be flushed.
 const DRAIN_ID: u64 = 1 << 62;
 
 /// Where an NVMe/RDMA target is and how to talk to it.

@@ -13,9 +13,11 @@
 //!
 //! A queue that ends (a failed work request, a broken response, a
 //! disconnection) moves its queue pair to the error state and waits, for
-//! at most [`DRAIN_WAIT`], until a receive posted after that completes
-//! flushed: from then on the target cannot reach the caller's memory
-//! through it, and only then are the queue's commands reported failed.
+//! at most [`DRAIN_WAIT`], until a receive completes flushed (one is
+//! posted just before, so that there is one): the device flushes receives
+//! once it serves the target no more, so from then on the target cannot
+//! reach the caller's memory through it, and only then are the queue's
+//! commands reported failed.
 //! If that wait does not end, they are never reported, and the engine's
 //! timeout keeps their memory (its quarantine).
 //!
@@ -49,7 +51,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ugds_nvme::status::generic;
 use ugds_nvme::{Cid, Cqe, Qid, Sqe, Status};
-use ugds_platform::rdma::RdmaPlatform;
+use ugds_platform::rdma::{RdmaPlatform, Reach};
 use ugds_platform::sys::verbs::{self, Sge, WorkCompletion};
 
 /// SENDs that may be posted and not yet completed on a queue of `entries`:
@@ -155,6 +157,9 @@ pub struct RdmaIoQueue {
     direct: bool,
     /// Receives posted and not yet completed.
     recvs_posted: usize,
+    /// Whether a receive completed flushed (the queue pair is in the error
+    /// state and serves the target no more).
+    flushed: bool,
     drain: Drain,
 }
 
@@ -224,6 +229,7 @@ impl RdmaIoQueue {
             irq,
             direct,
             recvs_posted,
+            flushed: false,
             platform,
             drain: Drain::NotYet,
         })
@@ -343,11 +349,30 @@ impl RdmaIoQueue {
             Ok(t) => t,
             Err(s) => Transfer { refused: Some(s.to_field(false)), ..Default::default() },
         };
-        // The caller's buffer registered: the command names it.
-        let rkey = match t.len > 0 && self.direct && t.refused.is_none() {
-            true => self.platform.region(t.addr as u64, t.len),
-            false => None,
-        };
+        // The caller's buffer registered in this connection's domain: the
+        // command names it. Copied only from host memory mapped as such;
+        // anything else is refused, never touched.
+        let mut rkey = None;
+        if t.len > 0 && t.refused.is_none() {
+            match (self.platform.reach(t.addr as u64, t.len), self.direct) {
+                (Reach::Direct(k) | Reach::Device(k), true) => rkey = Some(k),
+                (Reach::Direct(_) | Reach::Copy, _) => {}
+                (reach, _) => {
+                    tracing::error!(
+                        qid = self.q.qid,
+                        "NVMe/RDMA: {} bytes at {:#x} refused: {}",
+                        t.len,
+                        t.addr,
+                        match reach {
+                            Reach::Device(_) =>
+                                "device memory, and this queue is outside the domain it is registered in",
+                            _ => "in no buffer mapped for this controller",
+                        }
+                    );
+                    t.refused = Some(Status::generic(generic::INVALID_FIELD).to_field(false));
+                }
+            }
+        }
         t.direct = rkey.is_some();
         let cid = self.tracker.begin_with(owner, None, t).expect("a CID is free");
         self.counts.add(sqe.opcode(), sqe.nlb());
@@ -482,7 +507,10 @@ impl RdmaIoQueue {
             self.quiet = 0;
             for wc in &wcs[..k] {
                 match wc.wr_id & SEND_BIT {
-                    0 => self.recvs_posted = self.recvs_posted.saturating_sub(1),
+                    0 => {
+                        self.recvs_posted = self.recvs_posted.saturating_sub(1);
+                        self.flushed |= wc.status == verbs::WC_WR_FLUSH_ERR;
+                    }
                     _ if wc.status != 0 => self.sends = self.sends.saturating_sub(1),
                     _ => {}
                 }
@@ -584,20 +612,25 @@ impl RdmaIoQueue {
         events
     }
 
-    /// Stops the queue pair serving the target (once): moves it to the
-    /// error state and waits, for up to [`DRAIN_WAIT`], for a receive
-    /// posted after that to complete flushed. Whether it did: if not, the
-    /// target may still reach the memory of the commands on the queue.
+    /// Stops the queue pair serving the target (once): posts one more
+    /// receive (so that one is there to flush), moves the queue pair to the
+    /// error state and waits, for up to [`DRAIN_WAIT`], for a receive to
+    /// complete flushed, unless one has. Whether it did: if not, the target
+    /// may still reach the memory of the commands on the queue.
     fn stop(&mut self) -> bool {
         if self.drain != Drain::NotYet {
             return self.drain == Drain::Done;
         }
         let qid = self.q.qid;
-        let r = self.q.poster.to_error().and_then(|()| {
-            let sge = verbs::Sge { addr: self.q.mr.addr() + CQE_AT as u64, length: 16, lkey: self.q.mr.lkey() };
-            self.q.poster.recv(DRAIN_ID, sge)
-        });
+        let sge = verbs::Sge { addr: self.q.mr.addr() + CQE_AT as u64, length: 16, lkey: self.q.mr.lkey() };
+        // A queue pair already in the error state may not flush a receive
+        // posted now; it has flushed one already.
+        let r = match self.flushed {
+            true => self.q.poster.to_error(),
+            false => self.q.poster.recv(DRAIN_ID, sge).and_then(|()| self.q.poster.to_error()),
+        };
         self.drain = match r {
+            Ok(()) if self.flushed => Drain::Done,
             Ok(()) => self.wait_drained(),
             Err(e) => {
                 tracing::error!(qid, "NVMe/RDMA: the queue pair to {} not stopped: {e}", self.q.addr);
@@ -614,14 +647,16 @@ impl RdmaIoQueue {
         self.drain == Drain::Done
     }
 
-    /// Polls for the drain receive's completion (everything before it is
-    /// flushed, and dropped: the queue has ended).
+    /// Polls for a receive flushed (what else completes is dropped: the
+    /// queue has ended).
     fn wait_drained(&mut self) -> Drain {
         let started = Instant::now();
         let mut wcs = [WorkCompletion::default(); 16];
         loop {
             match self.q.conn.cq().poll(&mut wcs) {
-                Ok(k) if wcs[..k].iter().any(|wc| wc.wr_id == DRAIN_ID) => return Drain::Done,
+                Ok(k) if wcs[..k].iter().any(|wc| wc.wr_id & SEND_BIT == 0 && wc.status == verbs::WC_WR_FLUSH_ERR) => {
+                    return Drain::Done
+                }
                 Ok(_) => {}
                 Err(e) => {
                     tracing::error!(qid = self.q.qid, "NVMe/RDMA: polling for the drain: {e}");
