@@ -334,10 +334,15 @@ uGDSError_t uGDSTcpOpen(uGDSHandle_t *fh, const char *addr, const char *subnqn, 
 
 /* NVMe over RDMA (an extension): as uGDSTcpOpen, for the controller
  * exporting subnqn at addr ("address:port" on an RDMA device's network),
- * through ugds's own initiator (rdma-core loaded at run time); flags must
- * be 0. Host memory only (registering GPU memory is refused while it is
- * open). Options come from the environment as for uGDSTcpOpen
- * (UGDS_INTERRUPT_MODE=1 sleeps on the queues' completion channels). */
+ * through ugds's own initiator (rdma-core loaded at run time). Registered
+ * host buffers are registered with the RDMA device as well and the target
+ * moves their data; flags UGDS_RDMA_COPY registers none and copies every
+ * command's data through the queues' own memory. GPU memory is registered
+ * from its dma-buf where the RDMA device can (soft RoCE cannot: refused
+ * while the handle is open). Options come from the environment as for
+ * uGDSTcpOpen (UGDS_INTERRUPT_MODE=1 sleeps on the queues' completion
+ * channels). */
+#define UGDS_RDMA_COPY 1u
 uGDSError_t uGDSRdmaOpen(uGDSHandle_t *fh, const char *addr, const char *subnqn, uint32_t nsid, uint32_t flags);
 
 /* A vectored request of a batch (an extension): the range at file_offset to

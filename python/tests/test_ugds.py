@@ -63,6 +63,8 @@ class Host(unittest.TestCase):
         self.assertEqual(sum(q["bytes_written"] for q in stats), 65536)
         self.assertEqual(sum(q["submitted"] for q in stats), sum(q["completed"] for q in stats))
         self.assertEqual(sum(q["in_flight"] + q["errors"] for q in stats), 0)
+        # The emulated controller reaches the buffer itself: nothing copied.
+        self.assertEqual(sum(q["copied"] for q in stats), 0)
         self.drv.deregister(buf)
 
     def test_closing_a_handle_ends_its_batches(self):
@@ -601,6 +603,10 @@ class Rdma(unittest.TestCase):
         # Interrupt completion is asked for by keyword, as for open_tcp.
         with self.assertRaises(ugds.Error) as cm:
             ugds.Driver().open_rdma("127.0.0.1:9", "nqn.2026-12.io.ugds:absent", interrupt=True)
+        self.assertIn("RDMA", str(cm.exception))
+        # So is copying instead of registering buffers with the device.
+        with self.assertRaises(ugds.Error) as cm:
+            ugds.Driver().open_rdma("127.0.0.1:9", "nqn.2026-12.io.ugds:absent", copy=True)
         self.assertIn("RDMA", str(cm.exception))
 
 

@@ -57,6 +57,9 @@ pub const MAX_VOLUME_MEMBERS: c_int = 64;
 
 /// `uGDSTcpOpen`'s flag for header and data digests (`UGDS_TCP_DIGESTS`).
 pub const TCP_DIGESTS: u32 = 1;
+/// `uGDSRdmaOpen`'s flag to register no buffer with the RDMA device and
+/// copy every command's data through the queues' memory (`UGDS_RDMA_COPY`).
+pub const RDMA_COPY: u32 = 1;
 pub const HANDLE_TYPE_OPAQUE_WIN32: c_int = 2;
 pub const HANDLE_TYPE_USERSPACE_FS: c_int = 3;
 pub const BACKEND_DEFAULT: c_int = 0;
@@ -369,6 +372,7 @@ fn constant(n: &str) -> Option<c_long> {
         "UGDS_MAX_SEGMENTS" => MAX_SEGMENTS,
         "UGDS_MAX_VOLUME_MEMBERS" => MAX_VOLUME_MEMBERS,
         "UGDS_TCP_DIGESTS" => TCP_DIGESTS as _,
+        "UGDS_RDMA_COPY" => RDMA_COPY as _,
         "UGDS_PRIORITY_CRITICAL" => UGDS_PRIORITY_CRITICAL,
         "UGDS_PRIORITY_NORMAL" => UGDS_PRIORITY_NORMAL,
         "UGDS_PRIORITY_BACKGROUND" => UGDS_PRIORITY_BACKGROUND,

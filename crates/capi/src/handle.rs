@@ -353,8 +353,11 @@ pub unsafe extern "C" fn uGDSTcpOpen(
 /// Opens a handle (an extension) on namespace `nsid` (0: the first) of the
 /// NVMe/RDMA controller exporting `subnqn` at `addr` ("address:port" on an
 /// RDMA device's network), through ugds's own initiator (rdma-core loaded
-/// at run time); `flags` must be 0. Host memory only (registering GPU
-/// memory for it is refused); `UGDS_INTERRUPT_MODE=1` sleeps on the
+/// at run time). Registered host buffers are registered with the RDMA
+/// device too, and the target moves their data; `flags`: `UGDS_RDMA_COPY`
+/// registers none and copies every command's data through the queues' own
+/// memory. GPU memory is registered from its dma-buf where the RDMA device
+/// can (soft RoCE cannot: refused). `UGDS_INTERRUPT_MODE=1` sleeps on the
 /// queues' completion channels. Otherwise as uGDSTcpOpen.
 ///
 /// # Safety
@@ -368,13 +371,15 @@ pub unsafe extern "C" fn uGDSRdmaOpen(
     flags: u32,
 ) -> uGDSError_t {
     guard(internal(), || {
-        if flags != 0 {
-            return fail(op::INVALID_VALUE, format!("flags {flags:#x}: none are defined"));
+        if flags & !abi::RDMA_COPY != 0 {
+            return fail(op::INVALID_VALUE, format!("flags {flags:#x}: only UGDS_RDMA_COPY"));
         }
         // SAFETY: the caller's contract, passed on.
         unsafe {
             open_fabrics(fh, addr, subnqn, nsid, |driver, addr, subnqn, opts| {
-                driver.open_rdma(&ugds::fabrics::RdmaTarget::new(addr, subnqn), opts)
+                let mut t = ugds::fabrics::RdmaTarget::new(addr, subnqn);
+                t.register_memory = flags & abi::RDMA_COPY == 0;
+                driver.open_rdma(&t, opts)
             })
         }
     })

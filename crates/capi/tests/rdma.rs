@@ -17,8 +17,10 @@ fn c_interface_rdma_open_refuses_and_reports() {
         let mut fh: *mut c_void = std::ptr::null_mut();
         assert_eq!(uGDSRdmaOpen(&mut fh, std::ptr::null(), nqn.as_ptr(), 0, 0).err, op::INVALID_VALUE);
         assert_eq!(uGDSRdmaOpen(&mut fh, addr.as_ptr(), std::ptr::null(), 0, 0).err, op::INVALID_VALUE);
-        assert_eq!(uGDSRdmaOpen(&mut fh, addr.as_ptr(), nqn.as_ptr(), 0, 1).err, op::INVALID_VALUE);
+        assert_eq!(uGDSRdmaOpen(&mut fh, addr.as_ptr(), nqn.as_ptr(), 0, 2).err, op::INVALID_VALUE);
         assert_ne!(uGDSRdmaOpen(&mut fh, addr.as_ptr(), nqn.as_ptr(), 0, 0).err, op::SUCCESS);
+        // UGDS_RDMA_COPY is taken; no target there either way.
+        assert_ne!(uGDSRdmaOpen(&mut fh, addr.as_ptr(), nqn.as_ptr(), 0, abi::RDMA_COPY).err, op::SUCCESS);
         assert!(fh.is_null(), "a refused open leaves no handle");
         assert_eq!(uGDSDriverClose().err, op::SUCCESS);
     }

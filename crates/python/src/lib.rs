@@ -259,9 +259,12 @@ impl Driver {
     /// Opens a handle on namespace `nsid` (the first when None) of the
     /// NVMe/RDMA controller `nqn` at `addr` ("address:port"), through
     /// ugds's own initiator (rdma-core loaded at run time), on host
-    /// memory; `interrupt` sleeps on the queues' completion channels
-    /// instead of polling them.
-    #[pyo3(signature = (addr, nqn, nsid=None, interrupt=false, mode=None))]
+    /// memory, each registered buffer registered with the RDMA device so
+    /// that the target moves its data (`copy=True`: none registered, every
+    /// command's data copied through the queues' own memory); `interrupt`
+    /// sleeps on the queues' completion channels instead of polling them.
+    #[pyo3(signature = (addr, nqn, nsid=None, interrupt=false, mode=None, copy=false))]
+    #[allow(clippy::too_many_arguments)]
     fn open_rdma(
         &self,
         py: Python<'_>,
@@ -270,8 +273,10 @@ impl Driver {
         nsid: Option<u32>,
         interrupt: bool,
         mode: Option<&str>,
+        copy: bool,
     ) -> PyResult<Handle> {
-        let t = ugds::fabrics::RdmaTarget::new(addr, nqn);
+        let mut t = ugds::fabrics::RdmaTarget::new(addr, nqn);
+        t.register_memory = !copy;
         let opts = options(interrupt, mode)?.nsid(nsid);
         py.allow_threads(|| self.inner.open_rdma(&t, opts)).map(Handle::from).map_err(err)
     }

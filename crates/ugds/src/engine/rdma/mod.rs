@@ -18,9 +18,9 @@
 //! region, registered by the platform, `ugds_platform::rdma`), and the
 //! target moves the data to or from it; any other command's data is staged
 //! in a slot of the queue's registered memory and copied. Tested against
-//! Linux's nvmet-rdma over soft RoCE in the QEMU `rdma` configuration. Not
-//! built: GPU memory through `ibv_reg_dmabuf_mr`, which soft RoCE does not
-//! offer (refused by the platform).
+//! Linux's nvmet-rdma over soft RoCE in the QEMU `rdma` configuration. GPU
+//! memory is registered through `ibv_reg_dmabuf_mr` where the device can;
+//! soft RoCE cannot (refused by the platform), so that is not run here.
 
 mod controller;
 mod queue;
