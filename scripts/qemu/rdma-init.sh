@@ -81,6 +81,18 @@ copy_bench() {
     [ $rc -eq 0 ] && echo "$out" | grep -q "data copied through the queue's own memory"
 }
 run bench-rdma-write-copy copy_bench
+# The same reads with the buffers registered and with every command's data
+# copied, one after the other in this boot (figures under TCG: only the
+# difference between the two means anything).
+copy_or_not() {
+    for how in "" --rdma-copy; do
+        out=$(/bin/ugds bench --rdma 10.9.0.1:4420 --nqn $NQN $how -d 2 -q 8 -s 4k,128k --range 32M --no-progress \
+            2>&1); rc=$?
+        echo "$out" | grep -E "^(target|randread|queue)"
+        [ $rc -eq 0 ] || { echo "$out"; return 1; }
+    done
+}
+run bench-rdma-registered-or-copied copy_or_not
 # Interrupt completion: every queue has a vector (its completion channel
 # watched), the lent queue's waits woken through it (interrupts counted),
 # the data verified, and no wake-up lost (a wait that slept to its 100 ms
