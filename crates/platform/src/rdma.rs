@@ -44,9 +44,9 @@ pub struct RdmaPlatform {
     device: Arc<Device>,
     /// Whether `map_host` registers buffers (else all data is copied).
     register: bool,
-    /// The caller's buffers registered in it, by start address.
+    /// Every mapping (registered in it or not), by start address.
     regions: RwLock<Vec<Region>>,
-    /// The cookie of the next registration (0: none, identity only).
+    /// The cookie of the next mapping.
     next_cookie: AtomicU64,
 }
 
@@ -218,14 +218,12 @@ impl Platform for RdmaPlatform {
     /// Deregisters the buffer: the device no longer reaches it once this
     /// returns.
     fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
-        {
-            let mut regions = self.regions.write().unwrap_or_else(PoisonError::into_inner);
-            if let Some(i) = regions.iter().position(|r| r.cookie == mapping.cookie) {
-                // Dropped outside the lock (ibv_dereg_mr is a system call).
-                let r = regions.remove(i);
-                drop(regions);
-                drop(r);
-            }
+        let mut regions = self.regions.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(i) = regions.iter().position(|r| r.cookie == mapping.cookie) {
+            let r = regions.remove(i);
+            // Deregistered outside the lock (ibv_dereg_mr is a system call).
+            drop(regions);
+            drop(r);
         }
         Ok(())
     }
