@@ -48,6 +48,8 @@ pub struct RdmaPlatform {
     regions: RwLock<Vec<Region>>,
     /// The cookie of the next mapping.
     next_cookie: AtomicU64,
+    /// Raised at each unmapping: a [`ReachCache`] of an older one is stale.
+    generation: AtomicU64,
 }
 
 /// A mapped buffer: the span it covers, and its memory region (none: host
@@ -59,6 +61,26 @@ struct Region {
     cookie: u64,
     mr: Option<MemoryRegion>,
     device: bool,
+}
+
+/// A queue's copy of the mapping its last command's data was in, so that
+/// a run of commands on one buffer does not read the shared table.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReachCache {
+    /// The platform's generation when it was taken (0: empty).
+    generation: u64,
+    start: u64,
+    end: u64,
+    reach: Option<Reach>,
+}
+
+impl ReachCache {
+    /// The cached answer for `addr..addr+len`, if the mapping holds all of
+    /// it and none was unmapped since (`generation`).
+    fn get(&self, generation: u64, addr: u64, len: u32) -> Option<Reach> {
+        let end = addr.checked_add(len as u64)?;
+        (self.generation == generation && self.start <= addr && end <= self.end).then_some(self.reach?)
+    }
 }
 
 /// How a command reaches its data ([`RdmaPlatform::reach`]).
@@ -90,6 +112,7 @@ impl RdmaPlatform {
             register,
             regions: RwLock::new(Vec::new()),
             next_cookie: AtomicU64::new(1),
+            generation: AtomicU64::new(1),
         })
     }
 
@@ -99,15 +122,28 @@ impl RdmaPlatform {
     }
 
     /// How a command whose data is `addr..addr+len` reaches it: the
-    /// mapping that holds all of it says.
-    pub fn reach(&self, addr: u64, len: u32) -> Reach {
-        let regions = self.regions.read().unwrap_or_else(PoisonError::into_inner);
-        match covering(&regions, |r| (r.start, r.end), addr, len) {
-            Some(Region { mr: Some(mr), device: true, .. }) => Reach::Device(mr.rkey()),
-            Some(Region { mr: Some(mr), .. }) => Reach::Direct(mr.rkey()),
-            Some(Region { mr: None, .. }) => Reach::Copy,
-            None => Reach::Unknown,
+    /// mapping that holds all of it says. `cache` (the calling queue's)
+    /// answers while that mapping is the one it holds and nothing was
+    /// unmapped since; else the table does, and the cache takes its answer.
+    /// (A mapping in use is never unmapped: the registry refuses while a
+    /// request holds the buffer, and a request's registration happens
+    /// before its submission, so a stale cache is always seen as such.)
+    pub fn reach(&self, cache: &mut ReachCache, addr: u64, len: u32) -> Reach {
+        let generation = self.generation.load(Ordering::Acquire);
+        if let Some(r) = cache.get(generation, addr, len) {
+            return r;
         }
+        let regions = self.regions.read().unwrap_or_else(PoisonError::into_inner);
+        let Some(found) = covering(&regions, |r| (r.start, r.end), addr, len) else {
+            return Reach::Unknown;
+        };
+        let reach = match found {
+            Region { mr: Some(mr), device: true, .. } => Reach::Device(mr.rkey()),
+            Region { mr: Some(mr), .. } => Reach::Direct(mr.rkey()),
+            Region { mr: None, .. } => Reach::Copy,
+        };
+        *cache = ReachCache { generation, start: found.start, end: found.end, reach: Some(reach) };
+        reach
     }
 
     /// Records a mapping of `start..end` (of device memory when `device`);
@@ -221,6 +257,8 @@ impl Platform for RdmaPlatform {
         let mut regions = self.regions.write().unwrap_or_else(PoisonError::into_inner);
         if let Some(i) = regions.iter().position(|r| r.cookie == mapping.cookie) {
             let r = regions.remove(i);
+            // Every queue's cached mapping is stale from here on.
+            self.generation.fetch_add(1, Ordering::Release);
             // Deregistered outside the lock (ibv_dereg_mr is a system call).
             drop(regions);
             drop(r);
@@ -239,7 +277,7 @@ impl Platform for RdmaPlatform {
 
 #[cfg(test)]
 mod tests {
-    use super::covering;
+    use super::{covering, Reach, ReachCache};
 
     #[test]
     fn a_command_is_named_by_a_registration_that_holds_all_of_it() {
@@ -254,5 +292,17 @@ mod tests {
         assert_eq!(find(0x8fff, 1), Some((0x8000, 0x9000)), "the last byte");
         assert_eq!(find(u64::MAX - 4, 16), None, "wraps the address space");
         assert_eq!(covering(&[] as &[(u64, u64)], |s| *s, 0x1000, 1), None);
+    }
+
+    #[test]
+    fn a_cached_mapping_answers_only_within_it_and_until_an_unmapping() {
+        let c = ReachCache { generation: 7, start: 0x1000, end: 0x3000, reach: Some(Reach::Direct(42)) };
+        assert_eq!(c.get(7, 0x1000, 0x2000), Some(Reach::Direct(42)), "all of it");
+        assert_eq!(c.get(7, 0x2fff, 1), Some(Reach::Direct(42)), "its last byte");
+        assert_eq!(c.get(7, 0x2fff, 2), None, "past its end");
+        assert_eq!(c.get(7, 0xfff, 2), None, "before its start");
+        assert_eq!(c.get(8, 0x1000, 16), None, "something was unmapped since");
+        assert_eq!(ReachCache::default().get(1, 0, 1), None, "empty");
+        assert_eq!(c.get(7, u64::MAX, 2), None, "wraps the address space");
     }
 }

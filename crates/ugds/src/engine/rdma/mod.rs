@@ -311,8 +311,12 @@ impl RdmaQueue {
 
 /// Posts the receive of response slot `slot`.
 fn post_receive(poster: &Poster, mr: &MemoryRegion, slot: usize) -> Result<()> {
-    let sge = Sge { addr: mr.addr() + (CQE_AT + slot * 16) as u64, length: 16, lkey: mr.lkey() };
-    poster.recv(slot as u64, sge)
+    poster.recv(slot as u64, response_sge(mr, slot))
+}
+
+/// Response slot `slot` of the queue's memory, as a receive's buffer.
+fn response_sge(mr: &MemoryRegion, slot: usize) -> Sge {
+    Sge { addr: mr.addr() + (CQE_AT + slot * 16) as u64, length: 16, lkey: mr.lkey() }
 }
 
 impl Capsules for RdmaQueue {

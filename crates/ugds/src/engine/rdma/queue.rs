@@ -44,14 +44,14 @@ use super::super::fabrics;
 use super::super::qpair::{CqView, Full, Owner};
 use super::super::stats::{QueueCounters, Staged};
 use super::super::tracker::Tracker;
-use super::{post_receive, RdmaQueue, CQE_AT, DRAIN_ID, STAGING};
+use super::{post_receive, response_sge, RdmaQueue, CQE_AT, DRAIN_ID, STAGING};
 use crate::Result;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ugds_nvme::status::generic;
 use ugds_nvme::{Cid, Cqe, Qid, Sqe, Status};
-use ugds_platform::rdma::{RdmaPlatform, Reach};
+use ugds_platform::rdma::{RdmaPlatform, Reach, ReachCache};
 use ugds_platform::sys::verbs::{self, Sge, WorkCompletion};
 
 /// SENDs that may be posted and not yet completed on a queue of `entries`:
@@ -155,8 +155,8 @@ pub struct RdmaIoQueue {
     /// Whether the connection is in the platform's protection domain (its
     /// memory regions may be named in commands).
     direct: bool,
-    /// Receives posted and not yet completed.
-    recvs_posted: usize,
+    /// The mapping the last command's data was found in.
+    last_region: ReachCache,
     /// Whether a receive completed flushed (the queue pair is in the error
     /// state and serves the target no more).
     flushed: bool,
@@ -200,7 +200,7 @@ impl RdmaIoQueue {
             platform.watch(channel.fd(), *v)?;
         }
         let (capsules_at, data_base) = layout(entries);
-        let (direct, recvs_posted) = (q.conn.shares(platform.device()), q.receives);
+        let direct = q.conn.shares(platform.device());
         if !direct {
             tracing::warn!(
                 qid = q.qid,
@@ -228,7 +228,7 @@ impl RdmaIoQueue {
             busy: Arc::default(),
             irq,
             direct,
-            recvs_posted,
+            last_region: ReachCache::default(),
             flushed: false,
             platform,
             drain: Drain::NotYet,
@@ -354,7 +354,7 @@ impl RdmaIoQueue {
         // anything else is refused, never touched.
         let mut rkey = None;
         if t.len > 0 && t.refused.is_none() {
-            match (self.platform.reach(t.addr as u64, t.len), self.direct) {
+            match (self.platform.reach(&mut self.last_region, t.addr as u64, t.len), self.direct) {
                 (Reach::Direct(k) | Reach::Device(k), true) => rkey = Some(k),
                 (Reach::Direct(_) | Reach::Copy, _) => {}
                 (reach, _) => {
@@ -507,10 +507,7 @@ impl RdmaIoQueue {
             self.quiet = 0;
             for wc in &wcs[..k] {
                 match wc.wr_id & SEND_BIT {
-                    0 => {
-                        self.recvs_posted = self.recvs_posted.saturating_sub(1);
-                        self.flushed |= wc.status == verbs::WC_WR_FLUSH_ERR;
-                    }
+                    0 => self.flushed |= wc.status == verbs::WC_WR_FLUSH_ERR,
                     _ if wc.status != 0 => self.sends = self.sends.saturating_sub(1),
                     _ => {}
                 }
@@ -539,9 +536,8 @@ impl RdmaIoQueue {
                     continue;
                 }
                 let mut cqe = self.q.mem.read_cqe(CQE_AT + slot * 16);
-                match post_receive(&self.q.poster, &self.q.mr, slot) {
-                    Ok(()) => self.recvs_posted += 1,
-                    Err(e) => self.fail(format!("NVMe/RDMA: a receive on queue {qid} not posted again: {e}")),
+                if let Err(e) = post_receive(&self.q.poster, &self.q.mr, slot) {
+                    self.fail(format!("NVMe/RDMA: a receive on queue {qid} not posted again: {e}"));
                 }
                 let cid = Cid(cqe.cid);
                 let Some(t) = self.tracker.get_mut(cid).map(|e| e.extra) else {
@@ -622,7 +618,7 @@ impl RdmaIoQueue {
             return self.drain == Drain::Done;
         }
         let qid = self.q.qid;
-        let sge = verbs::Sge { addr: self.q.mr.addr() + CQE_AT as u64, length: 16, lkey: self.q.mr.lkey() };
+        let sge = response_sge(&self.q.mr, 0);
         // A queue pair already in the error state may not flush a receive
         // posted now; it has flushed one already.
         let r = match self.flushed {
