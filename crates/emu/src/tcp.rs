@@ -37,6 +37,12 @@ pub struct EmuTcpConfig {
     pub c2h_chunk: u32,
     /// I/O queues granted at most.
     pub max_queues: u16,
+    /// CAP.MQES as reported (zero-based entries per queue; 0 is invalid,
+    /// for a host to refuse).
+    pub mqes: u16,
+    /// NSZE as Identify Namespace reports it, when it should differ from
+    /// `blocks` (a size no host should believe).
+    pub reported_nsze: Option<u64>,
 }
 
 impl Default for EmuTcpConfig {
@@ -48,6 +54,8 @@ impl Default for EmuTcpConfig {
             in_capsule: 8192,
             c2h_chunk: 64 << 10,
             max_queues: 8,
+            mqes: 127,
+            reported_nsze: None,
         }
     }
 }
@@ -68,6 +76,15 @@ pub enum TcpFault {
     Reset,
     /// Never answer (the command stays outstanding).
     Silent,
+    /// A read's data as two PDUs of half its length, both at offset 0,
+    /// then success: the second half never lands.
+    DataOverlap,
+    /// A read's second half sent twice and its first half never, then
+    /// success.
+    DataRepeated,
+    /// A write's R2T sent again after its data came, asking for the same
+    /// bytes (a target that asks for ever, bounded at 400 here).
+    R2tRepeated,
 }
 
 /// What the target saw.
@@ -85,6 +102,8 @@ pub struct EmuTcpStats {
     pub r2ts: u64,
     /// H2CData PDUs received.
     pub h2c_pdus: u64,
+    /// Bytes of data in them.
+    pub h2c_bytes: u64,
     /// Keep Alive commands.
     pub keep_alives: u64,
     /// PDUs from the host that broke the protocol (the target's error
@@ -100,6 +119,7 @@ struct Counters {
     in_capsule_writes: AtomicU64,
     r2ts: AtomicU64,
     h2c_pdus: AtomicU64,
+    h2c_bytes: AtomicU64,
     keep_alives: AtomicU64,
     host_errors: AtomicU64,
 }
@@ -191,6 +211,7 @@ impl EmuTcpTarget {
             in_capsule_writes: get(&c.in_capsule_writes),
             r2ts: get(&c.r2ts),
             h2c_pdus: get(&c.h2c_pdus),
+            h2c_bytes: get(&c.h2c_bytes),
             keep_alives: get(&c.keep_alives),
             host_errors: get(&c.host_errors),
         }
@@ -352,6 +373,9 @@ impl Conn<'_> {
     /// C2HData for command `cid`: `data` in chunks, then a CapsuleResp
     /// (or SUCCESS on the last chunk, every other time).
     fn send_data(&mut self, cid: u16, data: &[u8], fault: TcpFault) -> Res<()> {
+        if matches!(fault, TcpFault::DataOverlap | TcpFault::DataRepeated) && data.len() >= 2 {
+            return self.send_misplaced(cid, data, fault);
+        }
         self.reads += 1;
         let with_success = self.reads % 2 == 0;
         let chunk = self.sh.cfg.c2h_chunk.max(1) as usize;
@@ -390,6 +414,27 @@ impl Conn<'_> {
         }
         if !with_success {
             self.respond(cid, 0, 0, 0)?;
+        }
+        Ok(())
+    }
+
+    /// A read's data in two halves, placed wrong as `fault` says, the last
+    /// PDU with SUCCESS.
+    fn send_misplaced(&mut self, cid: u16, data: &[u8], fault: TcpFault) -> Res<()> {
+        let half = data.len() / 2;
+        let pieces: [(u32, &[u8]); 2] = match fault {
+            TcpFault::DataOverlap => [(0, &data[..half]), (0, &data[half..])],
+            _ => [(half as u32, &data[half..]), (half as u32, &data[half..])],
+        };
+        for (i, (datao, piece)) in pieces.into_iter().enumerate() {
+            let mut h = vec![0u8; 24];
+            h[0] = pdu_type::C2H_DATA;
+            h[8..10].copy_from_slice(&cid.to_le_bytes());
+            h[12..16].copy_from_slice(&datao.to_le_bytes());
+            h[16..20].copy_from_slice(&(piece.len() as u32).to_le_bytes());
+            let f = if i == 1 { flags::LAST_PDU | flags::SUCCESS } else { 0 };
+            let b = self.pdu(h, piece, f);
+            self.send(&b)?;
         }
         Ok(())
     }
@@ -445,7 +490,7 @@ impl Conn<'_> {
                     self.sh.counters.in_capsule_writes.fetch_add(1, Ordering::Relaxed);
                     data
                 } else {
-                    self.collect(cid, len)?
+                    self.collect(cid, len, fault)?
                 };
                 self.sh.data.lock().recover()[off..off + len].copy_from_slice(&bytes);
                 self.respond(cid, 0, 0, 0)
@@ -460,18 +505,26 @@ impl Conn<'_> {
         }
     }
 
-    /// A write's data through one R2T and the H2CData PDUs that answer it.
-    fn collect(&mut self, cid: u16, len: usize) -> Res<Vec<u8>> {
-        self.ttag = self.ttag.wrapping_add(1);
-        let ttag = self.ttag;
+    /// An R2T for `len` bytes at `offset` of command `cid`, tagged `ttag`.
+    fn r2t(&mut self, cid: u16, ttag: u16, offset: u32, len: u32) -> Res<()> {
         let mut h = vec![0u8; 24];
         h[0] = pdu_type::R2T;
         h[8..10].copy_from_slice(&cid.to_le_bytes());
         h[10..12].copy_from_slice(&ttag.to_le_bytes());
-        h[16..20].copy_from_slice(&(len as u32).to_le_bytes());
+        h[12..16].copy_from_slice(&offset.to_le_bytes());
+        h[16..20].copy_from_slice(&len.to_le_bytes());
         let b = self.pdu(h, &[], 0);
         self.send(&b)?;
         self.sh.counters.r2ts.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A write's data through one R2T and the H2CData PDUs that answer it
+    /// (under `fault`, then the same R2T again).
+    fn collect(&mut self, cid: u16, len: usize, fault: TcpFault) -> Res<Vec<u8>> {
+        self.ttag = self.ttag.wrapping_add(1);
+        let ttag = self.ttag;
+        self.r2t(cid, ttag, 0, len as u32)?;
         let mut got = Vec::with_capacity(len);
         while got.len() < len {
             let (hdr, data) = self.recv()?;
@@ -481,6 +534,7 @@ impl Conn<'_> {
                 continue;
             }
             self.sh.counters.h2c_pdus.fetch_add(1, Ordering::Relaxed);
+            self.sh.counters.h2c_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
             let (cccid, tag, datao) =
                 (u16::from_le_bytes([hdr[8], hdr[9]]), u16::from_le_bytes([hdr[10], hdr[11]]), le32(&hdr, 12));
             let last = hdr[1] & flags::LAST_PDU != 0;
@@ -502,6 +556,20 @@ impl Conn<'_> {
             }
             got.extend_from_slice(&data);
         }
+        if fault == TcpFault::R2tRepeated {
+            // The same bytes asked for again and again: a correct host
+            // refuses the first repeat and ends the connection, so that
+            // what it sends stays bounded by the command's length.
+            for _ in 0..400 {
+                self.r2t(cid, ttag, 0, len as u32)?;
+            }
+            while let Ok((hdr, data)) = self.recv() {
+                if hdr[0] == pdu_type::H2C_DATA {
+                    self.sh.counters.h2c_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+                }
+            }
+            return Err("R2Ts repeated until the host closed the connection".into());
+        }
         Ok(got)
     }
 
@@ -522,8 +590,8 @@ impl Conn<'_> {
             0x04 => {
                 let cc = *self.sh.cc.lock().recover();
                 let v: u64 = match dw(1) {
-                    // MQES 127, CQR, TO 1 (500 ms), NVM command set.
-                    0x00 => 127 | 1 << 16 | 1 << 24 | 1 << 37,
+                    // MQES (127 unless configured), CQR, TO 1 (500 ms), NVM command set.
+                    0x00 => self.sh.cfg.mqes as u64 | 1 << 16 | 1 << 24 | 1 << 37,
                     0x08 => 0x0001_0300,
                     0x14 => cc as u64,
                     // CSTS: RDY as CC.EN; SHST complete once CC.SHN is set.
@@ -571,7 +639,8 @@ impl Conn<'_> {
                     }
                     _ if le32(sqe, 4) == 1 => {
                         let mut ns = IdentifyNamespace::parse(&[0u8; IDENTIFY_LEN]);
-                        (ns.nsze, ns.ncap, ns.nlbaf) = (self.sh.cfg.blocks, self.sh.cfg.blocks, 0);
+                        let nsze = self.sh.cfg.reported_nsze.unwrap_or(self.sh.cfg.blocks);
+                        (ns.nsze, ns.ncap, ns.nlbaf) = (nsze, nsze, 0);
                         let lbads = self.sh.cfg.block_size.trailing_zeros() as u8;
                         ns.lbaf = vec![LbaFormat { ms: 0, lbads, rp: 0 }];
                         ns.to_bytes().to_vec()

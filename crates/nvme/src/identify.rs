@@ -212,6 +212,23 @@ impl IdentifyNamespace {
     pub fn block_size(&self) -> Option<u32> {
         self.lba_format().filter(|f| (9..=16).contains(&f.lbads)).map(|f| f.block_size())
     }
+
+    /// (blocks, block size) of a namespace data can be moved on as plain
+    /// blocks, or why not: an LBA format that names no valid format, one
+    /// with metadata, no blocks, or a size in bytes beyond a u64.
+    pub fn usable(&self) -> Result<(u64, u32), String> {
+        let (Some(f), Some(bs)) = (self.lba_format(), self.block_size()) else {
+            return Err(format!("FLBAS {:#x} names no usable LBA format", self.flbas));
+        };
+        if f.ms != 0 {
+            return Err(format!("its format has {} bytes of metadata per block", f.ms));
+        }
+        match self.nsze.checked_mul(bs as u64) {
+            Some(bytes) if bytes > 0 => Ok((self.nsze, bs)),
+            Some(_) => Err("NSZE is 0".into()),
+            None => Err(format!("NSZE {} blocks of {bs} bytes overflows 64 bits", self.nsze)),
+        }
+    }
 }
 
 /// Parses the active namespace ID list (CNS 02h): ascending NSIDs, ended by 0.
@@ -251,6 +268,26 @@ mod tests {
         assert_eq!(c.max_transfer_bytes(4096), Some(128 * 1024));
         let unlimited = IdentifyController { mdts: 0, ..c };
         assert_eq!(unlimited.max_transfer_bytes(4096), None);
+    }
+
+    #[test]
+    fn a_namespace_whose_size_overflows_is_not_usable() {
+        let ns = |nsze, ms| IdentifyNamespace {
+            nsze,
+            ncap: nsze,
+            nlbaf: 0,
+            flbas: 0,
+            lbaf: vec![LbaFormat { ms, lbads: 9, rp: 0 }],
+            ..Default::default()
+        };
+        assert_eq!(ns(2048, 0).usable(), Ok((2048, 512)));
+        // 2^55 + 1 blocks of 512 bytes is 2^64 + 512 bytes: not 512.
+        let e = ns((1 << 55) + 1, 0).usable().unwrap_err();
+        assert!(e.contains("overflows"), "{e}");
+        assert!(ns(0, 0).usable().unwrap_err().contains("NSZE is 0"));
+        assert!(ns(2048, 8).usable().unwrap_err().contains("metadata"));
+        let bad_flbas = IdentifyNamespace { flbas: 3, ..ns(2048, 0) };
+        assert!(bad_flbas.usable().is_err());
     }
 
     #[test]

@@ -24,8 +24,48 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use ugds_nvme::{prp, Cid, Cqe, Lba, Nsid, NvmOpcode, PrpPlan, Sqe, Status};
 
-/// Polls between two looks at the outstanding requests' age.
-const TIMEOUT_CHECK_POLLS: u32 = 1024;
+/// When to look for late requests: by the clock, read on every 16th poll
+/// that found nothing and every 1024th that found something (the clock
+/// is not read per completion), and after a wait that timed out. A look
+/// is due a tenth of the handle's timeout after the last, so that a
+/// stalled queue's requests fail within about 1.2 timeouts however the
+/// caller polls or waits.
+struct LateCheck {
+    polls: u32,
+    /// A wait slept to its end: read the clock at the next poll.
+    now: bool,
+    next: std::time::Instant,
+    every: Duration,
+}
+
+impl LateCheck {
+    fn new(timeout: Duration) -> LateCheck {
+        let every = (timeout / 10).clamp(Duration::from_millis(1), Duration::from_secs(1));
+        LateCheck { polls: 0, now: false, next: std::time::Instant::now(), every }
+    }
+
+    /// Whether a look is due, after a poll that found `done` completions.
+    #[inline(always)]
+    fn due(&mut self, done: usize) -> bool {
+        self.polls = self.polls.wrapping_add(1);
+        let mask = if done == 0 { 15 } else { 1023 };
+        if self.polls & mask != 0 && !self.now {
+            return false;
+        }
+        self.look()
+    }
+
+    #[cold]
+    fn look(&mut self) -> bool {
+        self.now = false;
+        let now = std::time::Instant::now();
+        if now < self.next {
+            return false;
+        }
+        self.next = now + self.every;
+        true
+    }
+}
 
 struct Request {
     tag: u64,
@@ -229,7 +269,7 @@ pub struct IoQueue<'h> {
     qp: Option<QueuePair>,
     reqs: Requests,
     outstanding: usize,
-    polls: u32,
+    late: LateCheck,
     dead: bool,
     /// The buffer the last request used, and the hold on it.
     bufs: Buffers,
@@ -272,7 +312,7 @@ impl<'h> IoQueue<'h> {
                     qp: None,
                     reqs: Requests::with_capacity(0),
                     outstanding: 0,
-                    polls: 0,
+                    late: LateCheck::new(h.opts.timeout),
                     dead: false,
                     bufs: Buffers::default(),
                     shared: Some(Shared {
@@ -308,7 +348,7 @@ impl<'h> IoQueue<'h> {
             qp: Some(qp),
             reqs: Requests::with_capacity(n),
             outstanding: 0,
-            polls: 0,
+            late: LateCheck::new(h.opts.timeout),
             dead: false,
             bufs: Buffers::default(),
             shared: None,
@@ -604,8 +644,7 @@ impl<'h> IoQueue<'h> {
             f(e.cookie, e.result);
         }
         self.outstanding -= n;
-        self.polls = self.polls.wrapping_add(1);
-        if self.outstanding > 0 && self.polls % TIMEOUT_CHECK_POLLS == 0 {
+        if self.outstanding > 0 && self.late.due(n) {
             let expired = h.expire_batch(q, sh.ctx);
             if !expired.is_empty() {
                 // Reported as timed-out events at the next poll.
@@ -617,17 +656,18 @@ impl<'h> IoQueue<'h> {
     }
 
     /// Rings for anything staged, then reports up to `max` completed
-    /// requests as `f(tag, bytes or error)`. Returns how many were reported.
+    /// requests as `f(tag, bytes or error)`. Returns how many were reported,
+    /// those that failed (a timeout among them) included: a caller that
+    /// polls until its count is met always gets there.
     pub fn poll(&mut self, max: usize, mut f: impl FnMut(u64, Result<usize>)) -> usize {
         if self.qp.is_none() {
             return if self.shared.is_some() { self.poll_shared(&mut f) } else { 0 };
         }
         self.ring();
-        let done = self.reap(&mut f);
+        let mut done = self.reap(&mut f);
         let _ = max; // every completion found is reported: a CQE cannot be consumed twice
-        self.polls = self.polls.wrapping_add(1);
-        if self.outstanding > 0 && self.polls % TIMEOUT_CHECK_POLLS == 0 {
-            self.check_timeouts(&mut f);
+        if self.outstanding > 0 && self.late.due(done) {
+            done += self.check_timeouts(&mut f);
         }
         done
     }
@@ -660,6 +700,12 @@ impl<'h> IoQueue<'h> {
         done
     }
 
+    /// A wait on this queue's interrupt slept to its end: the next poll
+    /// looks for late requests.
+    pub(crate) fn waited_in_vain(&mut self) {
+        self.late.now = true;
+    }
+
     /// Blocks until a completion may be waiting (interrupt mode) or returns
     /// at once (polling mode): call [`poll`](Self::poll) after it.
     pub fn wait(&mut self, timeout: Duration) {
@@ -667,21 +713,24 @@ impl<'h> IoQueue<'h> {
             if efd.wait(timeout) {
                 efd.drain();
                 self.count_interrupt();
+            } else {
+                self.waited_in_vain();
             }
         }
     }
 
     /// A request is late once a command of it has been outstanding for the
     /// handle's timeout since a check first saw it (the tracker's stamps):
-    /// between the timeout and the timeout plus one check interval after
-    /// its submission.
-    fn check_timeouts(&mut self, f: &mut impl FnMut(u64, Result<usize>)) {
+    /// between the timeout and the timeout plus two check intervals after
+    /// its submission. Returns how many requests it reported (completed
+    /// while it looked again, aborted, or failed as stuck).
+    fn check_timeouts(&mut self, f: &mut impl FnMut(u64, Result<usize>)) -> usize {
         let h = &*self.handle.inner;
         let limit = h.opts.timeout;
-        let Some(qp) = self.qp.as_mut() else { return };
+        let Some(qp) = self.qp.as_mut() else { return 0 };
         let late_cmds = qp.late_commands(limit);
         if late_cmds.is_empty() {
-            return;
+            return 0;
         }
         let qid = qp.qid().0;
         // The handle's one escalation: look again, CSTS, Abort, a grace
@@ -698,11 +747,12 @@ impl<'h> IoQueue<'h> {
         late.dedup();
         let cids: Vec<ugds_nvme::Cid> = late_cmds.iter().map(|&(c, _)| c).collect();
         let handle: &Handle = self.handle;
+        let mut reported = 0;
         let stuck = match handle.inner.escalate("I/O", qid, &cids, || {
-            self.reap(f);
+            reported += self.reap(f);
             late.iter().all(|&i| self.reqs.entries[i].pending == 0)
         }) {
-            Escalation::Settled => return,
+            Escalation::Settled => return reported,
             Escalation::Stuck(e) => e,
         };
         // Stuck: report every outstanding request as failed with why, keep
@@ -719,6 +769,7 @@ impl<'h> IoQueue<'h> {
                     other => other.clone(),
                 };
                 f(r.tag, Err(e));
+                reported += 1;
                 match std::mem::replace(&mut r.claim, Claim::None) {
                     Claim::Own(own) => guards.push(own.0),
                     Claim::Shared => shared_hold = true,
@@ -739,6 +790,7 @@ impl<'h> IoQueue<'h> {
             tracing::error!(qid, "wedged: lent queue's command {e}");
         }
         handle.inner.wedge(guards);
+        reported
     }
 
     /// Polls until every request has completed, or the handle's timeout

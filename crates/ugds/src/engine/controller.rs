@@ -303,14 +303,9 @@ impl NvmeController {
         let mut namespaces = Vec::new();
         for nsid in list {
             let ns = IdentifyNamespace::parse(&ctrl.identify(cns::NAMESPACE, nsid)?);
-            match (ns.block_size(), ns.lba_format()) {
-                (Some(bs), Some(f)) if f.ms == 0 => match ns.nsze.checked_mul(bs as u64) {
-                    Some(bytes) if bytes > 0 => {
-                        namespaces.push(NamespaceInfo { nsid, block_size: bs, blocks: ns.nsze })
-                    }
-                    _ => tracing::warn!(nsid, nsze = ns.nsze, "namespace skipped: its size is zero or overflows"),
-                },
-                _ => tracing::warn!(nsid, "namespace skipped: metadata or unusable LBA format"),
+            match ns.usable() {
+                Ok((blocks, block_size)) => namespaces.push(NamespaceInfo { nsid, block_size, blocks }),
+                Err(why) => tracing::warn!(nsid, "namespace skipped: {why}"),
             }
         }
         let want = want_io_queues.max(1);

@@ -94,6 +94,26 @@ pub(crate) fn connect_queue(c: &mut impl Capsules, n: &Names, qid: u16, entries:
     }
 }
 
+/// CAP through Property Get, with the values the engine divides or
+/// clamps by checked: a target's CAP.MQES of 0 (invalid: a queue of one
+/// entry) is refused here, naming the field, never met as a panic later.
+pub(crate) fn read_cap(c: &mut impl Capsules, n: &Names) -> Result<Cap> {
+    let cap = Cap(c.property_get(regs::CAP, true)?);
+    if cap.mqes() == 0 {
+        return Err(Error::Platform(format!(
+            "{}: CAP.MQES is 0 (queues of one entry; the smallest valid value is 1)",
+            n.addr
+        )));
+    }
+    Ok(cap)
+}
+
+/// I/O queues granted by Set Features (Number of Queues)'s `dw0` (the
+/// zero-based counts of submission and completion queues), at most `want`.
+pub(crate) fn queues_granted(dw0: u32, want: u16) -> u16 {
+    ((dw0 & 0xffff).min(dw0 >> 16) + 1).min(want as u32) as u16
+}
+
 /// Enables the controller on its admin queue (CC.EN, then CSTS.RDY polled
 /// for up to CAP.TO or the timeout, whichever is longer).
 pub(crate) fn enable(c: &mut impl Capsules, n: &Names, cap: Cap) -> Result<()> {
@@ -146,6 +166,33 @@ pub(crate) fn csts(c: &mut impl Capsules, transport: &str, addr: &str) -> u32 {
     }
 }
 
+/// How long a command waits for the admin queue while another holds it
+/// (Keep Alive, on its timer): the timeout ladder's CSTS and Abort never
+/// wait behind a slow admin reply, which has a deadline of its own.
+pub(crate) const ADMIN_BUSY_WAIT: Duration = Duration::from_millis(100);
+
+/// The admin queue behind `m`, if it comes free within [`ADMIN_BUSY_WAIT`].
+pub(crate) fn admin_queue<C>(m: &std::sync::Mutex<C>) -> Option<std::sync::MutexGuard<'_, C>> {
+    let deadline = Instant::now() + ADMIN_BUSY_WAIT;
+    loop {
+        match m.try_lock() {
+            Ok(g) => return Some(g),
+            // A command that panicked left it between commands at worst.
+            Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        }
+    }
+}
+
+/// The error for an admin command that found the admin queue busy.
+pub(crate) fn admin_busy(op: &'static str, transport: &str, addr: &str) -> Error {
+    tracing::warn!(%addr, "{transport}: {op} not sent: the admin queue waits on another command's reply");
+    Error::Busy { what: "admin queue (another command waits on the target's reply)", inflight: 1 }
+}
+
 /// Runs an admin command that moves no data (Abort, Set and Get Features'
 /// values, Keep Alive); one with data is refused, its `op` and `transport`
 /// named.
@@ -188,10 +235,9 @@ pub(crate) fn identify(c: &mut impl Capsules) -> Result<(IdentifyController, Vec
     for nsid in parse_active_ns_list(page[..].try_into().expect("one page")) {
         c.run("Identify", Sqe::identify(Cid(0), 0, Nsid(nsid), 0), &[], &mut page)?;
         let ns = IdentifyNamespace::parse(page[..].try_into().expect("one page"));
-        if let (Some(f), Some(bs)) = (ns.lba_format(), ns.block_size()) {
-            if f.ms == 0 {
-                namespaces.push((nsid, ns.nsze, bs));
-            }
+        match ns.usable() {
+            Ok((blocks, bs)) => namespaces.push((nsid, blocks, bs)),
+            Err(why) => tracing::warn!(nsid, "namespace skipped: {why}"),
         }
     }
     Ok((identify, namespaces))
@@ -201,6 +247,15 @@ pub(crate) fn identify(c: &mut impl Capsules) -> Result<(IdentifyController, Vec
 mod tests {
     use super::*;
     use ugds_nvme::Lba;
+
+    #[test]
+    fn granted_queues_never_wrap() {
+        assert_eq!(queues_granted(0x0003_0007, 8), 4);
+        assert_eq!(queues_granted(0x0007_0007, 4), 4);
+        // 65,536 granted: more than a u16 holds, not zero.
+        assert_eq!(queues_granted(0xffff_ffff, 16), 16);
+        assert_eq!(queues_granted(0xffff_ffff, u16::MAX), u16::MAX);
+    }
 
     #[test]
     fn a_commands_data_is_sized_by_its_namespace_and_opcode() {

@@ -286,7 +286,14 @@ impl VolumeQueue<'_> {
         if fds.is_empty() {
             return;
         }
-        for i in EventFd::wait_any(&fds, timeout) {
+        let woken = EventFd::wait_any(&fds, timeout);
+        if woken.is_empty() {
+            // Nothing came: each member looks for late requests next.
+            for &m in &members {
+                self.members[m].waited_in_vain();
+            }
+        }
+        for i in woken {
             fds[i].drain();
             self.members[members[i]].count_interrupt();
         }

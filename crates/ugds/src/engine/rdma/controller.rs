@@ -7,12 +7,12 @@
 
 use super::queue::{memory_for, sends_for};
 use super::{RdmaIoQueue, RdmaQueue, RdmaTarget, ENTRIES, IO_ENTRIES, STAGING};
-use crate::engine::fabrics::{self, connect_queue, enable, identify, Capsules};
+use crate::engine::fabrics::{self, connect_queue, enable, identify, queues_granted, read_cap, Capsules};
 use crate::engine::{ControllerInfo, NamespaceInfo};
 use crate::{Error, Result};
 use std::sync::{Arc, Mutex};
 use ugds_nvme::fabrics::CNTLID_DYNAMIC;
-use ugds_nvme::regs::{self, Cap, Version};
+use ugds_nvme::regs::{self, Version};
 use ugds_nvme::{Cid, IdentifyController, Sqe};
 use ugds_platform::rdma::RdmaPlatform;
 use ugds_platform::Recover;
@@ -46,7 +46,7 @@ impl RdmaController {
         let n = t.names();
         let mut admin = RdmaQueue::connect(t, 0, CNTLID_DYNAMIC)?;
         let cntlid = connect_queue(&mut admin, &n, 0, ENTRIES, CNTLID_DYNAMIC)?;
-        let cap = Cap(admin.property_get(regs::CAP, true)?);
+        let cap = read_cap(&mut admin, &n)?;
         let version = Version(admin.property_get(regs::VS, false)? as u32);
         enable(&mut admin, &n, cap)?;
         let (identify, namespaces) = identify(&mut admin)?;
@@ -56,9 +56,7 @@ impl RdmaController {
         let want = want_io_queues.max(1);
         let cqe =
             admin.run("Set Features (Number of Queues)", Sqe::set_num_queues(Cid(0), want, want), &[], &mut [])?;
-        // Zero-based counts granted, submission and completion.
-        let granted = ((cqe.dw0 & 0xffff).min(cqe.dw0 >> 16) + 1) as u16;
-        let io_queues = granted.min(want);
+        let io_queues = queues_granted(cqe.dw0, want);
         // A command's data fits its slot's area.
         let max_transfer = identify.max_transfer_bytes(4096 << cap.mpsmin()).unwrap_or(STAGING).min(STAGING);
         // Every queue's connection in the admin queue's protection domain,
@@ -107,13 +105,23 @@ impl RdmaController {
     /// Runs an admin command that moves no data (Abort, Set and Get
     /// Features' values); commands with data are refused here.
     pub fn admin_command(&self, sqe: Sqe, op: &'static str) -> Result<ugds_nvme::Cqe> {
-        fabrics::admin_command(&mut *self.admin.lock().recover(), sqe, op, "NVMe/RDMA")
+        let Some(mut admin) = fabrics::admin_queue(&self.admin) else {
+            return Err(fabrics::admin_busy(op, "NVMe/RDMA", &self.target.addr));
+        };
+        fabrics::admin_command(&mut *admin, sqe, op, "NVMe/RDMA")
     }
 
     /// CSTS through Property Get; all ones (gone) when the admin queue no
     /// longer answers.
     pub fn csts(&self) -> u32 {
-        fabrics::csts(&mut *self.admin.lock().recover(), "NVMe/RDMA", &self.target.addr)
+        match fabrics::admin_queue(&self.admin) {
+            Some(mut admin) => fabrics::csts(&mut *admin, "NVMe/RDMA", &self.target.addr),
+            None => {
+                // Not known, and not taken as gone: the ladder goes on.
+                tracing::warn!(addr = %self.target.addr, "NVMe/RDMA: CSTS not read: the admin queue waits on another reply");
+                0
+            }
+        }
     }
 
     /// I/O queue `qid` of up to `entries` (at most [`IO_ENTRIES`], and

@@ -6,14 +6,14 @@
 
 use super::queue::{QueueSetup, TcpQueue};
 use super::{TcpConnection, TcpTarget};
-use crate::engine::fabrics::{self, connect_queue, enable, identify, Capsules};
+use crate::engine::fabrics::{self, connect_queue, enable, identify, queues_granted, read_cap, Capsules};
 use crate::engine::{ControllerInfo, NamespaceInfo};
 use crate::{Error, Result};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use ugds_nvme::fabrics::CNTLID_DYNAMIC;
-use ugds_nvme::regs::{self, Cap, Version};
+use ugds_nvme::regs::{self, Version};
 use ugds_nvme::{Cid, IdentifyController, Sqe};
 use ugds_platform::tcp::TcpPlatform;
 use ugds_platform::Recover;
@@ -62,7 +62,7 @@ impl TcpController {
         let mut c = TcpConnection::connect(t, 0)?;
         let n = t.names();
         let cntlid = connect_queue(&mut c, &n, 0, ADMIN_ENTRIES, CNTLID_DYNAMIC)?;
-        let cap = Cap(c.property_get(regs::CAP, true)?);
+        let cap = read_cap(&mut c, &n)?;
         let version = Version(c.property_get(regs::VS, false)? as u32);
         enable(&mut c, &n, cap)?;
         let (identify, namespaces) = identify(&mut c)?;
@@ -71,9 +71,7 @@ impl TcpController {
         }
         let want = want_io_queues.max(1);
         let cqe = c.run("Set Features (Number of Queues)", Sqe::set_num_queues(Cid(0), want, want), &[], &mut [])?;
-        // Zero-based counts granted, submission and completion.
-        let granted = ((cqe.dw0 & 0xffff).min(cqe.dw0 >> 16) + 1) as u16;
-        let io_queues = granted.min(want);
+        let io_queues = queues_granted(cqe.dw0, want);
         let in_capsule = identify.in_capsule_data();
         let max_transfer = identify.max_transfer_bytes(4096 << cap.mpsmin()).unwrap_or(MAX_TRANSFER).min(MAX_TRANSFER);
         let platform = Arc::new(TcpPlatform::new(&t.addr, &t.subnqn)?);
@@ -127,13 +125,24 @@ impl TcpController {
     /// Runs an admin command that moves no data (Abort, Set and Get
     /// Features' values, Keep Alive); commands with data are refused here.
     pub fn admin_command(&self, sqe: Sqe, op: &'static str) -> Result<ugds_nvme::Cqe> {
-        fabrics::admin_command(&mut *self.admin.lock().recover(), sqe, op, "NVMe/TCP")
+        let Some(mut admin) = fabrics::admin_queue(&self.admin) else {
+            return Err(fabrics::admin_busy(op, "NVMe/TCP", &self.target.addr));
+        };
+        fabrics::admin_command(&mut *admin, sqe, op, "NVMe/TCP")
     }
 
-    /// CSTS through Property Get; all ones (gone) when the admin connection
-    /// no longer answers.
+    /// CSTS through Property Get; all ones (gone) when the admin queue no
+    /// longer answers, 0 (nothing known) while another command holds it
+    /// past [`fabrics::ADMIN_BUSY_WAIT`].
     pub fn csts(&self) -> u32 {
-        fabrics::csts(&mut *self.admin.lock().recover(), "NVMe/TCP", &self.target.addr)
+        match fabrics::admin_queue(&self.admin) {
+            Some(mut admin) => fabrics::csts(&mut *admin, "NVMe/TCP", &self.target.addr),
+            None => {
+                // Not known, and not taken as gone: the ladder goes on.
+                tracing::warn!(addr = %self.target.addr, "NVMe/TCP: CSTS not read: the admin queue waits on another reply");
+                0
+            }
+        }
     }
 
     /// I/O queue `qid` of `entries` on a connection of its own; with a

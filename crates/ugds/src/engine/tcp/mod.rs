@@ -97,8 +97,11 @@ pub struct TcpConnection {
 
 impl TcpConnection {
     /// Connects to `t` and does the handshake (ICReq, ICResp): digests
-    /// granted only as asked, every wait bounded by `t.timeout`.
+    /// granted only as asked, the connect and the handshake together
+    /// bounded by `t.timeout` (a target that trickles its ICResp does not
+    /// get a timeout per byte).
     pub fn connect(t: &TcpTarget, qid: u16) -> Result<TcpConnection> {
+        let deadline = Instant::now() + t.timeout;
         let addr = t
             .addr
             .to_socket_addrs()
@@ -122,9 +125,9 @@ impl TcpConnection {
             pdu: Vec::new(),
             broken: Broken::default(),
         };
-        c.send_raw(&tcp::ic_req(0, t.digests, 0))?;
+        c.send_raw(&tcp::ic_req(0, t.digests, 0), deadline)?;
         let mut resp = [0u8; tcp::IC_LEN];
-        c.read_exact(&mut resp, None)?;
+        c.read_exact(&mut resp, None, deadline)?;
         let ic = tcp::parse_ic_resp(&resp, t.digests).map_err(|e| c.protocol(e))?;
         c.framing = Framing { digests: ic.digests, cpda: ic.cpda };
         c.maxh2cdata = ic.maxh2cdata;
@@ -146,8 +149,29 @@ impl TcpConnection {
         Error::Platform(format!("NVMe/TCP from {}: {e}; the connection is closed", self.addr))
     }
 
-    fn send_raw(&mut self, b: &[u8]) -> Result<()> {
-        self.stream.write_all(b).map_err(|e| self.io_error("sending to", e))
+    /// Sends all of `b` by `deadline`.
+    fn send_raw(&mut self, mut b: &[u8], deadline: Instant) -> Result<()> {
+        while !b.is_empty() {
+            let left = self.left(deadline, None)?;
+            self.stream.set_write_timeout(Some(left)).map_err(|e| os("SO_SNDTIMEO", e))?;
+            match self.stream.write(b) {
+                Ok(0) => return Err(self.io_error("sending to", std::io::ErrorKind::WriteZero.into())),
+                Ok(n) => b = &b[n..],
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(e) => return Err(self.io_error("sending to", e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The time left until `deadline`, or the timeout's error naming the
+    /// command waited for (`cid`).
+    fn left(&self, deadline: Instant, cid: Option<Cid>) -> Result<Duration> {
+        match deadline.checked_duration_since(Instant::now()) {
+            Some(d) if !d.is_zero() => Ok(d),
+            _ => Err(Error::Timeout { qid: self.qid, cid, after: self.timeout }),
+        }
     }
 
     /// A failed send or receive: a closed or reset connection says so.
@@ -161,16 +185,22 @@ impl TcpConnection {
         }
     }
 
-    /// Reads exactly `b.len()` bytes; a timeout names the command waited
-    /// for (`cid`), a closed connection says so.
-    fn read_exact(&mut self, b: &mut [u8], cid: Option<Cid>) -> Result<()> {
-        match self.stream.read_exact(b) {
-            Ok(()) => Ok(()),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                Err(Error::Timeout { qid: self.qid, cid, after: self.timeout })
+    /// Reads exactly `b.len()` bytes by `deadline` (however the target
+    /// spreads them); a timeout names the command waited for (`cid`), a
+    /// closed connection says so.
+    fn read_exact(&mut self, mut b: &mut [u8], cid: Option<Cid>, deadline: Instant) -> Result<()> {
+        while !b.is_empty() {
+            let left = self.left(deadline, cid)?;
+            self.stream.set_read_timeout(Some(left)).map_err(|e| os("SO_RCVTIMEO", e))?;
+            match self.stream.read(b) {
+                Ok(0) => return Err(self.io_error("receiving from", std::io::ErrorKind::UnexpectedEof.into())),
+                Ok(n) => b = &mut b[n..],
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(e) => return Err(self.io_error("receiving from", e)),
             }
-            Err(e) => Err(self.io_error("receiving from", e)),
         }
+        Ok(())
     }
 
     fn exchange(&mut self, mut sqe: Sqe, data_out: &[u8], data_in: &mut [u8]) -> Result<Cqe> {
@@ -186,28 +216,27 @@ impl TcpConnection {
         };
         self.out.clear();
         tcp::capsule_cmd(&mut self.out, &sqe, data_out, self.framing);
+        // One deadline for the whole exchange: the capsule, then every PDU
+        // until the completion, however the target spreads its bytes.
+        let deadline = Instant::now() + self.timeout;
         let out = std::mem::take(&mut self.out);
-        let r = self.send_raw(&out);
+        let r = self.send_raw(&out, deadline);
         self.out = out;
         r?;
-        let started = Instant::now();
         let mut got = 0usize;
         loop {
-            if started.elapsed() > self.timeout {
-                return Err(Error::Timeout { qid: self.qid, cid: Some(cid), after: self.timeout });
-            }
             let mut ch = [0u8; tcp::CH_LEN];
-            self.read_exact(&mut ch, Some(cid))?;
+            self.read_exact(&mut ch, Some(cid), deadline)?;
             let len = CommonHeader::parse(&ch).pdu_len(MAX_PDU).map_err(|e| self.protocol(e))?;
             let mut pdu = std::mem::take(&mut self.pdu);
             pdu.clear();
             pdu.extend_from_slice(&ch);
             pdu.resize(len, 0);
-            let r = self.read_exact(&mut pdu[tcp::CH_LEN..], Some(cid));
+            let r = self.read_exact(&mut pdu[tcp::CH_LEN..], Some(cid), deadline);
             let done = r.and_then(|()| match tcp::parse(&pdu, self.framing.digests).map_err(|e| self.protocol(e))? {
                 Pdu::CapsuleResp(cqe) if cqe.cid == cid.0 => Ok(Some(cqe)),
                 Pdu::C2HData { cccid, datao, data, last, success } if cccid == cid.0 => {
-                    let at = datao as usize;
+                    let (at, want) = (datao as usize, data_in.len());
                     let Some(dst) = data_in.get_mut(at..at + data.len()) else {
                         return Err(self.protocol(PduError::Field(format!(
                             "C2HData of {} bytes at {at} for a command of {} bytes",
@@ -215,6 +244,15 @@ impl TcpConnection {
                             data_in.len()
                         ))));
                     };
+                    // In order, each byte once (as on an I/O queue).
+                    if at != got || (last && at + data.len() != want) {
+                        return Err(self.protocol(PduError::Field(format!(
+                            "C2HData of {} bytes at {at}{} for command {:#06x}, whose next byte due is {got} of {want}",
+                            data.len(),
+                            if last { " marked last" } else { "" },
+                            cid.0,
+                        ))));
+                    }
                     dst.copy_from_slice(data);
                     got += data.len();
                     // SUCCESS: the command succeeded and no response follows.

@@ -12,8 +12,10 @@
 //! staged without blocking; what the socket does not take is sent at the
 //! next look. A look reads what the socket has without blocking and
 //! parses it as it comes: a C2HData's bytes go straight into the
-//! command's buffer (checked against the command's length first), a
-//! CapsuleResp completes the command, an R2T queues the data asked for.
+//! command's buffer (checked first to start where the command's last
+//! C2HData ended and to end within its length, so that a success means
+//! every byte came once), a CapsuleResp completes the command, an R2T
+//! queues the data asked for (once per byte, one R2T at a time).
 //!
 //! Anything the controller sends that breaks the protocol (a length, an
 //! offset or a PDU type that does not fit, a digest that does not match,
@@ -81,8 +83,16 @@ pub struct Transfer {
     /// Host address of the data (the bounce buffer's for GPU memory).
     pub(super) addr: usize,
     pub(super) len: u32,
-    /// C2HData bytes received.
+    /// C2HData bytes received, in order: the offset the next C2HData must
+    /// start at. A success with fewer than `len` fails the command.
     pub(super) got: u32,
+    /// The end of the data R2Ts have asked for so far: a later R2T starts
+    /// at or past it (no byte is asked for twice).
+    pub(super) asked: u32,
+    /// Where in the queue's send stream the answer to the command's last
+    /// R2T ends: until the socket took it all, that R2T is outstanding,
+    /// and another one exceeds the MAXR2T of 0 the host offered.
+    pub(super) r2t_until: u64,
     /// The GPU window address of the data, or 0.
     pub(super) device: u64,
     pub(super) bounce: Option<Bounce>,
@@ -132,6 +142,8 @@ pub struct TcpQueue {
     /// Staged PDUs, and how many of their bytes the socket has taken.
     out: Vec<u8>,
     sent: usize,
+    /// Bytes the socket has taken since the connection began.
+    flushed: u64,
     /// Received bytes not yet parsed: `rx[start..end]`.
     rx: Box<[u8]>,
     start: usize,
@@ -200,6 +212,7 @@ impl TcpQueue {
             blocks: s.blocks,
             out: Vec::new(),
             sent: 0,
+            flushed: 0,
             rx: vec![0u8; RX_BUF].into_boxed_slice(),
             start: 0,
             end: 0,
@@ -431,7 +444,10 @@ impl TcpQueue {
         while self.sent < self.out.len() && self.failure.is_none() {
             match self.stream.write(&self.out[self.sent..]) {
                 Ok(0) => self.fail(format!("{} took no more bytes (connection closed)", self.addr)),
-                Ok(n) => self.sent += n,
+                Ok(n) => {
+                    self.sent += n;
+                    self.flushed += n as u64;
+                }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => self.fail(format!("sending to {}: {e}", self.addr)),
@@ -741,7 +757,19 @@ impl TcpQueue {
                         if t.dir == Dir::In { "to read" } else { "that reads nothing" }
                     ))));
                 }
-                t.got += datal;
+                // A command's data comes in order, each byte once: a PDU
+                // that starts anywhere but where the last one ended would
+                // leave bytes unwritten (or written twice) behind a success.
+                // LAST_PDU ends the data: with bytes missing, it is wrong.
+                if datao != t.got || (last && end != t.len as u64) {
+                    return Err(Stop::Broken(PduError::Field(format!(
+                        "C2HData of {datal} bytes at {datao}{} for command {cccid:#06x}, whose next byte due is {} of {}",
+                        if last { " marked last" } else { "" },
+                        t.got,
+                        t.len
+                    ))));
+                }
+                t.got = end as u32;
                 let at = t.addr + datao as usize;
                 self.state = Rx::Data { cid, at, left: datal as usize, crc: 0, last, success };
                 Ok(None)
@@ -773,6 +801,22 @@ impl TcpQueue {
                 if (t.len as usize) <= self.in_capsule && t.dir == Dir::Out { " in its capsule" } else { "" }
             )));
         }
+        // Each byte is asked for once (R2Ts go forward, as Linux's host
+        // also insists), and one R2T at a time: the host offered MAXR2T 0,
+        // so an R2T before the last one's answer left is over the limit.
+        // Together they bound what a command stages to its own length.
+        if r2to < t.asked {
+            return Err(PduError::Field(format!(
+                "R2T for {r2tl} bytes at {r2to} of command {:#06x}, whose first {} bytes were asked for already",
+                cid.0, t.asked
+            )));
+        }
+        if t.r2t_until > self.flushed {
+            return Err(PduError::Field(format!(
+                "R2T for command {:#06x} while the answer to its last R2T is still being sent (MAXR2T 0: one at a time)",
+                cid.0
+            )));
+        }
         let mut off = r2to;
         while off < end as u32 {
             let n = (end as u32 - off).min(self.maxh2cdata);
@@ -782,6 +826,9 @@ impl TcpQueue {
             tcp::h2c_data(&mut self.out, cid.0, ttag, off, data, off + n == end as u32, self.framing);
             off += n;
         }
+        let until = self.flushed + (self.out.len() - self.sent) as u64;
+        let t = &mut self.tracker.get_mut(cid).expect("looked up above").extra;
+        (t.asked, t.r2t_until) = (end as u32, until);
         Ok(())
     }
 
