@@ -43,6 +43,8 @@ pub struct EmuTcpConfig {
     /// NSZE as Identify Namespace reports it, when it should differ from
     /// `blocks` (a size no host should believe).
     pub reported_nsze: Option<u64>,
+    /// How long Keep Alive takes to be answered (a slow admin queue).
+    pub keep_alive_delay: std::time::Duration,
 }
 
 impl Default for EmuTcpConfig {
@@ -56,6 +58,7 @@ impl Default for EmuTcpConfig {
             max_queues: 8,
             mqes: 127,
             reported_nsze: None,
+            keep_alive_delay: std::time::Duration::ZERO,
         }
     }
 }
@@ -657,6 +660,7 @@ impl Conn<'_> {
             // Keep Alive.
             0x18 => {
                 self.sh.counters.keep_alives.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(self.sh.cfg.keep_alive_delay);
                 self.respond(cid, 0, 0, 0)
             }
             // Abort: not aborted.

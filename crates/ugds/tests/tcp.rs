@@ -283,3 +283,135 @@ fn bad_input_changes_nothing_over_tcp() {
     drop(b);
     h.close(ugds::Drain::NoWait).unwrap();
 }
+
+/// A read whose data does not all arrive, each byte once and in place,
+/// fails: two halves both at offset 0, or the second half twice and the
+/// first never, each followed by SUCCESS. The buffer keeps no success.
+#[test]
+fn misplaced_read_data_is_never_a_success() {
+    for fault in [TcpFault::DataOverlap, TcpFault::DataRepeated] {
+        let e = faulty_read(fault, Digests::default());
+        assert!(e.to_string().contains("Transient Transport Error"), "{fault:?}: {e}");
+    }
+    // The same through a lent queue: the error is the request's, counted.
+    let t = target(EmuTcpConfig::default());
+    t.fill(0, &pattern(31, 0, 65536));
+    let d = Driver::open();
+    let h = connect(&d, &t, Digests::default());
+    let b = Buf::new(&d, 65536);
+    let mut q = h.io_queue().unwrap();
+    t.set_fault(TcpFault::DataOverlap);
+    q.submit_read(&b.token, 65536, 0, 0, 7).unwrap();
+    let mut got = None;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while got.is_none() {
+        q.poll(usize::MAX, |tag, r| got = Some((tag, r.map_err(|e| e.to_string()))));
+        assert!(std::time::Instant::now() < deadline, "the read never ended");
+    }
+    let (tag, r) = got.unwrap();
+    assert_eq!(tag, 7);
+    assert!(r.as_ref().is_err_and(|e| e.contains("Transient Transport Error")), "{r:?}");
+    drop(q);
+    assert!(h.queue_stats().iter().map(|s| s.errors).sum::<u64>() >= 1, "{:?}", h.queue_stats());
+}
+
+/// A target that asks again for bytes it was sent (400 R2Ts for one
+/// write) is refused at the first repeat: the host sends the write's data
+/// once, not 400 times.
+#[test]
+fn a_repeated_r2t_is_refused_and_nothing_is_sent_twice() {
+    let t = target(EmuTcpConfig::default());
+    let d = Driver::open();
+    let h = connect(&d, &t, Digests::default());
+    let mut b = Buf::new(&d, 1 << 20);
+    b.mem.copy_from_slice(&pattern(32, 0, 1 << 20));
+    let before = t.stats().h2c_bytes;
+    t.set_fault(TcpFault::R2tRepeated);
+    let e = h.write(&b.token, 1 << 20, 0, 0).unwrap_err();
+    assert!(e.to_string().contains("Transient Transport Error"), "{e}");
+    // The target counts what it reads until the host has closed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut sent = t.stats().h2c_bytes - before;
+    while sent < 1 << 20 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        sent = t.stats().h2c_bytes - before;
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    sent = t.stats().h2c_bytes - before;
+    assert_eq!(sent, 1 << 20, "bytes of data sent for one 1 MiB write asked for 401 times");
+    drop(b);
+}
+
+/// Values a target reports that no controller may: CAP.MQES 0, a
+/// namespace whose size in bytes overflows. Each is refused at open with
+/// the field named, never a panic or a wrapped size.
+#[test]
+fn impossible_controller_values_are_refused_at_open() {
+    let t = target(EmuTcpConfig { mqes: 0, ..Default::default() });
+    let e = Driver::open().open_tcp(&TcpTarget::new(t.addr(), t.nqn()), tcp_opts()).unwrap_err();
+    assert!(e.to_string().contains("CAP.MQES is 0"), "{e}");
+    // 2^52 + 1 blocks of 4 KiB: 2^64 + 4096 bytes, which wraps to 4096.
+    let t = target(EmuTcpConfig { reported_nsze: Some((1 << 52) + 1), ..Default::default() });
+    let e = Driver::open().open_tcp(&TcpTarget::new(t.addr(), t.nqn()), tcp_opts()).unwrap_err();
+    assert!(e.to_string().contains("overflows 64 bits"), "{e}");
+}
+
+/// A lent queue whose target stops answering reports the late request as
+/// a timeout and counts it in what `poll` returns, so a caller that polls
+/// until its count is met ends; polled and sleeping in `wait` alike, within
+/// a bound of the handle's timeout (1 s here).
+#[test]
+fn a_lent_queue_on_a_silent_target_ends_with_the_timeout() {
+    for interrupt in [false, true] {
+        let t = target(EmuTcpConfig::default());
+        let d = Driver::open();
+        let mut opts = tcp_opts().timeout(Duration::from_secs(1));
+        if interrupt {
+            opts = opts.completion(ugds::Completion::Interrupt);
+        }
+        let h = d.open_tcp(&TcpTarget::new(t.addr(), t.nqn()), opts).unwrap();
+        let b = Buf::new(&d, 8 * 4096);
+        let mut q = h.io_queue().unwrap();
+        t.set_fault(TcpFault::Silent);
+        for i in 0..8u64 {
+            q.submit_read(&b.token, 4096, i * 4096, i as usize * 4096, i).unwrap();
+        }
+        q.ring();
+        let started = std::time::Instant::now();
+        let (mut n, mut timeouts) = (0, 0);
+        while n < 8 {
+            q.wait(Duration::from_millis(500));
+            n += q.poll(usize::MAX, |_, r| timeouts += matches!(r, Err(Error::Timeout { .. })) as usize);
+            assert!(started.elapsed() < Duration::from_secs(20), "interrupt {interrupt}: {n} of 8 reported");
+        }
+        assert_eq!(timeouts, 1, "interrupt {interrupt}: the one read the target never answered");
+        assert!(started.elapsed() < Duration::from_secs(6), "interrupt {interrupt}: {:?}", started.elapsed());
+        drop(q);
+        drop(b);
+    }
+}
+
+/// The timeout ladder never waits behind a slow admin reply: with Keep
+/// Alive answered after 5 s (and sent every 100 ms, so that it nearly
+/// always holds the admin queue), a read the target never answers still
+/// fails within about its timeout (1 s) and the Abort grace (1 s).
+#[test]
+fn the_timeout_ladder_does_not_wait_behind_keep_alive() {
+    let t = target(EmuTcpConfig { keep_alive_delay: Duration::from_secs(5), ..Default::default() });
+    let d = Driver::open();
+    let mut tt = TcpTarget::new(t.addr(), t.nqn());
+    tt.keep_alive = Duration::from_millis(200);
+    tt.timeout = Duration::from_secs(8);
+    let h = d.open_tcp(&tt, tcp_opts().timeout(Duration::from_secs(1))).unwrap();
+    let b = Buf::new(&d, 4096);
+    // Keep Alive is under way.
+    while t.stats().keep_alives == 0 {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    t.set_fault(TcpFault::Silent);
+    let started = std::time::Instant::now();
+    let e = h.read(&b.token, 4096, 0, 0).unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+    assert!(started.elapsed() < Duration::from_millis(4500), "{:?} behind a 5 s Keep Alive", started.elapsed());
+    std::mem::forget(b);
+}

@@ -225,20 +225,27 @@ pub(crate) fn command_data(sqe: &Sqe, blocks: &[(u32, u32)]) -> Option<(bool, u6
 /// An active namespace with a usable format: (nsid, blocks, block size).
 pub(crate) type Namespace = (u32, u64, u32);
 
-/// Identify Controller, and each active namespace with a usable format.
+/// Identify Controller, and each active namespace with a usable format;
+/// an error naming why when there are namespaces and none is usable.
 pub(crate) fn identify(c: &mut impl Capsules) -> Result<(IdentifyController, Vec<Namespace>)> {
     let mut page = vec![0u8; IDENTIFY_LEN];
     c.run("Identify", Sqe::identify(Cid(0), 1, Nsid(0), 0), &[], &mut page)?;
     let identify = IdentifyController::parse(page[..].try_into().expect("one page"));
     c.run("Identify", Sqe::identify(Cid(0), 2, Nsid(0), 0), &[], &mut page)?;
-    let mut namespaces = Vec::new();
+    let (mut namespaces, mut skipped) = (Vec::new(), Vec::new());
     for nsid in parse_active_ns_list(page[..].try_into().expect("one page")) {
         c.run("Identify", Sqe::identify(Cid(0), 0, Nsid(nsid), 0), &[], &mut page)?;
         let ns = IdentifyNamespace::parse(page[..].try_into().expect("one page"));
         match ns.usable() {
             Ok((blocks, bs)) => namespaces.push((nsid, blocks, bs)),
-            Err(why) => tracing::warn!(nsid, "namespace skipped: {why}"),
+            Err(why) => {
+                tracing::warn!(nsid, "namespace skipped: {why}");
+                skipped.push(format!("namespace {nsid}: {why}"));
+            }
         }
+    }
+    if namespaces.is_empty() && !skipped.is_empty() {
+        return Err(Error::Unsupported(format!("no namespace this host can use ({})", skipped.join("; "))));
     }
     Ok((identify, namespaces))
 }

@@ -112,7 +112,8 @@ impl RdmaController {
     }
 
     /// CSTS through Property Get; all ones (gone) when the admin queue no
-    /// longer answers.
+    /// longer answers, 0 (nothing known) while another command holds it
+    /// past [`fabrics::ADMIN_BUSY_WAIT`].
     pub fn csts(&self) -> u32 {
         match fabrics::admin_queue(&self.admin) {
             Some(mut admin) => fabrics::csts(&mut *admin, "NVMe/RDMA", &self.target.addr),

@@ -331,7 +331,7 @@ pub fn probe(t: &TcpTarget) -> Result<FabricsProbe> {
     let t = &TcpTarget { keep_alive: Duration::ZERO, ..t.clone() };
     let n = t.names();
     let cntlid = shared::connect_queue(&mut c, &n, 0, 32, CNTLID_DYNAMIC)?;
-    let cap = Cap(c.property_get(regs::CAP, true)?);
+    let cap = shared::read_cap(&mut c, &n)?;
     let version = Version(c.property_get(regs::VS, false)? as u32);
     shared::enable(&mut c, &n, cap)?;
     let (identify, namespaces) = shared::identify(&mut c)?;
@@ -352,7 +352,7 @@ mod tests {
     use ugds_nvme::{IdentifyNamespace, LbaFormat, IDENTIFY_LEN};
 
     /// How the test target misbehaves.
-    #[derive(Clone, Copy, PartialEq, Eq)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     enum Fault {
         None,
         /// Closes the connection after the handshake.
@@ -365,6 +365,23 @@ mod tests {
         WrongType,
         /// Identify's data beyond the command's length.
         DataOutOfRange,
+        /// Identify's data as two PDUs both at offset 0, then SUCCESS.
+        DataOverlap,
+        /// The ICResp one byte every 50 ms (6.4 s in all).
+        TrickleIcResp,
+        /// Identify's PDU one byte every 20 ms (about 80 s in all).
+        TrickleIdentify,
+        /// CAP.MQES 0.
+        Mqes0,
+    }
+
+    /// Writes `b` one byte at a time, `gap` apart; false once the host has
+    /// gone.
+    fn trickle(s: &mut std::net::TcpStream, b: &[u8], gap: Duration) -> bool {
+        b.iter().all(|&x| {
+            std::thread::sleep(gap);
+            s.write_all(&[x]).is_ok()
+        })
     }
 
     /// A target of one controller with one namespace (2048 blocks of 512
@@ -382,6 +399,10 @@ mod tests {
             resp[..8].copy_from_slice(&ch.to_bytes());
             resp[11] = grant.header as u8 | (grant.data as u8) << 1;
             resp[12..16].copy_from_slice(&65536u32.to_le_bytes());
+            if fault == Fault::TrickleIcResp {
+                trickle(&mut s, &resp, Duration::from_millis(50));
+                return;
+            }
             s.write_all(&resp).unwrap();
             if fault == Fault::CloseAfterHandshake {
                 return;
@@ -423,6 +444,7 @@ mod tests {
                     (0x7f, fabrics::fctype::CONNECT) => respond(1, 0),
                     (0x7f, fabrics::fctype::PROPERTY_GET) => {
                         let v: u64 = match dw(44) as usize {
+                            regs::CAP if fault == Fault::Mqes0 => 1 << 37,
                             regs::CAP => 0x0000_0020_0000_07ff | 1 << 37, // MQES 2047, TO 0, CSS NVM
                             regs::VS => 0x0002_0000,
                             regs::CSTS => ready as u64,
@@ -454,6 +476,23 @@ mod tests {
                                 ns.to_bytes().to_vec()
                             }
                         };
+                        if fault == Fault::DataOverlap {
+                            // Two halves, both at offset 0: the second half
+                            // of the page never lands.
+                            for (i, half) in page.chunks(page.len() / 2).enumerate() {
+                                let mut h = vec![0u8; 24];
+                                h[0] = pdu_type::C2H_DATA;
+                                h[1] = if i == 1 { flags::LAST_PDU | flags::SUCCESS } else { 0 };
+                                h[2] = 24;
+                                h[3] = 24;
+                                h[4..8].copy_from_slice(&((24 + half.len()) as u32).to_le_bytes());
+                                h[8..10].copy_from_slice(&cid.to_le_bytes());
+                                h[16..20].copy_from_slice(&(half.len() as u32).to_le_bytes());
+                                h.extend_from_slice(half);
+                                s.write_all(&h).unwrap();
+                            }
+                            continue;
+                        }
                         let datal = if fault == Fault::DataOutOfRange { 8192 } else { page.len() };
                         let data = if datal > page.len() { vec![0u8; datal] } else { page };
                         let dd = if grant.data { 4 } else { 0 };
@@ -480,6 +519,10 @@ mod tests {
                             }
                             h.extend_from_slice(&d);
                         }
+                        if fault == Fault::TrickleIdentify {
+                            trickle(&mut s, &h, Duration::from_millis(20));
+                            return;
+                        }
                         s.write_all(&h).unwrap();
                     }
                     other => panic!("the test target got {other:?}"),
@@ -505,6 +548,20 @@ mod tests {
         }
     }
 
+    /// A target that sends a little now and then gets one deadline for
+    /// the handshake and one per admin exchange, not one per receive.
+    #[test]
+    fn a_trickling_target_meets_one_deadline_per_exchange() {
+        for fault in [Fault::TrickleIcResp, Fault::TrickleIdentify] {
+            let started = Instant::now();
+            let e = probe(&t(&target(fault, Digests::default()), Digests::default())).unwrap_err();
+            assert!(matches!(e, Error::Timeout { qid: 0, .. }), "{e}");
+            // 500 ms each; a per-receive timeout would wait for all of it
+            // (6.4 s, 80 s).
+            assert!(started.elapsed() < Duration::from_secs(3), "{fault:?} took {:?}", started.elapsed());
+        }
+    }
+
     #[test]
     fn a_target_that_breaks_the_protocol_is_an_error_never_a_hang() {
         let both = Digests { header: true, data: true };
@@ -520,6 +577,11 @@ mod tests {
         assert!(e.to_string().contains("unexpected PDU type 0x06"), "{e}");
         let e = probe(&t(&target(Fault::DataOutOfRange, Digests::default()), Digests::default())).unwrap_err();
         assert!(e.to_string().contains("for a command of 4096 bytes"), "{e}");
+        // Identify's page in two halves at the same offset: not a page.
+        let e = probe(&t(&target(Fault::DataOverlap, Digests::default()), Digests::default())).unwrap_err();
+        assert!(e.to_string().contains("at 0 marked last for command") && e.to_string().contains("next byte due is 2048"), "{e}");
+        let e = probe(&t(&target(Fault::Mqes0, both), both)).unwrap_err();
+        assert!(e.to_string().contains("CAP.MQES is 0"), "{e}");
         // Digests granted that were not asked for.
         let e = probe(&t(&target(Fault::None, both), Digests::default())).unwrap_err();
         assert!(e.to_string().contains("digests"), "{e}");
