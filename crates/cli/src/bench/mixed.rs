@@ -173,8 +173,10 @@ fn measure(o: &Opts, target: &target::Target, driver: &Driver, s: &Setting, smal
             None => Ok(Measured { small: hist, small_ios: ios, large_bytes, secs: start.elapsed().as_secs_f64() }),
         }
     });
-    driver.deregister(&token).map_err(|e| e.to_string())?;
-    drop(mem);
-    handle.close(ugds::Drain::Forever).map_err(|e| e.to_string())?;
-    result
+    let released = release(driver, &token, mem);
+    let closed = handle.close(ugds::Drain::Forever);
+    let m = result?;
+    released.map_err(|e| e.to_string())?;
+    closed.map_err(|e| e.to_string())?;
+    Ok(m)
 }

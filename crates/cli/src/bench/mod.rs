@@ -634,12 +634,28 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
         std::fs::write(path, text + "\n").map_err(|e| format!("--json {}: {e}", path.display()))?;
     }
+    // The run's own error (a timeout, say) comes first; a buffer the
+    // library would not deregister (requests still hold it: the device may
+    // still write it) is kept, never freed.
+    let mut kept = None;
     for s in &slots {
-        driver.deregister(&s.token).map_err(|e| e.to_string())?;
+        if let Err(e) = driver.deregister(&s.token) {
+            kept = Some(e);
+        }
     }
-    drop(bufs);
-    handle.close(ugds::Drain::Timeout(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+    match &kept {
+        Some(e) => {
+            eprintln!("ugds bench: the buffers are kept, not freed: {e}");
+            std::mem::forget(bufs);
+        }
+        None => drop(bufs),
+    }
+    let closed = handle.close(ugds::Drain::Timeout(Duration::from_secs(5)));
     result?;
+    if let Some(e) = kept {
+        return Err(e.to_string());
+    }
+    closed.map_err(|e| e.to_string())?;
     if mismatches > 0 {
         return Err(format!("verify failed: {mismatches} words differ from the pattern"));
     }
@@ -703,8 +719,26 @@ fn prefill(driver: &Driver, handle: &Handle, range: u64) -> Result<(), ugds::Err
         }
         Ok(())
     })();
-    driver.deregister(&token)?;
+    release(driver, &token, b)?;
     r
+}
+
+/// Deregisters the buffer `token` names, then frees its memory `mem`.
+/// Where the library refuses (requests still hold it after a timeout: the
+/// device may still write it) the memory is kept for the process's life,
+/// never freed, and the refusal returned.
+pub(crate) fn release<M>(driver: &Driver, token: &BufferToken, mem: M) -> Result<(), ugds::Error> {
+    match driver.deregister(token) {
+        Ok(()) => {
+            drop(mem);
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("ugds bench: a buffer is kept, not freed: {e}");
+            std::mem::forget(mem);
+            Err(e)
+        }
+    }
 }
 
 /// A batch queue pair per thread (at most 64), so that each thread's

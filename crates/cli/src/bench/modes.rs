@@ -183,9 +183,8 @@ fn measure(
         workers.into_iter().map(|w| w.join().expect("a bench thread does not panic")).collect()
     });
     let (secs, process_cpu) = (start.elapsed().as_secs_f64(), cpu_time(libc::CLOCK_PROCESS_CPUTIME_ID) - cpu0);
-    driver.deregister(&token).map_err(|e| e.to_string())?;
-    drop(mem);
-    handle.close(ugds::Drain::Forever).map_err(|e| e.to_string())?;
+    let released = release(driver, &token, mem);
+    let closed = handle.close(ugds::Drain::Forever);
     let mut m =
         Measured { hist: Histogram::default(), ios: 0, bytes: 0, secs, callers_cpu: Duration::ZERO, process_cpu };
     for r in results {
@@ -195,5 +194,7 @@ fn measure(
         m.bytes += ios * size as u64;
         m.callers_cpu += cpu;
     }
+    released.map_err(|e| e.to_string())?;
+    closed.map_err(|e| e.to_string())?;
     Ok(m)
 }

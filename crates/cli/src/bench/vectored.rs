@@ -98,7 +98,6 @@ pub(super) fn run(o: &Opts, target: &target::Target, driver: &Driver, n: usize) 
         let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
         std::fs::write(path, text + "\n").map_err(|e| format!("--json {}: {e}", path.display()))?;
     }
-    driver.deregister(&token).map_err(|e| e.to_string())?;
-    drop(mem);
+    release(driver, &token, mem).map_err(|e| e.to_string())?;
     handle.take().expect("open").close(ugds::Drain::Forever).map_err(|e| e.to_string())
 }

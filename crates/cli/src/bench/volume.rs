@@ -210,12 +210,21 @@ pub(super) fn run(o: &Opts, layout: VolumeLayout) -> Result<(), String> {
         let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
         std::fs::write(path, text + "\n").map_err(|e| format!("--json {}: {e}", path.display()))?;
     }
+    let mut kept = None;
     for b in &bufs {
-        driver.deregister(&b.token).map_err(|e| e.to_string())?;
+        if let Err(e) = driver.deregister(&b.token) {
+            kept = Some(e);
+        }
     }
-    match failed {
-        Some(why) => Err(format!("the runs had errors: {why}")),
-        None => Ok(()),
+    if let Some(e) = &kept {
+        // Requests still hold them: the device may still write them.
+        eprintln!("ugds bench: the buffers are kept, not freed: {e}");
+        std::mem::forget(bufs);
+    }
+    match (failed, kept) {
+        (Some(why), _) => Err(format!("the runs had errors: {why}")),
+        (None, Some(e)) => Err(e.to_string()),
+        (None, None) => Ok(()),
     }
 }
 
@@ -242,7 +251,7 @@ fn prefill(driver: &Driver, v: &Volume, range: u64) -> ugds::Result<()> {
         r = v.write(&token, n, off, 0).map(|_| ());
         off += n as u64;
     }
-    driver.deregister(&token)?;
+    super::release(driver, &token, mem)?;
     r
 }
 
