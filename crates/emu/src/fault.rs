@@ -54,6 +54,10 @@ pub struct IdentifyLies {
     pub flbas: Option<u8>,
     /// MDTS.
     pub mdts: Option<u8>,
+    /// The command set (CSI) the namespace descriptor list names, where
+    /// not NVM (a zoned namespace, say; its blocks are still served as
+    /// plain blocks here).
+    pub csi: Option<u8>,
 }
 
 impl IdentifyLies {
@@ -72,6 +76,10 @@ impl IdentifyLies {
     /// Claims MDTS `mdts`.
     pub fn mdts(mdts: u8) -> IdentifyLies {
         IdentifyLies { mdts: Some(mdts), ..IdentifyLies::default() }
+    }
+    /// Names command set `csi` for the namespaces (2: Zoned Namespace).
+    pub fn csi(csi: u8) -> IdentifyLies {
+        IdentifyLies { csi: Some(csi), ..IdentifyLies::default() }
     }
 }
 

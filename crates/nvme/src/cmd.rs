@@ -96,6 +96,8 @@ pub mod cns {
     pub const CONTROLLER: u8 = 0x01;
     /// Active namespace ID list.
     pub const ACTIVE_NS_LIST: u8 = 0x02;
+    /// Namespace Identification Descriptor list for NSID.
+    pub const NS_DESCRIPTORS: u8 = 0x03;
 }
 
 /// Feature identifiers (figure 317).

@@ -231,6 +231,52 @@ impl IdentifyNamespace {
     }
 }
 
+/// Command Set Identifiers (CSI) a namespace may report.
+pub mod csi {
+    /// The NVM command set: plain blocks.
+    pub const NVM: u8 = 0x00;
+    /// Key Value.
+    pub const KEY_VALUE: u8 = 0x01;
+    /// Zoned Namespace: writes only at each zone's write pointer.
+    pub const ZONED: u8 = 0x02;
+}
+
+/// The command set a Namespace Identification Descriptor list (CNS 03h)
+/// names (its CSI descriptor, NIDT 04h), `None` when it names none (a
+/// controller older than command sets: NVM); an error for a list whose
+/// descriptors do not fit the page or whose CSI descriptor has the wrong
+/// length.
+pub fn parse_ns_descriptors_csi(b: &[u8; IDENTIFY_LEN]) -> Result<Option<u8>, String> {
+    let mut at = 0;
+    while at + 4 <= IDENTIFY_LEN {
+        let (nidt, nidl) = (b[at], b[at + 1] as usize);
+        if nidt == 0 {
+            return Ok(None);
+        }
+        if at + 4 + nidl > IDENTIFY_LEN {
+            return Err(format!("descriptor type {nidt:#x} of {nidl} bytes at {at} runs past the page"));
+        }
+        if nidt == 0x04 {
+            if nidl != 1 {
+                return Err(format!("a CSI descriptor of {nidl} bytes (1 expected)"));
+            }
+            return Ok(Some(b[at + 4]));
+        }
+        at += 4 + nidl;
+    }
+    Ok(None)
+}
+
+/// The name of command set `csi`, for messages.
+pub fn csi_name(csi: u8) -> &'static str {
+    match csi {
+        csi::NVM => "NVM",
+        csi::KEY_VALUE => "Key Value",
+        csi::ZONED => "Zoned Namespace",
+        _ => "an unknown command set",
+    }
+}
+
 /// Parses the active namespace ID list (CNS 02h): ascending NSIDs, ended by 0.
 pub fn parse_active_ns_list(b: &[u8; IDENTIFY_LEN]) -> Vec<u32> {
     b.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).take_while(|&n| n != 0).collect()
@@ -268,6 +314,27 @@ mod tests {
         assert_eq!(c.max_transfer_bytes(4096), Some(128 * 1024));
         let unlimited = IdentifyController { mdts: 0, ..c };
         assert_eq!(unlimited.max_transfer_bytes(4096), None);
+    }
+
+    #[test]
+    fn the_descriptor_list_names_the_command_set() {
+        let mut b = [0u8; IDENTIFY_LEN];
+        assert_eq!(parse_ns_descriptors_csi(&b), Ok(None));
+        // An EUI-64 (8 bytes), then the CSI descriptor: Zoned.
+        b[0] = 1;
+        b[1] = 8;
+        b[12] = 4;
+        b[13] = 1;
+        b[16] = csi::ZONED;
+        assert_eq!(parse_ns_descriptors_csi(&b), Ok(Some(csi::ZONED)));
+        b[13] = 2;
+        assert!(parse_ns_descriptors_csi(&b).is_err());
+        // A descriptor that runs past the page.
+        let mut c = [0u8; IDENTIFY_LEN];
+        for at in (0..IDENTIFY_LEN - 4).step_by(254) {
+            (c[at], c[at + 1]) = (3, 250);
+        }
+        assert!(parse_ns_descriptors_csi(&c).is_err());
     }
 
     #[test]

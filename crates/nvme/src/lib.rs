@@ -29,6 +29,8 @@
 pub mod cid;
 pub mod cmd;
 pub mod fabrics;
+#[cfg(test)]
+mod fuzz;
 pub mod identify;
 pub mod prp;
 pub mod rdma;

@@ -115,6 +115,7 @@ impl KernelPlatform {
     /// writing is not allowed (writes then fail with a clear error).
     pub fn open(path: impl AsRef<Path>) -> Result<KernelPlatform> {
         let path = path.as_ref();
+        refuse_zoned(path)?;
         if is_nvme_generic(path) {
             return KernelPlatform::passthrough(path);
         }
@@ -138,6 +139,7 @@ impl KernelPlatform {
             return Err(Error::InvalidArgument("the descriptor is open for writing only; ugds needs to read".into()));
         }
         let path = PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&dup)));
+        refuse_zoned(&path)?;
         KernelPlatform::from_parts(path, dup, mode == libc::O_RDWR)
     }
 
@@ -287,6 +289,39 @@ fn kernel_request_limit(path: &Path) -> Option<usize> {
     let bytes = read("max_hw_sectors_kb")? * 1024;
     let segments = read("max_segments").map_or(usize::MAX, |s| s.saturating_sub(1) * PAGE_SIZE);
     Some(bytes.min(segments).max(PAGE_SIZE))
+}
+
+/// The kernel's zone model of the block device behind `path` (a block
+/// device, a partition of one, or an NVMe namespace's generic character
+/// device): `none`, `host-aware` or `host-managed`; `None` for a file.
+fn zone_model(path: &Path) -> Option<String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let m = std::fs::metadata(path).ok()?;
+    let (maj, min) = (libc::major(m.rdev()), libc::minor(m.rdev()));
+    let read = |p: String| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string());
+    if m.file_type().is_block_device() {
+        let dev = format!("/sys/dev/block/{maj}:{min}");
+        // A partition's queue is its disk's.
+        read(format!("{dev}/queue/zoned")).or_else(|| read(format!("{dev}/../queue/zoned")))
+    } else if is_nvme_generic(path) {
+        let name = path.file_name()?.to_str()?.strip_prefix("ng")?;
+        read(format!("/sys/block/nvme{name}/queue/zoned"))
+    } else {
+        None
+    }
+}
+
+/// Refuses a host-managed zoned device (an NVMe Zoned Namespace, an SMR
+/// disk): its writes must go to each zone's write pointer, which plain
+/// block I/O at any offset does not.
+fn refuse_zoned(path: &Path) -> Result<()> {
+    match zone_model(path).as_deref() {
+        Some("host-managed") => Err(Error::Unsupported(format!(
+            "{} is a zoned device (host-managed: writes only at each zone's write pointer); ugds moves plain blocks",
+            path.display()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Whether `path` is an NVMe namespace's generic character device.

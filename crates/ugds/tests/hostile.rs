@@ -93,6 +93,27 @@ fn a_namespace_whose_format_or_size_is_impossible_is_not_used() {
             Ok(_) => panic!("{lies:?}: a handle on an impossible namespace"),
         }
     }
+    // The size that overflows is named as such.
+    let e = open_lying(IdentifyLies::nsze((1 << 55) + 1)).err().expect("refused");
+    assert!(e.to_string().contains("overflows 64 bits"), "{e}");
+}
+
+/// A namespace of another command set (a zoned one: writes only at each
+/// zone's write pointer) is refused at open with one error naming it,
+/// never driven as plain blocks.
+#[test]
+fn a_namespace_that_is_not_nvm_is_refused_at_open() {
+    for (csi, name) in [(2, "Zoned Namespace"), (1, "Key Value")] {
+        match open_lying(IdentifyLies::csi(csi)) {
+            Err(Error::Unsupported(why)) => {
+                assert!(why.contains(name) && why.contains("not NVM"), "CSI {csi}: {why}")
+            }
+            Err(e) => panic!("CSI {csi}: expected Unsupported, got {e}"),
+            Ok(_) => panic!("CSI {csi}: a handle on a namespace of another command set"),
+        }
+    }
+    // NVM named as such is used.
+    open_lying(IdentifyLies::csi(0)).unwrap();
 }
 
 #[test]

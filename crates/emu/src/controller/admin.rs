@@ -99,6 +99,15 @@ impl Controller {
                 }
                 b
             }
+            cns::NS_DESCRIPTORS => {
+                if self.namespace(sqe.nsid).is_none() {
+                    return done(Status::generic(generic::INVALID_NAMESPACE));
+                }
+                // The CSI descriptor alone (NIDT 04h, one byte).
+                let mut b = [0u8; IDENTIFY_LEN];
+                (b[0], b[1], b[4]) = (0x04, 1, self.cfg.lies.csi.unwrap_or(0));
+                b
+            }
             _ => return done(Status::generic(generic::INVALID_FIELD)),
         };
         match self.dma_write(table, sqe.prp1, sqe.prp2, &data) {

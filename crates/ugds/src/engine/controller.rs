@@ -59,6 +59,9 @@ pub struct ControllerInfo {
     pub identify: IdentifyController,
     /// Active namespaces with a usable LBA format.
     pub namespaces: Vec<NamespaceInfo>,
+    /// Active namespaces that are not usable, each with why (metadata, a
+    /// size that overflows, a command set other than NVM).
+    pub skipped: Vec<(u32, String)>,
     /// I/O queue pairs the controller granted.
     pub io_queues: u16,
     /// Largest transfer per command in bytes, when MDTS sets one.
@@ -287,6 +290,7 @@ impl NvmeController {
                 version,
                 identify: IdentifyController::default(),
                 namespaces: vec![],
+                skipped: vec![],
                 io_queues: 0,
                 max_transfer: None,
                 page_size: 4096,
@@ -300,12 +304,15 @@ impl NvmeController {
 
         let id = IdentifyController::parse(&ctrl.identify(cns::CONTROLLER, 0)?);
         let list = parse_active_ns_list(&ctrl.identify(cns::ACTIVE_NS_LIST, 0)?);
-        let mut namespaces = Vec::new();
+        let (mut namespaces, mut skipped) = (Vec::new(), Vec::new());
         for nsid in list {
             let ns = IdentifyNamespace::parse(&ctrl.identify(cns::NAMESPACE, nsid)?);
-            match ns.usable() {
+            match ns.usable().and_then(|u| ctrl.nvm_command_set(nsid).map(|()| u)) {
                 Ok((blocks, block_size)) => namespaces.push(NamespaceInfo { nsid, block_size, blocks }),
-                Err(why) => tracing::warn!(nsid, "namespace skipped: {why}"),
+                Err(why) => {
+                    tracing::warn!(nsid, "namespace skipped: {why}");
+                    skipped.push((nsid, why));
+                }
             }
         }
         let want = want_io_queues.max(1);
@@ -323,6 +330,7 @@ impl NvmeController {
         ctrl.info.max_transfer = id.max_transfer_bytes(4096);
         ctrl.info.identify = id;
         ctrl.info.namespaces = namespaces;
+        ctrl.info.skipped = skipped;
         ctrl.info.io_queues = granted.min(want);
         tracing::debug!(io_queues = ctrl.info.io_queues, "controller up");
         Ok(ctrl)
@@ -346,6 +354,26 @@ impl NvmeController {
     /// Current controller status.
     pub fn csts(&self) -> Csts {
         Csts(self.platform.read32(regs::CSTS))
+    }
+
+    /// Ok when namespace `nsid` takes the NVM command set (a controller
+    /// that answers no descriptor list predates command sets: NVM), else
+    /// why not: a zoned namespace's writes must follow its zones' write
+    /// pointers, which plain block I/O does not.
+    fn nvm_command_set(&self, nsid: u32) -> std::result::Result<(), String> {
+        let page = match self.identify(cns::NS_DESCRIPTORS, nsid) {
+            Ok(p) => p,
+            Err(Error::Nvme { .. }) => return Ok(()),
+            Err(e) => return Err(format!("its descriptor list could not be read ({e})")),
+        };
+        match ugds_nvme::identify::parse_ns_descriptors_csi(&page) {
+            Ok(None | Some(ugds_nvme::identify::csi::NVM)) => Ok(()),
+            Ok(Some(c)) => Err(format!(
+                "its command set is {} (CSI {c:#x}), not NVM: ugds moves plain blocks only",
+                ugds_nvme::identify::csi_name(c)
+            )),
+            Err(why) => Err(format!("its descriptor list is malformed: {why}")),
+        }
     }
 
     fn identify(&self, cns: u8, nsid: u32) -> Result<[u8; IDENTIFY_LEN]> {

@@ -124,6 +124,7 @@ impl KernelController {
             version: ugds_nvme::regs::Version(0),
             identify,
             namespaces: vec![super::NamespaceInfo { nsid: pt.map_or(1, |(nsid, _, _)| nsid), block_size, blocks }],
+            skipped: Vec::new(),
             io_queues: want_io_queues.clamp(1, 64),
             max_transfer: Some(max_transfer),
             page_size: 4096,

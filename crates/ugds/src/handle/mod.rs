@@ -109,16 +109,20 @@ pub(crate) struct HandleInner {
 impl HandleInner {
     pub fn new(id: u64, driver: Arc<DriverInner>, ctrl: Controller, opts: HandleOptions) -> Result<HandleInner> {
         let info = ctrl.info().clone();
+        let why = |n: u32| info.skipped.iter().find(|s| s.0 == n).map(|s| s.1.clone());
         let ns = match opts.nsid {
-            Some(n) => *info
-                .namespaces
-                .iter()
-                .find(|x| x.nsid == n)
-                .ok_or_else(|| Error::InvalidArgument(format!("namespace {n} is not active on this controller")))?,
-            None => *info
-                .namespaces
-                .first()
-                .ok_or_else(|| Error::Unsupported("controller has no usable namespace".into()))?,
+            Some(n) => *info.namespaces.iter().find(|x| x.nsid == n).ok_or_else(|| match why(n) {
+                Some(why) => Error::Unsupported(format!("namespace {n}: {why}")),
+                None => Error::InvalidArgument(format!("namespace {n} is not active on this controller")),
+            })?,
+            None => *info.namespaces.first().ok_or_else(|| {
+                let whys: Vec<String> = info.skipped.iter().map(|(n, w)| format!("namespace {n}: {w}")).collect();
+                Error::Unsupported(if whys.is_empty() {
+                    "controller has no usable namespace".into()
+                } else {
+                    format!("controller has no usable namespace ({})", whys.join("; "))
+                })
+            })?,
         };
         if let Some(e) = &opts.env_error {
             return Err(Error::InvalidArgument(e.clone()));

@@ -75,6 +75,7 @@ impl RdmaController {
                 .iter()
                 .map(|&(nsid, blocks, block_size)| NamespaceInfo { nsid, block_size, blocks })
                 .collect(),
+            skipped: Vec::new(),
             io_queues,
             max_transfer: Some(max_transfer),
             page_size: 4096,

@@ -88,6 +88,7 @@ impl TcpController {
                 .iter()
                 .map(|&(nsid, blocks, block_size)| NamespaceInfo { nsid, block_size, blocks })
                 .collect(),
+            skipped: Vec::new(),
             io_queues,
             max_transfer: Some(max_transfer),
             page_size: 4096,

@@ -579,7 +579,10 @@ mod tests {
         assert!(e.to_string().contains("for a command of 4096 bytes"), "{e}");
         // Identify's page in two halves at the same offset: not a page.
         let e = probe(&t(&target(Fault::DataOverlap, Digests::default()), Digests::default())).unwrap_err();
-        assert!(e.to_string().contains("at 0 marked last for command") && e.to_string().contains("next byte due is 2048"), "{e}");
+        assert!(
+            e.to_string().contains("at 0 marked last for command") && e.to_string().contains("next byte due is 2048"),
+            "{e}"
+        );
         let e = probe(&t(&target(Fault::Mqes0, both), both)).unwrap_err();
         assert!(e.to_string().contains("CAP.MQES is 0"), "{e}");
         // Digests granted that were not asked for.
