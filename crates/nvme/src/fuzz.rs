@@ -46,10 +46,8 @@ fn page() -> impl Strategy<Value = Box<[u8; IDENTIFY_LEN]>> {
 proptest! {
     #[test]
     fn tcp_pdus_parse_or_are_refused(b in pdu_bytes(), d in digests()) {
-        if let Ok(p) = tcp::parse(&b, d) {
-            if let Pdu::C2HData { data, .. } = p {
-                prop_assert!(!data.is_empty() && data.len() <= b.len());
-            }
+        if let Ok(Pdu::C2HData { data, .. }) = tcp::parse(&b, d) {
+            prop_assert!(!data.is_empty() && data.len() <= b.len());
         }
         // The header alone, as the I/O queue parses it: what it accepts
         // says how many bytes its data has, within the PDU's length.
