@@ -35,34 +35,33 @@ struct LateCheck {
     /// A wait slept to its end: read the clock at the next poll.
     now: bool,
     next: std::time::Instant,
-    every: Duration,
 }
 
 impl LateCheck {
-    fn new(timeout: Duration) -> LateCheck {
-        let every = (timeout / 10).clamp(Duration::from_millis(1), Duration::from_secs(1));
-        LateCheck { polls: 0, now: false, next: std::time::Instant::now(), every }
+    fn new() -> LateCheck {
+        LateCheck { polls: 0, now: false, next: std::time::Instant::now() }
     }
 
-    /// Whether a look is due, after a poll that found `done` completions.
+    /// Whether a look is due (the handle's `timeout` given), after a poll
+    /// that found `done` completions.
     #[inline(always)]
-    fn due(&mut self, done: usize) -> bool {
+    fn due(&mut self, done: usize, timeout: impl FnOnce() -> Duration) -> bool {
         self.polls = self.polls.wrapping_add(1);
         let mask = if done == 0 { 15 } else { 1023 };
         if self.polls & mask != 0 && !self.now {
             return false;
         }
-        self.look()
+        self.look(timeout())
     }
 
     #[cold]
-    fn look(&mut self) -> bool {
+    fn look(&mut self, timeout: Duration) -> bool {
         self.now = false;
         let now = std::time::Instant::now();
         if now < self.next {
             return false;
         }
-        self.next = now + self.every;
+        self.next = now + (timeout / 10).clamp(Duration::from_millis(1), Duration::from_secs(1));
         true
     }
 }
@@ -312,7 +311,7 @@ impl<'h> IoQueue<'h> {
                     qp: None,
                     reqs: Requests::with_capacity(0),
                     outstanding: 0,
-                    late: LateCheck::new(h.opts.timeout),
+                    late: LateCheck::new(),
                     dead: false,
                     bufs: Buffers::default(),
                     shared: Some(Shared {
@@ -348,7 +347,7 @@ impl<'h> IoQueue<'h> {
             qp: Some(qp),
             reqs: Requests::with_capacity(n),
             outstanding: 0,
-            late: LateCheck::new(h.opts.timeout),
+            late: LateCheck::new(),
             dead: false,
             bufs: Buffers::default(),
             shared: None,
@@ -644,7 +643,7 @@ impl<'h> IoQueue<'h> {
             f(e.cookie, e.result);
         }
         self.outstanding -= n;
-        if self.outstanding > 0 && self.late.due(n) {
+        if self.outstanding > 0 && self.late.due(n, || h.opts.timeout) {
             let expired = h.expire_batch(q, sh.ctx);
             if !expired.is_empty() {
                 // Reported as timed-out events at the next poll.
@@ -666,7 +665,7 @@ impl<'h> IoQueue<'h> {
         self.ring();
         let mut done = self.reap(&mut f);
         let _ = max; // every completion found is reported: a CQE cannot be consumed twice
-        if self.outstanding > 0 && self.late.due(done) {
+        if self.outstanding > 0 && self.late.due(done, || self.handle.inner.opts.timeout) {
             done += self.check_timeouts(&mut f);
         }
         done
