@@ -187,10 +187,33 @@ pub(crate) fn admin_queue<C>(m: &std::sync::Mutex<C>) -> Option<std::sync::Mutex
     }
 }
 
-/// The error for an admin command that found the admin queue busy.
-pub(crate) fn admin_busy(op: &'static str, transport: &str, addr: &str) -> Error {
-    tracing::warn!(%addr, "{transport}: {op} not sent: the admin queue waits on another command's reply");
-    Error::Busy { what: "admin queue (another command waits on the target's reply)", inflight: 1 }
+/// [`admin_command`] on the admin queue behind `m`: `Busy` when another
+/// command holds it past [`ADMIN_BUSY_WAIT`].
+pub(crate) fn admin_command_on<C: Capsules>(
+    m: &std::sync::Mutex<C>,
+    sqe: Sqe,
+    op: &'static str,
+    transport: &str,
+    addr: &str,
+) -> Result<Cqe> {
+    let Some(mut c) = admin_queue(m) else {
+        tracing::warn!(%addr, "{transport}: {op} not sent: the admin queue waits on another command's reply");
+        return Err(Error::Busy { what: "admin queue (another command waits on the target's reply)", inflight: 1 });
+    };
+    admin_command(&mut *c, sqe, op, transport)
+}
+
+/// [`csts`] on the admin queue behind `m`: 0 (nothing known, not gone)
+/// when another command holds it past [`ADMIN_BUSY_WAIT`], so that the
+/// timeout ladder goes on.
+pub(crate) fn csts_on<C: Capsules>(m: &std::sync::Mutex<C>, transport: &str, addr: &str) -> u32 {
+    match admin_queue(m) {
+        Some(mut c) => csts(&mut *c, transport, addr),
+        None => {
+            tracing::warn!(%addr, "{transport}: CSTS not read: the admin queue waits on another reply");
+            0
+        }
+    }
 }
 
 /// Runs an admin command that moves no data (Abort, Set and Get Features'

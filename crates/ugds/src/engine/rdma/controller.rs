@@ -106,24 +106,14 @@ impl RdmaController {
     /// Runs an admin command that moves no data (Abort, Set and Get
     /// Features' values); commands with data are refused here.
     pub fn admin_command(&self, sqe: Sqe, op: &'static str) -> Result<ugds_nvme::Cqe> {
-        let Some(mut admin) = fabrics::admin_queue(&self.admin) else {
-            return Err(fabrics::admin_busy(op, "NVMe/RDMA", &self.target.addr));
-        };
-        fabrics::admin_command(&mut *admin, sqe, op, "NVMe/RDMA")
+        fabrics::admin_command_on(&self.admin, sqe, op, "NVMe/RDMA", &self.target.addr)
     }
 
     /// CSTS through Property Get; all ones (gone) when the admin queue no
     /// longer answers, 0 (nothing known) while another command holds it
     /// past [`fabrics::ADMIN_BUSY_WAIT`].
     pub fn csts(&self) -> u32 {
-        match fabrics::admin_queue(&self.admin) {
-            Some(mut admin) => fabrics::csts(&mut *admin, "NVMe/RDMA", &self.target.addr),
-            None => {
-                // Not known, and not taken as gone: the ladder goes on.
-                tracing::warn!(addr = %self.target.addr, "NVMe/RDMA: CSTS not read: the admin queue waits on another reply");
-                0
-            }
-        }
+        fabrics::csts_on(&self.admin, "NVMe/RDMA", &self.target.addr)
     }
 
     /// I/O queue `qid` of up to `entries` (at most [`IO_ENTRIES`], and
