@@ -290,6 +290,8 @@ controller_args() {
         small) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-small,drive=nvm1,mdts=2,mqes=15,max_ioqpairs=2" ;;
         4k) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,id=nvme0,serial=ugds-4k,msix_qsize=2 -device nvme-ns,drive=nvm1,bus=nvme0,nsid=1,logical_block_size=4096,physical_block_size=4096" ;;
         twons) echo "-drive file=$img1,if=none,id=nvm1,format=raw -drive file=$img2,if=none,id=nvm2,format=raw -device nvme,id=nvme0,serial=ugds-twons -device nvme-ns,drive=nvm1,bus=nvme0,nsid=1 -device nvme-ns,drive=nvm2,bus=nvme0,nsid=2" ;;
+        zoned) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,id=nvme0,serial=ugds-zoned -device nvme-ns,drive=nvm1,bus=nvme0,nsid=1,zoned=true,zoned.zone_size=4M,zoned.zone_capacity=4M" ;;
+        tiny) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-tiny,drive=nvm1,mdts=1,mqes=1" ;;
         onequeue) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-onequeue,drive=nvm1,max_ioqpairs=1,msix_qsize=1" ;;
         iommufd) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-iommufd,drive=nvm1" ;;
         debug) echo "-drive file=$img1,if=none,id=nvm1,format=raw -device nvme,serial=ugds-debug,drive=nvm1" ;;
