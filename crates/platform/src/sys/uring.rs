@@ -115,6 +115,28 @@ fn nvme_identify(fd: BorrowedFd<'_>, nsid: u32, cns: u32) -> Result<Box<[u8; 409
 mod tests {
     use super::*;
 
+    /// A slot that holds a passthrough command is not written again until
+    /// that command's completion is reaped, however far the tail has come
+    /// round; other entries never hold theirs.
+    #[test]
+    fn a_slot_is_written_again_only_after_its_command_completed() {
+        let mut s = SqSlots::new(4);
+        let held = s.pushed(s.next().unwrap(), true);
+        assert_eq!(held, 1 << SLOT_SHIFT);
+        for _ in 0..3 {
+            let slot = s.next().unwrap();
+            assert_eq!(s.pushed(slot, false), 0);
+        }
+        // Round to slot 0: its command is in flight.
+        assert_eq!(s.next(), None);
+        // Its completion frees it, and the caller gets its own user data.
+        assert_eq!(s.completed(held | 7), 7);
+        assert_eq!(s.next(), Some(0));
+        // A completion without a slot (a plain entry) changes nothing.
+        assert_eq!(s.completed(9), 9);
+        assert_eq!(s.next(), Some(0));
+    }
+
     #[test]
     fn the_passthrough_command_is_laid_out_as_linux_reads_it() {
         let c = NvmeUringCmd {
@@ -237,6 +259,70 @@ pub struct Ring {
     /// generation of the buffer registered there (0: nothing); `None`
     /// where the kernel has no such table (before 5.19).
     fixed: Option<Box<[u32]>>,
+    /// NVMe passthrough rings: which submission slots hold a command the
+    /// kernel may still read (see [`SqSlots`]).
+    slots: Option<SqSlots>,
+}
+
+/// The submission slots of a passthrough ring, and which of them hold a
+/// command not yet completed.
+///
+/// The kernel may read a passthrough command's entry after the
+/// `io_uring_enter` that submitted it has returned: seen on Linux 6.12
+/// (QEMU's controller with mdts=1 and mqes=1, where nearly every command
+/// waits for the device's one tag in io-wq), a command issued late read
+/// its slot after a newer command had been written there, ran that one
+/// instead, and completed as a success with its own data never moved. So
+/// a slot is written again only once the command it held has completed:
+/// until then a push that would land on it is refused as if the ring were
+/// full. Entries are written at the ring's tail in turn (the io-uring
+/// crate's queue), so the slot of the next push is `tail` modulo the
+/// ring's size; a command's slot rides in its user data's top 16 bits.
+#[derive(Debug)]
+struct SqSlots {
+    /// Slot `i` holds a passthrough command not yet completed.
+    busy: Box<[bool]>,
+    /// Entries pushed so far (the queue's tail).
+    tail: u32,
+}
+
+/// The user data bits [`SqSlots`] keeps a command's slot in (plus one).
+const SLOT_SHIFT: u32 = 48;
+
+impl SqSlots {
+    fn new(entries: u32) -> SqSlots {
+        debug_assert!(entries.is_power_of_two());
+        SqSlots { busy: vec![false; entries as usize].into_boxed_slice(), tail: 0 }
+    }
+
+    /// The slot the next push writes, if no command the kernel may still
+    /// read is there.
+    fn next(&self) -> Option<usize> {
+        let slot = self.tail as usize & (self.busy.len() - 1);
+        (!self.busy[slot]).then_some(slot)
+    }
+
+    /// A push wrote `slot`; `held`: with a command the kernel may read
+    /// late. Returns the user data bits that name the slot.
+    fn pushed(&mut self, slot: usize, held: bool) -> u64 {
+        self.tail = self.tail.wrapping_add(1);
+        self.busy[slot] = held;
+        if held {
+            (slot as u64 + 1) << SLOT_SHIFT
+        } else {
+            0
+        }
+    }
+
+    /// A completion's user data: its slot freed, the caller's part returned.
+    fn completed(&mut self, user_data: u64) -> u64 {
+        if let Some(slot) = (user_data >> SLOT_SHIFT).checked_sub(1) {
+            if let Some(b) = self.busy.get_mut(slot as usize) {
+                *b = false;
+            }
+        }
+        user_data & ((1 << SLOT_SHIFT) - 1)
+    }
 }
 
 /// Slots in each ring's registered-buffer table: the kernel path's bounce
@@ -283,7 +369,7 @@ impl Ring {
     pub fn new(entries: u32, files: &[BorrowedFd<'_>], nvme: bool, sqpoll: bool, iopoll: bool) -> Result<Ring> {
         let setup = |e| Error::io("io_uring_setup", e);
         macro_rules! build {
-            ($b:expr) => {{
+            ($b:expr, $entries:expr) => {{
                 let mut b = $b;
                 if sqpoll {
                     // The thread sleeps after 100 ms without work; a
@@ -293,13 +379,15 @@ impl Ring {
                 if iopoll {
                     b.setup_iopoll();
                 }
-                b.build(entries).map_err(setup)?
+                b.build($entries).map_err(setup)?
             }};
         }
         let ring = if nvme {
-            Kind::Nvme(build!(IoUring::<squeue::Entry128, cqueue::Entry32>::builder()))
+            // Twice the slots asked for: a slot waits for its command's
+            // completion before it is written again (`SqSlots`).
+            Kind::Nvme(build!(IoUring::<squeue::Entry128, cqueue::Entry32>::builder(), entries.saturating_mul(2)))
         } else {
-            Kind::Plain(build!(IoUring::builder()))
+            Kind::Plain(build!(IoUring::builder(), entries))
         };
         let fds: Vec<i32> = files.iter().map(|f| f.as_raw_fd()).collect();
         with_ring!(&ring, r => r.submitter().register_files(&fds))
@@ -311,7 +399,11 @@ impl Ring {
                 None
             }
         };
-        Ok(Ring { ring, fixed })
+        let slots = match &ring {
+            Kind::Nvme(r) => Some(SqSlots::new(r.params().sq_entries())),
+            Kind::Plain(_) => None,
+        };
+        Ok(Ring { ring, fixed, slots })
     }
 
     /// How many slots of the registered-buffer table hold a buffer.
@@ -391,19 +483,35 @@ impl Ring {
         with_ring!(&self.ring, r => r.params().sq_entries())
     }
 
-    /// Stages `op` with `user_data`; false when the submission ring is full.
+    /// Stages `op` with `user_data` (below 2^48); false when the
+    /// submission ring is full, or (passthrough rings) when the slot the
+    /// entry would take still holds a command not yet completed.
     ///
     /// # Safety
     ///
     /// The memory `op` names must stay valid (and, for reads, not be used
     /// otherwise) until its completion is reaped.
     pub unsafe fn push(&mut self, op: Op, user_data: u64) -> bool {
+        debug_assert!(user_data >> SLOT_SHIFT == 0, "user data above 2^48");
+        let slot = match &self.slots {
+            Some(s) => match s.next() {
+                Some(slot) => Some(slot),
+                None => return false,
+            },
+            None => None,
+        };
         if let Op::Nvme { file, cmd } = op {
-            let Kind::Nvme(r) = &mut self.ring else { return false };
+            let (Kind::Nvme(r), Some(slot), Some(slots)) = (&mut self.ring, slot, self.slots.as_mut()) else {
+                return false;
+            };
             let e = opcode::UringCmd80::new(types::Fixed(file), NVME_URING_CMD_IO).cmd(cmd.bytes()).build();
             // SAFETY: as below; the command's data buffer is the caller's
             // to keep valid (this function's contract).
-            return unsafe { r.submission().push(&e.user_data(user_data)).is_ok() };
+            if !unsafe { r.submission().push(&e.user_data(user_data | ((slot as u64 + 1) << SLOT_SHIFT))).is_ok() } {
+                return false;
+            }
+            slots.pushed(slot, true);
+            return true;
         }
         let entry = match op {
             Op::Read { file, addr, len, offset, buffer: None } => {
@@ -431,12 +539,18 @@ impl Ring {
         let entry = entry.user_data(user_data);
         // SAFETY: the caller keeps the memory valid until the completion
         // (this function's contract); the file is registered.
-        unsafe {
+        let ok = unsafe {
             match &mut self.ring {
                 Kind::Plain(r) => r.submission().push(&entry).is_ok(),
                 Kind::Nvme(r) => r.submission().push(&squeue::Entry128::from(entry)).is_ok(),
             }
+        };
+        // Other operations are read whole at submission: their slots are
+        // not held.
+        if let (true, Some(s), Some(slot)) = (ok, self.slots.as_mut(), slot) {
+            s.pushed(slot, false);
         }
+        ok
     }
 
     /// Tells the kernel about the staged entries (one `io_uring_enter`);
@@ -469,9 +583,10 @@ impl Ring {
             }
             Kind::Nvme(r) => {
                 let mut cq = r.completion();
+                let slots = self.slots.as_mut().expect("a passthrough ring has slots");
                 while n < max {
                     let Some(c) = cq.next() else { break };
-                    f(c.user_data(), c.result(), c.big_cqe()[0]);
+                    f(slots.completed(c.user_data()), c.result(), c.big_cqe()[0]);
                     n += 1;
                 }
             }

@@ -548,14 +548,25 @@ impl UringQueue {
             n += 1;
         });
         if !self.retry.is_empty() {
-            for cid in std::mem::take(&mut self.retry) {
+            let mut pushed = 0;
+            for i in 0..self.retry.len() {
+                let cid = self.retry[i];
                 let op = self.tracker.get_mut(cid).expect("outstanding").extra.op();
                 // SAFETY: as at submission; the command still holds its memory.
-                while !unsafe { self.ring.push(op, cid.0 as u64) } {
+                if !unsafe { self.ring.push(op, cid.0 as u64) } {
                     // The ring is full of staged entries: hand them over.
                     self.ring_sq_doorbell();
+                    // SAFETY: as above.
+                    if !unsafe { self.ring.push(op, cid.0 as u64) } {
+                        // The next slot still holds a passthrough command in
+                        // flight (see `Ring::push`): the rest go at a later
+                        // look, after its completion.
+                        break;
+                    }
                 }
+                pushed += 1;
             }
+            self.retry.drain(..pushed);
             self.ring_sq_doorbell();
         }
         self.counters.completed.add(done);
