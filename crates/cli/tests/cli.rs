@@ -440,3 +440,44 @@ fn bench_runs_several_targets_as_one_volume() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `ugds bench --tcp -q 8` against a target that stops answering (one read
+/// never answered, mid-run) ends with the timeout's error, not spinning on
+/// and not hiding it behind the refused deregistration: the handle's
+/// timeout is 30 s, so the bench must end within that, the late check's
+/// tenth, the Abort grace and a margin.
+#[test]
+fn a_tcp_bench_against_a_silent_target_ends_with_the_timeout() {
+    use ugds_emu::tcp::{EmuTcpConfig, EmuTcpTarget, TcpFault};
+    let t = EmuTcpTarget::start(EmuTcpConfig::default()).unwrap();
+    let mut bench = Command::new(env!("CARGO_BIN_EXE_ugds"))
+        .args(["bench", "--tcp", t.addr(), "--nqn", t.nqn(), "-q", "8", "-s", "4k", "-d", "120", "--no-progress"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Reads under way, then one never answered.
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while t.stats().reads < 1000 {
+        assert!(std::time::Instant::now() < give_up, "the bench did not start reading: {:?}", t.stats());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    t.set_fault(TcpFault::Silent);
+    let stalled = std::time::Instant::now();
+    let ended = loop {
+        if let Some(s) = bench.try_wait().unwrap() {
+            break s;
+        }
+        if stalled.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = bench.kill();
+            panic!("the bench still ran 60 s after the target stopped answering");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let took = stalled.elapsed();
+    let out = bench.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!ended.success(), "{err}");
+    assert!(err.contains("did not complete within 30s"), "{err}");
+    assert!(took < std::time::Duration::from_secs(40), "ended {took:?} after the stall");
+}
