@@ -226,6 +226,30 @@ int main(int argc, char **argv) {
     result("stream_16m_mibs", best_stream, "MiB/s");
     result("stream_16m_kept", best_kept, "%");
 
+    // What one stream operation costs: 2000 x 4 KiB reads on one stream,
+    // then the same synchronously.
+    {
+        const int n = 2000;
+        std::vector<size_t> osz(n, 4096);
+        std::vector<off_t> ofo(n), obo(n, 0);
+        std::vector<ssize_t> od(n);
+        for (int i = 0; i < n; i++) ofo[i] = (off_t)i * 8192;
+        double start = now_ms();
+        for (int i = 0; i < n; i++)
+            check_cu(cuFileReadAsync(fh, gpu, &osz[i], &ofo[i], &obo[i], &od[i], s), "cuFileReadAsync");
+        check_rt(cudaStreamSynchronize(s), "sync");
+        double op = (now_ms() - start) * 1e3 / n;
+        for (int i = 0; i < n; i++)
+            if (od[i] != 4096) return 1;
+        start = now_ms();
+        for (int i = 0; i < n; i++)
+            if (cuFileRead(fh, gpu, 4096, (off_t)i * 8192, 0) != 4096) return 1;
+        double sync = (now_ms() - start) * 1e3 / n;
+        printf("stream operation, %d in a row: %.1f us with a 4 KiB read (sync 4 KiB read %.1f us)\n", n, op, sync);
+        result("stream_op_4k", op, "us");
+        result("sync_op_4k", sync, "us");
+    }
+
     // Overlap: 16 x 1 MiB writes + compute.
     cudaStream_t c;
     check_rt(cudaStreamCreateWithFlags(&c, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -244,6 +268,17 @@ int main(int argc, char **argv) {
     spin<<<1, 1, 0, c>>>(ns);
     cudaStreamSynchronize(s);
     cudaStreamSynchronize(c);
+    // Each side alone: what a perfect overlap would take is the larger.
+    double t_io = now_ms();
+    for (int i = 0; i < 16; i++) write(i);
+    cudaStreamSynchronize(s);
+    t_io = now_ms() - t_io;
+    double t_compute = now_ms();
+    for (int i = 0; i < 16; i++) spin<<<1, 1, 0, c>>>(ns);
+    cudaStreamSynchronize(c);
+    t_compute = now_ms() - t_compute;
+    result("overlap_io_alone", t_io, "ms");
+    result("overlap_compute_alone", t_compute, "ms");
     const char *names[] = {"sequential", "per_io_overlap", "pipelined"};
     double took[3];
     for (int sch = 0; sch < 3; sch++) {
@@ -321,7 +356,12 @@ int main(int argc, char **argv) {
         for (int i = 0; i < 50; i++) sample(idle);
         idle.clear();
         for (int i = 0; i < 500; i++) sample(idle);
-        const int n = 32, per = 4;
+        std::sort(idle.begin(), idle.end());
+        auto pct = [](std::vector<double> &v, double p) { return v.empty() ? 0.0 : v[(size_t)(p * (v.size() - 1))]; };
+        printf("kernel launch to end on its own stream, idle: p50 %.1f us p99 %.1f us\n", pct(idle, 0.5), pct(idle, 0.99));
+        samples("neighbour_idle", idle);
+        for (int n : {1, 4, 32}) {
+        const int per = 128 / n;
         std::vector<cudaStream_t> ss(n);
         for (auto &x : ss) {
             check_rt(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -352,17 +392,16 @@ int main(int argc, char **argv) {
             for (auto d : nd)
                 if (d != (ssize_t)MIB) return 1;
         }
-        std::sort(idle.begin(), idle.end());
         std::sort(busy.begin(), busy.end());
-        auto pct = [](std::vector<double> &v, double p) { return v.empty() ? 0.0 : v[(size_t)(p * (v.size() - 1))]; };
-        printf("kernel launch to end on its own stream: idle p50 %.1f us p99 %.1f us; while 32 streams x 4 x 1 MiB "
-               "reads are queued (%zu kernels, second pass) p50 %.1f us p99 %.1f us\n",
-               pct(idle, 0.5), pct(idle, 0.99), busy.size(), pct(busy, 0.5), pct(busy, 0.99));
-        samples("neighbour_idle", idle);
-        samples("neighbour_busy", busy);
+        printf("  while %d stream(s) x %d x 1 MiB reads are queued (%zu kernels, second pass): p50 %.1f us p99 %.1f us\n",
+               n, per, busy.size(), pct(busy, 0.5), pct(busy, 0.99));
+        char key[64];
+        snprintf(key, sizeof key, "neighbour_busy%d", n);
+        samples(key, busy);
         for (auto &x : ss) {
             cuFileStreamDeregister(x);
             cudaStreamDestroy(x);
+        }
         }
         cudaStreamDestroy(k);
     }

@@ -274,6 +274,21 @@ fn overlap(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken, compute_us: u64) -> 
     spin.launch(&c_raw, ns)?;
     io.synchronize()?;
     c_raw.synchronize()?;
+    // Each side alone: what a perfect overlap would take is the larger.
+    let start = Instant::now();
+    for i in 0..16 {
+        write(i)?;
+    }
+    io.synchronize()?;
+    let io_alone = ms(start.elapsed());
+    let start = Instant::now();
+    for _ in 0..16 {
+        spin.launch(&c_raw, ns)?;
+    }
+    c_raw.synchronize()?;
+    let compute_alone = ms(start.elapsed());
+    result("overlap_io_alone", io_alone, "ms");
+    result("overlap_compute_alone", compute_alone, "ms");
     let mut out = Vec::new();
     for schedule in ["sequential", "per_io_overlap", "pipelined"] {
         let start = Instant::now();
@@ -304,7 +319,8 @@ fn overlap(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken, compute_us: u64) -> 
         out.push(took);
     }
     println!(
-        "overlap, 16 x (1 MiB write + {compute_us} us compute): sequential {:.2} ms, per-I/O overlap {:.2} ms, pipelined {:.2} ms",
+        "overlap, 16 x (1 MiB write + {compute_us} us compute): I/O alone {io_alone:.2} ms, compute alone \
+         {compute_alone:.2} ms; sequential {:.2} ms, per-I/O overlap {:.2} ms, pipelined {:.2} ms",
         out[0], out[1], out[2]
     );
     Ok(())
@@ -344,13 +360,12 @@ fn many_streams(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result
 }
 
 /// What streams waiting on I/O cost a kernel on a stream of its own: its
-/// time from launch to the end of a synchronize, with no I/O, and while 32
-/// streams each have 4 x 1 MiB reads queued (enqueued from another thread:
-/// ugds holds the enqueueing thread while its context has 16 device-side
-/// waits pending).
+/// time from launch to the end of a synchronize, with no I/O, and while 1,
+/// 4 and 32 streams share 128 x 1 MiB reads (enqueued from another thread:
+/// ugds holds the enqueueing thread while 16 streams of its context wait on
+/// the device).
 fn neighbour(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result<()> {
-    const N: usize = 32;
-    const PER: usize = 4;
+    const READS: usize = 128;
     let spin = cuda.spin_kernel()?;
     let k = cuda.create_stream()?;
     let sample = |v: &mut Vec<f64>| -> ugds::Result<()> {
@@ -360,56 +375,13 @@ fn neighbour(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result<()
         v.push(t.elapsed().as_secs_f64() * 1e6);
         Ok(())
     };
-    let (mut idle, mut busy) = (Vec::new(), Vec::new());
+    let mut idle = Vec::new();
     for _ in 0..50 {
         sample(&mut idle)?;
     }
     idle.clear();
     for _ in 0..500 {
         sample(&mut idle)?;
-    }
-    let raws: Vec<_> = (0..N).map(|_| cuda.create_stream()).collect::<ugds::Result<_>>()?;
-    // SAFETY: `raws` outlive the streams (dropped first, below).
-    let streams: Vec<GpuStream> =
-        raws.iter().map(|r| unsafe { cuda.stream(r.raw(), StreamWait::DeviceSide) }).collect::<ugds::Result<_>>()?;
-    let device = cuda.current_device()?;
-    // Two passes; the first one fills the staging pool (its blocks are
-    // allocated once and then reused), the second is measured.
-    for pass in 0..2 {
-        busy.clear();
-        let res = std::thread::scope(|sc| -> ugds::Result<Vec<_>> {
-            let enqueue = sc.spawn(|| -> ugds::Result<Vec<_>> {
-                cuda.use_device(device)?;
-                let mut res = Vec::new();
-                for i in 0..PER {
-                    for (j, s) in streams.iter().enumerate() {
-                        let idx = j * PER + i;
-                        let (io, r) = StreamIo::new(MIB, ((idx + 512 + pass * 128) * MIB) as u64, (idx % 64) * MIB);
-                        h.read_async(tok, io, s)?;
-                        res.push(r);
-                    }
-                }
-                Ok(res)
-            });
-            // Sampled until every read has run (or 20000 kernels).
-            while busy.len() < 20000 {
-                sample(&mut busy)?;
-                if enqueue.is_finished() {
-                    break;
-                }
-            }
-            let res = enqueue.join().expect("the enqueueing thread does not panic")?;
-            while busy.len() < 20000 && !res.iter().all(|r| r.is_done()) {
-                sample(&mut busy)?;
-            }
-            Ok(res)
-        })?;
-        for s in &streams {
-            s.synchronize()?;
-        }
-        if res.iter().any(|r| r.bytes() != MIB as i64) {
-            return Err(ugds::Error::Platform("a stream read failed".into()));
-        }
     }
     // The same HDR histogram as every other percentile here (and as
     // `ugds hist`, through which the cuFile side's samples go).
@@ -418,21 +390,74 @@ fn neighbour(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result<()
         v.iter().for_each(|us| h.record((us * 1e3).round() as u64));
         h
     };
-    let (idle, busy) = (hist(&idle), hist(&busy));
     let pct = |h: &Histogram, p: f64| h.quantile(p) as f64 / 1e3;
+    let idle = hist(&idle);
     println!(
-        "kernel launch to end on its own stream: idle p50 {:.1} us p99 {:.1} us; while {N} streams x {PER} x 1 MiB \
-         reads are queued ({} kernels, second pass) p50 {:.1} us p99 {:.1} us",
+        "kernel launch to end on its own stream, idle: p50 {:.1} us p99 {:.1} us",
         pct(&idle, 0.5),
-        pct(&idle, 0.99),
-        busy.len(),
-        pct(&busy, 0.5),
-        pct(&busy, 0.99)
+        pct(&idle, 0.99)
     );
     result("neighbour_idle_p50", pct(&idle, 0.5), "us");
-    result("neighbour_busy_p50", pct(&busy, 0.5), "us");
-    result("neighbour_busy_p99", pct(&busy, 0.99), "us");
-    drop(streams);
+    result("neighbour_idle_p99", pct(&idle, 0.99), "us");
+    let device = cuda.current_device()?;
+    for n in [1usize, 4, 32] {
+        let per = READS / n;
+        let raws: Vec<_> = (0..n).map(|_| cuda.create_stream()).collect::<ugds::Result<_>>()?;
+        // SAFETY: `raws` outlive the streams (dropped first, below).
+        let streams: Vec<GpuStream> = raws
+            .iter()
+            .map(|r| unsafe { cuda.stream(r.raw(), StreamWait::DeviceSide) })
+            .collect::<ugds::Result<_>>()?;
+        let mut busy = Vec::new();
+        // Two passes; the first one fills the staging pool (its blocks are
+        // allocated once and then reused), the second is measured.
+        for pass in 0..2 {
+            busy.clear();
+            let res = std::thread::scope(|sc| -> ugds::Result<Vec<_>> {
+                let enqueue = sc.spawn(|| -> ugds::Result<Vec<_>> {
+                    cuda.use_device(device)?;
+                    let mut res = Vec::new();
+                    for i in 0..per {
+                        for (j, s) in streams.iter().enumerate() {
+                            let idx = j * per + i;
+                            let (io, r) = StreamIo::new(MIB, ((idx + 512 + pass * 128) * MIB) as u64, (idx % 64) * MIB);
+                            h.read_async(tok, io, s)?;
+                            res.push(r);
+                        }
+                    }
+                    Ok(res)
+                });
+                // Sampled until every read has run (or 20000 kernels).
+                while busy.len() < 20000 {
+                    sample(&mut busy)?;
+                    if enqueue.is_finished() {
+                        break;
+                    }
+                }
+                let res = enqueue.join().expect("the enqueueing thread does not panic")?;
+                while busy.len() < 20000 && !res.iter().all(|r| r.is_done()) {
+                    sample(&mut busy)?;
+                }
+                Ok(res)
+            })?;
+            for s in &streams {
+                s.synchronize()?;
+            }
+            if res.iter().any(|r| r.bytes() != MIB as i64) {
+                return Err(ugds::Error::Platform("a stream read failed".into()));
+            }
+        }
+        let busy = hist(&busy);
+        println!(
+            "  while {n} stream(s) x {per} x 1 MiB reads are queued ({} kernels, second pass): p50 {:.1} us p99 {:.1} us",
+            busy.len(),
+            pct(&busy, 0.5),
+            pct(&busy, 0.99)
+        );
+        result(&format!("neighbour_busy{n}_p50"), pct(&busy, 0.5), "us");
+        result(&format!("neighbour_busy{n}_p99"), pct(&busy, 0.99), "us");
+        drop(streams);
+    }
     Ok(())
 }
 

@@ -29,6 +29,21 @@ pub(super) const MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD: i32 = 1;
 pub(super) const MEMHOSTALLOC_PORTABLE: u32 = 1;
 pub(super) const MEMHOSTALLOC_DEVICEMAP: u32 = 2;
 pub(super) const DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: i32 = 124;
+/// `CU_DEV_RESOURCE_TYPE_SM`.
+pub(super) const DEV_RESOURCE_TYPE_SM: i32 = 1;
+/// `CU_GREEN_CTX_DEFAULT_STREAM` (the one flag `cuGreenCtxCreate` takes).
+pub(super) const GREEN_CTX_DEFAULT_STREAM: u32 = 1;
+/// Bytes set aside for a `CUdevResource` (144 in CUDA 12.4 to 13.0).
+pub(super) const DEV_RESOURCE_BYTES: usize = 1024;
+
+/// The green-context entry points (CUDA 12.4 and later).
+#[allow(clippy::type_complexity)]
+pub(super) struct GreenApi {
+    pub(super) device_get_dev_resource: unsafe extern "C" fn(i32, *mut c_void, i32) -> Res,
+    pub(super) dev_resource_generate_desc: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u32) -> Res,
+    pub(super) green_ctx_create: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, i32, u32) -> Res,
+    pub(super) ctx_from_green_ctx: unsafe extern "C" fn(*mut Ctx, *mut c_void) -> Res,
+}
 
 /// The driver API entry points ugds uses.
 #[allow(clippy::type_complexity)]
@@ -69,8 +84,11 @@ pub(super) struct Api {
     pub(super) event_create: unsafe extern "C" fn(*mut Event, u32) -> Res,
     pub(super) event_record: unsafe extern "C" fn(Event, RawStream) -> Res,
     pub(super) event_query: unsafe extern "C" fn(Event) -> Res,
-    /// Optional (for tests): a context other than the primary one.
+    /// Optional: a context other than the primary one.
     pub(super) ctx_create: Option<unsafe extern "C" fn(*mut Ctx, u32, i32) -> Res>,
+    pub(super) ctx_push_current: unsafe extern "C" fn(Ctx) -> Res,
+    /// Optional: green contexts.
+    pub(super) green: Option<GreenApi>,
     pub(super) ctx_destroy: unsafe extern "C" fn(Ctx) -> Res,
     pub(super) module_load_data: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> Res,
     pub(super) module_get_function: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_char) -> Res,
@@ -133,6 +151,16 @@ impl Api {
                 event_record: lib.sym(c"cuEventRecord")?,
                 event_query: lib.sym(c"cuEventQuery")?,
                 ctx_create: lib.sym(c"cuCtxCreate_v2").ok(),
+                ctx_push_current: lib.sym(c"cuCtxPushCurrent_v2")?,
+                green: (|| {
+                    Ok::<_, crate::Error>(GreenApi {
+                        device_get_dev_resource: lib.sym(c"cuDeviceGetDevResource")?,
+                        dev_resource_generate_desc: lib.sym(c"cuDevResourceGenerateDesc")?,
+                        green_ctx_create: lib.sym(c"cuGreenCtxCreate")?,
+                        ctx_from_green_ctx: lib.sym(c"cuCtxFromGreenCtx")?,
+                    })
+                })()
+                .ok(),
                 ctx_destroy: lib.sym(c"cuCtxDestroy_v2")?,
                 module_load_data: lib.sym(c"cuModuleLoadData")?,
                 module_get_function: lib.sym(c"cuModuleGetFunction")?,

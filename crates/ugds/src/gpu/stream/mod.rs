@@ -38,14 +38,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Once, OnceLock};
 use std::time::{Duration, Instant};
 use ugds_platform::Recover;
+mod reach;
 mod staging;
 #[cfg(test)]
 mod tests;
 mod words;
 
+use reach::{Action, Points};
 pub(crate) use staging::{StageLease, StageMark, StagePool, STAGE_MAX};
+pub(crate) use words::WordPool;
 use words::{Slot, BUDGET_PATIENCE};
-pub(crate) use words::{WordPool, MAX_PENDING_WAITS};
 // For the runtimes' backends (none without the `gpu` feature).
 #[cfg_attr(not(feature = "gpu"), allow(unused_imports))]
 pub(crate) use {staging::STAGE_HEADER, words::WORD_PAGE};
@@ -110,6 +112,8 @@ pub struct GpuStream {
     backend: Arc<dyn StreamBackend>,
     raw: usize,
     slot: Slot,
+    /// Operations enqueued and not yet reached (device-side waiting).
+    points: Arc<Points>,
     wait: StreamWait,
     /// Held while launching, so that numbers reach the stream in order.
     seq: Mutex<Seq>,
@@ -184,8 +188,18 @@ impl GpuStream {
         let slot = backend.pool().lock().recover().take(&*backend)?;
         let timing = Arc::new(Timing::default());
         let seq = Mutex::new(Seq { last: 0, passed: None, lost: false });
-        let mut s =
-            GpuStream { backend, raw, slot, wait, seq, timing, counters: Arc::default(), service: Mutex::default() };
+        let points = Points::new(slot);
+        let mut s = GpuStream {
+            backend,
+            raw,
+            slot,
+            points,
+            wait,
+            seq,
+            timing,
+            counters: Arc::default(),
+            service: Mutex::default(),
+        };
         if wait == StreamWait::DeviceSide {
             // The word is 0, so waiting for >= 0 passes at once: a probe of
             // both memory operations, which also makes `passed` 0.
@@ -382,9 +396,9 @@ impl GpuStream {
         self.launch_op(pre, op, after, Some(mark))
     }
 
-    /// Enqueues `pre` (a host function and the copies after it), the
-    /// operation's host function, its wait, the copies in `after`, and the
-    /// `passed` write; sets `mark` to that write first.
+    /// Enqueues `pre` (a binding and the copies after it), the operation,
+    /// its wait, the copies in `after`, and the `passed` write; sets `mark`
+    /// to that write first.
     #[allow(clippy::type_complexity)]
     fn launch_op(
         &self,
@@ -394,96 +408,135 @@ impl GpuStream {
         mark: Option<&StageMark>,
     ) -> Result<()> {
         let mut seq = self.seq.lock().recover();
-        let next = seq.last.wrapping_add(1);
+        match self.wait {
+            StreamWait::DeviceSide => self.launch_reached(&mut seq, pre, op, after, mark),
+            StreamWait::BlockingCallback => self.launch_blocking(&mut seq, pre, op, after, mark),
+        }
+    }
+
+    /// The device-side form (see `reach`): each host part is a point the
+    /// stream announces in `reach` and then waits for in `done`.
+    #[allow(clippy::type_complexity)]
+    fn launch_reached(
+        &self,
+        seq: &mut Seq,
+        pre: Option<(Box<dyn FnOnce() + Send>, Vec<u64>)>,
+        op: Box<dyn FnOnce(StreamSignal) + Send>,
+        after: &[u64],
+        mark: Option<&StageMark>,
+    ) -> Result<()> {
+        let next = seq.last.wrapping_add(1 + pre.is_some() as u32);
         if let Some(m) = mark {
             // Before anything is enqueued: the operation's I/O may complete
             // and give its blocks back before this call returns. Should the
             // `passed` write not be enqueued, the value never comes and
-            // the blocks stay out of use; should nothing be enqueued, the
-            // next operation's write frees them.
+            // the blocks stay out of use.
             let _ = m.0.set((self.slot, next));
         }
-        if self.wait == StreamWait::DeviceSide {
-            self.reserve_wait(next);
+        self.reserve_wait(next);
+        if let Some((bind, copies)) = pre {
+            self.enqueue_point(seq, seq.last.wrapping_add(1), Action::Bind(bind))?;
+            if let Err(e) = copies.iter().try_for_each(|&h| self.backend.launch_copy(self.raw, h)) {
+                // The binding runs and finds no operation after it; the
+                // blocks stay out of use.
+                self.close_points(seq);
+                return Err(e);
+            }
+        }
+        self.enqueue_point(seq, next, Action::Run { timing: self.timing.clone(), op })?;
+        // A copy that cannot be enqueued fails the call, but the `passed`
+        // write still goes in, so the stream's words stay reusable.
+        let copied = after.iter().try_for_each(|&h| self.backend.launch_copy(self.raw, h));
+        self.close_points(seq);
+        copied
+    }
+
+    /// Enqueues the write of `point` to `reach` and the wait for `done` to
+    /// reach it, then hands `action` to the dispatcher. On failure nothing
+    /// of this point runs.
+    fn enqueue_point(&self, seq: &mut Seq, point: u32, action: Action) -> Result<()> {
+        match self.backend.write_value32(self.raw, self.slot.reach_dev(), point) {
+            Ok(true) => {}
+            r => {
+                // Nothing of this point is enqueued; an earlier point of
+                // the same operation may be.
+                self.unreserve_wait(seq.last);
+                self.close_points(seq);
+                r?;
+                return Err(Error::Unsupported("stream write to memory".into()));
+            }
+        }
+        seq.last = point;
+        match self.backend.wait_value32(self.raw, self.slot.dev, point) {
+            // Handed over once its write is enqueued: the dispatcher runs
+            // it when it sees `reach` at `point`, whenever it looks.
+            Ok(true) => self.points.post(point, action),
+            r => {
+                // The stream will write `reach` and go on without waiting;
+                // the action is not run. `done` may never get here: the
+                // slot is kept for good.
+                seq.lost = true;
+                r?;
+                return Err(Error::Unsupported("stream wait on memory".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Enqueues the `passed` write for the last point enqueued, if it is
+    /// not enqueued yet; where it cannot be, the slot is kept for good.
+    fn close_points(&self, seq: &mut Seq) {
+        if seq.passed == Some(seq.last) || seq.lost {
+            return;
+        }
+        match self.backend.write_value32(self.raw, self.slot.dev + 4, seq.last) {
+            Ok(true) => seq.passed = Some(seq.last),
+            _ => seq.lost = true,
+        }
+    }
+
+    /// The blocking form: host functions that wait for the I/O themselves.
+    #[allow(clippy::type_complexity)]
+    fn launch_blocking(
+        &self,
+        seq: &mut Seq,
+        pre: Option<(Box<dyn FnOnce() + Send>, Vec<u64>)>,
+        op: Box<dyn FnOnce(StreamSignal) + Send>,
+        after: &[u64],
+        mark: Option<&StageMark>,
+    ) -> Result<()> {
+        let next = seq.last.wrapping_add(1);
+        if let Some(m) = mark {
+            let _ = m.0.set((self.slot, next));
         }
         if let Some((bind, copies)) = pre {
             let data = Box::into_raw(Box::new(bind)) as *mut c_void;
             if let Err(e) = self.backend.launch_host_fn(self.raw, host_bind, data) {
                 // SAFETY: not launched: still ours.
                 drop(unsafe { Box::from_raw(data as *mut Box<dyn FnOnce() + Send>) });
-                self.unreserve_wait(next);
                 return Err(e);
             }
-            for h in copies {
-                if let Err(e) = self.backend.launch_copy(self.raw, h) {
-                    // The binding runs and finds no operation after it; the
-                    // blocks stay out of use.
-                    self.unreserve_wait(next);
-                    return Err(e);
-                }
-            }
+            // A copy not enqueued: the binding runs and finds no operation
+            // after it; the blocks stay out of use.
+            copies.iter().try_for_each(|&h| self.backend.launch_copy(self.raw, h))?;
         }
         let timing = self.timing.clone();
-        let (signal, gate) = match self.wait {
-            StreamWait::DeviceSide => {
-                let slot = self.slot;
-                let t = timing.clone();
-                let signal = StreamSignal::new(move || {
-                    t.signalled();
-                    // The slot is reused only after the GPU passed the wait
-                    // on this value, which needs this store: it is the last
-                    // host access to the slot for this stream.
-                    // Release: the bytes moved, written before, are visible
-                    // to whatever the stream runs after it sees this value.
-                    slot.done().store(next, Ordering::Release);
-                });
-                (signal, None)
-            }
-            StreamWait::BlockingCallback => {
-                let gate = Arc::new((Mutex::new(false), Condvar::new()));
-                let g = gate.clone();
-                let t = timing.clone();
-                let signal = StreamSignal::new(move || {
-                    t.signalled();
-                    *g.0.lock().recover() = true;
-                    g.1.notify_all();
-                });
-                (signal, Some(gate))
-            }
-        };
-        let data = Box::into_raw(Box::new(HostCall { timing, op, signal, gate })) as *mut c_void;
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let (g, t) = (gate.clone(), timing.clone());
+        let signal = StreamSignal::new(move || {
+            t.signalled();
+            *g.0.lock().recover() = true;
+            g.1.notify_all();
+        });
+        let data = Box::into_raw(Box::new(HostCall { timing, op, signal, gate: Some(gate) })) as *mut c_void;
         if let Err(e) = self.backend.launch_host_fn(self.raw, host_call, data) {
             // SAFETY: not launched: still ours. Dropping it sets the signal,
             // which nothing waits for.
             drop(unsafe { Box::from_raw(data as *mut HostCall) });
-            self.unreserve_wait(next);
             return Err(e);
         }
         seq.last = next;
-        if self.wait == StreamWait::DeviceSide {
-            let waited = self.backend.wait_value32(self.raw, self.slot.dev, next);
-            if !matches!(waited, Ok(true)) {
-                // The host function is queued and will run; only the wait
-                // is missing, so later work may overtake this operation.
-                // It will still write `done`: the slot is kept for good.
-                self.unreserve_wait(next);
-                seq.lost = true;
-                return Err(waited.err().unwrap_or_else(|| Error::Unsupported("stream wait on memory".into())));
-            }
-            // A copy that cannot be enqueued fails the call, but the
-            // `passed` write still goes in, so the stream's words stay
-            // reusable.
-            let copied = after.iter().try_for_each(|&h| self.backend.launch_copy(self.raw, h));
-            match self.backend.write_value32(self.raw, self.slot.dev + 4, next) {
-                Ok(true) => seq.passed = Some(next),
-                r => {
-                    seq.lost = true;
-                    r?;
-                    return Err(Error::Unsupported("stream write to memory".into()));
-                }
-            }
-            copied?;
-        } else if mark.is_some() {
+        if mark.is_some() {
             // Blocking mode has no memory operations: the copies after the
             // operation are followed by a host function that writes
             // `passed`, and the slot is kept until it has.
@@ -501,27 +554,45 @@ impl GpuStream {
         Ok(())
     }
 
-    /// Takes a place among the context's pending device-side waits for
-    /// this stream's wait on `value`, waiting on the host (no driver lock
-    /// held) while [`MAX_PENDING_WAITS`] are pending.
+    /// Takes a place among the context's streams waiting on the device
+    /// for this stream's wait on `value`, waiting on the host (no driver
+    /// lock held) while [`words::MAX_PENDING_WAITS`] other streams wait or
+    /// this one is [`words::MAX_STREAM_DEPTH`] points ahead of the GPU. The GPU moves
+    /// on its own, so the wait spins, yielding, before it sleeps.
     fn reserve_wait(&self, value: u32) {
         let deadline = Instant::now() + BUDGET_PATIENCE;
-        let mut pause = Duration::from_micros(5);
+        let mut tries = 0u32;
         loop {
             let mut pool = self.backend.pool().lock().recover();
-            if pool.pending_waits() < MAX_PENDING_WAITS || Instant::now() >= deadline {
-                pool.pending.push((self.slot, value));
+            if pool.try_reserve(self.slot, value) {
+                return;
+            }
+            if Instant::now() >= deadline {
+                pool.force_reserve(self.slot, value);
                 return;
             }
             drop(pool);
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_micros(500));
+            tries += 1;
+            if tries < 2000 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
         }
     }
 
-    fn unreserve_wait(&self, value: u32) {
+    /// Gives back this stream's place for waits after `last` (none of
+    /// them was enqueued).
+    fn unreserve_wait(&self, last: u32) {
         let mut pool = self.backend.pool().lock().recover();
-        pool.pending.retain(|(s, v)| !(*s == self.slot && *v == value));
+        let slot = self.slot;
+        pool.pending.retain_mut(|(s, v)| {
+            if *s == slot {
+                *v = last;
+                return !words::has_passed(s, last);
+            }
+            true
+        });
     }
 }
 

@@ -1,6 +1,6 @@
 //! The stream machinery against a fake GPU that runs enqueued work on demand.
 
-use super::words::{NOT_PASSED, SLOT};
+use super::words::{MAX_PENDING_WAITS, MAX_STREAM_DEPTH, NOT_PASSED, SLOT};
 use super::*;
 use std::sync::atomic::AtomicU32;
 use std::sync::atomic::AtomicUsize;
@@ -19,20 +19,26 @@ struct FakeGpu {
 }
 
 impl FakeGpu {
-    /// Runs everything enqueued: host functions first (the I/O), then
-    /// each wait (which must hold) and write.
+    /// Runs everything enqueued: host functions first (blocking mode),
+    /// then each memory operation in order, a wait until the dispatcher
+    /// has made it hold (at most 5 s).
     fn run(&self) {
         for (f, d) in self.host_fns.lock().unwrap().drain(..) {
             // SAFETY: launched by GpuStream with its own data.
             unsafe { f(d as *mut c_void) };
         }
-        for (write, addr, v) in self.ops.lock().unwrap().drain(..) {
+        let ops: Vec<_> = self.ops.lock().unwrap().drain(..).collect();
+        for (write, addr, v) in ops {
             // SAFETY: addresses of pool pages, device == host here.
             let w = unsafe { &*(addr as *const AtomicU32) };
             if write {
                 w.store(v, Ordering::Release);
             } else {
-                assert!(w.load(Ordering::Acquire).wrapping_sub(v) as i32 >= 0, "wait for {v} would block");
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while (w.load(Ordering::Acquire).wrapping_sub(v) as i32) < 0 {
+                    assert!(Instant::now() < deadline, "wait for {v} would block");
+                    std::thread::yield_now();
+                }
             }
         }
     }
@@ -158,28 +164,106 @@ fn staging_blocks_are_reused_only_after_the_gpu_passed_the_copy() {
 }
 
 #[test]
-fn a_word_a_queued_host_function_still_writes_is_never_handed_out_again() {
-    // The operation's host function is queued, then its wait fails: the
-    // call fails, but the host function will still write `done`. The
-    // word must not go to another stream.
+fn a_word_whose_wait_failed_is_never_handed_out_again() {
+    // The operation's `reach` write is queued, then its wait fails: the
+    // call fails and the operation never runs, but the stream will still
+    // write `reach`. The word must not go to another stream.
     let gpu = Arc::new(FakeGpu::default());
     let s = GpuStream::new(gpu.clone(), 1, StreamWait::DeviceSide).unwrap();
     let first = s.slot;
     gpu.run(); // the probe at creation passes
     gpu.refuse_waits.store(true, Ordering::Relaxed);
-    assert!(s.launch(Box::new(|sig| sig.set())).is_err());
+    let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let r = ran.clone();
+    assert!(s
+        .launch(Box::new(move |sig| {
+            r.store(true, Ordering::Release);
+            sig.set()
+        }))
+        .is_err());
     gpu.refuse_waits.store(false, Ordering::Relaxed);
     drop(s);
     for i in 0..4 {
         let t = GpuStream::new(gpu.clone(), 2 + i, StreamWait::DeviceSide).unwrap();
-        assert_ne!(t.slot, first, "a word the queued host function writes was handed out again");
+        assert_ne!(t.slot, first, "a word the stream still writes was handed out again");
     }
-    // The host function writes `done` into the kept word.
-    for (f, d) in gpu.host_fns.lock().unwrap().drain(..).take(1) {
-        // SAFETY: launched by GpuStream with its own data.
-        unsafe { f(d as *mut c_void) };
+    gpu.run();
+    assert_eq!(first.reach().load(Ordering::Acquire), 1);
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(!ran.load(Ordering::Acquire), "an operation whose wait failed ran");
+}
+
+#[test]
+fn operations_run_only_when_the_stream_reaches_them_and_in_order() {
+    let gpu = Arc::new(FakeGpu::default());
+    let s = GpuStream::new(gpu.clone(), 1, StreamWait::DeviceSide).unwrap();
+    gpu.run();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    for i in 0..3 {
+        let o = order.clone();
+        s.launch(Box::new(move |sig| {
+            o.lock().unwrap().push(i);
+            sig.set()
+        }))
+        .unwrap();
     }
-    assert_eq!(first.done().load(Ordering::Acquire), 1);
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(order.lock().unwrap().is_empty(), "an operation ran before its stream reached it");
+    gpu.run();
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2]);
+    assert_eq!((s.completed(), s.passed()), (3, 3));
+}
+
+#[test]
+fn a_staged_write_binds_before_its_copies_and_runs_after() {
+    // Points 1 (binding) and 2 (the I/O): the stream waits for `done` at 1
+    // before its copies into the staging block, which the binding's
+    // dispatcher run sets.
+    let gpu = Arc::new(FakeGpu::default());
+    let s = GpuStream::new(gpu.clone(), 1, StreamWait::DeviceSide).unwrap();
+    gpu.run();
+    let mark = StageMark::default();
+    let lease = s.stage(4096, &mark).unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let (b, o) = (order.clone(), order.clone());
+    s.launch_staged(
+        Box::new(move || b.lock().unwrap().push("bind")),
+        Box::new(move |sig| {
+            o.lock().unwrap().push("io");
+            sig.set()
+        }),
+        vec![lease.header_dev()],
+        &[],
+        &mark,
+    )
+    .unwrap();
+    gpu.run();
+    assert_eq!(*order.lock().unwrap(), vec!["bind", "io"]);
+    assert_eq!((s.completed(), s.passed()), (2, 2));
+    lease.give_back();
+}
+
+#[test]
+fn one_stream_stays_within_its_depth_of_the_gpu() {
+    let gpu = Arc::new(FakeGpu::default());
+    let s = GpuStream::new(gpu.clone(), 1, StreamWait::DeviceSide).unwrap();
+    gpu.run();
+    for _ in 0..MAX_STREAM_DEPTH {
+        s.launch(Box::new(|sig| sig.set())).unwrap();
+    }
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            s.launch(Box::new(|sig| sig.set())).unwrap();
+            done.store(true, Ordering::Release);
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!done.load(Ordering::Acquire), "an operation beyond the stream's depth was enqueued");
+        gpu.run(); // the GPU passes the pending waits
+    });
+    assert!(done.load(Ordering::Acquire));
+    gpu.run();
+    assert_eq!(s.passed(), MAX_STREAM_DEPTH + 1);
 }
 
 #[test]

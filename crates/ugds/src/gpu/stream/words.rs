@@ -5,8 +5,9 @@ use crate::Result;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-/// Bytes of one stream's words: `done` at 0 (host writes, GPU waits on it)
-/// and `passed` at 4 (GPU writes, host reads); a cache line, so that two
+/// Bytes of one stream's words: `done` at 0 (host writes, GPU waits on it),
+/// `passed` at 4 (GPU writes, host reads) and `reach` at 8 (GPU writes when
+/// it reaches an operation, the dispatcher reads); a cache line, so that two
 /// streams' words never share one.
 pub(super) const SLOT: usize = 64;
 /// Bytes the pool asks the runtime for at a time.
@@ -32,6 +33,16 @@ impl Slot {
         // SAFETY: as for `done`, 4 bytes further.
         unsafe { &*((self.host + 4) as *const AtomicU32) }
     }
+
+    pub(super) fn reach(&self) -> &AtomicU32 {
+        // SAFETY: as for `done`, 8 bytes further.
+        unsafe { &*((self.host + 8) as *const AtomicU32) }
+    }
+
+    /// The device address of `reach`.
+    pub(super) fn reach_dev(&self) -> u64 {
+        self.dev + 8
+    }
 }
 
 /// Device-mapped words for streams, per runtime context. Pages come from
@@ -47,19 +58,25 @@ pub(crate) struct WordPool {
     pub(super) retired: Vec<(Slot, u32)>,
     /// Pages allocated.
     pages: usize,
-    /// Device-side waits enqueued and not yet passed: (slot, value).
+    /// Streams with device-side waits enqueued, and the value of the last
+    /// one: (slot, value); forgotten once passed.
     pub(super) pending: Vec<(Slot, u32)>,
 }
 
-/// Device-side waits a context may have pending at once. The CUDA driver
-/// blocks the thread that enqueues a wait beyond what its hardware queues
-/// hold (measured on an H200 with the default 8 queues: the 33rd to 40th
-/// stream waiting on memory blocks the enqueue), and it blocks there holding
-/// its process-wide lock, so no other CUDA call in the process, such as the
-/// emulated controller's copy that would release the waits, can proceed.
-/// Beyond this budget ugds waits on the host, without any lock of the
-/// driver, for earlier waits to pass.
-pub(crate) const MAX_PENDING_WAITS: usize = 16;
+/// Streams of a context that may wait on the device at once. The CUDA
+/// driver blocks the thread that enqueues a wait beyond what its hardware
+/// queues hold (measured on an H200 with the default 8 queues: the 33rd to
+/// 40th stream waiting on memory blocks the enqueue), and it blocks there
+/// holding its process-wide lock, so no other CUDA call in the process can
+/// proceed. Beyond this budget ugds waits on the host, without any lock of
+/// the driver, for earlier waits to pass.
+pub(super) const MAX_PENDING_WAITS: usize = 16;
+
+/// Points (see `reach`) one stream may have ahead of the GPU. One stream
+/// took 511 waits, each with a write after it, before the enqueue blocked
+/// (bench/cuda-probes/one_stream.c); an operation here enqueues up to two
+/// writes, a wait and a kernel per point.
+pub(super) const MAX_STREAM_DEPTH: u32 = 64;
 
 /// How long an operation waits for the budget before it is enqueued anyway
 /// (when the waits ahead of it depend on work that comes only later).
@@ -88,6 +105,7 @@ impl WordPool {
         // Release: nothing reads the slot now (it was free); the GPU reads
         // these values only after the wait that is enqueued later.
         slot.done().store(0, Ordering::Release);
+        slot.reach().store(0, Ordering::Release);
         slot.passed().store(NOT_PASSED, Ordering::Release);
         Ok(slot)
     }
@@ -105,10 +123,45 @@ impl WordPool {
         });
     }
 
-    /// Counts the waits not yet passed, after forgetting those passed.
+    /// Counts the streams with waits not yet passed, after forgetting
+    /// those passed.
+    #[cfg(test)]
     pub(super) fn pending_waits(&mut self) -> usize {
         self.pending.retain(|(s, v)| !has_passed(s, *v));
         self.pending.len()
+    }
+
+    /// Whether `slot` may enqueue a wait for `value` now: it already waits
+    /// (and stays within [`MAX_STREAM_DEPTH`] of the GPU), or fewer than
+    /// [`MAX_PENDING_WAITS`] streams do. If so, it is counted.
+    pub(super) fn try_reserve(&mut self, slot: Slot, value: u32) -> bool {
+        self.pending.retain(|(s, v)| !has_passed(s, *v));
+        let passed = slot.passed().load(Ordering::Acquire);
+        let waiting = self.pending.len();
+        match self.pending.iter_mut().find(|(s, _)| *s == slot) {
+            Some(entry) => {
+                // `passed` is NOT_PASSED only before the probe's write.
+                let behind = if passed == NOT_PASSED { 0 } else { value.wrapping_sub(passed) };
+                if behind > MAX_STREAM_DEPTH {
+                    return false;
+                }
+                entry.1 = value;
+                true
+            }
+            None if waiting < MAX_PENDING_WAITS => {
+                self.pending.push((slot, value));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Counts `slot` as waiting for `value` whatever the budget.
+    pub(super) fn force_reserve(&mut self, slot: Slot, value: u32) {
+        match self.pending.iter_mut().find(|(s, _)| *s == slot) {
+            Some(entry) => entry.1 = value,
+            None => self.pending.push((slot, value)),
+        }
     }
 
     /// `(pages allocated, slots waiting for their stream to pass)`.
