@@ -25,6 +25,10 @@ Options:
       --compute-us N     compute per I/O in the overlap experiment [500]
       --mode MODE        how the handle serves synchronous reads: latency,
                          throughput, priority or adaptive [none: polling]
+      --cache POLICY     with --file: auto, direct or buffered [auto]
+      --reads-only       only the set-up and the synchronous reads, each
+                         figure's key prefixed `warm_` (scripts/gpu-bench runs
+                         it again once the file is in the page cache)
   -h, --help
 
 ";
@@ -41,6 +45,8 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     let mut seconds = 1.0f64;
     let mut compute_us = 500u64;
     let mut mode = None;
+    let mut cache = ugds::CachePolicy::Auto;
+    let mut reads_only = false;
     let mut p = lexopt::Parser::from_args(args);
     while let Some(arg) = p.next().map_err(|e| e.to_string())? {
         match arg {
@@ -53,6 +59,11 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
                 let m = p.value().map_err(|e| e.to_string())?.string().map_err(|e| e.to_string())?;
                 mode = Some(ugds::mode::mode_by_name(&m).map_err(|e| e.to_string())?);
             }
+            Long("cache") => {
+                let v = p.value().map_err(|e| e.to_string())?.string().map_err(|e| e.to_string())?;
+                cache = v.parse().map_err(|e: ugds::Error| e.to_string())?;
+            }
+            Long("reads-only") => reads_only = true,
             Long("compute-us") => {
                 compute_us = p.value().map_err(|e| e.to_string())?.parse().map_err(|e| format!("{e}"))?
             }
@@ -65,10 +76,13 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
             _ => return Err(arg.unexpected().to_string()),
         }
     }
-    run(&t, Duration::from_secs_f64(seconds), compute_us, mode).map_err(|e| e.to_string())
+    let opts = HandleOptions::default().mode(mode).cache(cache);
+    run(&t, Duration::from_secs_f64(seconds), compute_us, opts, reads_only).map_err(|e| e.to_string())
 }
 
-fn run(t: &TargetOpts, per_size: Duration, compute_us: u64, mode: Option<Arc<dyn ugds::Mode>>) -> ugds::Result<()> {
+fn run(t: &TargetOpts, per_size: Duration, compute_us: u64, opts: HandleOptions, reads_only: bool) -> ugds::Result<()> {
+    let opts_cache = opts.cache;
+    let key = |k: &str| if reads_only { format!("warm_{k}") } else { k.to_string() };
     let cuda = Cuda::get()?;
     cuda.use_device(0)?;
     // The CUDA context exists and the buffer is allocated before timing,
@@ -79,7 +93,7 @@ fn run(t: &TargetOpts, per_size: Duration, compute_us: u64, mode: Option<Arc<dyn
     let target = target::open(t).map_err(ugds::Error::Platform)?;
     let driver = Driver::open();
     let t_open = t0.elapsed();
-    let h = target.open_handle(&driver, HandleOptions::default().mode(mode))?;
+    let h = target.open_handle(&driver, opts)?;
     let t_handle = t0.elapsed();
     // SAFETY: `gpu` outlives the registration (deregistered at the end).
     let tok = unsafe { driver.register_cuda(gpu.ptr(), gpu.len())? };
@@ -94,8 +108,8 @@ fn run(t: &TargetOpts, per_size: Duration, compute_us: u64, mode: Option<Arc<dyn
         ms(t_reg - t_handle),
         ms(t_first)
     );
-    result("setup_total", ms(t_first), "ms");
-    result("setup_buf_register", ms(t_reg - t_handle), "ms");
+    result(&key("setup_total"), ms(t_first), "ms");
+    result(&key("setup_buf_register"), ms(t_reg - t_handle), "ms");
 
     // Synchronous random reads by size.
     let cap = h.capacity();
@@ -119,11 +133,21 @@ fn run(t: &TargetOpts, per_size: Duration, compute_us: u64, mode: Option<Arc<dyn
             hist.mean() / 1e3,
             hist.quantile(0.99) as f64 / 1e3
         );
-        result(&format!("sync_read_{}k_mibs", size / 1024), mibs, "MiB/s");
+        result(&key(&format!("sync_read_{}k_mibs", size / 1024)), mibs, "MiB/s");
         if size == 4096 {
-            result("sync_read_4k_mean", hist.mean() / 1e3, "us");
-            result("sync_read_4k_p99", hist.quantile(0.99) as f64 / 1e3, "us");
+            result(&key("sync_read_4k_mean"), hist.mean() / 1e3, "us");
+            result(&key("sync_read_4k_p99"), hist.quantile(0.99) as f64 / 1e3, "us");
         }
+    }
+    if let Some(s) = ugds::QueueStats::total(&h.queue_stats()) {
+        println!(
+            "page cache ({:?}): {} commands served from it, {} tried it and read from the disk",
+            opts_cache, s.cache_hits, s.cache_misses
+        );
+    }
+    if reads_only {
+        driver.deregister(&tok)?;
+        return h.close(ugds::Drain::Forever);
     }
 
     // Synchronous writes from GPU memory, and reads into host memory, at the

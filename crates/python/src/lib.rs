@@ -807,7 +807,8 @@ impl Handle {
     /// What each I/O queue pair has done since the handle opened: a list of
     /// dicts (qid, role "sync"/"batch"/"lendable", submitted, completed,
     /// in_flight, bytes_read, bytes_written, errors, timeouts,
-    /// doorbell_writes, interrupts, copied), one per queue.
+    /// doorbell_writes, interrupts, copied, cache_hits, cache_misses), one per
+    /// queue.
     fn queue_stats<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, pyo3::types::PyDict>>> {
         self.inner
             .queue_stats()
@@ -827,6 +828,8 @@ impl Handle {
                     ("doorbell_writes", s.doorbell_writes),
                     ("interrupts", s.interrupts),
                     ("copied", s.copied),
+                    ("cache_hits", s.cache_hits),
+                    ("cache_misses", s.cache_misses),
                 ] {
                     d.set_item(k, v)?;
                 }

@@ -79,7 +79,8 @@ impl Driver {
     fn open_kernel(&self, platform: Arc<ugds_platform::kernel::KernelPlatform>, opts: HandleOptions) -> Result<Handle> {
         let polled = opts.completion == crate::Completion::Poll;
         let ctrl =
-            crate::engine::KernelController::new(platform, Self::queues_wanted(&opts), opts.kernel_ring, polled)?;
+            crate::engine::KernelController::new(platform, Self::queues_wanted(&opts), opts.kernel_ring, polled)?
+                .cache_policy(opts.cache);
         self.open_controller(Controller::Kernel(Box::new(ctrl)), opts)
     }
 

@@ -71,7 +71,7 @@ pub use buffer::HostBuffer;
 pub use driver::Driver;
 pub use engine::batch::RequestStats;
 pub use engine::trace::{LatencyHistogram, TraceEvent};
-pub use engine::KernelRing;
+pub use engine::{CachePolicy, KernelRing};
 pub use engine::{BatchEvent, BatchStatus, Completion, ControllerInfo, NamespaceInfo};
 pub use handle::mode::{self, Mode};
 pub use handle::{

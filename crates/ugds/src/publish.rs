@@ -53,6 +53,8 @@ pub(crate) fn queue_stats(queues: &[QueueInfo], counters: &[Arc<QueueCounters>],
                 doorbell_writes: c.doorbell_writes.get(),
                 interrupts: c.interrupts.get(),
                 copied: c.copied.get(),
+                cache_hits: c.cache_hits.get(),
+                cache_misses: c.cache_misses.get(),
             }
         })
         .collect()
@@ -100,7 +102,7 @@ pub(crate) fn render(pid: u32, handle: u64, stats: &[QueueStats], latency: &[Opt
     for (i, q) in stats.iter().enumerate() {
         s += &format!(
             "queue qid={} role={} submitted={} completed={} in_flight={} bytes_read={} bytes_written={} errors={} \
-             timeouts={} doorbell_writes={} interrupts={} copied={}",
+             timeouts={} doorbell_writes={} interrupts={} copied={} cache_hits={} cache_misses={}",
             q.qid,
             role_name(q.role),
             q.submitted,
@@ -112,7 +114,9 @@ pub(crate) fn render(pid: u32, handle: u64, stats: &[QueueStats], latency: &[Opt
             q.timeouts,
             q.doorbell_writes,
             q.interrupts,
-            q.copied
+            q.copied,
+            q.cache_hits,
+            q.cache_misses
         );
         if let Some(Some(l)) = latency.get(i) {
             s += &format!(
@@ -176,6 +180,8 @@ pub fn parse(text: &str) -> Option<Published> {
             interrupts: n("interrupts")?,
             // Not in files written before it was counted.
             copied: n("copied").unwrap_or(0),
+            cache_hits: n("cache_hits").unwrap_or(0),
+            cache_misses: n("cache_misses").unwrap_or(0),
         });
         p.latency.push(n("lat_n").map(|commands| PublishedLatency {
             commands,

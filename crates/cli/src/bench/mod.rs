@@ -421,6 +421,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         .batch_queues(if o.batches.is_empty() { 1 } else { batch_queue_per_thread(o.threads) })
         .shadow_doorbells(o.shadow_doorbells)
         .kernel_ring(o.kernel_ring)
+        .cache(o.cache.unwrap_or(HandleOptions::from_env().cache))
         .stats_dir(HandleOptions::from_env().stats_dir)
         .trace(o.trace)
         .placement(o.placement)
@@ -675,6 +676,8 @@ fn queue_delta(after: &ugds::QueueStats, before: &ugds::QueueStats) -> ugds::Que
     d.doorbell_writes -= before.doorbell_writes;
     d.interrupts -= before.interrupts;
     d.copied -= before.copied;
+    d.cache_hits -= before.cache_hits;
+    d.cache_misses -= before.cache_misses;
     d
 }
 

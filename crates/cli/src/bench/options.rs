@@ -43,6 +43,9 @@ Options:
       --kernel-ring plain|sqpoll|iopoll  with --file: how its io_uring rings
                           run (sqpoll: a kernel thread takes submissions;
                           iopoll: completions polled from the device) [plain]
+      --cache auto|direct|buffered  with --file: reads tried in the page
+                          cache first (auto), O_DIRECT, or through the page
+                          cache [auto, or UGDS_CACHE_POLICY]
       --placement least-loaded|round-robin  where synchronous requests go
                           [least-loaded]
       --chunk SIZE        synchronous requests above SIZE keep at most SIZE on
@@ -147,6 +150,7 @@ pub(super) struct Opts {
     pub(super) stream: bool,
     pub(super) shadow_doorbells: bool,
     pub(super) kernel_ring: ugds::KernelRing,
+    pub(super) cache: Option<ugds::CachePolicy>,
     pub(super) force_queue: bool,
     /// Commands each queue's trace keeps (`--trace N`, 0: not traced).
     pub(super) trace: usize,
@@ -191,6 +195,7 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
         stream: false,
         shadow_doorbells: HandleOptions::from_env().shadow_doorbells,
         kernel_ring: ugds::KernelRing::Plain,
+        cache: None,
         force_queue: false,
         trace: HandleOptions::from_env().trace,
         mixed: false,
@@ -263,6 +268,9 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
                     "iopoll" => ugds::KernelRing::IoPoll,
                     v => return Err(format!("--kernel-ring {v}: plain, sqpoll or iopoll")),
                 }
+            }
+            Long("cache") => {
+                o.cache = Some(p.value().map_err(err)?.string().map_err(err)?.parse().map_err(|e: ugds::Error| e.to_string())?)
             }
             Long("queue") => o.force_queue = true,
             Long("trace") => o.trace = p.value().map_err(err)?.parse().map_err(err)?,

@@ -205,6 +205,9 @@ pub enum Op {
         /// The registered buffer holding `addr..addr + len`, if one does
         /// (see [`Ring::fixed_buffer`]): the kernel then pins nothing.
         buffer: Option<u16>,
+        /// `RWF_NOWAIT`: a buffered read takes only what the page cache
+        /// holds (a short read), or fails with `EAGAIN` when it holds none.
+        nowait: bool,
     },
     /// Writes `len` bytes from `addr` at `offset`.
     Write {
@@ -514,11 +517,15 @@ impl Ring {
             return true;
         }
         let entry = match op {
-            Op::Read { file, addr, len, offset, buffer: None } => {
-                opcode::Read::new(types::Fixed(file), addr, len).offset(offset).build()
-            }
-            Op::Read { file, addr, len, offset, buffer: Some(i) } => {
-                opcode::ReadFixed::new(types::Fixed(file), addr, len, i).offset(offset).build()
+            Op::Read { file, addr, len, offset, buffer: None, nowait } => opcode::Read::new(types::Fixed(file), addr, len)
+                .offset(offset)
+                .rw_flags(if nowait { libc::RWF_NOWAIT } else { 0 })
+                .build(),
+            Op::Read { file, addr, len, offset, buffer: Some(i), nowait } => {
+                opcode::ReadFixed::new(types::Fixed(file), addr, len, i)
+                    .offset(offset)
+                    .rw_flags(if nowait { libc::RWF_NOWAIT } else { 0 })
+                    .build()
             }
             Op::Write { file, addr, len, offset, buffer: None } => {
                 opcode::Write::new(types::Fixed(file), addr, len).offset(offset).build()

@@ -45,7 +45,7 @@ pub use batch::{BatchEvent, BatchStatus};
 #[cfg_attr(not(feature = "engine-internals"), allow(unused_imports))]
 pub use controller::{Controller, ControllerInfo, NamespaceInfo, NvmeController};
 #[cfg_attr(not(feature = "engine-internals"), allow(unused_imports))]
-pub use kernel::{KernelController, KernelRing};
+pub use kernel::{CachePolicy, KernelController, KernelRing};
 #[cfg_attr(not(feature = "engine-internals"), allow(unused_imports))]
 pub use qpair::NvmeQueue;
 pub use queue::QueuePair;

@@ -73,6 +73,11 @@ pub struct QueueCounters {
     pub copied: Counter,
     /// Commands still outstanding when a timeout check escalated them.
     pub timeouts: Counter,
+    /// The kernel path: reads served, in whole or in part, from the page
+    /// cache without waiting, and reads that tried it and found nothing
+    /// there (`CachePolicy::Auto`).
+    pub cache_hits: Counter,
+    pub cache_misses: Counter,
     /// Command latencies, when the queue pair is traced.
     pub latency: OnceLock<Arc<Histogram>>,
 }

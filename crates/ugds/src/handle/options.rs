@@ -4,7 +4,7 @@
 use super::mode::{mode_by_name, Mode};
 use super::scheduler::Placement;
 use crate::engine::trace::{LatencyHistogram, TraceEvent};
-use crate::engine::{Completion, KernelRing};
+use crate::engine::{CachePolicy, Completion, KernelRing};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,6 +55,9 @@ pub struct HandleOptions {
     /// The kernel path only: how its rings hand work to the kernel and take
     /// completions (see [`KernelRing`]).
     pub kernel_ring: KernelRing,
+    /// The kernel path only: whether reads and writes go through the page
+    /// cache (see [`CachePolicy`]; `Auto` by default).
+    pub cache: CachePolicy,
     /// Publish the queue statistics to `DIR/ugds-PID-HANDLE.stats` for other
     /// processes (`ugds stats`, `ugds top`) while the handle is open; see
     /// [`publish`](crate::publish). `None` (the default): not published.
@@ -104,6 +107,7 @@ impl Default for HandleOptions {
             batch_prp_pages: 128,
             shadow_doorbells: trapping_hypervisor().is_some(),
             kernel_ring: KernelRing::Plain,
+            cache: CachePolicy::Auto,
             stats_dir: None,
             trace: 0,
             placement: Placement::LeastLoaded,
@@ -230,6 +234,13 @@ impl HandleOptions {
         self
     }
 
+    /// Sets whether the kernel path reads through the page cache (see
+    /// [`CachePolicy`]; ignored elsewhere).
+    pub fn cache(mut self, cache: CachePolicy) -> Self {
+        self.cache = cache;
+        self
+    }
+
     /// Sets how the kernel path's rings run (ignored elsewhere).
     pub fn kernel_ring(mut self, kernel_ring: KernelRing) -> Self {
         self.kernel_ring = kernel_ring;
@@ -280,7 +291,8 @@ impl HandleOptions {
 impl HandleOptions {
     /// Interrupt completion when `UGDS_INTERRUPT_MODE=1`, as in the paper;
     /// the kernel path's ring mode from `UGDS_KERNEL_RING` (`sqpoll`,
-    /// `iopoll`); statistics published to `UGDS_STATS_DIR` when it is set;
+    /// `iopoll`) and its [`CachePolicy`] from `UGDS_CACHE_POLICY` (`auto`,
+    /// `direct`, `buffered`; another value makes the open fail); statistics published to `UGDS_STATS_DIR` when it is set;
     /// `UGDS_TRACE=N` traces each queue's last N commands;
     /// `UGDS_BATCH_QUEUES=N` sets [`batch_queues`](Self::batch_queues);
     /// `UGDS_MODE` names a built-in [`Mode`] (an unknown name, or a
@@ -294,6 +306,13 @@ impl HandleOptions {
             Ok("sqpoll") => o.kernel_ring = KernelRing::SqPoll,
             Ok("iopoll") => o.kernel_ring = KernelRing::IoPoll,
             _ => {}
+        }
+        match std::env::var("UGDS_CACHE_POLICY").as_deref() {
+            Err(_) | Ok("") => {}
+            Ok(v) => match v.parse() {
+                Ok(p) => o.cache = p,
+                Err(e) => o.env_error = Some(format!("UGDS_CACHE_POLICY: {e}")),
+            },
         }
         o.stats_dir = std::env::var_os("UGDS_STATS_DIR").filter(|d| !d.is_empty()).map(Into::into);
         if let Ok(v) = std::env::var("UGDS_TRACE") {
@@ -438,6 +457,12 @@ pub struct QueueStats {
     /// with the driver, say). 0 where the device always reaches the
     /// caller's memory or never does (NVMe/TCP, the kernel path).
     pub copied: u64,
+    /// The kernel path: reads served, in whole or in part, from the page
+    /// cache without waiting for the disk (see [`CachePolicy`]).
+    pub cache_hits: u64,
+    /// The kernel path: reads that tried the page cache and found nothing
+    /// there (then read from the disk).
+    pub cache_misses: u64,
 }
 
 /// The latencies of one I/O queue pair's commands since the handle opened,
@@ -481,6 +506,8 @@ impl QueueStats {
             doorbell_writes: a.doorbell_writes + b.doorbell_writes,
             interrupts: a.interrupts + b.interrupts,
             copied: a.copied + b.copied,
+            cache_hits: a.cache_hits + b.cache_hits,
+            cache_misses: a.cache_misses + b.cache_misses,
         })
     }
 }

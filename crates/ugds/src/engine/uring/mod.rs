@@ -41,7 +41,7 @@ mod copy;
 mod transfer;
 
 use super::bounce::{self, Bounce};
-use super::kernel::KernelRing;
+use super::kernel::{CachePolicy, KernelRing};
 use super::qpair::{CqView, Full, Owner};
 use super::stats::{QueueCounters, Staged};
 use super::tracker::Tracker;
@@ -94,7 +94,17 @@ pub struct UringQueue {
     staged: Staged,
     /// What this ring has done (read by its handle).
     counters: Arc<QueueCounters>,
+    /// Whether reads and writes go through the page cache.
+    cache: CachePolicy,
+    /// `Auto`: reads in a row that found nothing cached, and reads since
+    /// the last attempt once that passed [`CACHE_MISSES`].
+    cache_misses: u32,
+    cache_skipped: u32,
 }
+
+/// `CachePolicy::Auto`: after this many reads in a row found nothing in the
+/// page cache, only every this many-th read tries it.
+const CACHE_MISSES: u32 = 16;
 
 impl std::fmt::Debug for UringQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -151,7 +161,39 @@ impl UringQueue {
             host_epoch: 0,
             staged: Staged::default(),
             counters: Arc::default(),
+            cache: CachePolicy::Direct,
+            cache_misses: 0,
+            cache_skipped: 0,
         })
+    }
+
+    /// Sets whether reads and writes go through the page cache (a ring
+    /// passed through has none: ignored there).
+    pub fn set_cache_policy(&mut self, cache: CachePolicy) {
+        self.cache = cache;
+    }
+
+    /// Where a read or write on the file goes under the cache policy:
+    /// `Buffered` through the page cache; `Auto` reads first in it without
+    /// waiting, unless the last reads found nothing there.
+    fn place(&mut self, t: &mut Transfer) {
+        if t.nsid != 0 || !matches!(t.kind, Kind::Read | Kind::Write) {
+            return;
+        }
+        match self.cache {
+            CachePolicy::Buffered => t.file = BUFFERED,
+            CachePolicy::Auto if t.kind == Kind::Read && t.file == DIRECT => {
+                if self.cache_misses >= CACHE_MISSES {
+                    self.cache_skipped += 1;
+                    if self.cache_skipped % CACHE_MISSES != 0 {
+                        return;
+                    }
+                }
+                t.file = BUFFERED;
+                t.nowait = true;
+            }
+            _ => {}
+        }
     }
 
     /// Queue identifier.
@@ -243,6 +285,7 @@ impl UringQueue {
                     fixed: None,
                     nsid: 0,
                     lba_shift: 0,
+                    nowait: false,
                     faults: 0,
                     first_fault: None,
                 }
@@ -273,6 +316,7 @@ impl UringQueue {
             return Err(Full::Cid);
         }
         let mut t = self.transfer(&sqe, addr);
+        self.place(&mut t);
         if let Some(b @ Bounce { index: Some(i), .. }) = t.bounce {
             // SAFETY: bounce slabs are mapped for the process's life and
             // their slot numbers are theirs alone (generation 1).
@@ -435,6 +479,8 @@ impl UringQueue {
         let direct = self.direct;
         let buffered_only = direct.is_none();
         let platform = &self.platform;
+        let (misses, skipped) = (&mut self.cache_misses, &mut self.cache_skipped);
+        let counters = &self.counters;
         self.ring.reap(max.saturating_sub(n), |user_data, res, _dw0| {
             let cid = Cid(user_data as u16);
             let mut short = 0;
@@ -452,6 +498,19 @@ impl UringQueue {
                         t.done = t.len;
                     }
                     Status::from_field((r as u16) << 1)
+                }
+                (Kind::Read, r) if t.nowait && r == -libc::EAGAIN => {
+                    // Not in the page cache: from the disk, directly where
+                    // what is left is aligned for it.
+                    *misses = misses.saturating_add(1);
+                    counters.cache_misses.add(1);
+                    t.nowait = false;
+                    let aligned = direct.is_some_and(|(mem, off)| {
+                        (t.addr + t.done as usize) % mem == 0 && (t.offset + t.done as u64) % off == 0
+                    });
+                    t.file = if aligned { DIRECT } else { BUFFERED };
+                    retry.push(cid);
+                    return;
                 }
                 (_, r) if r == -libc::EINTR || r == -libc::EAGAIN => {
                     retry.push(cid);
@@ -505,6 +564,11 @@ impl UringQueue {
                     Status::generic(generic::LBA_OUT_OF_RANGE)
                 }
                 (Kind::Read | Kind::Write, r) => {
+                    if t.nowait {
+                        *misses = 0;
+                        *skipped = 0;
+                        counters.cache_hits.add(1);
+                    }
                     t.done += r as u32;
                     if t.done < t.len {
                         // A partial transfer: the rest through the page

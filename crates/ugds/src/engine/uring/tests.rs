@@ -192,3 +192,91 @@ fn registered_host_memory_is_a_ring_buffer_until_unmapped() {
     assert!(got[0].is_success());
     p.unmap_host(&mb).unwrap();
 }
+
+/// Drops the file's pages from the page cache (written back first).
+fn evict(path: &std::path::Path) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    f.sync_all().unwrap();
+    // SAFETY: a descriptor of ours; advice only.
+    assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+}
+
+/// Host reads of `len` bytes at each offset, checked against the file.
+fn read_checked(q: &mut UringQueue, offsets: &[u64], len: usize) {
+    let mem = ugds_platform::sys::Anonymous::populated(len * offsets.len()).unwrap();
+    let cmds: Vec<_> = offsets
+        .iter()
+        .enumerate()
+        .map(|(i, &off)| {
+            let addr = mem.as_ptr() as u64 + (i * len) as u64;
+            (rw(NvmOpcode::Read, off, len, addr), addr)
+        })
+        .collect();
+    assert!(run(q, &cmds).iter().all(|s| s.is_success()));
+    for (i, &off) in offsets.iter().enumerate() {
+        // SAFETY: the bytes just read, inside `mem`.
+        let data = unsafe { std::slice::from_raw_parts((mem.as_ptr() as usize + i * len) as *const u8, len) };
+        assert!(data.iter().enumerate().all(|(j, &b)| b == pattern(off as usize + j)), "read at {off}");
+    }
+}
+
+#[test]
+fn auto_reads_cached_data_from_the_page_cache_and_the_rest_from_the_disk() {
+    let mut f = fixture("cache", false);
+    f.q.set_cache_policy(CachePolicy::Auto);
+    let path = f.dir.join("data");
+    // Just written: cached.
+    read_checked(&mut f.q, &[0, 65536], 65536);
+    let c = f.q.counters().clone();
+    assert_eq!((c.cache_hits.get(), c.cache_misses.get()), (2, 0), "cached data comes from the page cache");
+    // Evicted: the attempt finds nothing, the disk serves it.
+    evict(&path);
+    read_checked(&mut f.q, &[262144], 65536);
+    assert_eq!((c.cache_hits.get(), c.cache_misses.get()), (2, 1), "cold data is read from the disk");
+    // Half cached: the cached part from the cache, the rest from the disk.
+    evict(&path);
+    let _ = std::fs::File::open(&path).map(|file| {
+        use std::os::unix::fs::FileExt;
+        let mut b = vec![0u8; 32768];
+        file.read_exact_at(&mut b, 524288).unwrap();
+    });
+    read_checked(&mut f.q, &[524288], 65536);
+    assert!(c.cache_hits.get() >= 3, "the cached half was a hit");
+}
+
+#[test]
+fn after_a_run_of_misses_auto_tries_the_cache_only_now_and_then() {
+    let mut f = fixture("cold", false);
+    f.q.set_cache_policy(CachePolicy::Auto);
+    // Evicted before each read: a miss starts the kernel's readahead of
+    // what it asked for, which a later read would find.
+    for i in 0..64u64 {
+        evict(&f.dir.join("data"));
+        read_checked(&mut f.q, &[i * 16384], 4096);
+    }
+    let c = f.q.counters();
+    // 16 misses in a row, then one try in 16 of the other 48.
+    assert_eq!(c.cache_hits.get(), 0);
+    assert_eq!(c.cache_misses.get(), 16 + 48 / 16, "cold reads stop trying the cache after 16 misses");
+}
+
+#[test]
+fn direct_and_buffered_policies_never_try_the_cache_without_waiting() {
+    for policy in [CachePolicy::Direct, CachePolicy::Buffered] {
+        let mut f = fixture(&format!("{policy:?}"), false);
+        f.q.set_cache_policy(policy);
+        read_checked(&mut f.q, &[0, 8192, 1 << 19], 4096);
+        let c = f.q.counters();
+        assert_eq!((c.cache_hits.get(), c.cache_misses.get()), (0, 0), "{policy:?}");
+    }
+}
+
+#[test]
+fn cache_policies_are_named_auto_direct_and_buffered() {
+    assert_eq!("auto".parse::<CachePolicy>().unwrap(), CachePolicy::Auto);
+    assert_eq!("direct".parse::<CachePolicy>().unwrap(), CachePolicy::Direct);
+    assert_eq!("buffered".parse::<CachePolicy>().unwrap(), CachePolicy::Buffered);
+    let e = "cached".parse::<CachePolicy>().unwrap_err().to_string();
+    assert!(e.contains("unknown cache policy \"cached\""), "{e}");
+}

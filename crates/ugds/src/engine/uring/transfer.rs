@@ -50,6 +50,9 @@ pub struct Transfer {
     /// NVMe passthrough: the namespace (0: a file) and log2 of its LBA size.
     pub(super) nsid: u32,
     pub(super) lba_shift: u8,
+    /// A read tried in the page cache without waiting (`CachePolicy::Auto`);
+    /// cleared when it falls back to the disk.
+    pub(super) nowait: bool,
     /// Passthrough resubmissions after EFAULT (see `process_completions`),
     /// and when the first EFAULT came.
     pub(super) faults: u8,
@@ -65,7 +68,9 @@ impl Transfer {
         let (addr, len, offset) =
             (self.addr + self.done as usize, self.len - self.done, self.offset + self.done as u64);
         match self.kind {
-            Kind::Read => Op::Read { file: self.file, addr: addr as *mut u8, len, offset, buffer: self.fixed },
+            Kind::Read => {
+                Op::Read { file: self.file, addr: addr as *mut u8, len, offset, buffer: self.fixed, nowait: self.nowait }
+            }
             Kind::Write => Op::Write { file: self.file, addr: addr as *const u8, len, offset, buffer: self.fixed },
             Kind::Sync => Op::Sync { file: BUFFERED, data_only: true },
             Kind::Zero => Op::Allocate { file: BUFFERED, mode: ZERO_RANGE, offset, len: len as u64 },
