@@ -31,6 +31,7 @@ static volatile unsigned *words; // [0] done, [16] reached, [32] passed
 static CUdeviceptr dwords;
 static double io_us;
 static volatile int stop;
+static int reach_idx = 16; // the word the poller watches: 16 (its own line) or 2 (done's line)
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
@@ -51,7 +52,7 @@ static void *worker_cv(void *x) {
 static void *worker_poll(void *x) {
     (void)x; unsigned seen = 0;
     while (!stop) {
-        unsigned r = __atomic_load_n(&words[16], __ATOMIC_ACQUIRE);
+        unsigned r = __atomic_load_n(&words[reach_idx], __ATOMIC_ACQUIRE);
         for (unsigned i = seen + 1; (int)(r - i) >= 0; i++) { spin_us(io_us); __atomic_store_n(&words[0], i, __ATOMIC_RELEASE); seen = i; }
     }
     return 0;
@@ -59,7 +60,20 @@ static void *worker_poll(void *x) {
 
 static const char *ptx =
     ".version 7.0\n.target sm_50\n.address_size 64\n"
-    ".visible .entry k(.param .u64 p){ .reg .b64 %rd<3>; .reg .b32 %r<2>; ld.param.u64 %rd1,[p]; cvta.to.global.u64 %rd2,%rd1; mov.u32 %r1,1; st.global.u32 [%rd2],%r1; ret; }\n";
+    ".visible .entry k(.param .u64 p){ .reg .b64 %rd<3>; .reg .b32 %r<2>; ld.param.u64 %rd1,[p]; cvta.to.global.u64 %rd2,%rd1; mov.u32 %r1,1; st.global.u32 [%rd2],%r1; membar.sys; ret; }\n";
+
+// As ugds's staging copy kernel: thread 0 of each block reads its header
+// (dst, src, len) from the address given, volatile, then copies len bytes.
+static const char *ptx_hdr =
+    ".version 7.0\n.target sm_50\n.address_size 64\n"
+    ".visible .entry kh(.param .u64 p){ .reg .pred %p<3>; .reg .b32 %r<4>; .reg .b64 %rd<12>; .shared .align 8 .b64 hdr[3];"
+    " mov.u32 %r1,%tid.x; setp.ne.u32 %p1,%r1,0; @%p1 bra L; ld.param.u64 %rd1,[p];"
+    " ld.volatile.global.u64 %rd2,[%rd1]; ld.volatile.global.u64 %rd3,[%rd1+8]; ld.volatile.global.u64 %rd4,[%rd1+16];"
+    " st.shared.u64 [hdr],%rd2; st.shared.u64 [hdr+8],%rd3; st.shared.u64 [hdr+16],%rd4;"
+    " L: bar.sync 0; ld.shared.u64 %rd4,[hdr+16]; cvt.u64.u32 %rd5,%r1;"
+    " LOOP: setp.ge.u64 %p2,%rd5,%rd4; @%p2 bra D; ld.shared.u64 %rd2,[hdr]; ld.shared.u64 %rd3,[hdr+8];"
+    " add.u64 %rd6,%rd3,%rd5; add.u64 %rd7,%rd2,%rd5; ld.global.u8 %r2,[%rd6]; st.global.u8 [%rd7],%r2; add.u64 %rd5,%rd5,256; bra LOOP;"
+    " D: membar.sys; ret; }\n";
 
 static void reset(CUstream s) { CK(cuStreamSynchronize(s)); memset((void *)words, 0, 256); }
 
@@ -92,8 +106,23 @@ int main(int argc, char **argv) {
     CUstream s; CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     pthread_t w1, w2;
     void *kp[] = {&buf};
-    const char *names[] = {"hostfn", "hostfn+io", "reach+io", "reach+io+k"};
-    for (int path = 0; path < 4; path++) {
+    CUmodule modh; CUfunction kh; CK(cuModuleLoadData(&modh, ptx_hdr)); CK(cuModuleGetFunction(&kh, modh, "kh"));
+    // A header in host-mapped memory (the page after the words), copying
+    // nothing (len 0), and one in device memory.
+    unsigned long long *hh = (unsigned long long *)((char *)words + 2048); hh[0] = hh[1] = hh[2] = 0;
+    CUdeviceptr hdr_host = dwords + 2048, hdr_dev; CK(cuMemAlloc(&hdr_dev, 64)); CK(cuMemsetD8(hdr_dev, 0, 64));
+    void *kph[] = {&hdr_host}, *kpd[] = {&hdr_dev};
+    // A second device header that copies 4 KiB from host-mapped memory, and
+    // a host header copied to the device on the stream before the kernel.
+    CUdeviceptr mhd; CK(cuMemHostGetDevicePointer(&mhd, mh, 0));
+    unsigned long long h4[3] = {buf, mhd, 4096};
+    CUdeviceptr hdr_dev4; CK(cuMemAlloc(&hdr_dev4, 64)); CK(cuMemcpyHtoD(hdr_dev4, h4, 24));
+    void *kpd4[] = {&hdr_dev4};
+    const char *names[] = {"hostfn", "hostfn+io", "reach+io", "reach+io+k", "+one line", "+64x256 k", "+host hdr k",
+                           "+dev hdr k", "+dev hdr 4k", "+hdr copy k"};
+    for (int path = 0; path < 10; path++) {
+        reach_idx = path == 4 ? 2 : 16;
+        unsigned reach_off = path == 4 ? 8 : 64, passed_off = path == 4 ? 4 : 128;
         for (int rep = 0; rep < 2; rep++) {
             reset(s); stop = 0; queued = 0;
             pthread_create(&w1, 0, worker_cv, 0); pthread_create(&w2, 0, worker_poll, 0);
@@ -102,10 +131,18 @@ int main(int argc, char **argv) {
             for (int i = 1; i <= n; i++) {
                 if (path == 0) CK(cuLaunchHostFunc(s, hf_direct, (void *)(size_t)i));
                 else if (path == 1) CK(cuLaunchHostFunc(s, hf_handoff, (void *)(size_t)i));
-                else CK(cuStreamWriteValue32(s, dwords + 64, i, 0));
+                else CK(cuStreamWriteValue32(s, dwords + reach_off, i, 0));
                 CK(cuStreamWaitValue32(s, dwords, i, CU_STREAM_WAIT_VALUE_GEQ));
-                if (path == 3) CK(cuLaunchKernel(k, 1, 1, 1, 32, 1, 1, 0, s, kp, 0));
-                CK(cuStreamWriteValue32(s, dwords + 128, i, 0));
+                if (path == 3 || path == 4) CK(cuLaunchKernel(k, 1, 1, 1, 32, 1, 1, 0, s, kp, 0));
+                if (path == 5) CK(cuLaunchKernel(k, 64, 1, 1, 256, 1, 1, 0, s, kp, 0));
+                if (path == 6) CK(cuLaunchKernel(kh, 64, 1, 1, 256, 1, 1, 0, s, kph, 0));
+                if (path == 7) CK(cuLaunchKernel(kh, 64, 1, 1, 256, 1, 1, 0, s, kpd, 0));
+                if (path == 8) CK(cuLaunchKernel(kh, 64, 1, 1, 256, 1, 1, 0, s, kpd4, 0));
+                if (path == 9) {
+                    CK(cuMemcpyHtoDAsync(hdr_dev, (void *)hh, 24, s));
+                    CK(cuLaunchKernel(kh, 64, 1, 1, 256, 1, 1, 0, s, kpd, 0));
+                }
+                CK(cuStreamWriteValue32(s, dwords + passed_off, i, 0));
             }
             CK(cuStreamSynchronize(s));
             double per = (now_us() - t) / n; io_us = io0;

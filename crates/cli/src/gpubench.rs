@@ -231,7 +231,7 @@ fn run(t: &TargetOpts, per_size: Duration, compute_us: u64, opts: HandleOptions,
     result("stream_16m_kept", ratios[0].2, "%");
     result("stream_16m_blocking_kept", ratios[1].2, "%");
 
-    stream_costs(&cuda, &h, &tok)?;
+    stream_costs(&cuda, &h, &tok, &driver)?;
     overlap(&cuda, &h, &tok, compute_us)?;
     many_streams(&cuda, &h, &tok)?;
     neighbour(&cuda, &h, &tok)?;
@@ -244,7 +244,7 @@ fn run(t: &TargetOpts, per_size: Duration, compute_us: u64, opts: HandleOptions,
 
 /// What one stream operation costs: with no I/O (a size of zero, refused
 /// inside the host function), and with one 4 KiB read, per operation.
-fn stream_costs(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result<()> {
+fn stream_costs(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken, driver: &Driver) -> ugds::Result<()> {
     let raw = cuda.create_stream()?;
     // SAFETY: `raw` outlives `s`.
     let s = unsafe { cuda.stream(raw.raw(), StreamWait::DeviceSide)? };
@@ -273,6 +273,25 @@ fn stream_costs(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result
         busy.as_secs_f64() * 1e6,
         gap.as_secs_f64() * 1e6
     );
+    // The same on host memory (no staging block, no copy kernel).
+    let mut host = ugds::HostBuffer::new(MIB)?;
+    // SAFETY: `host` outlives the registration (deregistered below).
+    let host_tok = unsafe { driver.register(host.as_mut_ptr(), host.len())? };
+    let per_host_op = |size: usize| -> ugds::Result<f64> {
+        let start = Instant::now();
+        for i in 0..n {
+            let (io, _r) = StreamIo::new(size, (i * 8192) as u64, 0);
+            h.read_async(&host_tok, io, &s)?;
+        }
+        s.synchronize()?;
+        Ok(start.elapsed().as_secs_f64() * 1e6 / n as f64)
+    };
+    let (host_empty, host_read) = (per_host_op(0)?, per_host_op(4096)?);
+    driver.deregister(&host_tok)?;
+    drop(host);
+    println!("stream operation on host memory: {host_empty:.1} us with no I/O, {host_read:.1} us with a 4 KiB read");
+    result("stream_op_host_empty", host_empty, "us");
+    result("stream_op_host_4k", host_read, "us");
     result("stream_op_empty", empty, "us");
     result("stream_op_4k", read, "us");
     result("sync_op_4k", sync, "us");

@@ -71,8 +71,8 @@ pub use buffer::HostBuffer;
 pub use driver::Driver;
 pub use engine::batch::RequestStats;
 pub use engine::trace::{LatencyHistogram, TraceEvent};
-pub use engine::{CachePolicy, KernelRing};
 pub use engine::{BatchEvent, BatchStatus, Completion, ControllerInfo, NamespaceInfo};
+pub use engine::{CachePolicy, KernelRing};
 pub use handle::mode::{self, Mode};
 pub use handle::{
     trapping_hypervisor, Drain, Handle, HandleOptions, HandleState, Placement, Priority, QueueInfo, QueueLatency,

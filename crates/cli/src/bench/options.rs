@@ -270,7 +270,9 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
                 }
             }
             Long("cache") => {
-                o.cache = Some(p.value().map_err(err)?.string().map_err(err)?.parse().map_err(|e: ugds::Error| e.to_string())?)
+                o.cache = Some(
+                    p.value().map_err(err)?.string().map_err(err)?.parse().map_err(|e: ugds::Error| e.to_string())?,
+                )
             }
             Long("queue") => o.force_queue = true,
             Long("trace") => o.trace = p.value().map_err(err)?.parse().map_err(err)?,

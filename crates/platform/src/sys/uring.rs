@@ -517,10 +517,12 @@ impl Ring {
             return true;
         }
         let entry = match op {
-            Op::Read { file, addr, len, offset, buffer: None, nowait } => opcode::Read::new(types::Fixed(file), addr, len)
-                .offset(offset)
-                .rw_flags(if nowait { libc::RWF_NOWAIT } else { 0 })
-                .build(),
+            Op::Read { file, addr, len, offset, buffer: None, nowait } => {
+                opcode::Read::new(types::Fixed(file), addr, len)
+                    .offset(offset)
+                    .rw_flags(if nowait { libc::RWF_NOWAIT } else { 0 })
+                    .build()
+            }
             Op::Read { file, addr, len, offset, buffer: Some(i), nowait } => {
                 opcode::ReadFixed::new(types::Fixed(file), addr, len, i)
                     .offset(offset)

@@ -52,9 +52,7 @@ impl std::str::FromStr for CachePolicy {
             "auto" => Ok(CachePolicy::Auto),
             "direct" => Ok(CachePolicy::Direct),
             "buffered" => Ok(CachePolicy::Buffered),
-            _ => Err(Error::InvalidArgument(format!(
-                "unknown cache policy {s:?}: expected auto, direct or buffered"
-            ))),
+            _ => Err(Error::InvalidArgument(format!("unknown cache policy {s:?}: expected auto, direct or buffered"))),
         }
     }
 }

@@ -68,9 +68,14 @@ impl Transfer {
         let (addr, len, offset) =
             (self.addr + self.done as usize, self.len - self.done, self.offset + self.done as u64);
         match self.kind {
-            Kind::Read => {
-                Op::Read { file: self.file, addr: addr as *mut u8, len, offset, buffer: self.fixed, nowait: self.nowait }
-            }
+            Kind::Read => Op::Read {
+                file: self.file,
+                addr: addr as *mut u8,
+                len,
+                offset,
+                buffer: self.fixed,
+                nowait: self.nowait,
+            },
             Kind::Write => Op::Write { file: self.file, addr: addr as *const u8, len, offset, buffer: self.fixed },
             Kind::Sync => Op::Sync { file: BUFFERED, data_only: true },
             Kind::Zero => Op::Allocate { file: BUFFERED, mode: ZERO_RANGE, offset, len: len as u64 },

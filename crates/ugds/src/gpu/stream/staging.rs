@@ -64,7 +64,9 @@ impl StagePool {
         }
         let cap = want.next_power_of_two().clamp(STAGE_MIN, STAGE_MAX);
         let (host, dev) = backend.alloc_stage(STAGE_HEADER + cap)?;
-        pool.lock().recover().bytes += STAGE_HEADER + cap;
+        let mut p = pool.lock().recover();
+        p.bytes += STAGE_HEADER + cap;
+        tracing::debug!(bytes = p.bytes, retired = p.retired.len(), "staging block of {cap} bytes allocated");
         Ok(Block { host, dev, cap })
     }
 }
