@@ -481,3 +481,21 @@ fn a_tcp_bench_against_a_silent_target_ends_with_the_timeout() {
     assert!(err.contains("did not complete within 30s"), "{err}");
     assert!(took < std::time::Duration::from_secs(40), "ended {took:?} after the stall");
 }
+
+#[test]
+fn a_kernel_path_bench_reads_warm_data_from_the_page_cache_and_refuses_an_unknown_policy() {
+    let dir = std::env::temp_dir().join(format!("ugds-cli-cache-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("data");
+    std::fs::write(&file, vec![7u8; 8 << 20]).unwrap();
+    let f = file.to_str().unwrap();
+    // Just written: in the page cache, which `auto` (the default) reads from.
+    let (ok, out, err) = ugds(&["bench", "--file", f, "-d", "0.3", "--cache", "auto"]);
+    let (ok2, _, err2) = ugds(&["bench", "--file", f, "-d", "0.3", "--cache", "cached"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(ok, "{err}");
+    let hits = out.lines().find(|l| l.contains("page cache:")).unwrap_or_else(|| panic!("{out}"));
+    assert!(!hits.contains(": 0 reads served"), "cached data is read from the page cache: {hits}");
+    assert!(!ok2, "an unknown cache policy is refused");
+    assert!(err2.contains("unknown cache policy \"cached\": expected auto, direct or buffered"), "{err2}");
+}

@@ -567,6 +567,12 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         if q.copied > 0 {
             println!("queue {:<3}{} commands' data copied through the queue's own memory", q.qid, q.copied);
         }
+        if q.cache_hits + q.cache_misses > 0 {
+            println!(
+                "queue {:<3}page cache: {} reads served from it, {} tried it and went to the disk",
+                q.qid, q.cache_hits, q.cache_misses
+            );
+        }
     }
     let latency = handle.queue_latency();
     for l in latency.iter().filter(|l| l.latency.count() > 0) {
