@@ -1,18 +1,29 @@
 // Probe 5: what a stream-ordered operation's hand-offs cost, by path, and
 // what the set-up calls cost.
 //
+//   nvcc -O2 -o signal_paths signal_paths.c -lcuda -lpthread && ./signal_paths 1000 35
+//
 // Each path runs N operations back to back on one stream and prints the
 // mean per operation (enqueue all, then synchronize), with a host thread
 // playing the I/O that takes IO_US microseconds:
-//   hostfn      a host function sets the done word itself (no I/O)
-//   hostfn+io   a host function hands the operation to a worker thread
-//               (a condition variable), which sleeps IO_US and sets done
-//   reach+io    no host function: the stream writes "reached = n" to a host
-//               word, a worker spinning on it sleeps IO_US and sets done
-//   reach+io+k  the same, with a 1-block kernel after each wait (the copy)
+//   hostfn       a host function sets the done word itself (no I/O)
+//   hostfn+io    a host function hands the operation to a worker thread
+//                (a condition variable), which spins IO_US and sets done
+//   reach+io     no host function: the stream writes "reached = n" to a
+//                host word, a worker polling it spins IO_US and sets done
+//   reach+io+k   the same, with a 1-block kernel after each wait
+//   +one line    the same with the three words in one cache line
+//   +64x256 k    a 64 x 256 kernel after the wait
+//   +host hdr k  a kernel that reads a 24-byte header from device-mapped
+//                host memory (as ugds's staging copy kernel did)
+//   +dev hdr k   the same header in device memory
+//   +dev hdr 4k  ... copying 4 KiB from device-mapped host memory
+//   +hdr copy k  the host header copied to device memory on the stream
+//                (cuMemcpyHtoDAsync) before the kernel
 // and then, for waits of several lengths, the time from the host's store
 // of `done` to the host seeing the stream's next write (the GPU's poll
-// latency on a host word after a wait of that length).
+// latency on a host word after a wait of that length), for a host word and
+// for a device word copied there from another context.
 #include <cuda.h>
 #include <pthread.h>
 #include <stdio.h>
