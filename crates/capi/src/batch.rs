@@ -103,7 +103,7 @@ pub unsafe extern "C" fn uGDSBatchIOSubmit(
                 buf: t,
                 size: p.size,
                 file_offset: p.file_offset as u64,
-                buf_offset: p.devPtr_base as usize - t.base + p.devPtr_offset as usize,
+                buf_offset: p.devPtr_base as usize - t.base() + p.devPtr_offset as usize,
                 cookie: p.cookie as u64,
             });
         }

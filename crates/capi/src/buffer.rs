@@ -40,9 +40,9 @@ pub(crate) fn register(base: *const c_void, len: size_t, backend: c_int, export:
         Ok(t) => {
             with_state!(s, fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed"));
             if export {
-                s.exportable.insert(t.base);
+                s.exportable.insert(t.base());
             } else {
-                s.exportable.remove(&t.base);
+                s.exportable.remove(&t.base());
             }
             ok()
         }
@@ -113,7 +113,7 @@ pub unsafe extern "C" fn uGDSBufDeregister(base: *const c_void) -> uGDSError_t {
         match driver.deregister(&t) {
             Ok(()) => {
                 if let Some(s) = state_mut().as_mut() {
-                    s.exportable.remove(&t.base);
+                    s.exportable.remove(&t.base());
                 }
                 ok()
             }
@@ -137,7 +137,7 @@ pub unsafe extern "C" fn uGDSExportDmabuf(base: *const c_void, out: *mut abi::uG
             Ok(x) => x,
             Err(e) => return e,
         };
-        if !state().as_ref().is_some_and(|s| s.exportable.contains(&t.base)) {
+        if !state().as_ref().is_some_and(|s| s.exportable.contains(&t.base())) {
             return fail(
                 op::IO_NOT_SUPPORTED,
                 format!("{base:p} was not registered for export (uGDSBufRegisterEx with enable_export = true)"),

@@ -40,7 +40,7 @@ pub(crate) fn sync_io(
         return neg(libc::EINVAL);
     };
     let target = match driver.token_containing(base.cast()) {
-        Some(t) => Target::Registered(t, base as usize - t.base + buf_offset as usize),
+        Some(t) => Target::Registered(t, base as usize - t.base() + buf_offset as usize),
         None => {
             // SAFETY: the C contract: the caller's buffer is valid for the
             // call; it is deregistered before this returns (or kept pinned
@@ -198,7 +198,7 @@ pub(crate) unsafe fn segments_of(
         let Some(t) = driver.token_containing(s.base.cast()) else {
             return Err(format!("segment {i}: {:p} is not in a registered buffer (uGDSBufRegister it first)", s.base));
         };
-        let Some(off) = (s.base as usize - t.base).checked_add(s.buf_offset as usize) else {
+        let Some(off) = (s.base as usize - t.base()).checked_add(s.buf_offset as usize) else {
             return Err(format!("segment {i}: offset wraps the address space"));
         };
         found.push((t, off, s.size));

@@ -63,7 +63,7 @@ struct IovaEntry {
     /// GPU memory, reached through the runtime's copy engine.
     device: Option<Arc<dyn DeviceRuntime>>,
     /// Memory the platform allocated (queues, PRP pages); freed on removal.
-    _owned: Option<Anonymous>,
+    owned: Option<Anonymous>,
 }
 
 /// IOVAs start here, so that a zero or small PRP is always a fault.
@@ -71,7 +71,7 @@ const IOVA_BASE: u64 = 0x1_0000_0000;
 
 impl IovaTable {
     fn insert(&mut self, host: usize, len: usize, owned: Option<Anonymous>) -> u64 {
-        self.insert_entry(IovaEntry { len, host, device: None, _owned: owned })
+        self.insert_entry(IovaEntry { len, host, device: None, owned })
     }
 
     fn insert_entry(&mut self, e: IovaEntry) -> u64 {
@@ -276,7 +276,7 @@ impl Platform for EmuPlatform {
         self.shared.reg(off).map_or(u32::MAX, |r| r.load(Ordering::Acquire))
     }
 
-    fn write32(&self, off: usize, val: u32) {
+    unsafe fn write32(&self, off: usize, val: u32) {
         if self.shared.removed.load(Ordering::Acquire) {
             return;
         }
@@ -316,25 +316,36 @@ impl Platform for EmuPlatform {
     unsafe fn map_host(&self, vaddr: *mut u8, len: usize) -> Result<HostMapping> {
         let span = HostMapping::span(vaddr, len)?;
         let iova = self.shared.iova.write().recover().insert(span.0, span.1, None);
-        Ok(HostMapping::contiguous(vaddr, span, iova))
+        // SAFETY: the IOVA table translates `iova` to the span until
+        // `unmap_host` removes the entry.
+        Ok(unsafe { HostMapping::contiguous(vaddr, span, iova) })
     }
 
     unsafe fn map_device(&self, mem: &DeviceMemory) -> Result<HostMapping> {
         let (start, len) = ugds_platform::device::page_span(mem.ptr, mem.len);
-        let entry = IovaEntry { len, host: start as usize, device: Some(mem.runtime.clone()), _owned: None };
+        let entry = IovaEntry { len, host: start as usize, device: Some(mem.runtime.clone()), owned: None };
         let iova = self.shared.iova.write().recover().insert_entry(entry);
-        Ok(HostMapping::contiguous(mem.ptr as *const u8, (start as usize, len), iova))
+        // SAFETY: as in `map_host`, for the GPU memory's pages.
+        Ok(unsafe { HostMapping::contiguous(mem.ptr as *const u8, (start as usize, len), iova) })
     }
 
     fn copies_device_memory(&self) -> bool {
         true
     }
 
-    fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
-        if self.shared.iova.write().recover().remove(mapping.cookie) {
-            Ok(())
-        } else {
-            Err(Error::Platform(format!("no mapping at IOVA {:#x}", mapping.cookie)))
+    unsafe fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
+        let cookie = mapping.cookie();
+        let mut table = self.shared.iova.write().recover();
+        match table.map.get(&cookie) {
+            None => Err(Error::Platform(format!("no mapping at IOVA {cookie:#x}"))),
+            // A DmaBuffer's memory: only its drop frees it.
+            Some(e) if e.owned.is_some() => {
+                Err(Error::InvalidArgument(format!("IOVA {cookie:#x} is a DMA buffer of the platform's own")))
+            }
+            Some(_) => {
+                table.remove(cookie);
+                Ok(())
+            }
         }
     }
 

@@ -358,7 +358,7 @@ impl Platform for KernelPlatform {
         }
     }
 
-    fn write32(&self, _off: usize, _val: u32) {}
+    unsafe fn write32(&self, _off: usize, _val: u32) {}
 
     fn alloc_dma(&self, len: usize) -> Result<DmaBuffer> {
         DmaBuffer::anonymous(len)
@@ -378,7 +378,9 @@ impl Platform for KernelPlatform {
                 self.hosts.write().recover().insert(span.0, r);
             }
         }
-        Ok(HostMapping::contiguous(vaddr, span, span.0 as u64))
+        // SAFETY: the kernel path names memory by its own address (the
+        // kernel reaches it through the process's page tables).
+        Ok(unsafe { HostMapping::contiguous(vaddr, span, span.0 as u64) })
     }
 
     unsafe fn map_device(&self, mem: &DeviceMemory) -> Result<HostMapping> {
@@ -389,7 +391,7 @@ impl Platform for KernelPlatform {
         true
     }
 
-    fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
+    unsafe fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
         if self.devices.unmap(mapping) {
             return Ok(());
         }

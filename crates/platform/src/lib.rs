@@ -42,18 +42,38 @@ use crate::dma::DmaBuffer;
 use crate::sys::EventFd;
 
 /// Controller addresses of a user buffer, one per controller page.
+///
+/// Only a platform makes one (its fields are private), and only
+/// [`Platform::unmap_host`], an `unsafe fn`, takes one back:
+///
+/// ```compile_fail,E0451
+/// // Fields are private: a mapping cannot be written by hand.
+/// let m = ugds_platform::HostMapping { pages: vec![0u64].into(), first_offset: 0, cookie: 0 };
+/// ```
 #[derive(Debug, Clone)]
 pub struct HostMapping {
-    /// Controller address of each page spanned, in order (shared, so a
-    /// request path can keep it without holding the registry's locks).
-    pub pages: std::sync::Arc<[u64]>,
-    /// Offset of the buffer's first byte within the first page.
-    pub first_offset: usize,
-    /// The platform's name for this mapping, given back to unmap it.
-    pub cookie: u64,
+    pub(crate) pages: std::sync::Arc<[u64]>,
+    pub(crate) first_offset: usize,
+    pub(crate) cookie: u64,
 }
 
 impl HostMapping {
+    /// Controller address of each page spanned, in order (shared, so a
+    /// request path can keep it without holding the registry's locks).
+    pub fn pages(&self) -> &std::sync::Arc<[u64]> {
+        &self.pages
+    }
+
+    /// Offset of the buffer's first byte within the first page.
+    pub fn first_offset(&self) -> usize {
+        self.first_offset
+    }
+
+    /// The platform's name for this mapping, given back to unmap it.
+    pub fn cookie(&self) -> u64 {
+        self.cookie
+    }
+
     /// The page span of `len` bytes at `vaddr`: its first page and length,
     /// in whole pages. Platforms map this span.
     pub fn span(vaddr: *const u8, len: usize) -> Result<(usize, usize)> {
@@ -72,16 +92,32 @@ impl HostMapping {
     /// (the platforms whose "device" is this process: the kernel path and
     /// the fabrics' initiators, which copy the data themselves).
     pub fn identity(vaddr: *const u8, len: usize) -> Result<HostMapping> {
-        let span = HostMapping::span(vaddr, len)?;
-        Ok(HostMapping::contiguous(vaddr, span, span.0 as u64))
+        let (start, span) = HostMapping::span(vaddr, len)?;
+        let pages = (0..span / crate::sys::PAGE_SIZE).map(|i| (start + i * crate::sys::PAGE_SIZE) as u64).collect();
+        Ok(HostMapping { pages, first_offset: vaddr as usize - start, cookie: start as u64 })
     }
 
     /// A mapping of the span of `vaddr` placed contiguously at `iova`
     /// (behind an IOMMU, or in the emulator's table); `cookie` is `iova`.
-    pub fn contiguous(vaddr: *const u8, span: (usize, usize), iova: u64) -> HostMapping {
+    ///
+    /// # Safety
+    /// The platform's controller reaches the span at `iova`, from now
+    /// until the mapping is unmapped: the engine names these addresses in
+    /// commands.
+    pub unsafe fn contiguous(vaddr: *const u8, span: (usize, usize), iova: u64) -> HostMapping {
         let (start, len) = span;
         let pages = (0..len / crate::sys::PAGE_SIZE).map(|i| iova + (i * crate::sys::PAGE_SIZE) as u64).collect();
         HostMapping { pages, first_offset: vaddr as usize - start, cookie: iova }
+    }
+
+    /// A mapping from its parts: the controller address of each page, the
+    /// buffer's offset in the first, and the platform's name for it.
+    ///
+    /// # Safety
+    /// As for [`contiguous`](Self::contiguous): the controller reaches the
+    /// buffer's pages at `pages` until the mapping is unmapped.
+    pub unsafe fn from_parts(pages: std::sync::Arc<[u64]>, first_offset: usize, cookie: u64) -> HostMapping {
+        HostMapping { pages, first_offset, cookie }
     }
 }
 
@@ -94,7 +130,20 @@ pub trait Platform: Send + Sync {
     fn read32(&self, off: usize) -> u32;
 
     /// Writes a 32-bit controller register (doorbells included).
-    fn write32(&self, off: usize, val: u32);
+    ///
+    /// # Safety
+    /// A register write can start the controller's DMA (a doorbell over an
+    /// entry that names memory, a queue base, CC.EN): the caller makes sure
+    /// every address the controller may then use is memory mapped for it
+    /// and kept until the controller is done. Only the engine writes
+    /// registers.
+    ///
+    /// ```compile_fail,E0133
+    /// fn ring(p: &dyn ugds_platform::Platform) {
+    ///     p.write32(0x1000, 1); // error[E0133]: needs an unsafe block
+    /// }
+    /// ```
+    unsafe fn write32(&self, off: usize, val: u32);
 
     /// Reads a 64-bit register as two dword reads, low first.
     fn read64(&self, off: usize) -> u64 {
@@ -102,9 +151,15 @@ pub trait Platform: Send + Sync {
     }
 
     /// Writes a 64-bit register as two dword writes, low first.
-    fn write64(&self, off: usize, val: u64) {
-        self.write32(off, val as u32);
-        self.write32(off + 4, (val >> 32) as u32);
+    ///
+    /// # Safety
+    /// As for [`write32`](Self::write32).
+    unsafe fn write64(&self, off: usize, val: u64) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            self.write32(off, val as u32);
+            self.write32(off + 4, (val >> 32) as u32);
+        }
     }
 
     /// Allocates `len` bytes (rounded up to pages) of zeroed memory,
@@ -136,9 +191,21 @@ pub trait Platform: Send + Sync {
         false
     }
 
-    /// Removes a mapping made by [`Platform::map_host`] or [`Platform::map_device`]. The caller makes
-    /// sure no command that uses it is outstanding.
-    fn unmap_host(&self, mapping: &HostMapping) -> Result<()>;
+    /// Removes a mapping made by [`Platform::map_host`] or
+    /// [`Platform::map_device`]. Memory the platform's own table owns (a
+    /// [`DmaBuffer`]'s: only its drop frees it) is refused.
+    ///
+    /// # Safety
+    /// `mapping` is one this platform made and has not unmapped, and no
+    /// command that uses it is outstanding: once this returns, the device
+    /// may no longer reach the memory, and its owner may free it.
+    ///
+    /// ```compile_fail,E0133
+    /// fn unmap(p: &dyn ugds_platform::Platform, m: &ugds_platform::HostMapping) {
+    ///     let _ = p.unmap_host(m); // error[E0133]: needs an unsafe block
+    /// }
+    /// ```
+    unsafe fn unmap_host(&self, mapping: &HostMapping) -> Result<()>;
 
     /// The eventfd signalled by interrupt vector `vector`, set up on first
     /// use; `None` when the platform has no interrupts to offer.

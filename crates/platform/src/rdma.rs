@@ -194,7 +194,7 @@ impl Platform for RdmaPlatform {
         (off == regs::CSTS) as u32
     }
 
-    fn write32(&self, _off: usize, _val: u32) {}
+    unsafe fn write32(&self, _off: usize, _val: u32) {}
 
     fn alloc_dma(&self, len: usize) -> Result<DmaBuffer> {
         DmaBuffer::anonymous(len)
@@ -246,14 +246,18 @@ impl Platform for RdmaPlatform {
             .register_dmabuf(x.fd.as_raw_fd(), x.offset, mem.len, mem.ptr)
             .map_err(|e| refused(e.to_string()))?;
         let (start, span) = crate::device::page_span(mem.ptr, mem.len);
-        let mut mapping = HostMapping::contiguous(mem.ptr as *const u8, (start as usize, span), start);
-        mapping.cookie = self.insert(mem.ptr, mem.ptr + mem.len as u64, Some(mr), true);
-        Ok(mapping)
+        let cookie = self.insert(mem.ptr, mem.ptr + mem.len as u64, Some(mr), true);
+        // SAFETY: the initiator names GPU memory by its own address, which
+        // the RDMA device reaches through the region registered above
+        // (kept until `unmap_host` of this cookie).
+        let mapping = unsafe { HostMapping::contiguous(mem.ptr as *const u8, (start as usize, span), start) };
+        // SAFETY: the same pages, under the region's name.
+        Ok(unsafe { HostMapping::from_parts(mapping.pages, mapping.first_offset, cookie) })
     }
 
     /// Deregisters the buffer: the device no longer reaches it once this
     /// returns.
-    fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
+    unsafe fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
         let mut regions = self.regions.write().unwrap_or_else(PoisonError::into_inner);
         if let Some(i) = regions.iter().position(|r| r.cookie == mapping.cookie) {
             let r = regions.remove(i);

@@ -81,7 +81,7 @@ impl Platform for TcpPlatform {
         (off == regs::CSTS) as u32
     }
 
-    fn write32(&self, _off: usize, _val: u32) {}
+    unsafe fn write32(&self, _off: usize, _val: u32) {}
 
     fn alloc_dma(&self, len: usize) -> Result<DmaBuffer> {
         DmaBuffer::anonymous(len)
@@ -99,7 +99,7 @@ impl Platform for TcpPlatform {
         true
     }
 
-    fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
+    unsafe fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
         self.devices.unmap(mapping);
         Ok(())
     }

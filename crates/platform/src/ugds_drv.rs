@@ -161,7 +161,7 @@ impl Platform for UgdsDrvPlatform {
     }
 
     #[inline]
-    fn write32(&self, off: usize, val: u32) {
+    unsafe fn write32(&self, off: usize, val: u32) {
         self.bar0.write32(off, val)
     }
 
@@ -210,7 +210,7 @@ impl Platform for UgdsDrvPlatform {
         }
     }
 
-    fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
+    unsafe fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
         k::unmap(&self.file.fd, mapping.cookie)
     }
 

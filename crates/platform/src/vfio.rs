@@ -349,7 +349,7 @@ impl Platform for VfioPlatform {
     }
 
     #[inline]
-    fn write32(&self, off: usize, val: u32) {
+    unsafe fn write32(&self, off: usize, val: u32) {
         self.bar0.write32(off, val)
     }
 
@@ -368,10 +368,19 @@ impl Platform for VfioPlatform {
         let span = HostMapping::span(vaddr, len)?;
         // SAFETY: `map_host`'s caller keeps the memory until `unmap_host`.
         let iova = unsafe { self.container.map(span.0, span.1, None) }?;
-        Ok(HostMapping::contiguous(vaddr, span, iova))
+        // SAFETY: the IOMMU maps the span at `iova` until `unmap_host`.
+        Ok(unsafe { HostMapping::contiguous(vaddr, span, iova) })
     }
 
-    fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
+    unsafe fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
+        // A DmaBuffer's memory (queues, PRP lists): only its drop frees it.
+        let owned = self.container.iova.lock().recover().live.get(&mapping.cookie).is_some_and(|(_, o)| o.is_some());
+        if owned {
+            return Err(Error::InvalidArgument(format!(
+                "IOVA {:#x} is a DMA buffer of the platform's own",
+                mapping.cookie
+            )));
+        }
         self.container.unmap(mapping.cookie)
     }
 

@@ -50,7 +50,9 @@ impl DeviceWindows {
         let iova = self.next.fetch_add(len as u64 + PAGE_SIZE as u64, Ordering::Relaxed);
         let w = Window { len, device: start, runtime: mem.runtime.clone() };
         self.windows.write().recover().insert(iova, w);
-        HostMapping::contiguous(mem.ptr as *const u8, (start as usize, len), iova)
+        // SAFETY: the window table translates `iova` to this memory until
+        // `unmap` removes the window.
+        unsafe { HostMapping::contiguous(mem.ptr as *const u8, (start as usize, len), iova) }
     }
 
     /// Ends the window of a mapping `map` made; false for any other.

@@ -373,7 +373,7 @@ impl Buffer {
         let storage = t.call_method0("untyped_storage")?;
         let start: u64 = storage.call_method0("data_ptr")?.extract()?;
         let len: u64 = storage.call_method0("nbytes")?.extract()?;
-        let (base, need) = (self.token.base as u64, self.token.len as u64);
+        let (base, need) = (self.token.base() as u64, self.token.len() as u64);
         if ptr != base || base < start || base + need > start + len {
             return Err(InvalidArgument::new_err(format!(
                 "the tensor's storage moved or shrank since it was registered at {base:#x} ({need} bytes; \
@@ -403,12 +403,12 @@ impl Buffer {
     /// Base address.
     #[getter]
     fn ptr(&self) -> u64 {
-        self.token.base as u64
+        self.token.base() as u64
     }
     /// Length in bytes.
     #[getter]
     fn nbytes(&self) -> usize {
-        self.token.len
+        self.token.len()
     }
     /// Whether this is GPU memory.
     #[getter]
@@ -417,7 +417,7 @@ impl Buffer {
     }
     fn __repr__(&self) -> String {
         let kind = if self.device { "GPU" } else { "host" };
-        format!("<ugds.Buffer {kind} {:#x}+{:#x}>", self.token.base, self.token.len)
+        format!("<ugds.Buffer {kind} {:#x}+{:#x}>", self.token.base(), self.token.len())
     }
 }
 

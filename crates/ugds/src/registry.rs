@@ -30,14 +30,36 @@ use ugds_platform::Recover;
 
 /// Names one registration: the base address, its length, and the
 /// generation that tells it from earlier registrations of the same address.
+/// Only registration makes one (its fields are private); every use is
+/// checked against the registry, so a token of a registration that has
+/// gone (or a later one at the same address) is refused.
+///
+/// ```compile_fail,E0451
+/// let t = ugds::BufferToken { base: 0x1000, len: 4096, generation: 1 };
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BufferToken {
+    pub(crate) base: usize,
+    pub(crate) len: usize,
+    pub(crate) generation: u64,
+}
+
+impl BufferToken {
     /// Base address.
-    pub base: usize,
+    pub fn base(&self) -> usize {
+        self.base
+    }
+
     /// Length in bytes.
-    pub len: usize,
+    #[allow(clippy::len_without_is_empty)]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
     /// Generation of this registration.
-    pub generation: u64,
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
 }
 
 pub(crate) struct Mapping {
@@ -76,9 +98,10 @@ impl BufEntry {
         };
         // Every page must start on a controller page: the request paths
         // name them in PRPs without checking each again.
-        if let Some(i) = map.pages.iter().position(|&a| a % PAGE_SIZE as u64 != 0) {
-            let addr = map.pages[i];
-            if let Err(e) = platform.unmap_host(&map) {
+        if let Some(i) = map.pages().iter().position(|&a| a % PAGE_SIZE as u64 != 0) {
+            let addr = map.pages()[i];
+            // SAFETY: the mapping just made, used by no command yet.
+            if let Err(e) = unsafe { platform.unmap_host(&map) } {
                 tracing::warn!("unmapping buffer {:#x}: {e}", self.base);
             }
             return Err(Error::Platform(format!(
@@ -95,7 +118,10 @@ impl BufEntry {
         let mut m = self.mappings.write().recover();
         m.retain(|x| {
             if x.handle_id == handle_id {
-                if let Err(e) = x.platform.unmap_host(&x.map) {
+                // SAFETY: this entry's mapping, made by that platform and
+                // unmapped only here (the entry is dropped after); the
+                // registry calls this only with no I/O on the buffer.
+                if let Err(e) = unsafe { x.platform.unmap_host(&x.map) } {
                     tracing::warn!("unmapping buffer {:#x}: {e}", self.base);
                 }
                 false
@@ -423,7 +449,7 @@ impl Recent {
             .mappings()
             .iter()
             .find(|m| m.handle_id == handle_id)
-            .map(|m| m.map.pages.clone())
+            .map(|m| m.map.pages().clone())
             .ok_or_else(|| Error::Platform("buffer is not mapped for this handle".into()))?;
         let e = guard.entry();
         Ok(Recent { handle_id, token: *token, len: e.len, entry: Arc::downgrade(e), pages })
@@ -525,20 +551,24 @@ mod tests {
         fn read32(&self, off: usize) -> u32 {
             self.0.read32(off)
         }
-        fn write32(&self, off: usize, val: u32) {
-            self.0.write32(off, val)
+        unsafe fn write32(&self, off: usize, val: u32) {
+            // SAFETY: the caller's promise, passed on.
+            unsafe { self.0.write32(off, val) }
         }
         fn alloc_dma(&self, len: usize) -> ugds_platform::Result<ugds_platform::dma::DmaBuffer> {
             self.0.alloc_dma(len)
         }
         unsafe fn map_host(&self, vaddr: *mut u8, len: usize) -> ugds_platform::Result<HostMapping> {
             // SAFETY: the caller's promise, passed on.
-            let mut m = unsafe { self.0.map_host(vaddr, len)? };
-            m.pages = m.pages.iter().enumerate().map(|(i, &a)| if i > 0 { a + 512 } else { a }).collect();
-            Ok(m)
+            let m = unsafe { self.0.map_host(vaddr, len)? };
+            let pages = m.pages().iter().enumerate().map(|(i, &a)| if i > 0 { a + 512 } else { a }).collect();
+            // SAFETY: a broken platform on purpose: the registry must
+            // refuse these pages before any command names them.
+            Ok(unsafe { HostMapping::from_parts(pages, m.first_offset(), m.cookie()) })
         }
-        fn unmap_host(&self, mapping: &HostMapping) -> ugds_platform::Result<()> {
-            self.0.unmap_host(mapping)
+        unsafe fn unmap_host(&self, mapping: &HostMapping) -> ugds_platform::Result<()> {
+            // SAFETY: the caller's promise, passed on.
+            unsafe { self.0.unmap_host(mapping) }
         }
         fn interrupt(&self, vector: u16) -> ugds_platform::Result<Option<&ugds_platform::sys::EventFd>> {
             self.0.interrupt(vector)

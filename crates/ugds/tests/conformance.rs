@@ -557,17 +557,23 @@ fn drv_ledger_refuses_overlaps_and_stale_handles() {
     let base = mem.as_mut_ptr();
     // SAFETY: `mem` outlives the mappings (all removed below).
     let m = unsafe { p.map_host(base, 64 << 10) }.unwrap();
-    assert_eq!(m.pages.len(), 16);
-    assert!(m.pages.iter().all(|a| a % 4096 == 0));
+    assert_eq!(m.pages().len(), 16);
+    assert!(m.pages().iter().all(|a| a % 4096 == 0));
     assert_eq!(p.counters().unwrap().pinned_pages, before.pinned_pages + 16);
     // SAFETY: as above.
     assert!(unsafe { p.map_host(base, 4096) }.is_err(), "the same range twice");
     // SAFETY: as above.
     assert!(unsafe { p.map_host(base.add(60 << 10), 8192) }.is_err(), "an overlapping range");
-    let stale = ugds::platform::HostMapping { pages: Vec::new().into(), first_offset: 0, cookie: 999_999 };
-    assert!(p.unmap_host(&stale).is_err(), "an unknown handle");
-    p.unmap_host(&m).unwrap();
-    assert!(p.unmap_host(&m).is_err(), "a handle already released");
+    // SAFETY: a mapping of no pages under a handle the module never gave:
+    // the module must refuse it, and nothing is reachable through it.
+    let stale = unsafe { ugds::platform::HostMapping::from_parts(Vec::new().into(), 0, 999_999) };
+    // SAFETY: checks the module's own refusal of unknown and stale handles;
+    // `m` is used by no command.
+    unsafe {
+        assert!(p.unmap_host(&stale).is_err(), "an unknown handle");
+        p.unmap_host(&m).unwrap();
+        assert!(p.unmap_host(&m).is_err(), "a handle already released");
+    }
     let after = p.counters().unwrap();
     assert_eq!((after.pinned_pages, after.live_mappings), (before.pinned_pages, before.live_mappings));
     assert!(p.map_dmabuf(-1, 0, 4096).is_err(), "a bad dma-buf descriptor");
@@ -593,14 +599,14 @@ fn drv_dmabuf_import_moves_data() {
     let ctrl = ugds::engine::Controller::bring_up(p.clone(), 1).unwrap();
     let ns = ctrl.info().namespaces[0];
     let mapping = p.map_dmabuf(dmabuf.as_raw_fd(), 0, LEN).unwrap();
-    assert_eq!(mapping.pages.len(), LEN / 4096);
+    assert_eq!(mapping.pages().len(), LEN / 4096);
     let data = pattern(21, 0, 8192);
     // SAFETY: within the mapping; the device does not touch it yet.
     unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), view, 8192) };
     let mut qp = ctrl.create_io_qpair(1, 16, None).unwrap();
     let nlb = 8192 / ns.block_size;
     let run = |qp: &mut ugds::engine::QueuePair, op, slba: u64, page: usize| {
-        let plan = PrpPlan::Two { prp1: mapping.pages[page], prp2: mapping.pages[page + 1] };
+        let plan = PrpPlan::Two { prp1: mapping.pages()[page], prp2: mapping.pages()[page + 1] };
         qp.submit(Sqe::rw(op, Cid(0), Nsid(ns.nsid), Lba(slba), nlb, 0, 0), Some(plan), ugds::engine::Owner::Own(0))
             .unwrap();
         qp.ring_sq_doorbell();
@@ -622,7 +628,8 @@ fn drv_dmabuf_import_moves_data() {
     drop(qp);
     drop(ctrl);
     use ugds::platform::Platform;
-    p.unmap_host(&mapping).unwrap();
+    // SAFETY: its mapping, used by no command in flight.
+    unsafe { p.unmap_host(&mapping) }.unwrap();
     // SAFETY: our mapping, no longer used.
     unsafe { libc::munmap(view.cast(), LEN) };
 }
@@ -764,7 +771,8 @@ fn drv_lifecycle_1_mmap_races_map() {
                 assert_ne!(mem, libc::MAP_FAILED);
                 // SAFETY: `mem` outlives the mapping, removed just below.
                 let m = unsafe { p.map_host(mem.cast(), len) }.unwrap();
-                p.unmap_host(&m).unwrap();
+                // SAFETY: its mapping, used by no command in flight.
+                unsafe { p.unmap_host(&m) }.unwrap();
                 // SAFETY: ours, no longer mapped for the device.
                 unsafe { libc::munmap(mem, len) };
             }
@@ -842,7 +850,8 @@ fn drv_pinned_memory_is_charged_to_the_process() {
     // SAFETY: `host` outlives the mapping, removed below.
     let m = unsafe { p.map_host(host.as_mut_ptr(), host.len()) }.unwrap();
     assert_eq!(vm_lck_kib(), before + 1024, "1 MiB pinned is charged");
-    p.unmap_host(&m).unwrap();
+    // SAFETY: its mapping, used by no command in flight.
+    unsafe { p.unmap_host(&m) }.unwrap();
     assert_eq!(vm_lck_kib(), before, "and given back");
 }
 
@@ -900,7 +909,8 @@ fn drv_nvidia_p2p_1_free_callback_races_unmap_and_map() {
                             let r = fake_revoke(d, va);
                             assert!(!persistent || r.is_err(), "persistent pages were taken back");
                         });
-                        p.unmap_host(&m).unwrap();
+                        // SAFETY: its mapping, used by no command in flight.
+                        unsafe { p.unmap_host(&m) }.unwrap();
                     });
                 }
                 1 => std::thread::scope(|s| {
@@ -914,13 +924,15 @@ fn drv_nvidia_p2p_1_free_callback_races_unmap_and_map() {
                     });
                     // Taken back while half built, MAP fails; else it is ours.
                     if let Ok(m) = p.map_nvidia_p2p(va, P2P_LEN) {
-                        p.unmap_host(&m).unwrap();
+                        // SAFETY: its mapping, used by no command in flight.
+                        unsafe { p.unmap_host(&m) }.unwrap();
                     }
                 }),
                 _ => {
                     let m = p.map_nvidia_p2p(va, P2P_LEN).unwrap();
                     assert_eq!(fake_revoke(&dir, va).is_ok(), !persistent);
-                    p.unmap_host(&m).unwrap();
+                    // SAFETY: its mapping, used by no command in flight.
+                    unsafe { p.unmap_host(&m) }.unwrap();
                 }
             }
         }
@@ -942,10 +954,14 @@ fn drv_nvidia_p2p_2_taken_back_stops_the_controller() {
     let p = ugds::platform::ugds_drv::UgdsDrvPlatform::open(&path).unwrap();
     // Enabled with an (idle) admin queue pair: no command is needed.
     let (asq, acq) = (p.alloc_dma(4096).unwrap(), p.alloc_dma(4096).unwrap());
-    p.write32(0x24, 15 << 16 | 15);
-    p.write64(0x28, asq.iova(0));
-    p.write64(0x30, acq.iova(0));
-    p.write32(0x14, 4 << 20 | 6 << 16 | 1);
+    // SAFETY: the admin queues are DMA buffers of this platform, kept
+    // until the controller is disabled below.
+    unsafe {
+        p.write32(0x24, 15 << 16 | 15);
+        p.write64(0x28, asq.iova(0));
+        p.write64(0x30, acq.iova(0));
+        p.write32(0x14, 4 << 20 | 6 << 16 | 1);
+    }
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while p.read32(0x1c) & 1 == 0 {
         assert!(std::time::Instant::now() < deadline, "the controller did not become ready");
@@ -963,6 +979,7 @@ fn drv_nvidia_p2p_2_taken_back_stops_the_controller() {
         assert_eq!((cc & 1, csts & 1), (0, 0), "stopped before the callback returned (CC {cc:#x}, CSTS {csts:#x})");
         assert!(!bus_master(), "bus mastering is off");
     }
-    p.unmap_host(&m).unwrap();
+    // SAFETY: its mapping, used by no command in flight.
+    unsafe { p.unmap_host(&m) }.unwrap();
     assert_eq!(fake_ranges(&dir), 0, "the range was given back once");
 }

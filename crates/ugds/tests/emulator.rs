@@ -191,13 +191,17 @@ fn io_command_checks() {
 fn doorbell_values_outside_the_queue_are_ignored_and_counted() {
     let (c, emu) = controller(small_emu(), 1);
     let qp = io_qpair(&c);
-    c.platform().write32(regs::sq_tail_doorbell(1, 0), 16); // queue has 16 entries: 0..=15
+    // SAFETY: doorbells over no entries (the queue is empty), and one of a
+    // queue that does not exist: nothing names memory.
+    unsafe { c.platform().write32(regs::sq_tail_doorbell(1, 0), 16) }; // queue has 16 entries: 0..=15
     std::thread::sleep(std::time::Duration::from_millis(20));
     assert_eq!(emu.stats().invalid_doorbells, 1);
     // A doorbell for a queue the controller does not have.
-    c.platform().write32(regs::sq_tail_doorbell(500, 0), 1);
+    // SAFETY: as above.
+    unsafe { c.platform().write32(regs::sq_tail_doorbell(500, 0), 1) };
     assert_eq!(emu.stats().invalid_doorbells, 2);
-    c.platform().write32(regs::sq_tail_doorbell(1, 0), 0);
+    // SAFETY: as above.
+    unsafe { c.platform().write32(regs::sq_tail_doorbell(1, 0), 0) };
     c.delete_io_qpair(&qp).unwrap();
 }
 
@@ -340,19 +344,20 @@ fn host_and_device_memory_side_by_side() {
     let rw = |op, lba, prp1| Sqe::rw(op, Cid(0), Nsid(1), Lba(lba), 8, prp1, 0);
     // Host -> namespace (the controller's thread), namespace -> GPU (the copy thread).
     assert!(run(&mut qp, rw(NvmOpcode::Write, 0, host.iova(0)), None).status().is_success());
-    assert!(run(&mut qp, rw(NvmOpcode::Read, 0, dev.pages[0]), None).status().is_success());
+    assert!(run(&mut qp, rw(NvmOpcode::Read, 0, dev.pages()[0]), None).status().is_success());
     let want: Vec<u8> = (0..4096).map(|i| i as u8 ^ 0x5a).collect();
     assert!(gpu.mem.lock().unwrap()[..4096] == want[..], "the GPU got the bytes");
     // GPU -> namespace -> host.
     gpu.mem.lock().unwrap()[4096..].fill(0xc3);
-    assert!(run(&mut qp, rw(NvmOpcode::Write, 8, dev.pages[1]), None).status().is_success());
+    assert!(run(&mut qp, rw(NvmOpcode::Write, 8, dev.pages()[1]), None).status().is_success());
     assert!(run(&mut qp, rw(NvmOpcode::Read, 8, host.iova(0)), None).status().is_success());
     // SAFETY: the 4096 bytes the read just filled.
     let back = unsafe { std::slice::from_raw_parts(host.vaddr(), 4096) };
     assert!(back.iter().all(|&b| b == 0xc3), "the host got the GPU's bytes");
     assert_eq!(emu.stats().dma_faults, 0);
     c.delete_io_qpair(&qp).unwrap();
-    p.unmap_host(&dev).unwrap();
+    // SAFETY: its mapping, used by no command in flight.
+    unsafe { p.unmap_host(&dev) }.unwrap();
 }
 
 #[test]
@@ -461,4 +466,31 @@ fn sgl_commands_are_walked_and_bad_lists_refused() {
     let one = sgl_read(Descriptor::data_block(mem.iova(0), 512), 1);
     assert_eq!(run(&mut qp, one, None).status().sc, generic::INVALID_FIELD);
     c.delete_io_qpair(&qp).unwrap();
+}
+
+/// A mapping that names a DMA buffer of the platform's own (queues, PRP
+/// lists) is refused: only the buffer's drop frees that memory, and the
+/// buffer stays usable.
+#[test]
+fn unmapping_the_platforms_own_dma_memory_is_refused() {
+    use ugds::platform::{HostMapping, Platform};
+    let emu = EmuPlatform::new(small_emu()).unwrap();
+    let buf = emu.alloc_dma(4096).unwrap();
+    // SAFETY: names the buffer's own IOVA: the platform must refuse to
+    // unmap it, so the buffer's memory stays mapped.
+    let forged = unsafe { HostMapping::from_parts(vec![buf.iova(0)].into(), 0, buf.iova(0)) };
+    // SAFETY: as above; no command uses the buffer.
+    let e = unsafe { emu.unmap_host(&forged) }.unwrap_err();
+    assert!(e.to_string().contains("DMA buffer of the platform's own"), "{e}");
+    buf.write_u32(0, 0x5a5a_5a5a);
+    assert_eq!(buf.read_u32(0), 0x5a5a_5a5a, "the buffer is still mapped and usable");
+    // A mapping of the caller's memory is removed, once.
+    let mut mem = ugds::HostBuffer::new(4096).unwrap();
+    // SAFETY: `mem` outlives the mapping, removed below.
+    let m = unsafe { emu.map_host(mem.as_mut_ptr(), 4096) }.unwrap();
+    // SAFETY: the mapping just made, used by no command.
+    unsafe {
+        emu.unmap_host(&m).unwrap();
+        assert!(emu.unmap_host(&m).is_err(), "a mapping already removed");
+    }
 }

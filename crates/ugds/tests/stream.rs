@@ -150,7 +150,7 @@ fn bad_late_values_fail_the_operation_not_the_stream() {
     assert_eq!(good.bytes(), 4096);
     assert_eq!(emu.stats().commands, before + 1, "only the good one reached the device");
     // Unregistered buffers are refused at enqueue.
-    let nowhere = ugds::BufferToken { base: 0x5000, len: 4096, generation: 1 };
+    let (nowhere, _kept) = common::gone_token(&d);
     let (io, _) = StreamIo::new(4096, 0, 0);
     assert!(matches!(h.read_async(&nowhere, io, &s), Err(Error::NotRegistered { .. })));
 }

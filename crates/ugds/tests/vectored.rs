@@ -25,7 +25,7 @@ fn segments_in_any_order_map_to_consecutive_bytes_of_the_namespace() {
     // Lay the pattern out in the segments, in order.
     let mut at = 0;
     for s in &segs {
-        let mem = if s.buf.base == a.token.base { &mut a.mem } else { &mut b.mem };
+        let mem = if s.buf.base() == a.token.base() { &mut a.mem } else { &mut b.mem };
         mem[s.offset..s.offset + s.len].copy_from_slice(&want[at..at + s.len]);
         at += s.len;
     }
@@ -40,7 +40,7 @@ fn segments_in_any_order_map_to_consecutive_bytes_of_the_namespace() {
     assert_eq!(h.readv(&segs, 4096).unwrap(), total);
     let mut at = 0;
     for (i, s) in segs.iter().enumerate() {
-        let mem = if s.buf.base == a.token.base { &a.mem } else { &b.mem };
+        let mem = if s.buf.base() == a.token.base() { &a.mem } else { &b.mem };
         assert!(mem[s.offset..s.offset + s.len] == want[at..at + s.len], "segment {i}");
         at += s.len;
     }

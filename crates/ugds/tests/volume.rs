@@ -137,7 +137,7 @@ fn vectored_requests_split_across_members_and_segments() {
     let want = pattern(11, off, total);
     let mut at = 0;
     for s in &segs {
-        let mem = if s.buf.base == a.token.base { &mut a.mem } else { &mut b.mem };
+        let mem = if s.buf.base() == a.token.base() { &mut a.mem } else { &mut b.mem };
         mem[s.offset..s.offset + s.len].copy_from_slice(&want[at..at + s.len]);
         at += s.len;
     }
@@ -150,7 +150,7 @@ fn vectored_requests_split_across_members_and_segments() {
     assert_eq!(v.readv(&segs, off).unwrap(), total);
     let mut at = 0;
     for (i, s) in segs.iter().enumerate() {
-        let mem = if s.buf.base == a.token.base { &a.mem } else { &b.mem };
+        let mem = if s.buf.base() == a.token.base() { &a.mem } else { &b.mem };
         assert!(mem[s.offset..s.offset + s.len] == want[at..at + s.len], "segment {i}");
         at += s.len;
     }

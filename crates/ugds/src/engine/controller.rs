@@ -269,16 +269,21 @@ impl NvmeController {
         // Disable first: the controller may have been left enabled.
         let cc = Cc(platform.read32(regs::CC));
         if cc.en() {
-            platform.write32(regs::CC, cc.0 & !1);
+            // SAFETY: disabling stops the controller's DMA.
+            unsafe { platform.write32(regs::CC, cc.0 & !1) };
         }
         wait_ready(&*platform, false, ready_timeout)?;
 
         let admin_entries = ADMIN_ENTRIES.min(cap.mqes().saturating_add(1)).max(2);
         let qp = NvmeQueue::new(platform.clone(), Qid::ADMIN, admin_entries, dstrd, Some(0))?;
-        platform.write32(regs::AQA, Aqa::new(admin_entries, admin_entries).0);
-        platform.write64(regs::ASQ, qp.sq_iova());
-        platform.write64(regs::ACQ, qp.cq_iova());
-        platform.write32(regs::CC, Cc::enable(0).0);
+        // SAFETY: the admin queues are DMA memory of this platform, owned
+        // by `qp`, which the controller object keeps until it is disabled.
+        unsafe {
+            platform.write32(regs::AQA, Aqa::new(admin_entries, admin_entries).0);
+            platform.write64(regs::ASQ, qp.sq_iova());
+            platform.write64(regs::ACQ, qp.cq_iova());
+            platform.write32(regs::CC, Cc::enable(0).0);
+        }
         wait_ready(&*platform, true, ready_timeout)?;
 
         let data = platform.alloc_dma(IDENTIFY_LEN)?;
@@ -434,7 +439,8 @@ impl NvmeController {
     pub fn shutdown(&self) -> Result<()> {
         let cc = Cc(self.platform.read32(regs::CC));
         if cc.en() && !self.csts().cfs() {
-            self.platform.write32(regs::CC, cc.with_shn(regs::shutdown::NORMAL).0);
+            // SAFETY: a shutdown notification starts no DMA.
+            unsafe { self.platform.write32(regs::CC, cc.with_shn(regs::shutdown::NORMAL).0) };
             let deadline = Instant::now() + self.ready_timeout;
             while self.csts().shst() != regs::shutdown::COMPLETE {
                 if Instant::now() > deadline {
@@ -451,7 +457,8 @@ impl NvmeController {
     /// then on the controller performs no DMA and every queue is gone.
     pub fn disable(&self) -> Result<()> {
         let cc = Cc(self.platform.read32(regs::CC));
-        self.platform.write32(regs::CC, cc.0 & !1 & !(3 << 14));
+        // SAFETY: disabling stops the controller's DMA.
+        unsafe { self.platform.write32(regs::CC, cc.0 & !1 & !(3 << 14)) };
         wait_ready(&*self.platform, false, self.ready_timeout)?;
         self.stopped.store(true, std::sync::atomic::Ordering::SeqCst);
         Ok(())

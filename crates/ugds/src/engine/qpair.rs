@@ -465,7 +465,9 @@ impl NvmeQueue {
                 None => true,
             };
             if mmio {
-                self.platform.write32(self.sq_db, self.sq_tail);
+                // SAFETY: every entry up to the tail names memory the
+                // requests that staged them hold until their completions.
+                unsafe { self.platform.write32(self.sq_db, self.sq_tail) };
                 self.counters.doorbell_writes.add(1);
             }
             self.last_sq_tail = self.sq_tail;
@@ -591,7 +593,8 @@ impl NvmeQueue {
             None => true,
         };
         if mmio {
-            self.platform.write32(self.cq_db, self.cursor.head);
+            // SAFETY: frees completion slots of this queue's own ring.
+            unsafe { self.platform.write32(self.cq_db, self.cursor.head) };
             self.counters.doorbell_writes.add(1);
         }
         self.cq_unreported = 0;

@@ -44,6 +44,17 @@ impl<'d> Buf<'d> {
     }
 }
 
+/// A token whose registration has gone (the memory is kept, so no later
+/// registration takes its address): every use must be refused as not
+/// registered.
+pub fn gone_token(driver: &Driver) -> (BufferToken, HostBuffer) {
+    let mut mem = HostBuffer::new(4096).unwrap();
+    // SAFETY: `mem` is returned and outlives the registration, removed here.
+    let token = unsafe { driver.register(mem.as_mut_ptr(), mem.len()) }.unwrap();
+    driver.deregister(&token).unwrap();
+    (token, mem)
+}
+
 impl Drop for Buf<'_> {
     fn drop(&mut self) {
         if let Err(e) = self.driver.deregister(&self.token) {

@@ -44,7 +44,7 @@ fn fixture(name: &str, interrupt: bool) -> Fixture {
     let mapping = unsafe { platform.map_device(&mem) }.unwrap();
     let efd = interrupt.then(|| (0, platform.interrupt(0).unwrap().expect("vector 0")));
     let q = UringQueue::new(platform.clone(), efd, 1, 64, BLOCK, KernelRing::Plain).unwrap();
-    Fixture { dir, gpu, q, iova: mapping.pages[0] }
+    Fixture { dir, gpu, q, iova: mapping.pages()[0] }
 }
 
 fn rw(op: NvmOpcode, offset: u64, len: usize, addr: u64) -> Sqe {
@@ -180,7 +180,8 @@ fn registered_host_memory_is_a_ring_buffer_until_unmapped() {
     assert_eq!(f.q.ring.fixed_generation(sa), ga, "registered with the ring at its first use");
     assert_eq!(f.q.ring.fixed_generation(sb), 0, "not before");
     // `a` unregistered: the ring lets its slot go at its next use of host memory.
-    p.unmap_host(&ma).unwrap();
+    // SAFETY: its mapping, no command in flight on it.
+    unsafe { p.unmap_host(&ma) }.unwrap();
     let addr = b.as_ptr() as u64;
     let got = run(&mut f.q, &[(rw(NvmOpcode::Write, 0, 4096, addr), addr)]);
     assert!(got[0].is_success());
@@ -190,7 +191,8 @@ fn registered_host_memory_is_a_ring_buffer_until_unmapped() {
     let c = ugds_platform::sys::Anonymous::populated(4096).unwrap();
     let got = run(&mut f.q, &[(rw(NvmOpcode::Read, 0, 4096, c.as_ptr() as u64), c.as_ptr() as u64)]);
     assert!(got[0].is_success());
-    p.unmap_host(&mb).unwrap();
+    // SAFETY: as above.
+    unsafe { p.unmap_host(&mb) }.unwrap();
 }
 
 /// Drops the file's pages from the page cache (written back first).
