@@ -100,6 +100,8 @@ pub struct UringQueue {
     /// the last attempt once that passed [`CACHE_MISSES`].
     cache_misses: u32,
     cache_skipped: u32,
+    /// The file refused a read without waiting: the cache is not tried.
+    cache_unsupported: bool,
 }
 
 /// `CachePolicy::Auto`: after this many reads in a row found nothing in the
@@ -164,6 +166,7 @@ impl UringQueue {
             cache: CachePolicy::Direct,
             cache_misses: 0,
             cache_skipped: 0,
+            cache_unsupported: false,
         })
     }
 
@@ -182,7 +185,7 @@ impl UringQueue {
         }
         match self.cache {
             CachePolicy::Buffered => t.file = BUFFERED,
-            CachePolicy::Auto if t.kind == Kind::Read && t.file == DIRECT => {
+            CachePolicy::Auto if t.kind == Kind::Read && t.file == DIRECT && !self.cache_unsupported => {
                 if self.cache_misses >= CACHE_MISSES {
                     self.cache_skipped += 1;
                     if self.cache_skipped % CACHE_MISSES != 0 {
@@ -480,6 +483,7 @@ impl UringQueue {
         let buffered_only = direct.is_none();
         let platform = &self.platform;
         let (misses, skipped) = (&mut self.cache_misses, &mut self.cache_skipped);
+        let unsupported = &mut self.cache_unsupported;
         let counters = &self.counters;
         self.ring.reap(max.saturating_sub(n), |user_data, res, _dw0| {
             let cid = Cid(user_data as u16);
@@ -498,6 +502,18 @@ impl UringQueue {
                         t.done = t.len;
                     }
                     Status::from_field((r as u16) << 1)
+                }
+                (Kind::Read, r) if t.nowait && (r == -libc::EOPNOTSUPP || r == -libc::EINVAL) => {
+                    // The file takes no RWF_NOWAIT (tmpfs before Linux 6.x,
+                    // some network filesystems): this ring stops trying.
+                    *unsupported = true;
+                    t.nowait = false;
+                    let aligned = direct.is_some_and(|(mem, off)| {
+                        (t.addr + t.done as usize) % mem == 0 && (t.offset + t.done as u64) % off == 0
+                    });
+                    t.file = if aligned { DIRECT } else { BUFFERED };
+                    retry.push(cid);
+                    return;
                 }
                 (Kind::Read, r) if t.nowait && r == -libc::EAGAIN => {
                     // Not in the page cache: from the disk, directly where
