@@ -230,11 +230,21 @@ fn pending_stream_operations_keep_buffer_and_handle_busy() {
     assert!(matches!(d.deregister(&b.token), Err(Error::Busy { what: "buffer", .. })));
     assert!(matches!(h.close(Drain::NoWait), Err(Error::Busy { what: "handle", .. })));
     gate_tx.send(()).unwrap();
-    // On the device (stalled): still held.
-    emu.inject(Fault::next(FaultTarget::Io(None), FaultAction::Stall(Duration::from_millis(200))));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !res.is_done() {
+        assert!(std::time::Instant::now() < deadline, "the first read completes");
+        std::thread::yield_now();
+    }
+    // On the device (stalled for 2 s once fetched): still held.
+    let fetched = emu.stats().commands;
+    emu.inject(Fault::next(FaultTarget::Io(None), FaultAction::Stall(Duration::from_secs(2))));
     let (io2, res2) = StreamIo::new(4096, 0, 0);
     h.read_async(&b.token, io2, &s).unwrap();
-    std::thread::sleep(Duration::from_millis(50));
+    while emu.stats().commands == fetched {
+        assert!(std::time::Instant::now() < deadline, "the second read reaches the device");
+        std::thread::yield_now();
+    }
+    assert!(!res2.is_done(), "the stalled read is on the device");
     assert!(matches!(d.deregister(&b.token), Err(Error::Busy { .. })));
     s.synchronize();
     assert_eq!((res.bytes(), res2.bytes()), (4096, 4096));

@@ -132,9 +132,11 @@ impl From<Full> for Error {
 }
 
 /// A controller's queue pair as the host sees it (NVMe over PCIe: rings
-/// in memory, doorbell registers).
+/// in memory, doorbell registers). The fields are grouped by role for the
+/// reader; Rust chooses the layout (no `repr`), so nothing here is placed
+/// for the cache.
 pub struct NvmeQueue {
-    // ---- submission: touched on every submit ----
+    // Submission.
     sq: DmaBuffer,
     sq_ring: Ring,
     sq_tail: u32,
@@ -153,7 +155,7 @@ pub struct NvmeQueue {
     prp_pages: DmaBuffer,
     prp_free: Vec<u16>,
 
-    // ---- completion: touched on every completion ----
+    // Completion.
     cq: Arc<DmaBuffer>,
     cq_ring: Ring,
     cursor: CqCursor,
@@ -166,7 +168,8 @@ pub struct NvmeQueue {
     /// Shadow doorbells, when the controller offers Doorbell Buffer Config.
     dbbuf: Option<Shadow>,
 
-    // ---- Fields below this point are not touched on the normal I/O path. ----
+    // Identity and doorbells (the doorbell offsets and the platform are
+    // used at every doorbell write).
     qid: Qid,
     sq_db: usize,
     cq_db: usize,
