@@ -195,13 +195,35 @@ fn registered_host_memory_is_a_ring_buffer_until_unmapped() {
     unsafe { p.unmap_host(&mb) }.unwrap();
 }
 
-/// Drops the file's pages from the page cache (written back first).
+/// Drops the file's pages from the page cache (written back first), and
+/// waits until none is resident: pages still being read (a readahead that
+/// an earlier miss started) are not dropped until their I/O is done.
 fn evict(path: &std::path::Path) {
     use std::os::fd::AsRawFd;
     let f = std::fs::File::open(path).unwrap();
     f.sync_all().unwrap();
-    // SAFETY: a descriptor of ours; advice only.
-    assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+    let len = f.metadata().unwrap().len() as usize;
+    let page = ugds_platform::sys::PAGE_SIZE;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        // SAFETY: a descriptor of ours; advice only.
+        assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
+        // SAFETY: a read-only shared mapping of the file, unmapped below;
+        // its pages are only asked about (mincore), never touched.
+        let resident = unsafe {
+            let p = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0);
+            assert_ne!(p, libc::MAP_FAILED);
+            let mut v = vec![0u8; len.div_ceil(page)];
+            assert_eq!(libc::mincore(p, len, v.as_mut_ptr()), 0);
+            libc::munmap(p, len);
+            v.iter().filter(|&&b| b & 1 != 0).count()
+        };
+        if resident == 0 {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{resident} pages stay in the page cache");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }
 
 /// Host reads of `len` bytes at each offset, checked against the file.
