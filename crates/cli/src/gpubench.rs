@@ -249,7 +249,8 @@ fn stream_costs(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken, driver: &Driver
     // SAFETY: `raw` outlives `s`.
     let s = unsafe { cuda.stream(raw.raw(), StreamWait::DeviceSide)? };
     let n = 2000;
-    let per_op = |size: usize| -> ugds::Result<f64> {
+    // Mean time per operation of `n` stream reads of `size` into `tok`.
+    let per_op = |tok: &BufferToken, size: usize| -> ugds::Result<f64> {
         let start = Instant::now();
         for i in 0..n {
             let (io, _r) = StreamIo::new(size, (i * 8192) as u64, 0);
@@ -258,9 +259,9 @@ fn stream_costs(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken, driver: &Driver
         s.synchronize()?;
         Ok(start.elapsed().as_secs_f64() * 1e6 / n as f64)
     };
-    per_op(0)?;
-    let empty = per_op(0)?;
-    let read = per_op(4096)?;
+    per_op(tok, 0)?;
+    let empty = per_op(tok, 0)?;
+    let read = per_op(tok, 4096)?;
     let (ops, busy, gap) = s.timing();
     let start = Instant::now();
     for i in 0..n {
@@ -277,16 +278,7 @@ fn stream_costs(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken, driver: &Driver
     let mut host = ugds::HostBuffer::new(MIB)?;
     // SAFETY: `host` outlives the registration (deregistered below).
     let host_tok = unsafe { driver.register(host.as_mut_ptr(), host.len())? };
-    let per_host_op = |size: usize| -> ugds::Result<f64> {
-        let start = Instant::now();
-        for i in 0..n {
-            let (io, _r) = StreamIo::new(size, (i * 8192) as u64, 0);
-            h.read_async(&host_tok, io, &s)?;
-        }
-        s.synchronize()?;
-        Ok(start.elapsed().as_secs_f64() * 1e6 / n as f64)
-    };
-    let (host_empty, host_read) = (per_host_op(0)?, per_host_op(4096)?);
+    let (host_empty, host_read) = (per_op(&host_tok, 0)?, per_op(&host_tok, 4096)?);
     driver.deregister(&host_tok)?;
     drop(host);
     println!("stream operation on host memory: {host_empty:.1} us with no I/O, {host_read:.1} us with a 4 KiB read");

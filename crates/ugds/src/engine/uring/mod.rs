@@ -503,28 +503,20 @@ impl UringQueue {
                     }
                     Status::from_field((r as u16) << 1)
                 }
-                (Kind::Read, r) if t.nowait && (r == -libc::EOPNOTSUPP || r == -libc::EINVAL) => {
-                    // The file takes no RWF_NOWAIT (tmpfs before Linux 6.x,
-                    // some network filesystems): this ring stops trying.
-                    *unsupported = true;
+                (Kind::Read, r) if t.nowait && (r == -libc::EAGAIN || r == -libc::EOPNOTSUPP || r == -libc::EINVAL) => {
+                    if r == -libc::EAGAIN {
+                        // Not in the page cache.
+                        *misses = misses.saturating_add(1);
+                        counters.cache_misses.add(1);
+                    } else {
+                        // The file takes no RWF_NOWAIT (tmpfs before Linux
+                        // 6.x, some network filesystems): this ring stops
+                        // trying.
+                        *unsupported = true;
+                    }
+                    // From the disk, directly where what is left is aligned.
                     t.nowait = false;
-                    let aligned = direct.is_some_and(|(mem, off)| {
-                        (t.addr + t.done as usize) % mem == 0 && (t.offset + t.done as u64) % off == 0
-                    });
-                    t.file = if aligned { DIRECT } else { BUFFERED };
-                    retry.push(cid);
-                    return;
-                }
-                (Kind::Read, r) if t.nowait && r == -libc::EAGAIN => {
-                    // Not in the page cache: from the disk, directly where
-                    // what is left is aligned for it.
-                    *misses = misses.saturating_add(1);
-                    counters.cache_misses.add(1);
-                    t.nowait = false;
-                    let aligned = direct.is_some_and(|(mem, off)| {
-                        (t.addr + t.done as usize) % mem == 0 && (t.offset + t.done as u64) % off == 0
-                    });
-                    t.file = if aligned { DIRECT } else { BUFFERED };
+                    t.file = if t.rest_aligned(direct) { DIRECT } else { BUFFERED };
                     retry.push(cid);
                     return;
                 }
@@ -589,10 +581,7 @@ impl UringQueue {
                     if t.done < t.len {
                         // A partial transfer: the rest through the page
                         // cache when it is no longer aligned for O_DIRECT.
-                        let still_aligned = direct.is_some_and(|(mem, off)| {
-                            (t.addr + t.done as usize) % mem == 0 && t.done as u64 % off == 0
-                        });
-                        if t.file == DIRECT && !still_aligned {
+                        if t.file == DIRECT && !t.rest_aligned(direct) {
                             t.file = BUFFERED;
                         }
                         retry.push(cid);

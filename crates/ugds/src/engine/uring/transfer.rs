@@ -60,6 +60,15 @@ pub struct Transfer {
 }
 
 impl Transfer {
+    /// Whether what is left of it (memory, file offset) is aligned as
+    /// `direct` (the file's `O_DIRECT` alignment, if it takes direct I/O)
+    /// needs.
+    pub(super) fn rest_aligned(&self, direct: Option<(usize, u64)>) -> bool {
+        direct.is_some_and(|(mem, off)| {
+            (self.addr + self.done as usize) % mem == 0 && (self.offset + self.done as u64) % off == 0
+        })
+    }
+
     /// The operation for what is left of it.
     pub(super) fn op(&self) -> Op {
         if self.nsid != 0 {

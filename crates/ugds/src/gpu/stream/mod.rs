@@ -258,8 +258,9 @@ impl GpuStream {
         (ops, Duration::from_nanos(busy), Duration::from_nanos(gap))
     }
 
-    /// The completion word's value: the sequence number of the last
-    /// operation whose I/O is done (device-side waiting only).
+    /// The completion word's value: the last point whose host part is done
+    /// (device-side waiting only). Each operation is a point, a staged
+    /// write two (its binding, then its I/O).
     pub fn completed(&self) -> u32 {
         self.slot.done().load(Ordering::Acquire)
     }
@@ -269,6 +270,17 @@ impl GpuStream {
     pub fn passed(&self) -> u32 {
         self.slot.passed().load(Ordering::Acquire)
     }
+}
+
+/// What `launch_op` enqueues: a binding and the copies after it (staged
+/// writes), the operation, the copies after its wait, and what frees its
+/// staging blocks.
+#[allow(clippy::type_complexity)]
+struct Launch<'a> {
+    pre: Option<(Box<dyn FnOnce() + Send>, Vec<u64>)>,
+    op: Box<dyn FnOnce(StreamSignal) + Send>,
+    after: &'a [u64],
+    mark: Option<&'a StageMark>,
 }
 
 struct HostCall {
@@ -408,23 +420,17 @@ impl GpuStream {
         mark: Option<&StageMark>,
     ) -> Result<()> {
         let mut seq = self.seq.lock().recover();
+        let l = Launch { pre, op, after, mark };
         match self.wait {
-            StreamWait::DeviceSide => self.launch_reached(&mut seq, pre, op, after, mark),
-            StreamWait::BlockingCallback => self.launch_blocking(&mut seq, pre, op, after, mark),
+            StreamWait::DeviceSide => self.launch_reached(&mut seq, l),
+            StreamWait::BlockingCallback => self.launch_blocking(&mut seq, l),
         }
     }
 
     /// The device-side form (see `reach`): each host part is a point the
     /// stream announces in `reach` and then waits for in `done`.
-    #[allow(clippy::type_complexity)]
-    fn launch_reached(
-        &self,
-        seq: &mut Seq,
-        pre: Option<(Box<dyn FnOnce() + Send>, Vec<u64>)>,
-        op: Box<dyn FnOnce(StreamSignal) + Send>,
-        after: &[u64],
-        mark: Option<&StageMark>,
-    ) -> Result<()> {
+    fn launch_reached(&self, seq: &mut Seq, l: Launch<'_>) -> Result<()> {
+        let Launch { pre, op, after, mark } = l;
         let next = seq.last.wrapping_add(1 + pre.is_some() as u32);
         if let Some(m) = mark {
             // Before anything is enqueued: the operation's I/O may complete
@@ -496,15 +502,8 @@ impl GpuStream {
     }
 
     /// The blocking form: host functions that wait for the I/O themselves.
-    #[allow(clippy::type_complexity)]
-    fn launch_blocking(
-        &self,
-        seq: &mut Seq,
-        pre: Option<(Box<dyn FnOnce() + Send>, Vec<u64>)>,
-        op: Box<dyn FnOnce(StreamSignal) + Send>,
-        after: &[u64],
-        mark: Option<&StageMark>,
-    ) -> Result<()> {
+    fn launch_blocking(&self, seq: &mut Seq, l: Launch<'_>) -> Result<()> {
+        let Launch { pre, op, after, mark } = l;
         let next = seq.last.wrapping_add(1);
         if let Some(m) = mark {
             let _ = m.0.set((self.slot, next));

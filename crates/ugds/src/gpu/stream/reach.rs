@@ -154,7 +154,8 @@ fn run() {
     let mut watched: Vec<Arc<Points>> = Vec::new();
     let mut last_progress = Instant::now();
     loop {
-        if d.pending.swap(false, Ordering::AcqRel) {
+        // A load first: the swap, a write, only when something came.
+        if d.pending.load(Ordering::Acquire) && d.pending.swap(false, Ordering::AcqRel) {
             watched.append(&mut d.incoming.lock().recover());
             last_progress = Instant::now();
         }
