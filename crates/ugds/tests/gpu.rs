@@ -774,6 +774,27 @@ fn kernel_path_moves_gpu_memory() {
     s.synchronize().unwrap();
     assert_eq!(res.bytes(), 1 << 20, "{:?}", res.take_error());
     assert!(download(&gpu, 1 << 20, 1 << 20) == pattern(11, 12 << 20, 1 << 20));
+    // Large reads are copied out piece by piece as their I/O completes:
+    // 8 MiB in 1 MiB pieces, and 5 MiB and 4 KiB (pieces of 1088 KiB, the
+    // last shorter), back to back.
+    let (io, big) = StreamIo::new(8 << 20, 4 << 20, 0);
+    h.read_async(&t, io, &s).unwrap();
+    let odd_len = (5 << 20) + 4096;
+    let (io, odd) = StreamIo::new(odd_len, 8192, 8 << 20);
+    h.read_async(&t, io, &s).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(big.bytes(), 8 << 20, "{:?}", big.take_error());
+    assert_eq!(odd.bytes(), odd_len as i64, "{:?}", odd.take_error());
+    assert!(download(&gpu, 0, 8 << 20) == disk[4 << 20..12 << 20], "8 MiB read in pieces");
+    assert!(download(&gpu, 8 << 20, odd_len) == pattern(11, 8192, odd_len), "an odd size in pieces");
+    // A read refused when its values are bound (past the end of the file)
+    // copies nothing: the buffer keeps what it held.
+    let before = download(&gpu, 0, 8 << 20);
+    let (io, past) = StreamIo::new(8 << 20, 12 << 20, 0);
+    h.read_async(&t, io, &s).unwrap();
+    s.synchronize().unwrap();
+    assert!(past.bytes() < 0, "a read past the end moved {} bytes", past.bytes());
+    assert!(download(&gpu, 0, 8 << 20) == before, "a refused read changed the buffer");
     drop(s);
     d.deregister(&t).unwrap();
     std::fs::remove_file(&path).unwrap();

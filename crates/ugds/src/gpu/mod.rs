@@ -21,7 +21,7 @@ pub mod hip;
 mod stream;
 
 pub use stream::{GpuStream, StreamWait};
-pub(crate) use stream::{StageLease, StageMark};
+pub(crate) use stream::{StageLease, StageMark, MAX_PIECES};
 #[cfg(feature = "gpu")]
 pub(crate) use ugds_platform::device::page_span;
 pub use ugds_platform::device::{dmabuf, CopyTicket, DeviceMemory, DeviceRuntime, DmabufExport};

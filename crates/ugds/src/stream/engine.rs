@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use ugds_platform::Recover;
 
 enum Msg {
-    Job(Job),
+    Job(Box<Job>),
     Stop,
 }
 
@@ -46,7 +46,7 @@ impl StreamEngine {
     }
 
     pub(super) fn send(&self, job: Job) -> Result<()> {
-        self.tx.lock().recover().send(Msg::Job(job)).map_err(|_| Error::Closed)
+        self.tx.lock().recover().send(Msg::Job(Box::new(job))).map_err(|_| Error::Closed)
     }
 
     /// Stops the thread (nothing is in flight: the handle checked). When
@@ -129,7 +129,7 @@ impl Engine {
                 Some(Msg::Job(job)) => {
                     let id = self.next_job;
                     self.next_job += 1;
-                    self.waiting.push_back((id, job));
+                    self.waiting.push_back((id, *job));
                 }
                 None => {}
             }
@@ -236,6 +236,8 @@ impl Engine {
         let Some((job, left)) = self.jobs.get_mut(&id) else { return };
         job.timed_out |= matches!(e.result, Err(Error::Timeout { .. }));
         job.failed |= e.result.is_err();
+        // Before the stream may copy the request's data out.
+        job.cut(idx, *e.result.as_ref().unwrap_or(&0));
         if let Some(s) = job.bound.sinks.get_mut(idx).and_then(|s| s.take()) {
             let r = match &e.result {
                 Ok(n) => Ok(*n),
@@ -249,6 +251,11 @@ impl Engine {
             s.write(r);
         }
         *left -= 1;
+        if let Some(n) = job.bound.progress.as_mut().and_then(|p| p.complete(idx)) {
+            // The first `n` pieces are read: the stream may copy them out
+            // while the rest is read.
+            job.signal.progress(n as u32);
+        }
         if *left == 0 {
             let (mut job, _) = self.jobs.remove(&id).expect("present");
             self.awake -= !job.bound.service.naps as usize;

@@ -21,7 +21,7 @@ use crate::batch::BatchOp;
 use crate::engine::batch::{Prepared, RequestStats};
 use crate::engine::hold::Hold;
 use crate::engine::Completion;
-use crate::gpu::{GpuStream, StageLease, StageMark};
+use crate::gpu::{GpuStream, StageLease, StageMark, MAX_PIECES};
 use crate::handle::mode::{Mode, ModeRequest, Plan};
 use crate::handle::{Handle, HandleInner, Priority, Segment};
 use crate::registry::{BufGuard, BufferToken, Recent};
@@ -36,6 +36,9 @@ use ugds_platform::Recover;
 /// a lost signal).
 pub struct StreamSignal {
     set: Option<Box<dyn FnOnce() + Send>>,
+    /// Where the operation's data is copied out in pieces, each after a
+    /// wait of its own: lets the stream copy the first `n` pieces.
+    progress: Option<Box<dyn Fn(u32) + Send>>,
 }
 
 impl std::fmt::Debug for StreamSignal {
@@ -47,7 +50,24 @@ impl std::fmt::Debug for StreamSignal {
 impl StreamSignal {
     /// A signal that runs `f` when set.
     pub fn new(f: impl FnOnce() + Send + 'static) -> StreamSignal {
-        StreamSignal { set: Some(Box::new(f)) }
+        StreamSignal { set: Some(Box::new(f)), progress: None }
+    }
+
+    /// A signal that also lets the stream go on piece by piece: `progress(n)`
+    /// once the first `n` pieces are in place.
+    pub(crate) fn with_progress(
+        f: impl FnOnce() + Send + 'static,
+        progress: impl Fn(u32) + Send + 'static,
+    ) -> StreamSignal {
+        StreamSignal { set: Some(Box::new(f)), progress: Some(Box::new(progress)) }
+    }
+
+    /// The first `n` pieces of the operation's data are in place (a no-op
+    /// where the operation is not copied out in pieces).
+    pub(crate) fn progress(&self, n: u32) {
+        if let Some(p) = &self.progress {
+            p(n)
+        }
     }
 
     /// Lets the stream go on.
@@ -464,6 +484,46 @@ struct Pending {
     /// buffer (device memory behind the emulated controller): the staging
     /// block and its registration for this handle.
     stage: Option<(StageLease, BufferToken)>,
+    /// A staged read's pieces: the stream copies each out as soon as its
+    /// I/O is done, while the later pieces' I/O goes on (1: all at once).
+    pieces: usize,
+}
+
+/// The least a staged read's piece holds, before its I/O is split: the
+/// stream copies each piece out after a wait of its own.
+const PIECE_MIN: usize = 1 << 20;
+/// A piece's length is a multiple of this (so pieces keep the read's
+/// alignment in the file and in the staging block).
+const PIECE_ALIGN: usize = 64 << 10;
+
+/// The pieces a staged read of `size` bytes is copied out in.
+fn pieces_for(size: usize) -> usize {
+    (size / PIECE_MIN).clamp(1, MAX_PIECES)
+}
+
+/// Which requests of a job are done, and how many of the first are: the
+/// pieces the stream may copy out.
+#[derive(Default)]
+struct Progress {
+    done: Vec<bool>,
+    first: usize,
+}
+
+impl Progress {
+    fn new(n: usize) -> Progress {
+        Progress { done: vec![false; n], first: 0 }
+    }
+
+    /// Request `i` is done: the count of the first requests all done, if
+    /// it grew.
+    fn complete(&mut self, i: usize) -> Option<usize> {
+        *self.done.get_mut(i)? = true;
+        let before = self.first;
+        while self.done.get(self.first) == Some(&true) {
+            self.first += 1;
+        }
+        (self.first > before).then_some(self.first)
+    }
 }
 
 /// A stream operation's requests with their values bound.
@@ -480,6 +540,12 @@ struct Bound {
     /// The caller's buffers of staged requests, held until the I/O is done.
     holds: Vec<BufGuard>,
     stages: Vec<(StageLease, BufferToken)>,
+    /// For each request (as `sinks`) read through a staging block: the
+    /// block (in `stages`), the piece and its length, for the copy to be
+    /// cut to what the I/O moved.
+    cuts: Vec<Option<(usize, usize, usize)>>,
+    /// A read copied out in pieces (its requests, in order).
+    progress: Option<Progress>,
 }
 
 /// A stream operation handed to the engine.
@@ -498,6 +564,9 @@ struct Job {
 impl Job {
     /// Ends every request of a job that never reached the device with `e`.
     fn fail_all(&mut self, e: Error) {
+        for i in 0..self.bound.sinks.len() {
+            self.cut(i, 0);
+        }
         for (i, s) in self.bound.sinks.iter_mut().enumerate() {
             if let Some(s) = s.take() {
                 if let Some(c) = &self.bound.counters {
@@ -507,6 +576,17 @@ impl Job {
             }
         }
     }
+    /// Request `i` moved `moved` bytes: where it read into a staging block,
+    /// the stream copies no more than that out (never bytes of an earlier
+    /// use of the block).
+    fn cut(&mut self, i: usize, moved: usize) {
+        if let Some(&Some((stage, piece, len))) = self.bound.cuts.get(i) {
+            if moved < len {
+                self.bound.stages[stage].0.cut_piece(piece, moved);
+            }
+        }
+    }
+
     /// Once the I/O is done: gives the staging blocks back (they stay
     /// registered with the handle, for its next operations). After a
     /// timeout they stay out of use: the command may still reach them.
@@ -602,6 +682,7 @@ impl Handle {
             segments: pieces,
             _holds: holds,
             seg_stages,
+            pieces: 1,
         };
         self.stream_launch(vec![p], stream, gpu, mark)
     }
@@ -613,6 +694,7 @@ impl Handle {
         // What will free this operation's staging blocks (an allocation:
         // only where staging may happen).
         let mark = gpu.map(|_| StageMark::default());
+        let one = ios.len() == 1;
         let mut pending = Vec::with_capacity(ios.len());
         for (op, buf, io) in ios {
             let hold = h.registry().acquire(&buf, 0, 0)?;
@@ -620,6 +702,12 @@ impl Handle {
             let stage = match gpu {
                 Some(g) => stage_for(h, g, &buf, &io, mark.as_ref().expect("made with gpu"))?,
                 None => None,
+            };
+            // A large staged read alone in its operation, of a size known
+            // now, is copied out piece by piece as its I/O completes.
+            let pieces = match (&stage, &io.size) {
+                (Some(_), Src::Value(n)) if one && op == NvmOpcode::Read => pieces_for(*n as usize),
+                _ => 1,
             };
             pending.push(Pending {
                 op,
@@ -630,6 +718,7 @@ impl Handle {
                 segments: Vec::new(),
                 _holds: Vec::new(),
                 seg_stages: Vec::new(),
+                pieces,
             });
         }
         self.stream_launch(pending, stream, gpu, mark)
@@ -666,9 +755,11 @@ impl Handle {
         let (mut before, mut after) = (Vec::new(), Vec::new());
         for p in &pending {
             for (lease, _) in p.stage.iter().chain(p.seg_stages.iter().flatten()) {
-                if p.op == NvmOpcode::Write { &mut before } else { &mut after }.push(lease.header_dev());
+                let headers = (0..p.pieces).map(|i| lease.header_dev(i));
+                if p.op == NvmOpcode::Write { &mut before } else { &mut after }.extend(headers);
             }
         }
+        let piecewise = pending.len() == 1 && pending[0].pieces > 1;
         let cell: Arc<Mutex<Option<Bound>>> = Arc::default();
         let c = cell.clone();
         h.inflight.fetch_add(1, Ordering::SeqCst);
@@ -680,7 +771,7 @@ impl Handle {
             bound.service = service;
             send(href, bound, signal)
         });
-        g.launch_staged(bind_fn, op, before, &after, mark.as_ref().expect("made with gpu"))
+        g.launch_staged(bind_fn, op, before, &after, piecewise, mark.as_ref().expect("made with gpu"))
     }
 }
 
@@ -763,9 +854,29 @@ fn bind(h: &Arc<HandleInner>, pending: Vec<Pending>, counters: Option<Arc<Stream
                 continue;
             }
         };
-        if p.segments.is_empty() {
+        let pieces = p.stage.as_ref().map_or(1, |_| piece_count(size, p.pieces));
+        if p.segments.is_empty() && pieces > 1 {
+            let (lease, token) = p.stage.as_ref().expect("pieces are staged");
+            match prepare_pieces(h, &mut recent, &p.buf, (size, file_offset, buf_offset), lease, token, pieces) {
+                Ok((reqs, hold)) => {
+                    let sum = Arc::new(SumSink::new(reqs.len(), p.io.result));
+                    for (i, r) in reqs.into_iter().enumerate() {
+                        b.cuts.push(Some((b.stages.len(), i, r.len)));
+                        b.reqs.push(r);
+                        b.sinks.push(Some(Sink::Sum(sum.clone())));
+                        b.writes.push(false);
+                    }
+                    b.progress = Some(Progress::new(b.reqs.len()));
+                    b.holds.push(hold);
+                }
+                Err(e) => refused(write, p.io.result, e),
+            }
+            b.stages.extend(p.stage.take());
+        } else if p.segments.is_empty() {
             match prepare(h, &mut recent, p.op, &p.buf, size, file_offset, buf_offset, &p.stage) {
                 Ok((r, hold)) => {
+                    let staged_read = p.stage.is_some() && !write;
+                    b.cuts.push(staged_read.then_some((b.stages.len(), 0, r.len)));
                     b.reqs.push(r);
                     b.sinks.push(Some(p.io.result));
                     b.writes.push(write);
@@ -777,6 +888,7 @@ fn bind(h: &Arc<HandleInner>, pending: Vec<Pending>, counters: Option<Arc<Stream
         } else if p.seg_stages.iter().all(Option::is_none) {
             match bind_vectored(h, p.op, &p.segments, size, file_offset, buf_offset) {
                 Ok(r) => {
+                    b.cuts.push(None);
                     b.reqs.push(r);
                     b.sinks.push(Some(p.io.result));
                     b.writes.push(write);
@@ -795,6 +907,8 @@ fn bind(h: &Arc<HandleInner>, pending: Vec<Pending>, counters: Option<Arc<Stream
                 let r = checked.clone().and_then(|()| prepare(h, &mut recent, p.op, buf, *len, at, *off, &stage));
                 match r {
                     Ok((r, hold)) => {
+                        let staged_read = stage.is_some() && !write;
+                        b.cuts.push(staged_read.then_some((b.stages.len(), 0, r.len)));
                         b.reqs.push(r);
                         b.sinks.push(Some(Sink::Sum(sum.clone())));
                         b.writes.push(write);
@@ -851,6 +965,58 @@ fn prepare(
         Prepared { op, cookie: 0, len: size, chunks, pages, more: Vec::new(), hold: sguard.into(), sgl: false },
         Some(guard),
     ))
+}
+
+/// How many pieces a staged read of `size` bytes is split in, at most
+/// `most`: pieces of equal length, a multiple of [`PIECE_ALIGN`], the last
+/// shorter.
+fn piece_count(size: usize, most: usize) -> usize {
+    if most <= 1 {
+        return 1;
+    }
+    size.div_ceil(piece_len(size, most)).max(1)
+}
+
+fn piece_len(size: usize, most: usize) -> usize {
+    size.div_ceil(most.max(1)).next_multiple_of(PIECE_ALIGN).max(PIECE_ALIGN)
+}
+
+/// A staged read of `size` bytes at `file_offset` into `buf` at
+/// `buf_offset` (the values bound), as requests of one piece each into
+/// `lease`'s block, each piece's copy set; checked as one read first.
+/// Also the hold on the caller's buffer, kept until the copies are done.
+fn prepare_pieces(
+    h: &Arc<HandleInner>,
+    recent: &mut Option<Recent>,
+    buf: &BufferToken,
+    (size, file_offset, buf_offset): (usize, u64, usize),
+    lease: &StageLease,
+    token: &BufferToken,
+    most: usize,
+) -> Result<(Vec<Prepared>, BufGuard)> {
+    let (guard, _) = h.prepare_recent(recent, buf, size, file_offset, buf_offset)?;
+    if size > lease.data().1 {
+        return Err(Error::InvalidArgument(format!(
+            "{size} bytes is more than this staged stream operation can move ({} bytes)",
+            lease.data().1
+        )));
+    }
+    let piece = piece_len(size, most);
+    let mut reqs = Vec::with_capacity(most);
+    for at in (0..size).step_by(piece) {
+        let len = piece.min(size - at);
+        let off = file_offset + at as u64;
+        let (sguard, sdata_off) = h.prepare_recent(recent, token, len, off, at)?;
+        let pages = recent.as_ref().expect("filled by prepare_recent").shared_pages();
+        let chunks = h.chunker(off, sdata_off, len);
+        let op = NvmOpcode::Read;
+        reqs.push(Prepared { op, cookie: 0, len, chunks, pages, more: Vec::new(), hold: sguard.into(), sgl: false });
+    }
+    // Every piece is valid: now the copies are set.
+    for (i, r) in reqs.iter().enumerate() {
+        lease.set_piece(i, true, i * piece, (buf.base + buf_offset + i * piece) as u64, r.len);
+    }
+    Ok((reqs, guard))
 }
 
 /// A vectored operation moves its segments' total from buffer offset 0.
@@ -917,5 +1083,40 @@ fn send(handle: HandleRef, bound: Bound, signal: StreamSignal) {
         // The engine is gone (the handle is being torn down): the job, and
         // with it the signal, is dropped, which sets the signal.
         tracing::error!("stream engine unavailable: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_are_aligned_and_at_most_the_count_asked() {
+        let mib = 1usize << 20;
+        assert_eq!((pieces_for(16 * mib), piece_len(16 * mib, 16), piece_count(16 * mib, 16)), (16, mib, 16));
+        assert_eq!(pieces_for(mib + 4096), 1);
+        assert_eq!(pieces_for(1 << 30), MAX_PIECES);
+        // 5 MiB and 4 KiB in at most 5: 1088 KiB each, the last shorter.
+        let odd = 5 * mib + 4096;
+        assert_eq!((piece_len(odd, 5), piece_count(odd, 5)), (1088 << 10, 5));
+        // Smaller than a piece's alignment: one piece.
+        assert_eq!(piece_count(4096, 16), 1);
+        for size in [4096, 65536, 3 * mib + 8192, 16 * mib - 4096, 256 * mib] {
+            for most in 1..=MAX_PIECES {
+                let (len, n) = (piece_len(size, most), piece_count(size, most));
+                assert!(n <= most && len % PIECE_ALIGN == 0 && (n - 1) * len < size && n * len >= size);
+            }
+        }
+    }
+
+    #[test]
+    fn progress_counts_the_first_requests_done() {
+        let mut p = Progress::new(4);
+        assert_eq!(p.complete(2), None);
+        assert_eq!(p.complete(1), None);
+        assert_eq!(p.complete(0), Some(3));
+        assert_eq!(p.complete(0), None, "again: no news");
+        assert_eq!(p.complete(9), None, "not a request of the job");
+        assert_eq!(p.complete(3), Some(4));
     }
 }

@@ -20,8 +20,10 @@ pub(super) struct CudaStreamBackend {
 /// its argument points at when the kernel runs (by one thread per block,
 /// from the header's twin in device memory that the stream copied just
 /// before); 16 bytes per thread and step where all three are multiples of
-/// 16, bytes otherwise. `membar.sys` makes writes to host memory (a write's
-/// staging) visible to the host after the kernel.
+/// 16 (four such loads in flight per thread while they fit: reads of host
+/// memory are bound by their latency), bytes otherwise. `membar.sys` makes
+/// writes to host memory (a write's staging) visible to the host after the
+/// kernel.
 const STAGE_COPY_PTX: &CStr = c"
 .version 7.0
 .target sm_50
@@ -29,8 +31,8 @@ const STAGE_COPY_PTX: &CStr = c"
 .visible .entry ugds_stage_copy(.param .u64 header)
 {
     .reg .pred %p<4>;
-    .reg .b32 %r<9>;
-    .reg .b64 %rd<14>;
+    .reg .b32 %r<21>;
+    .reg .b64 %rd<23>;
     .shared .align 8 .b64 hdr[3];
     mov.u32 %r3, %tid.x;
     setp.ne.u32 %p3, %r3, 0;
@@ -60,6 +62,32 @@ LOADED:
     setp.ne.u64 %p1, %rd8, 0;
     @%p1 bra BYTES;
     shr.u64 %rd9, %rd4, 4;
+    shl.b64 %rd13, %rd7, 4;
+    mul.lo.u64 %rd14, %rd7, 3;
+    shl.b64 %rd15, %rd7, 2;
+WIDE4:
+    add.u64 %rd16, %rd5, %rd14;
+    setp.ge.u64 %p2, %rd16, %rd9;
+    @%p2 bra WIDE;
+    shl.b64 %rd10, %rd5, 4;
+    add.u64 %rd11, %rd3, %rd10;
+    add.u64 %rd17, %rd11, %rd13;
+    add.u64 %rd18, %rd17, %rd13;
+    add.u64 %rd19, %rd18, %rd13;
+    ld.global.v4.u32 {%r5, %r6, %r7, %r8}, [%rd11];
+    ld.global.v4.u32 {%r9, %r10, %r11, %r12}, [%rd17];
+    ld.global.v4.u32 {%r13, %r14, %r15, %r16}, [%rd18];
+    ld.global.v4.u32 {%r17, %r18, %r19, %r20}, [%rd19];
+    add.u64 %rd12, %rd2, %rd10;
+    add.u64 %rd20, %rd12, %rd13;
+    add.u64 %rd21, %rd20, %rd13;
+    add.u64 %rd22, %rd21, %rd13;
+    st.global.v4.u32 [%rd12], {%r5, %r6, %r7, %r8};
+    st.global.v4.u32 [%rd20], {%r9, %r10, %r11, %r12};
+    st.global.v4.u32 [%rd21], {%r13, %r14, %r15, %r16};
+    st.global.v4.u32 [%rd22], {%r17, %r18, %r19, %r20};
+    add.u64 %rd5, %rd5, %rd15;
+    bra WIDE4;
 WIDE:
     setp.ge.u64 %p2, %rd5, %rd9;
     @%p2 bra DONE;

@@ -45,7 +45,7 @@ mod tests;
 mod words;
 
 use reach::{Action, Points};
-pub(crate) use staging::{StageLease, StageMark, StagePool, STAGE_MAX};
+pub(crate) use staging::{StageLease, StageMark, StagePool, MAX_PIECES, STAGE_MAX};
 pub(crate) use words::WordPool;
 use words::{Slot, BUDGET_PATIENCE};
 // For the runtimes' backends (none without the `gpu` feature).
@@ -280,6 +280,9 @@ struct Launch<'a> {
     pre: Option<(Box<dyn FnOnce() + Send>, Vec<u64>)>,
     op: Box<dyn FnOnce(StreamSignal) + Send>,
     after: &'a [u64],
+    /// Each copy in `after` waits for its own piece of the I/O (the
+    /// operation's signal progresses through them) instead of all of it.
+    piecewise: bool,
     mark: Option<&'a StageMark>,
 }
 
@@ -336,7 +339,7 @@ unsafe extern "C" fn host_passed(data: *mut c_void) {
 
 impl Stream for GpuStream {
     fn launch(&self, op: Box<dyn FnOnce(StreamSignal) + Send>) -> Result<()> {
-        self.launch_op(None, op, &[], None)
+        self.launch_op(Launch { pre: None, op, after: &[], piecewise: false, mark: None })
     }
 
     fn as_gpu(&self) -> Option<&GpuStream> {
@@ -383,15 +386,21 @@ impl GpuStream {
 
     /// Enqueues a staged operation: `bind` as a host function, the copies
     /// into staging blocks (headers `before`), the operation and its wait,
-    /// then the copies out of staging blocks (headers `after`). With no
+    /// then the copies out of staging blocks (headers `after`); with
+    /// `piecewise`, each of those after a wait of its own, released by the
+    /// operation's signal's progress (device-side waiting only). With no
     /// copies before, `bind` runs in the operation's host function. `mark`
-    /// is set to what frees the operation's blocks.
+    /// is set to what frees the operation's blocks. Where a copy after the
+    /// operation cannot be enqueued, the operation does not run (its I/O is
+    /// not issued, its result not written) and the call fails.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn launch_staged(
         &self,
         bind: Box<dyn FnOnce() + Send>,
         op: Box<dyn FnOnce(StreamSignal) + Send>,
         before: Vec<u64>,
         after: &[u64],
+        piecewise: bool,
         mark: &StageMark,
     ) -> Result<()> {
         let (pre, op): (_, Box<dyn FnOnce(StreamSignal) + Send>) = if before.is_empty() {
@@ -405,22 +414,14 @@ impl GpuStream {
         } else {
             (Some((bind, before)), op)
         };
-        self.launch_op(pre, op, after, Some(mark))
+        self.launch_op(Launch { pre, op, after, piecewise, mark: Some(mark) })
     }
 
     /// Enqueues `pre` (a binding and the copies after it), the operation,
     /// its wait, the copies in `after`, and the `passed` write; sets `mark`
     /// to that write first.
-    #[allow(clippy::type_complexity)]
-    fn launch_op(
-        &self,
-        pre: Option<(Box<dyn FnOnce() + Send>, Vec<u64>)>,
-        op: Box<dyn FnOnce(StreamSignal) + Send>,
-        after: &[u64],
-        mark: Option<&StageMark>,
-    ) -> Result<()> {
+    fn launch_op(&self, l: Launch<'_>) -> Result<()> {
         let mut seq = self.seq.lock().recover();
-        let l = Launch { pre, op, after, mark };
         match self.wait {
             StreamWait::DeviceSide => self.launch_reached(&mut seq, l),
             StreamWait::BlockingCallback => self.launch_blocking(&mut seq, l),
@@ -430,18 +431,22 @@ impl GpuStream {
     /// The device-side form (see `reach`): each host part is a point the
     /// stream announces in `reach` and then waits for in `done`.
     fn launch_reached(&self, seq: &mut Seq, l: Launch<'_>) -> Result<()> {
-        let Launch { pre, op, after, mark } = l;
-        let next = seq.last.wrapping_add(1 + pre.is_some() as u32);
+        let Launch { pre, op, after, piecewise, mark } = l;
+        let run = seq.last.wrapping_add(1 + pre.is_some() as u32);
+        let pieces = if piecewise { after.len().max(1) as u32 } else { 1 };
+        let last = run.wrapping_add(pieces - 1);
         if let Some(m) = mark {
             // Before anything is enqueued: the operation's I/O may complete
             // and give its blocks back before this call returns. Should the
             // `passed` write not be enqueued, the value never comes and
             // the blocks stay out of use.
-            let _ = m.0.set((self.slot, next));
+            let _ = m.0.set((self.slot, last));
         }
-        self.reserve_wait(next);
+        self.reserve_wait(last);
         if let Some((bind, copies)) = pre {
-            self.enqueue_point(seq, seq.last.wrapping_add(1), Action::Bind(bind))?;
+            let point = seq.last.wrapping_add(1);
+            self.enqueue_point(seq, point)?;
+            self.points.post(point, Action::Bind(bind));
             if let Err(e) = copies.iter().try_for_each(|&h| self.backend.launch_copy(self.raw, h)) {
                 // The binding runs and finds no operation after it; the
                 // blocks stay out of use.
@@ -449,18 +454,57 @@ impl GpuStream {
                 return Err(e);
             }
         }
-        self.enqueue_point(seq, next, Action::Run { timing: self.timing.clone(), op })?;
-        // A copy that cannot be enqueued fails the call, but the `passed`
-        // write still goes in, so the stream's words stay reusable.
-        let copied = after.iter().try_for_each(|&h| self.backend.launch_copy(self.raw, h));
+        self.enqueue_point(seq, run)?;
+        // The copies out, each piece's after its own wait.
+        let copied = after.iter().enumerate().try_for_each(|(i, &h)| {
+            if piecewise && i > 0 {
+                self.enqueue_wait(seq, run.wrapping_add(i as u32))?;
+            }
+            self.backend.launch_copy(self.raw, h)
+        });
+        let op = match copied {
+            Ok(()) => op,
+            // Not every copy is on the stream, so the data would not all
+            // arrive: the operation is dropped unrun (its blocks stay out
+            // of use), and its signal lets the stream past all its points.
+            Err(_) => {
+                seq.last = last;
+                Box::new(move |signal: StreamSignal| {
+                    drop(op);
+                    drop(signal);
+                })
+            }
+        };
+        // Handed over once its waits are enqueued: the dispatcher runs it
+        // when it sees `reach` at `run`, whenever it looks.
+        self.points.post(run, Action::Run { timing: self.timing.clone(), op, pieces });
+        // The `passed` write goes in after a failed copy too, so that the
+        // stream's words stay reusable.
         self.close_points(seq);
         copied
     }
 
+    /// Enqueues the wait for `done` to reach `point`, a later point of the
+    /// operation whose `reach` write is enqueued.
+    fn enqueue_wait(&self, seq: &mut Seq, point: u32) -> Result<()> {
+        match self.backend.wait_value32(self.raw, self.slot.dev, point) {
+            Ok(true) => {
+                seq.last = point;
+                Ok(())
+            }
+            r => {
+                // As in `enqueue_point`: the slot is kept for good.
+                seq.lost = true;
+                r?;
+                Err(Error::Unsupported("stream wait on memory".into()))
+            }
+        }
+    }
+
     /// Enqueues the write of `point` to `reach` and the wait for `done` to
-    /// reach it, then hands `action` to the dispatcher. On failure nothing
-    /// of this point runs.
-    fn enqueue_point(&self, seq: &mut Seq, point: u32, action: Action) -> Result<()> {
+    /// reach it; the caller then posts the point's action. On failure
+    /// nothing of this point runs.
+    fn enqueue_point(&self, seq: &mut Seq, point: u32) -> Result<()> {
         match self.backend.write_value32(self.raw, self.slot.reach_dev(), point) {
             Ok(true) => {}
             r => {
@@ -474,13 +518,11 @@ impl GpuStream {
         }
         seq.last = point;
         match self.backend.wait_value32(self.raw, self.slot.dev, point) {
-            // Handed over once its write is enqueued: the dispatcher runs
-            // it when it sees `reach` at `point`, whenever it looks.
-            Ok(true) => self.points.post(point, action),
+            Ok(true) => {}
             r => {
                 // The stream will write `reach` and go on without waiting;
-                // the action is not run. `done` may never get here: the
-                // slot is kept for good.
+                // no action is posted for the point. `done` may never get
+                // here: the slot is kept for good.
                 seq.lost = true;
                 r?;
                 return Err(Error::Unsupported("stream wait on memory".into()));
@@ -503,7 +545,8 @@ impl GpuStream {
 
     /// The blocking form: host functions that wait for the I/O themselves.
     fn launch_blocking(&self, seq: &mut Seq, l: Launch<'_>) -> Result<()> {
-        let Launch { pre, op, after, mark } = l;
+        // Pieces are all copied after the whole operation here.
+        let Launch { pre, op, after, piecewise: _, mark } = l;
         let next = seq.last.wrapping_add(1);
         if let Some(m) = mark {
             let _ = m.0.set((self.slot, next));

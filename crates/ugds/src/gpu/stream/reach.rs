@@ -38,9 +38,11 @@ pub(super) enum Action {
     /// the point, so the stream's copies into staging blocks may run.
     Bind(Box<dyn FnOnce() + Send>),
     /// Hands the operation's I/O over with a signal that sets `done` to
-    /// the point when the I/O is done (made only here: an action that never
-    /// runs sets nothing).
-    Run { timing: Arc<Timing>, op: Box<dyn FnOnce(StreamSignal) + Send> },
+    /// the operation's last point when the I/O is done (made only here: an
+    /// action that never runs sets nothing). An operation copied out in
+    /// `pieces` has that many points from its own, one per piece's copy;
+    /// the signal's progress moves `done` through them.
+    Run { timing: Arc<Timing>, op: Box<dyn FnOnce(StreamSignal) + Send>, pieces: u32 },
 }
 
 /// One stream's operations ahead of the dispatcher, in point order.
@@ -104,15 +106,29 @@ impl Points {
                 // to the copy kernels the stream runs after seeing this.
                 self.slot.done().store(point, Ordering::Release);
             }
-            Action::Run { timing, op } => {
+            Action::Run { timing, op, pieces } => {
                 timing.started();
                 let slot = self.slot;
-                let signal = StreamSignal::new(move || {
+                let last = point.wrapping_add(pieces.max(1) - 1);
+                let set = move || {
                     timing.signalled();
                     // Release: the bytes moved, written before, are visible
                     // to whatever the stream runs after it sees this value.
-                    slot.done().store(point, Ordering::Release);
-                });
+                    slot.done().store(last, Ordering::Release);
+                };
+                let signal = match pieces {
+                    0 | 1 => StreamSignal::new(set),
+                    // Progress comes from the one thread that sets the
+                    // signal, before it (the signal is consumed then), so
+                    // `done` only grows.
+                    _ => StreamSignal::with_progress(set, move |n| {
+                        if (1..pieces).contains(&n) {
+                            // Release: the first `n` pieces' bytes and
+                            // copy parameters are visible to their copies.
+                            slot.done().store(point.wrapping_add(n - 1), Ordering::Release);
+                        }
+                    }),
+                };
                 // A panic must not take the dispatcher down; the signal,
                 // dropped while unwinding, still lets the stream go on.
                 if std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || op(signal))).is_err() {

@@ -7,10 +7,17 @@ use crate::Result;
 use std::sync::{Arc, Mutex, OnceLock};
 use ugds_platform::Recover;
 
-/// Bytes at the start of a staging block that hold its copy's parameters
-/// (`dst`, `src`, `len`: device addresses and a byte count, 64-bit each);
-/// the data follows, page-aligned for the controller.
+/// Bytes at the start of a staging block that hold its copies' parameters,
+/// one [`PIECE_HEADER`] per piece (`dst`, `src`, `len`: device addresses
+/// and a byte count, 64-bit each); the data follows, page-aligned for the
+/// controller.
 pub(crate) const STAGE_HEADER: usize = 4096;
+/// Bytes of one piece's copy parameters in the header.
+const PIECE_HEADER: usize = 32;
+/// The most pieces a block's data is copied in (each by a kernel of its
+/// own, after its own wait: see `GpuStream::launch_staged`).
+pub(crate) const MAX_PIECES: usize = 16;
+const _: () = assert!(MAX_PIECES * PIECE_HEADER <= STAGE_HEADER);
 /// The smallest staging block's data capacity.
 const STAGE_MIN: usize = 64 << 10;
 /// The largest: one staged request moves at most this many bytes.
@@ -90,7 +97,7 @@ pub(crate) struct StageMark(pub(super) Arc<OnceLock<(Slot, u32)>>);
 
 impl StageLease {
     /// A block of at least `want` data bytes from `pool`, for the operation
-    /// `mark` will name; its copy set to nothing.
+    /// `mark` will name; its copies set to nothing.
     pub(super) fn lend(
         pool: &Mutex<StagePool>,
         backend: &Arc<dyn StreamBackend>,
@@ -99,7 +106,9 @@ impl StageLease {
     ) -> Result<StageLease> {
         let block = StagePool::take(pool, &**backend, want)?;
         let lease = StageLease { backend: backend.clone(), block, mark: mark.clone() };
-        lease.set_copy(true, 0, 0);
+        for piece in 0..MAX_PIECES {
+            lease.set_piece(piece, true, 0, 0, 0);
+        }
         Ok(lease)
     }
 
@@ -108,27 +117,48 @@ impl StageLease {
         ((self.block.host + STAGE_HEADER) as *mut u8, self.block.cap)
     }
 
-    /// Device address of the header, the copy kernel's argument.
-    pub(crate) fn header_dev(&self) -> u64 {
-        self.block.dev
+    /// Device address of piece `piece`'s copy parameters, the copy
+    /// kernel's argument.
+    pub(crate) fn header_dev(&self, piece: usize) -> u64 {
+        assert!(piece < MAX_PIECES);
+        self.block.dev + (piece * PIECE_HEADER) as u64
     }
 
-    /// Sets the copy the kernel makes: `len` bytes from the block to device
-    /// address `user` (`to_user`), or from `user` into the block. A length
-    /// of 0 (the state a block is lent in) copies nothing.
-    pub(crate) fn set_copy(&self, to_user: bool, user: u64, len: usize) {
-        let data = self.block.dev + STAGE_HEADER as u64;
+    /// Sets piece `piece`'s copy: `len` bytes from the block's data at
+    /// offset `at` to device address `user` (`to_user`), or from `user`
+    /// into the block at `at`. A length of 0 (the state a block is lent
+    /// in) copies nothing.
+    pub(crate) fn set_piece(&self, piece: usize, to_user: bool, at: usize, user: u64, len: usize) {
+        assert!(piece < MAX_PIECES && at + len <= self.block.cap);
+        let data = self.block.dev + (STAGE_HEADER + at) as u64;
         let (dst, src) = if to_user { (user, data) } else { (data, user) };
-        let h = self.block.host as *mut u64;
-        // SAFETY: the header's first 24 bytes, in a block only this lease
-        // uses. The GPU reads them only after this operation's host
-        // function has returned (writes) or after the wait that this
-        // operation's signal releases (reads); both order these stores
-        // before its reads.
+        let h = (self.block.host + piece * PIECE_HEADER) as *mut u64;
+        // SAFETY: one piece's 24 bytes of the header, in a block only this
+        // lease uses. The GPU reads them only after the host part that
+        // sets them (the binding, or the piece's I/O) has stored the
+        // `done` value its copy waits for, with Release.
         unsafe {
             h.write_volatile(dst);
             h.add(1).write_volatile(src);
             h.add(2).write_volatile(len as u64);
+        }
+    }
+
+    /// One copy (piece 0) from the start of the block's data; see
+    /// [`set_piece`](Self::set_piece).
+    pub(crate) fn set_copy(&self, to_user: bool, user: u64, len: usize) {
+        self.set_piece(0, to_user, 0, user, len)
+    }
+
+    /// Cuts piece `piece`'s copy to `len` bytes (what its I/O moved; 0
+    /// after an error), before the stream is let run it.
+    pub(crate) fn cut_piece(&self, piece: usize, len: usize) {
+        assert!(piece < MAX_PIECES);
+        let h = (self.block.host + piece * PIECE_HEADER) as *mut u64;
+        // SAFETY: as in `set_piece`; the length alone, only ever lowered.
+        unsafe {
+            let old = h.add(2).read_volatile();
+            h.add(2).write_volatile(old.min(len as u64));
         }
     }
 

@@ -11,11 +11,17 @@ use std::sync::atomic::AtomicUsize;
 struct FakeGpu {
     pool: Mutex<WordPool>,
     stages: Mutex<StagePool>,
-    ops: Mutex<Vec<(bool, u64, u32)>>,
+    ops: Mutex<Vec<FakeOp>>,
+    /// The staging headers whose copies ran, in order.
+    copied: Mutex<Vec<u64>>,
+    /// The value the GPU is blocked waiting for (0: not blocked).
+    waiting_for: AtomicU32,
     host_fns: Mutex<Vec<(unsafe extern "C" fn(*mut c_void), usize)>>,
     pages: AtomicUsize,
     /// Refuse stream waits on memory (as a runtime that fails to enqueue one).
     refuse_waits: std::sync::atomic::AtomicBool,
+    /// Refuse them once this many more have been taken.
+    waits_allowed: Mutex<Option<usize>>,
 }
 
 impl FakeGpu {
@@ -28,20 +34,33 @@ impl FakeGpu {
             unsafe { f(d as *mut c_void) };
         }
         let ops: Vec<_> = self.ops.lock().unwrap().drain(..).collect();
-        for (write, addr, v) in ops {
+        for op in ops {
             // SAFETY: addresses of pool pages, device == host here.
-            let w = unsafe { &*(addr as *const AtomicU32) };
-            if write {
-                w.store(v, Ordering::Release);
-            } else {
-                let deadline = Instant::now() + Duration::from_secs(5);
-                while (w.load(Ordering::Acquire).wrapping_sub(v) as i32) < 0 {
-                    assert!(Instant::now() < deadline, "wait for {v} would block");
-                    std::thread::yield_now();
+            let word = |addr: u64| unsafe { &*(addr as *const AtomicU32) };
+            match op {
+                FakeOp::Write(addr, v) => word(addr).store(v, Ordering::Release),
+                FakeOp::Wait(addr, v) => {
+                    let deadline = Instant::now() + Duration::from_secs(5);
+                    while (word(addr).load(Ordering::Acquire).wrapping_sub(v) as i32) < 0 {
+                        self.waiting_for.store(v, Ordering::Release);
+                        assert!(Instant::now() < deadline, "wait for {v} would block");
+                        std::thread::yield_now();
+                    }
+                    self.waiting_for.store(0, Ordering::Release);
                 }
+                FakeOp::Copy(header) => self.copied.lock().unwrap().push(header),
             }
         }
     }
+}
+
+/// What the fake GPU has been given to run, in stream order.
+enum FakeOp {
+    Write(u64, u32),
+    /// Until the word is at least the value (cyclically).
+    Wait(u64, u32),
+    /// A staging copy, with its header.
+    Copy(u64),
 }
 
 impl StreamBackend for FakeGpu {
@@ -58,14 +77,18 @@ impl StreamBackend for FakeGpu {
         Ok(())
     }
     fn wait_value32(&self, _: usize, addr: u64, value: u32) -> Result<bool> {
-        if self.refuse_waits.load(Ordering::Relaxed) {
+        let mut allowed = self.waits_allowed.lock().unwrap();
+        if self.refuse_waits.load(Ordering::Relaxed) || *allowed == Some(0) {
             return Err(Error::Platform("fake: cuStreamWaitValue32 failed".into()));
         }
-        self.ops.lock().unwrap().push((false, addr, value));
+        if let Some(n) = allowed.as_mut() {
+            *n -= 1;
+        }
+        self.ops.lock().unwrap().push(FakeOp::Wait(addr, value));
         Ok(true)
     }
     fn write_value32(&self, _: usize, addr: u64, value: u32) -> Result<bool> {
-        self.ops.lock().unwrap().push((true, addr, value));
+        self.ops.lock().unwrap().push(FakeOp::Write(addr, value));
         Ok(true)
     }
     fn synchronize(&self, _: usize) -> Result<()> {
@@ -82,7 +105,8 @@ impl StreamBackend for FakeGpu {
     fn stage_pool(&self) -> Option<&Mutex<StagePool>> {
         Some(&self.stages)
     }
-    fn launch_copy(&self, _: usize, _: u64) -> Result<()> {
+    fn launch_copy(&self, _: usize, header: u64) -> Result<()> {
+        self.ops.lock().unwrap().push(FakeOp::Copy(header));
         Ok(())
     }
     fn name(&self) -> &'static str {
@@ -149,8 +173,8 @@ fn staging_blocks_are_reused_only_after_the_gpu_passed_the_copy() {
     let lease = s.stage(5000, &mark).unwrap();
     let (ptr, cap) = lease.data();
     assert!(cap >= 5000 && ptr as usize % 4096 == 0, "page-aligned data after the header");
-    let header = lease.header_dev();
-    s.launch_staged(Box::new(|| {}), Box::new(|sig| sig.set()), Vec::new(), &[header], &mark).unwrap();
+    let header = lease.header_dev(0);
+    s.launch_staged(Box::new(|| {}), Box::new(|sig| sig.set()), Vec::new(), &[header], false, &mark).unwrap();
     // Given back (its I/O is done) before the GPU ran the copy.
     lease.give_back();
     let other = s.stage(5000, &StageMark::default()).unwrap();
@@ -232,8 +256,9 @@ fn a_staged_write_binds_before_its_copies_and_runs_after() {
             o.lock().unwrap().push("io");
             sig.set()
         }),
-        vec![lease.header_dev()],
+        vec![lease.header_dev(0)],
         &[],
+        false,
         &mark,
     )
     .unwrap();
@@ -272,4 +297,85 @@ fn a_blocking_stream_gives_its_words_back_at_once() {
     let s = GpuStream::new(gpu.clone(), 1, StreamWait::BlockingCallback).unwrap();
     drop(s);
     assert_eq!(gpu.pool.lock().unwrap().usage(), (1, 0));
+}
+
+#[test]
+fn each_piece_is_copied_after_its_own_progress() {
+    // One operation copied out in 3 pieces: points 1 to 3, the copy of
+    // piece i after `done` reaches 1 + i.
+    let gpu = Arc::new(FakeGpu::default());
+    let s = GpuStream::new(gpu.clone(), 1, StreamWait::DeviceSide).unwrap();
+    gpu.run();
+    let mark = StageMark::default();
+    let lease = s.stage(3 << 20, &mark).unwrap();
+    let headers: Vec<u64> = (0..3).map(|i| lease.header_dev(i)).collect();
+    let held = Arc::new(Mutex::new(None));
+    let h = held.clone();
+    let op = Box::new(move |sig| *h.lock().unwrap() = Some(sig));
+    s.launch_staged(Box::new(|| {}), op, Vec::new(), &headers, true, &mark).unwrap();
+    let blocked_at = |v: u32| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while gpu.waiting_for.load(Ordering::Acquire) != v {
+            assert!(Instant::now() < deadline, "the GPU never waited for {v}");
+            std::thread::yield_now();
+        }
+    };
+    std::thread::scope(|sc| {
+        sc.spawn(|| gpu.run());
+        blocked_at(1);
+        // The dispatcher ran the operation when the stream reached point 1.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let sig = loop {
+            if let Some(sig) = held.lock().unwrap().take() {
+                break sig;
+            }
+            assert!(Instant::now() < deadline, "the operation never ran");
+            std::thread::yield_now();
+        };
+        assert!(gpu.copied.lock().unwrap().is_empty());
+        sig.progress(1);
+        blocked_at(2);
+        assert_eq!(*gpu.copied.lock().unwrap(), headers[..1]);
+        // Progress past the last piece is left to the signal.
+        sig.progress(3);
+        sig.progress(2);
+        blocked_at(3);
+        assert_eq!(*gpu.copied.lock().unwrap(), headers[..2]);
+        sig.set();
+    });
+    assert_eq!(*gpu.copied.lock().unwrap(), headers);
+    assert_eq!((s.completed(), s.passed()), (3, 3));
+    lease.give_back();
+    // The next operation's point follows the pieces'.
+    s.launch(Box::new(|sig| sig.set())).unwrap();
+    gpu.run();
+    assert_eq!((s.completed(), s.passed()), (4, 4));
+}
+
+#[test]
+fn an_operation_whose_copies_are_not_all_enqueued_never_runs() {
+    let gpu = Arc::new(FakeGpu::default());
+    let s = GpuStream::new(gpu.clone(), 1, StreamWait::DeviceSide).unwrap();
+    gpu.run();
+    let mark = StageMark::default();
+    let lease = s.stage(2 << 20, &mark).unwrap();
+    let headers = [lease.header_dev(0), lease.header_dev(1)];
+    let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let r = ran.clone();
+    let op = Box::new(move |sig: StreamSignal| {
+        r.store(true, Ordering::Release);
+        sig.set()
+    });
+    // The operation's wait goes in; the second piece's is refused.
+    *gpu.waits_allowed.lock().unwrap() = Some(1);
+    assert!(s.launch_staged(Box::new(|| {}), op, Vec::new(), &headers, true, &mark).is_err());
+    *gpu.waits_allowed.lock().unwrap() = None;
+    // The stream reaches the operation: it is dropped unrun, and `done`
+    // goes past all its points, so the stream does not hang.
+    gpu.run();
+    assert!(!ran.load(Ordering::Acquire), "an operation with a piece's copy missing ran");
+    assert_eq!(s.completed(), 2);
+    assert_eq!(*gpu.copied.lock().unwrap(), headers[..1], "the first piece's copy (of nothing) is on the stream");
+    // Not given back: never reused.
+    drop(lease);
 }
