@@ -74,6 +74,9 @@ impl HostSlots {
 /// A host buffer as the rings register it: slot, generation, first byte, length.
 pub type FixedHost = (u16, u32, *mut u8, usize);
 
+/// Serializes file growth (`KernelPlatform::grow`) in the process.
+static GROW: Mutex<()> = Mutex::new(());
+
 /// A file or block device opened for the kernel path.
 pub struct KernelPlatform {
     path: PathBuf,
@@ -255,6 +258,28 @@ impl KernelPlatform {
     /// Its size in bytes when it was opened.
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// A regular file's size now, after extending it to `at_least` bytes
+    /// (a hole) where it is shorter and was opened for writing; `None`:
+    /// not a regular file (a block device or namespace keeps its size).
+    pub fn grow(&self, at_least: u64) -> Result<Option<u64>> {
+        let meta = std::fs::File::from(self.buffered.try_clone().map_err(|e| Error::io("dup", e))?);
+        let m = meta.metadata().map_err(|e| Error::io("fstat", e))?;
+        if !m.file_type().is_file() {
+            return Ok(None);
+        }
+        if m.len() >= at_least || !self.writable {
+            return Ok(Some(m.len()));
+        }
+        // Only ever longer: `set_len` from two threads that both saw the
+        // old size would otherwise cut what the other added.
+        let _one = GROW.lock().recover();
+        let now = meta.metadata().map_err(|e| Error::io("fstat", e))?.len();
+        if now < at_least {
+            meta.set_len(at_least).map_err(|e| Error::io("ftruncate", e))?;
+        }
+        Ok(Some(now.max(at_least)))
     }
 
     /// Whether it was opened for writing.

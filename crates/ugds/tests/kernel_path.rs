@@ -52,6 +52,37 @@ fn the_capacity_is_the_file_rounded_up_to_a_block() {
     assert!(matches!(h.read(&b.token, 100, 0, 0), Err(Error::Misaligned { .. })));
 }
 
+/// A file grows on request (cuFile's writes past the end): the capacity
+/// follows its size, only ever up; a file opened read-only, or an empty
+/// one grown by another writer, is not cut.
+#[test]
+fn a_file_grows_and_the_capacity_follows() {
+    let d = Driver::open();
+    let f = TestFile::new("/tmp", 0, 6);
+    let h = open(&d, &f);
+    assert_eq!(h.capacity(), 0);
+    let mut b = Buf::new(&d, 8192);
+    b.mem.copy_from_slice(&pattern(6, 0, 8192));
+    assert!(matches!(h.write(&b.token, 8192, 4096, 0), Err(Error::OutOfRange { .. })));
+    assert_eq!(h.grow(4096 + 8192).unwrap(), 12_288);
+    h.write(&b.token, 8192, 4096, 0).unwrap();
+    h.flush().unwrap();
+    let disk = std::fs::read(&f.0).unwrap();
+    assert_eq!(disk.len(), 12_288);
+    assert!(disk[..4096].iter().all(|&x| x == 0) && disk[4096..] == pattern(6, 0, 8192)[..]);
+    // Grown by someone else: asking for less picks up the new size.
+    std::fs::OpenOptions::new().append(true).open(&f.0).unwrap().set_len(20_000).unwrap();
+    assert_eq!(h.grow(0).unwrap(), 20_480, "20000 bytes, rounded up to a block");
+    // Never down.
+    std::fs::OpenOptions::new().write(true).open(&f.0).unwrap().set_len(512).unwrap();
+    assert_eq!(h.grow(0).unwrap(), 20_480);
+    // Read-only: not extended.
+    let ro = std::fs::File::open(&f.0).unwrap();
+    let r = d.open_fd(ro.as_fd(), kopts()).unwrap();
+    assert_eq!(r.grow(1 << 20).unwrap(), 512);
+    assert_eq!(std::fs::metadata(&f.0).unwrap().len(), 512);
+}
+
 /// A read across the end of the file (into its last, partial block)
 /// returns the bytes there are, on every API. (The buffer past them may be
 /// written: direct I/O moves whole blocks, zeroes past the end.)

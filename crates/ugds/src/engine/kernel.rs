@@ -142,10 +142,8 @@ impl KernelController {
             None => chunk,
         };
         // The last block may be partial: a read of it returns what there is.
+        // An empty file has no blocks until it grows (`Handle::grow`).
         let blocks = platform.size().div_ceil(block_size as u64);
-        if blocks == 0 {
-            return Err(Error::InvalidArgument(format!("{} is empty", platform.path().display())));
-        }
         let identify = ugds_nvme::IdentifyController {
             mn: "Linux kernel (io_uring)".into(),
             sn: platform.path().display().to_string(),
@@ -183,6 +181,11 @@ impl KernelController {
     /// What it presents.
     pub fn info(&self) -> &super::ControllerInfo {
         &self.info
+    }
+
+    /// The file.
+    pub fn file(&self) -> &Arc<KernelPlatform> {
+        &self.platform
     }
 
     /// The same, as the engine's platform.

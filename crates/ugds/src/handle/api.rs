@@ -27,7 +27,16 @@ impl Handle {
 
     /// Bytes usable on the namespace.
     pub fn capacity(&self) -> u64 {
-        self.inner.ns.capacity()
+        self.inner.capacity()
+    }
+
+    /// A regular file on the kernel path: extends it to `at_least` bytes
+    /// where it is shorter (a hole; files opened read-only are not
+    /// changed), then takes its size now as the capacity, which only
+    /// grows; returns the capacity. cuFile's writes past a file's end grow
+    /// it so. Other targets keep their capacity: `Unsupported`.
+    pub fn grow(&self, at_least: u64) -> Result<u64> {
+        self.inner.grow(at_least)
     }
 
     /// Where the handle stands.

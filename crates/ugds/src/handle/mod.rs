@@ -48,7 +48,7 @@ use crate::sys::PAGE_SIZE;
 use crate::{Error, Result};
 use std::cell::Cell;
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use ugds_nvme::{prp, Cid, Lba, Nsid, NvmOpcode, Sqe};
@@ -73,6 +73,9 @@ pub(crate) struct HandleInner {
     pub id: u64,
     driver: Arc<DriverInner>,
     ns: NamespaceInfo,
+    /// The namespace's size in blocks now: `ns.blocks`, more once a file
+    /// on the kernel path grew (`grow`).
+    blocks: AtomicU64,
     sync: ManuallyDrop<Box<[Arc<SyncQueue>]>>,
     /// Places synchronous requests and paces the large ones.
     pub sched: scheduler::Scheduler,
@@ -268,6 +271,7 @@ impl HandleInner {
             id,
             driver,
             ns,
+            blocks: AtomicU64::new(ns.blocks),
             sync: ManuallyDrop::new(sync),
             sched: scheduler::Scheduler::new(opts.placement, opts.chunk_bytes, info.max_transfer),
             polled_from: (npoll > 0).then_some(nsleep as usize),
@@ -314,7 +318,22 @@ impl HandleInner {
 
     /// Bytes usable on the namespace.
     pub fn capacity(&self) -> u64 {
-        self.ns.capacity()
+        self.blocks.load(Ordering::Relaxed) * self.ns.block_size as u64
+    }
+
+    /// Kernel path, a regular file: extends it to `at_least` bytes where it
+    /// is shorter, and makes the capacity its size now (rounded up to a
+    /// block: the last block's bytes past the end read as a short read).
+    pub fn grow(&self, at_least: u64) -> Result<u64> {
+        let crate::engine::Controller::Kernel(k) = &*self.ctrl else {
+            return Err(Error::Unsupported("only a file on the kernel path grows".into()));
+        };
+        let Some(size) = k.file().grow(at_least)? else {
+            return Err(Error::Unsupported("a block device or namespace does not grow".into()));
+        };
+        let bs = self.ns.block_size as u64;
+        self.blocks.fetch_max(size.div_ceil(bs), Ordering::Relaxed);
+        Ok(self.capacity())
     }
 
     /// The namespace's block size in bytes.
@@ -347,7 +366,7 @@ impl HandleInner {
         if size as u64 & (bs - 1) != 0 {
             return Err(Error::Misaligned { what: "size", value: size as u64, alignment: bs });
         }
-        let cap = self.ns.capacity();
+        let cap = self.capacity();
         if file_offset.checked_add(size as u64).is_none_or(|e| e > cap) {
             return Err(Error::OutOfRange { offset: file_offset, len: size as u64, capacity: cap });
         }
