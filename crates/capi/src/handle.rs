@@ -3,71 +3,20 @@
 
 use super::*;
 use std::ffi::CStr;
+use ugds_emu::descriptor::{Refused, Served};
 
-/// The file behind `fd`, by path (for the emulated controller).
-pub(crate) fn fd_path(fd: c_int) -> Option<std::path::PathBuf> {
-    std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()
-}
-
-/// A descriptor of our own for the caller's open `fd` (close-on-exec).
-pub(crate) fn dup(fd: c_int) -> Result<OwnedFd, uGDSError_t> {
-    // SAFETY: the caller checked `fd` is open (fstat); it is only borrowed
-    // for the duplication.
+/// What serves `fd` (see `ugds_emu::descriptor`), as a uGDS error.
+pub(crate) fn target_for(fd: c_int) -> Result<Served, uGDSError_t> {
+    // SAFETY: borrowed for the call only; an fd that is not open is
+    // reported by fstat.
     let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-    borrowed.try_clone_to_owned().map_err(|e| fail(op::GETNEWFD_FAILED, format!("dup of fd {fd}: {e}")))
-}
-
-/// What a registered fd is served by.
-pub(crate) enum Target {
-    /// A controller: through ugds_drv, or emulated (UGDS_EMULATE=1).
-    Controller(Arc<dyn ugds::platform::Platform>),
-    /// The kernel path: a regular file or a block device (cuFile's
-    /// behaviour; the existing uGDS refuses them).
-    Kernel,
-}
-
-/// What serves `fd`: a ugds_drv character device; a regular file or block
-/// device through the kernel path, or (with UGDS_EMULATE=1) a regular file
-/// through an emulated controller.
-pub(crate) fn target_for(fd: c_int) -> Result<Target, uGDSError_t> {
-    // SAFETY: fstat writes one struct; an invalid fd is an error.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::fstat(fd, &mut st) } != 0 {
-        return Err(fail(op::INVALID_VALUE, format!("fd {fd} is not an open file")));
-    }
-    match st.st_mode & libc::S_IFMT {
-        libc::S_IFCHR => {
-            let (maj, min) = (libc::major(st.st_rdev), libc::minor(st.st_rdev));
-            let subsystem = std::fs::read_link(format!("/sys/dev/char/{maj}:{min}/subsystem")).ok();
-            if subsystem.as_ref().and_then(|p| p.file_name()).is_none_or(|n| n != "ugds_drv") {
-                return Err(fail(op::INVALID_FILE_TYPE, format!("fd {fd} is a character device not of ugds_drv")));
-            }
-            let owned = dup(fd)?;
-            let name = fd_path(fd).map(|p| p.display().to_string()).unwrap_or_else(|| format!("fd {fd}"));
-            ugds::platform::ugds_drv::UgdsDrvPlatform::from_fd(owned, &name)
-                .map(|p| Target::Controller(Arc::new(p)))
-                .map_err(from_error)
-        }
-        libc::S_IFREG if std::env::var("UGDS_EMULATE").is_ok_and(|v| v == "1") => {
-            let block: u32 = std::env::var("UGDS_EMULATE_BLOCK_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(512);
-            let size = st.st_size as u64 / block as u64 * block as u64;
-            if size == 0 {
-                return Err(fail(op::INVALID_VALUE, "the file is smaller than one block"));
-            }
-            // The caller's file itself, through a duplicate of its
-            // descriptor: never reopened by name (the name may be gone).
-            let owned = dup(fd)?;
-            EmuPlatform::new(EmuConfig::default().namespaces(vec![NamespaceConfig::descriptor(owned, size, block)]))
-                .map(|p| Target::Controller(Arc::new(p)))
-                .map_err(from_error)
-        }
-        libc::S_IFREG | libc::S_IFBLK => Ok(Target::Kernel),
-        _ => Err(fail(
-            op::INVALID_FILE_TYPE,
-            format!("fd {fd} is neither /dev/ugds_drvN, a regular file nor a block device"),
-        )),
-    }
+    ugds_emu::descriptor::serve(borrowed).map_err(|r| match r {
+        Refused::NotOpen => fail(op::INVALID_VALUE, format!("fd {fd} is not an open file")),
+        Refused::FileType(why) => fail(op::INVALID_FILE_TYPE, why),
+        Refused::Dup(e) => fail(op::GETNEWFD_FAILED, format!("dup of fd {fd}: {e}")),
+        Refused::Platform(e) => from_error(e),
+        Refused::TooSmall => fail(op::INVALID_VALUE, "the file is smaller than one block"),
+    })
 }
 
 /// Opens a handle on `descr`'s fd: the controller behind `/dev/ugds_drvN`;
@@ -106,8 +55,8 @@ pub unsafe extern "C" fn uGDSHandleRegister(fh: *mut *mut c_void, descr: *mut ab
             None => return fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed"),
         };
         let opened = match target {
-            Target::Controller(platform) => driver.open_handle(platform, HandleOptions::from_env()),
-            Target::Kernel => {
+            Served::Controller(platform) => driver.open_handle(platform, HandleOptions::from_env()),
+            Served::Kernel => {
                 // SAFETY: fstat found `fd` open; it is borrowed for the call
                 // (the handle keeps a duplicate).
                 let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };

@@ -37,7 +37,6 @@ use std::time::Duration;
 use ugds::gpu::{GpuStream, StreamWait};
 use ugds::platform::Recover;
 use ugds::{BatchIo, BatchOp, BatchStatus, BufferToken, Drain, Error, Handle, HandleOptions, StreamIo};
-use ugds_emu::{EmuConfig, EmuPlatform, NamespaceConfig};
 
 struct Registered {
     dev: Dev,
@@ -255,7 +254,7 @@ pub use stream::*;
 mod tests {
     use super::*;
     use std::ffi::CStr;
-    use ugds_emu::{Fault, FaultAction, FaultTarget};
+    use ugds_emu::{EmuConfig, EmuPlatform, Fault, FaultAction, FaultTarget};
 
     fn last_error() -> String {
         // SAFETY: the library's own NUL-terminated message.

@@ -43,18 +43,23 @@ pub(crate) fn async_io(
     let Some(t) = driver.token_at(base.cast()) else {
         return fail(op::MEMORY_NOT_REGISTERED, "stream-ordered I/O needs a registered buffer (by its base)");
     };
+    // SAFETY: the C contract: the four pointers stay valid until the
+    // stream has passed the operation.
+    let io = unsafe { StreamIo::from_raw(size_p, file_offset_p, buf_offset_p, bytes_p) };
+    enqueue_async(dev, &t, io, stream, write)
+}
+
+/// Puts `io` on `stream` for `dev` and the registered buffer `t`.
+pub(crate) fn enqueue_async(dev: Dev, t: &BufferToken, io: StreamIo, stream: *mut c_void, write: bool) -> uGDSError_t {
     let s = match stream_for(stream, abi::BACKEND_DEFAULT) {
         Ok(s) => s,
         Err(e) => return e,
     };
-    // SAFETY: the C contract: the four pointers stay valid until the
-    // stream has passed the operation.
-    let io = unsafe { StreamIo::from_raw(size_p, file_offset_p, buf_offset_p, bytes_p) };
     let r = match (dev, write) {
-        (Dev::One(h), true) => h.write_async(&t, io, &*s),
-        (Dev::One(h), false) => h.read_async(&t, io, &*s),
-        (Dev::Volume(v, _), true) => v.write_async(&t, io, &*s),
-        (Dev::Volume(v, _), false) => v.read_async(&t, io, &*s),
+        (Dev::One(h), true) => h.write_async(t, io, &*s),
+        (Dev::One(h), false) => h.read_async(t, io, &*s),
+        (Dev::Volume(v, _), true) => v.write_async(t, io, &*s),
+        (Dev::Volume(v, _), false) => v.read_async(t, io, &*s),
     };
     match r {
         Ok(()) => ok(),

@@ -20,6 +20,7 @@
 
 mod config;
 mod controller;
+pub mod descriptor;
 mod fault;
 mod stats;
 pub mod tcp;

@@ -25,7 +25,7 @@ use crate::window::DeviceWindows;
 use crate::Recover;
 use crate::{Error, HostMapping, Platform, Result};
 use std::collections::BTreeMap;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -143,7 +143,25 @@ impl KernelPlatform {
         }
         let path = PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&dup)));
         refuse_zoned(&path)?;
-        KernelPlatform::from_parts(path, dup, mode == libc::O_RDWR)
+        let writable = mode == libc::O_RDWR;
+        // A descriptor opened O_DIRECT (cuFile's callers open theirs so)
+        // cannot serve what direct I/O refuses: the page cache's own
+        // descriptor is opened anew, without it.
+        // SAFETY: F_GETFL on a descriptor we own.
+        let direct = unsafe { libc::fcntl(dup.as_raw_fd(), libc::F_GETFL) } & libc::O_DIRECT != 0;
+        let buffered = match direct {
+            false => dup,
+            true => match crate::sys::open_file(&path, writable, false) {
+                Ok(fd) => fd,
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), "an O_DIRECT descriptor, not reopened through the page cache ({e}): unaligned memory will fail");
+                    dup
+                }
+            },
+        };
+        // Named by the descriptor kept (`dup` may go).
+        let path = PathBuf::from(format!("/proc/self/fd/{}", buffered.as_raw_fd()));
+        KernelPlatform::from_parts(path, buffered, writable)
     }
 
     /// A namespace the kernel keeps, through its generic character device:

@@ -246,6 +246,9 @@ enum Src {
     Value(u64),
     Shared(Arc<AtomicU64>),
     Raw(*const i64),
+    /// A value plus a constant (a buffer offset from a registration's
+    /// base where the caller counts from an address inside it).
+    Plus(Box<Src>, u64),
 }
 
 impl Src {
@@ -258,6 +261,9 @@ impl Src {
                 // valid until the operation has run.
                 let v = unsafe { p.read_volatile() };
                 u64::try_from(v).map_err(|_| Error::InvalidArgument(format!("negative offset or size {v}")))
+            }
+            Src::Plus(v, plus) => {
+                v.get()?.checked_add(*plus).ok_or_else(|| Error::InvalidArgument("offset too large".into()))
             }
         }
     }
@@ -443,6 +449,32 @@ impl StreamIo {
     /// Writes the operation's outcome where the caller reads it.
     pub(crate) fn finish(self, r: Result<usize>) {
         self.result.write(r)
+    }
+
+    /// The buffer offset counted from `plus` bytes into the buffer (the
+    /// caller's base lies inside a registration that starts earlier).
+    pub fn buffer_offset_from(mut self, plus: u64) -> StreamIo {
+        self.buf_offset = match self.buf_offset {
+            Src::Value(v) => Src::Value(v.saturating_add(plus)),
+            _ if plus == 0 => self.buf_offset,
+            other => Src::Plus(Box::new(other), plus),
+        };
+        self
+    }
+
+    /// Parameters read now (fixed at enqueue: the caller promised they do
+    /// not change), the result written behind a raw pointer.
+    ///
+    /// # Safety
+    /// `bytes` must be valid, aligned, and not written by anyone else
+    /// until the stream has moved past the operation.
+    pub unsafe fn fixed_raw(size: usize, file_offset: u64, buf_offset: u64, bytes: *mut isize) -> StreamIo {
+        StreamIo {
+            size: Src::Value(size as u64),
+            file_offset: Src::Value(file_offset),
+            buf_offset: Src::Value(buf_offset),
+            result: Sink::Raw(bytes),
+        }
     }
 
     /// Parameters behind raw pointers, as the C API passes them.

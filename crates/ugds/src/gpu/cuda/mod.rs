@@ -213,6 +213,21 @@ impl Cuda {
         Ok(Memory::Device(DeviceMemory { ptr, len, runtime: self.context(ctx)? }))
     }
 
+    /// The allocation holding device address `ptr`: its base and length
+    /// (`cuMemGetAddressRange`, in the pointer's own context).
+    pub fn allocation(&self, ptr: u64) -> Result<(u64, usize)> {
+        let ctx: usize = self
+            .attribute::<usize>(ptr, POINTER_ATTRIBUTE_CONTEXT)
+            .map_err(|c| Error::GpuPointerInvalid { ptr, why: self.error_name(c) })?;
+        let (mut base, mut size) = (0u64, 0usize);
+        self.with_context(ctx as Ctx, || {
+            // SAFETY: writes the allocation's base and size.
+            self.check("cuMemGetAddressRange", unsafe { (self.api.mem_get_address_range)(&mut base, &mut size, ptr) })
+        })
+        .map_err(|e| Error::GpuPointerInvalid { ptr, why: e.to_string() })?;
+        Ok((base, size))
+    }
+
     /// Runs `f` with `ctx` current on this thread, restoring what was.
     fn with_context<T>(&self, ctx: Ctx, f: impl FnOnce() -> Result<T>) -> Result<T> {
         let before = self.current()?;
