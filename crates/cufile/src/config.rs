@@ -17,6 +17,7 @@ use crate::abi::CUfileError_t;
 use crate::abi::{op, CUfileDrvProps_t};
 use crate::errors::{fail, ok};
 use std::ffi::{c_int, c_uint};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use ugds::platform::Recover;
 
@@ -107,7 +108,10 @@ pub(crate) fn get() -> Config {
 
 fn update(f: impl FnOnce(&mut Config) -> CUfileError_t) -> CUfileError_t {
     let mut g = CONFIG.lock().recover();
-    f(g.get_or_insert_with(Config::default))
+    let c = g.get_or_insert_with(Config::default);
+    let r = f(c);
+    published(c);
+    r
 }
 
 /// The largest batch a batch context may be set up for.
@@ -115,9 +119,17 @@ pub(crate) fn batch_size() -> usize {
     get().sizes[IO_BATCHSIZE]
 }
 
+/// `max_direct_io_size_kb` in bytes, kept apart: read by every call.
+static MAX_DIRECT_IO: AtomicUsize = AtomicUsize::new(16384 << 10);
+
 /// The largest request a synchronous call is cut into, in bytes.
 pub(crate) fn max_direct_io() -> usize {
-    get().sizes[MAX_DIRECT_IO_KB].saturating_mul(1024).max(4096)
+    MAX_DIRECT_IO.load(Ordering::Relaxed)
+}
+
+/// Publishes the values read on the I/O path.
+fn published(c: &Config) {
+    MAX_DIRECT_IO.store(c.sizes[MAX_DIRECT_IO_KB].saturating_mul(1024).max(4096), Ordering::Relaxed);
 }
 
 fn effective_size(i: usize) -> bool {

@@ -68,7 +68,8 @@ pub unsafe extern "C" fn cuFileHandleRegister(fh: *mut *mut c_void, descr: *mut 
         // SAFETY: non-null; the caller's descriptor.
         let d = unsafe { &*descr };
         if d.type_ != HANDLE_TYPE_OPAQUE_FD {
-            return fail(op::INVALID_VALUE, format!("handle type {} (only CU_FILE_HANDLE_TYPE_OPAQUE_FD)", d.type_));
+            // What NVIDIA's library answers (seen: 1.15.1).
+            return fail(op::IO_NOT_SUPPORTED, format!("handle type {} (only CU_FILE_HANDLE_TYPE_OPAQUE_FD)", d.type_));
         }
         // SAFETY: OPAQUE_FD: the union holds an fd.
         let fd = unsafe { d.handle.fd };
@@ -298,8 +299,10 @@ fn sync_inner(
         return posix(libc::EINVAL, "null buffer, negative offset or a size over SSIZE_MAX");
     }
     let f = match file(fh) {
-        Ok(f) => f,
+        // A null handle: -1 and EINVAL, as NVIDIA's library (seen: 1.15.1).
+        Err(op::INVALID_VALUE) => return posix(libc::EINVAL, "null file handle"),
         Err(c) => return negative(c, why(c)),
+        Ok(f) => f,
     };
     if size == 0 {
         return 0;

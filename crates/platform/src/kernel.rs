@@ -138,11 +138,17 @@ impl KernelPlatform {
     pub fn from_fd(fd: BorrowedFd<'_>) -> Result<KernelPlatform> {
         let dup = fd.try_clone_to_owned().map_err(|e| Error::io("dup", e))?;
         let mode = crate::sys::access_mode(dup.as_fd())?;
-        if mode == libc::O_WRONLY {
-            return Err(Error::InvalidArgument("the descriptor is open for writing only; ugds needs to read".into()));
-        }
         let path = PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&dup)));
         refuse_zoned(&path)?;
+        if mode == libc::O_WRONLY {
+            // ugds reads too (a partial block's rest, a read after the
+            // write): the file opened anew for both, where it may be.
+            let rw = crate::sys::open_file(&path, true, false).map_err(|e| {
+                Error::InvalidArgument(format!("the descriptor is open for writing only, and ugds needs to read ({e})"))
+            })?;
+            let path = PathBuf::from(format!("/proc/self/fd/{}", rw.as_raw_fd()));
+            return KernelPlatform::from_parts(path, rw, true);
+        }
         let writable = mode == libc::O_RDWR;
         // A descriptor opened O_DIRECT (cuFile's callers open theirs so)
         // cannot serve what direct I/O refuses: the page cache's own

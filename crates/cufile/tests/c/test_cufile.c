@@ -107,7 +107,7 @@ int main(void) {
     ERR("HandleRegister(NULL, d)", cuFileHandleRegister(NULL, &d), CU_FILE_INVALID_VALUE);
     ERR("HandleRegister(fh, NULL)", cuFileHandleRegister(&fh, NULL), CU_FILE_INVALID_VALUE);
     d.type = CU_FILE_HANDLE_TYPE_OPAQUE_WIN32;
-    ERR("HandleRegister(WIN32)", cuFileHandleRegister(&fh, &d), CU_FILE_INVALID_VALUE);
+    ERR("HandleRegister(WIN32)", cuFileHandleRegister(&fh, &d), CU_FILE_IO_NOT_SUPPORTED);
     d.type = CU_FILE_HANDLE_TYPE_OPAQUE_FD;
     d.handle.fd = -1;
     ERR("HandleRegister(fd -1)", cuFileHandleRegister(&fh, &d), CU_FILE_INVALID_VALUE);
@@ -165,13 +165,18 @@ int main(void) {
     EXPECT("Read of 0 bytes", cuFileRead(fh, c, 0, 0, 0), 0);
 
     // Bad input: nothing moves, nothing aborts.
-    EXPECT("Read(NULL handle)", cuFileRead(NULL, c, 4096, 0, 0), -CU_FILE_INVALID_VALUE);
     errno = 0;
-    EXPECT("Read(NULL buffer)", cuFileRead(fh, NULL, 4096, 0, 0), -1);
+    EXPECT("Read(NULL handle)", cuFileRead(NULL, c, 4096, 0, 0), -1);
     EXPECT("  errno", errno, EINVAL);
+    if (!reference) {  // NVIDIA's library crashes here (seen: 1.15.1)
+        errno = 0;
+        EXPECT("Read(NULL buffer)", cuFileRead(fh, NULL, 4096, 0, 0), -1);
+        EXPECT("  errno", errno, EINVAL);
+    }
     EXPECT("Read(negative offset)", cuFileRead(fh, c, 4096, -4096, 0), -1);
     EXPECT("Write(negative buffer offset)", cuFileWrite(fh, a, 4096, 0, -1), -1);
 
+#ifndef TEST_CUFILE_NO_READV  // cufile.h before 1.14 has no cuFileReadv
     // Vectored.
     size_t last = emulated ? 3072 : 3000;
     CUfileIOVec_t iov[3] = {{c, 4096}, {c + 65536, 512}, {u, last}};
@@ -184,6 +189,7 @@ int main(void) {
     EXPECT("read the Writev range", cuFileRead(fh, u, 2048, 3 << 20, 0), 2048);
     TRUE("Writev data", !memcmp(u, c, 1024) && !memcmp(u + 1024, c + 2048, 1024));
     EXPECT("Readv(NULL, 1)", cuFileReadv(fh, NULL, 1, 0, 0), -1);
+#endif
 
     // Batch.
     CUfileBatchHandle_t batch = NULL;
