@@ -118,12 +118,14 @@ fn enqueue(
         },
     };
     let bias = base as usize - t.base();
-    // Files grow to take writes past their ends (to the size given now),
-    // and a read past the capacity known looks at the file's size again.
+    // Files grow to take writes past their ends, to the end the values
+    // give now (cuFile's rule: `*size_p` is then the largest size to
+    // expect); a read past the capacity known looks at the file's size
+    // again.
     if pos >= 0 {
         let end = pos as u64 + size as u64;
         if end > f.handle.capacity() {
-            let r = if write && s.flags & ALL_FIXED == ALL_FIXED { f.handle.grow(end) } else { f.handle.grow(0) };
+            let r = if write { f.handle.grow(end) } else { f.handle.grow(0) };
             if let Err(e) = r.or_else(|e| if matches!(e, ugds::Error::Unsupported(_)) { Ok(0) } else { Err(e) }) {
                 return from_error(e);
             }

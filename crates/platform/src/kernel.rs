@@ -27,7 +27,7 @@ use crate::{Error, HostMapping, Platform, Result};
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use ugds_nvme::regs;
 
@@ -100,6 +100,8 @@ pub struct KernelPlatform {
     /// Bumped when a host range is unmapped: rings then release the slots
     /// they hold for memory no longer registered.
     host_epoch: AtomicU64,
+    /// The kernel has no `cachestat`: `cached` answers `None`.
+    no_cachestat: AtomicBool,
 }
 
 impl std::fmt::Debug for KernelPlatform {
@@ -208,6 +210,7 @@ impl KernelPlatform {
             hosts: RwLock::new(BTreeMap::new()),
             slots: Mutex::new(HostSlots::new()),
             host_epoch: AtomicU64::new(0),
+            no_cachestat: AtomicBool::new(false),
         })
     }
 
@@ -245,6 +248,7 @@ impl KernelPlatform {
             hosts: RwLock::new(BTreeMap::new()),
             slots: Mutex::new(HostSlots::new()),
             host_epoch: AtomicU64::new(0),
+            no_cachestat: AtomicBool::new(false),
         })
     }
 
@@ -314,6 +318,20 @@ impl KernelPlatform {
     /// The descriptor for direct I/O, when the file takes it.
     pub fn direct_fd(&self) -> Option<BorrowedFd<'_>> {
         self.direct.as_ref().map(|d| d.as_fd())
+    }
+
+    /// How many pages of the file from `off` for `len` bytes are in the
+    /// page cache, asked without reading (so without starting readahead);
+    /// `None` where the kernel cannot say (before Linux 6.5).
+    pub fn cached_pages(&self, off: u64, len: u64) -> Option<u64> {
+        if self.no_cachestat.load(Ordering::Relaxed) {
+            return None;
+        }
+        let n = crate::sys::uring::cached_pages(self.buffered.as_fd(), off, len);
+        if n.is_none() {
+            self.no_cachestat.store(true, Ordering::Relaxed);
+        }
+        n
     }
 
     /// The descriptor through the page cache.

@@ -24,6 +24,7 @@ static int reference, emulated, differences, checks;
 
 #define EXPECT(what, got, want)                                                                   \
     do {                                                                                          \
+        if (reference) fprintf(stderr, "  %s\n", what); /* where NVIDIA's library stops */         \
         long long g_ = (long long)(got), w_ = (long long)(want);                                  \
         checks++;                                                                                 \
         if (g_ != w_) {                                                                           \

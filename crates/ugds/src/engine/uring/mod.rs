@@ -186,10 +186,28 @@ impl UringQueue {
         match self.cache {
             CachePolicy::Buffered => t.file = BUFFERED,
             CachePolicy::Auto if t.kind == Kind::Read && t.file == DIRECT && !self.cache_unsupported => {
-                if self.cache_misses >= CACHE_MISSES {
-                    self.cache_skipped += 1;
-                    if self.cache_skipped % CACHE_MISSES != 0 {
-                        return;
+                if self.cache_misses > 0 {
+                    // Cold lately: ask the page cache what it holds instead
+                    // of trying it (a read that fails without waiting
+                    // still starts readahead, which then competes with
+                    // the direct reads for the disk).
+                    let (off, left) = (t.offset + t.done as u64, (t.len - t.done) as u64);
+                    match self.platform.cached_pages(off, left) {
+                        Some(n) if n > 0 => {}
+                        Some(_) => {
+                            self.cache_misses = self.cache_misses.saturating_add(1);
+                            self.counters.cache_misses.add(1);
+                            return;
+                        }
+                        // No cachestat (Linux before 6.5): after a run of
+                        // misses, only every CACHE_MISSES-th read tries.
+                        None if self.cache_misses >= CACHE_MISSES => {
+                            self.cache_skipped += 1;
+                            if self.cache_skipped % CACHE_MISSES != 0 {
+                                return;
+                            }
+                        }
+                        None => {}
                     }
                 }
                 t.file = BUFFERED;

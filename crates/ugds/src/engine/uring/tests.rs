@@ -202,27 +202,33 @@ fn evict(path: &std::path::Path) {
     use std::os::fd::AsRawFd;
     let f = std::fs::File::open(path).unwrap();
     f.sync_all().unwrap();
-    let len = f.metadata().unwrap().len() as usize;
-    let page = ugds_platform::sys::PAGE_SIZE;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
         // SAFETY: a descriptor of ours; advice only.
         assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
-        // SAFETY: a read-only shared mapping of the file, unmapped below;
-        // its pages are only asked about (mincore), never touched.
-        let resident = unsafe {
-            let p = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0);
-            assert_ne!(p, libc::MAP_FAILED);
-            let mut v = vec![0u8; len.div_ceil(page)];
-            assert_eq!(libc::mincore(p, len, v.as_mut_ptr()), 0);
-            libc::munmap(p, len);
-            v.iter().filter(|&&b| b & 1 != 0).count()
-        };
+        let resident = resident(path);
         if resident == 0 {
             return;
         }
         assert!(std::time::Instant::now() < deadline, "{resident} pages stay in the page cache");
         std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// Pages of the file in the page cache (mincore).
+fn resident(path: &std::path::Path) -> usize {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    // SAFETY: a read-only shared mapping of the file, unmapped below; its
+    // pages are only asked about (mincore), never touched.
+    unsafe {
+        let p = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0);
+        assert_ne!(p, libc::MAP_FAILED);
+        let mut v = vec![0u8; len.div_ceil(ugds_platform::sys::PAGE_SIZE)];
+        assert_eq!(libc::mincore(p, len, v.as_mut_ptr()), 0);
+        libc::munmap(p, len);
+        v.iter().filter(|&&b| b & 1 != 0).count()
     }
 }
 
@@ -270,19 +276,39 @@ fn auto_reads_cached_data_from_the_page_cache_and_the_rest_from_the_disk() {
 }
 
 #[test]
-fn after_a_run_of_misses_auto_tries_the_cache_only_now_and_then() {
+fn after_a_miss_auto_asks_the_page_cache_before_trying_it() {
     let mut f = fixture("cold", false);
     f.q.set_cache_policy(CachePolicy::Auto);
-    // Evicted before each read: a miss starts the kernel's readahead of
-    // what it asked for, which a later read would find.
+    let path = f.dir.join("data");
+    // Evicted before each read: only the first read tries the cache (and
+    // its miss starts the kernel's readahead); the others ask first
+    // (cachestat) and go to the disk directly.
     for i in 0..64u64 {
-        evict(&f.dir.join("data"));
+        evict(&path);
         read_checked(&mut f.q, &[i * 16384], 4096);
     }
-    let c = f.q.counters();
-    // 16 misses in a row, then one try in 16 of the other 48.
+    let c = f.q.counters().clone();
     assert_eq!(c.cache_hits.get(), 0);
-    assert_eq!(c.cache_misses.get(), 16 + 48 / 16, "cold reads stop trying the cache after 16 misses");
+    if f.q.platform.cached_pages(0, 4096).is_none() {
+        // A kernel without cachestat: 16 misses in a row, then one try in
+        // 16 of the other 48.
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            b"SKIPPED (part): no cachestat here: the fallback was tested instead\n",
+        );
+        assert_eq!(c.cache_misses.get(), 16 + 48 / 16, "cold reads stop trying the cache after 16 misses");
+        return;
+    }
+    assert_eq!(c.cache_misses.get(), 64, "every cold read counted as a miss");
+    // Asking starts no readahead: nothing of the file is cached after a
+    // cold read.
+    evict(&path);
+    read_checked(&mut f.q, &[1 << 19], 65536);
+    assert_eq!(resident(&path), 0, "a cold read left pages in the page cache");
+    // A read of cached data is tried in the cache again, and hits.
+    let _ = std::fs::read(&path).unwrap();
+    read_checked(&mut f.q, &[0], 4096);
+    assert_eq!(c.cache_hits.get(), 1);
 }
 
 #[test]
