@@ -2,7 +2,7 @@
 //! requests on the batch queue, writes their results and sets their
 //! signals.
 
-use super::Job;
+use super::op::Job;
 use crate::engine::batch::BatchQueue;
 use crate::engine::BatchEvent;
 use crate::handle::{HandleInner, Priority};
