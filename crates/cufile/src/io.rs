@@ -217,6 +217,9 @@ pub unsafe extern "C" fn cuFileBufDeregister(base: *const c_void) -> CUfileError
             return fail(op::MEMORY_NOT_REGISTERED, format!("{base:p} is not the base of a registration"));
         };
         let r = driver.deregister(&t);
+        if r.is_ok() {
+            crate::stream::forget_implicit(t.base());
+        }
         stats::count("buf_deregister_ops", r.is_ok());
         match r {
             Ok(()) => ok(),
@@ -245,7 +248,14 @@ pub(crate) struct Memory {
 impl Memory {
     pub(crate) fn find(driver: &ugds::Driver, start: usize, size: usize) -> ugds::Result<Memory> {
         if let Some(t) = driver.token_containing(start as *const u8) {
-            if start + size <= t.base() + t.len() {
+            // One made for a stream-ordered call is checked against the
+            // allocation there now (see `stream::implicit`).
+            let t = match crate::stream::is_implicit(t.base()) {
+                true => crate::stream::implicit(driver, start as u64)
+                    .map_err(|e| Error::Platform(format!("cuFile error {}: {}", e.err, crate::errors::last())))?,
+                false => t,
+            };
+            if start >= t.base() && start + size <= t.base() + t.len() {
                 return Ok(Memory { token: t, offset: start - t.base(), jit: false });
             }
         }
@@ -374,6 +384,21 @@ impl File {
         let end = pos + len as u64;
         let head_end = pos.next_multiple_of(bs).min(end);
         let tail_start = (end / bs * bs).max(head_end);
+        // Memory the controller cannot address for the middle (its PRPs
+        // take dword-aligned addresses): all of it through the page cache,
+        // where the file takes that.
+        if (addr + (head_end - pos) as usize) % 4 != 0 && tail_start > head_end && self.buffered.is_some() {
+            let mut done = 0;
+            while done < len {
+                let n = (len - done).min(EDGE_CHUNK);
+                let got = self.edge(addr + done, n, pos + done as u64, write)?;
+                done += got;
+                if got < n {
+                    break;
+                }
+            }
+            return Ok(done);
+        }
         let mut done = 0usize;
         if pos % bs != 0 {
             let n = self.edge(addr, (head_end - pos) as usize, pos, write)?;
@@ -400,8 +425,9 @@ impl File {
         Ok(done)
     }
 
-    /// Part of one block, through the page cache: `len` bytes at file
-    /// position `pos` to or from the caller's memory at `addr`.
+    /// Bytes at file position `pos` through the page cache (part of a
+    /// block, or up to [`EDGE_CHUNK`] of memory the controller cannot
+    /// address), to or from the caller's memory at `addr`.
     fn edge(&self, addr: usize, len: usize, pos: u64, write: bool) -> ugds::Result<usize> {
         let Some(file) = &self.buffered else {
             return Err(Error::InvalidArgument(format!(
@@ -429,6 +455,10 @@ impl File {
         }
     }
 }
+
+/// The most one page-cache transfer moves at once (through a buffer of
+/// this size).
+const EDGE_CHUNK: usize = 1 << 20;
 
 /// Copies `src` to the caller's memory at `addr` (host or device).
 fn copy_in(addr: usize, src: &[u8]) -> ugds::Result<()> {

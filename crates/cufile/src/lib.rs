@@ -137,6 +137,7 @@ pub extern "C" fn cuFileDriverClose_v2() -> CUfileError_t {
         }
         let st = g.take().expect("checked");
         drop(g);
+        stream::clear_implicit();
         drop(st.streams);
         drop(st.batches);
         let mut stuck = Vec::new();

@@ -138,6 +138,8 @@ int main(void) {
     if (!emulated) {
         EXPECT("Read unaligned", cuFileRead(fh, u, 1000, (1 << 20) + 333, 5), 1000);
         TRUE("unaligned read data", !memcmp(u + 5, init + (1 << 20) + 333, 1000));
+        EXPECT("Read into memory at an odd address", cuFileRead(fh, u, 70000, 1 << 20, 3), 70000);
+        TRUE("odd address data", !memcmp(u + 3, init + (1 << 20), 70000));
         EXPECT("Read with a buffer offset", cuFileRead(fh, c, 4096, 8192, 4096), 4096);
         TRUE("buffer offset data", !memcmp(c + 4096, a + 8192, 4096));
         fill(u, 777, 3);
