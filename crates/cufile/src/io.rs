@@ -218,7 +218,7 @@ pub unsafe extern "C" fn cuFileBufDeregister(base: *const c_void) -> CUfileError
         };
         let r = driver.deregister(&t);
         if r.is_ok() {
-            crate::stream::forget_implicit(t.base());
+            crate::implicit::forget(t.base());
         }
         stats::count("buf_deregister_ops", r.is_ok());
         match r {
@@ -249,9 +249,9 @@ impl Memory {
     pub(crate) fn find(driver: &ugds::Driver, start: usize, size: usize) -> ugds::Result<Memory> {
         if let Some(t) = driver.token_containing(start as *const u8) {
             // One made for a stream-ordered call is checked against the
-            // allocation there now (see `stream::implicit`).
-            let t = match crate::stream::is_implicit(t.base()) {
-                true => crate::stream::implicit(driver, start as u64)
+            // allocation there now (see `implicit`).
+            let t = match crate::implicit::made(t.base()) {
+                true => crate::implicit::registration(driver, start as u64)
                     .map_err(|e| Error::Platform(format!("cuFile error {}: {}", e.err, crate::errors::last())))?,
                 false => t,
             };

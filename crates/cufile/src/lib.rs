@@ -31,14 +31,17 @@ pub mod abi;
 mod batch;
 mod config;
 mod errors;
+mod implicit;
 mod io;
 mod params;
+mod probes;
 mod stats;
 mod stream;
 
 pub use batch::*;
 pub use io::*;
 pub use params::*;
+pub use probes::*;
 pub use stream::*;
 
 use abi::{op, CUfileError_t};
@@ -137,7 +140,7 @@ pub extern "C" fn cuFileDriverClose_v2() -> CUfileError_t {
         }
         let st = g.take().expect("checked");
         drop(g);
-        stream::clear_implicit();
+        implicit::clear();
         drop(st.streams);
         drop(st.batches);
         let mut stuck = Vec::new();

@@ -9,9 +9,8 @@ use crate::io::file;
 use crate::{driver, state, state_mut};
 use libc::{off_t, size_t, ssize_t};
 use std::ffi::{c_uint, c_void};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use ugds::gpu::{GpuStream, StreamWait};
-use ugds::platform::Recover;
 use ugds::StreamIo;
 
 /// A stream known to the library, with the flags it was registered with.
@@ -114,8 +113,8 @@ fn enqueue(
     let t = match driver.token_containing(base as *const u8) {
         // One this library made is checked against the allocation there
         // now: the caller may have freed it and allocated again.
-        Some(t) if !is_implicit(t.base()) => t,
-        _ => match implicit(&driver, base as u64) {
+        Some(t) if !crate::implicit::made(t.base()) => t,
+        _ => match crate::implicit::registration(&driver, base as u64) {
             Ok(t) => t,
             Err(e) => return e,
         },
@@ -152,65 +151,6 @@ fn enqueue(
         Ok(()) => ok(),
         Err(e) => from_error(e),
     }
-}
-
-/// The bases of the registrations this library made for unregistered
-/// device buffers (see `implicit`).
-static IMPLICIT: Mutex<Vec<usize>> = Mutex::new(Vec::new());
-
-pub(crate) fn is_implicit(base: usize) -> bool {
-    IMPLICIT.lock().recover().contains(&base)
-}
-
-/// The registration of the CUDA allocation holding `ptr`, for
-/// stream-ordered I/O on an unregistered buffer (host memory must be
-/// registered first): made at the first such use, kept until
-/// `cuFileBufDeregister` of its base or the driver's close, and checked at
-/// every use against the allocation there now. A registration that no
-/// longer matches it (the memory was freed and allocated again) is
-/// replaced, so that no I/O reaches past what the caller holds.
-pub(crate) fn implicit(driver: &ugds::Driver, ptr: u64) -> Result<ugds::BufferToken, CUfileError_t> {
-    let cuda = ugds::gpu::cuda::Cuda::get().map_err(from_error)?;
-    let (alloc, len) = match cuda.allocation(ptr) {
-        Ok(a) => a,
-        Err(_) => {
-            return Err(fail(
-                op::MEMORY_NOT_REGISTERED,
-                "stream-ordered I/O on host memory needs it registered (cuFileBufRegister)",
-            ))
-        }
-    };
-    let mut made = IMPLICIT.lock().recover();
-    if let Some(t) = driver.token_containing(ptr as *const u8) {
-        if t.base() == alloc as usize && t.len() == len {
-            return Ok(t);
-        }
-        if !made.contains(&t.base()) {
-            // The caller's own registration, covering only part of the
-            // allocation: used as it is.
-            return Ok(t);
-        }
-        // Stale: refused while I/O still holds it (the device may reach
-        // it), else dropped.
-        driver.deregister(&t).map_err(from_error)?;
-        made.retain(|&b| b != t.base());
-    }
-    // SAFETY: the caller's device allocation, as CUDA reports it now; the
-    // caller frees it only after its I/O (cuFile's contract), and a later
-    // use checks it again.
-    let t = unsafe { driver.register_cuda(alloc, len) }.map_err(from_error)?;
-    made.push(alloc as usize);
-    Ok(t)
-}
-
-/// Forgets every implicit registration (the driver closed: they went with it).
-pub(crate) fn clear_implicit() {
-    IMPLICIT.lock().recover().clear();
-}
-
-/// Forgets an implicit registration deregistered by the caller.
-pub(crate) fn forget_implicit(base: usize) {
-    IMPLICIT.lock().recover().retain(|&b| b != base);
 }
 
 /// Reads in stream order: when `stream` reaches the operation, `*size_p`

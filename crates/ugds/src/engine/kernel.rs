@@ -3,59 +3,10 @@
 //! ring ([`UringQueue`]) for each queue pair asked for.
 
 use super::uring::UringQueue;
+pub use super::uring::{CachePolicy, KernelRing};
 use crate::{Error, Result};
 use std::sync::Arc;
 use ugds_platform::kernel::KernelPlatform;
-
-/// How the kernel path's io_uring rings run (the kernel path only).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum KernelRing {
-    /// Submissions by `io_uring_enter`, completions by interrupt (the
-    /// default).
-    #[default]
-    Plain,
-    /// A kernel thread polls each ring's submissions (`IORING_SETUP_SQPOLL`):
-    /// no system call per submission while it is awake.
-    SqPoll,
-    /// Completions are polled from the device (`IORING_SETUP_IOPOLL`): for
-    /// direct I/O on block devices (and files on them) with poll queues;
-    /// needs polled completion. Refused at open where the file cannot.
-    IoPoll,
-}
-
-/// Whether the kernel path reads through the page cache (the kernel path
-/// only; a namespace passed through has none).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum CachePolicy {
-    /// Reads are tried in the page cache first, without waiting
-    /// (`RWF_NOWAIT`): data the cache holds comes from it at memory speed,
-    /// the rest from the disk with `O_DIRECT`. After 16 reads in a row found
-    /// nothing cached, only every 16th tries (cold data pays about one
-    /// attempt in 16). Writes are direct. The default.
-    #[default]
-    Auto,
-    /// Reads and writes with `O_DIRECT` where memory, offset and size are
-    /// aligned as the file needs (through the page cache where not).
-    Direct,
-    /// Reads and writes through the page cache.
-    Buffered,
-}
-
-impl std::str::FromStr for CachePolicy {
-    type Err = Error;
-
-    /// `auto`, `direct` or `buffered`.
-    fn from_str(s: &str) -> Result<CachePolicy> {
-        match s {
-            "auto" => Ok(CachePolicy::Auto),
-            "direct" => Ok(CachePolicy::Direct),
-            "buffered" => Ok(CachePolicy::Buffered),
-            _ => Err(Error::InvalidArgument(format!("unknown cache policy {s:?}: expected auto, direct or buffered"))),
-        }
-    }
-}
 
 /// The kernel path's stand-in for a controller: what it "identifies" is
 /// the file, and creating a queue pair makes a ring.

@@ -26,6 +26,7 @@ pub mod batch;
 pub(crate) mod bounce;
 pub mod chunk;
 pub mod controller;
+pub mod counter;
 pub(crate) mod fabrics;
 pub(crate) mod hold;
 pub mod kernel;

@@ -10,7 +10,7 @@
 //! with the commands still outstanding. A queue pair that is not traced
 //! pays one branch per command.
 
-use super::stats::Counter;
+use super::counter::Counter;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ugds_nvme::{Cid, Status};

@@ -38,10 +38,11 @@
 //! for the device).
 
 mod copy;
+mod options;
+pub use options::{CachePolicy, KernelRing};
 mod transfer;
 
 use super::bounce::{self, Bounce};
-use super::kernel::{CachePolicy, KernelRing};
 use super::qpair::{CqView, Full, Owner};
 use super::stats::{QueueCounters, Staged};
 use super::tracker::Tracker;
