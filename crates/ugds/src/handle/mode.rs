@@ -29,12 +29,26 @@
 //! the plan says). Batch contexts, stream-ordered I/O and lent
 //! [`IoQueue`](crate::IoQueue)s are not served through the mode.
 
-use super::scheduler::Priority;
 use crate::engine::Completion;
 use crate::{Error, Result};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// A request's class: what its large transfers yield to (see `handle::scheduler`'s docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Priority {
+    /// Never held back; large normal and background requests make room for it.
+    Critical,
+    /// Held back, when large, while a latency-critical synchronous request,
+    /// or a normal one of at most the handle's `chunk_bytes`, is on the handle.
+    #[default]
+    Normal,
+    /// Held back, when large, while any synchronous request that is not
+    /// background is on the handle.
+    Background,
+}
 
 /// What a mode is told of a request before it is placed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

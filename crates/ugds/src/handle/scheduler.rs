@@ -24,6 +24,7 @@
 //! and a request that is not interleaved does not look at all.
 
 use super::mode::Depth;
+pub use super::mode::Priority;
 use crate::engine::sync::{Pacing, SyncQueue};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -39,21 +40,6 @@ pub enum Placement {
     LeastLoaded,
     /// On each queue pair in turn, whatever is on it.
     RoundRobin,
-}
-
-/// A request's class: what its large transfers yield to (see the module docs).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Priority {
-    /// Never held back; large normal and background requests make room for it.
-    Critical,
-    /// Held back, when large, while a latency-critical synchronous request,
-    /// or a normal one of at most the handle's `chunk_bytes`, is on the handle.
-    #[default]
-    Normal,
-    /// Held back, when large, while any synchronous request that is not
-    /// background is on the handle.
-    Background,
 }
 
 /// The scheduler's state, one per handle.

@@ -186,7 +186,7 @@ impl StreamIo {
         (io, r)
     }
 
-    /// A vectored operation's parameters ([`Handle::readv_async`]): the
+    /// A vectored operation's parameters ([`Handle::readv_async`](crate::Handle::readv_async)): the
     /// segments' total size, the namespace offset behind a raw pointer (read
     /// when the stream reaches the operation) and where the bytes moved go.
     ///

@@ -13,7 +13,7 @@
 //! [`HostStream`] is a host-side executor with the same contract, for
 //! machines without a GPU and for tests.
 //!
-//! Ordered batches ([`Handle::batch_async`]) are ordered as a whole against
+//! Ordered batches ([`Handle::batch_async`](crate::Handle::batch_async)) are ordered as a whole against
 //! the stream and unordered among themselves: all their requests are on the
 //! device at once.
 
