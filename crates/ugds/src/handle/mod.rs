@@ -73,9 +73,9 @@ pub(crate) struct HandleInner {
     pub id: u64,
     driver: Arc<DriverInner>,
     ns: NamespaceInfo,
-    /// The namespace's size in blocks now: `ns.blocks`, more once a file
-    /// on the kernel path grew (`grow`).
-    blocks: AtomicU64,
+    /// The namespace's size in bytes now: `ns.capacity()`, more once a
+    /// file on the kernel path grew (`grow`).
+    capacity: AtomicU64,
     sync: ManuallyDrop<Box<[Arc<SyncQueue>]>>,
     /// Places synchronous requests and paces the large ones.
     pub sched: scheduler::Scheduler,
@@ -271,7 +271,7 @@ impl HandleInner {
             id,
             driver,
             ns,
-            blocks: AtomicU64::new(ns.blocks),
+            capacity: AtomicU64::new(ns.capacity()),
             sync: ManuallyDrop::new(sync),
             sched: scheduler::Scheduler::new(opts.placement, opts.chunk_bytes, info.max_transfer),
             polled_from: (npoll > 0).then_some(nsleep as usize),
@@ -318,7 +318,7 @@ impl HandleInner {
 
     /// Bytes usable on the namespace.
     pub fn capacity(&self) -> u64 {
-        self.blocks.load(Ordering::Relaxed) * self.ns.block_size as u64
+        self.capacity.load(Ordering::Relaxed)
     }
 
     /// Kernel path, a regular file: extends it to `at_least` bytes where it
@@ -332,7 +332,7 @@ impl HandleInner {
             return Err(Error::Unsupported("a block device or namespace does not grow".into()));
         };
         let bs = self.ns.block_size as u64;
-        self.blocks.fetch_max(size.div_ceil(bs), Ordering::Relaxed);
+        self.capacity.fetch_max(size.div_ceil(bs) * bs, Ordering::Relaxed);
         Ok(self.capacity())
     }
 
