@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <string>
 #include <vector>
 #include <algorithm>
 
@@ -418,60 +419,44 @@ int main(int argc, char **argv) {
         io[i].opcode = CUFILE_READ;
         io[i].cookie = (void *)(uintptr_t)i;
         io[i].u.batch.devPtr_base = gpu;
-        io[i].u.batch.file_offset = (off_t)i * 8192;
         io[i].u.batch.devPtr_offset = (off_t)i * 4096;
         io[i].u.batch.size = 4096;
     }
-    std::vector<double> times;
-    for (int rep = 0; rep < 21; rep++) {
-        double start = now_ms();
-        check_cu(cuFileBatchIOSubmit(batch, 128, io.data(), 0), "cuFileBatchIOSubmit");
-        unsigned got = 0;
-        while (got < 128) {
-            unsigned nr = 128 - got;
-            struct timespec to = {10, 0};
-            check_cu(cuFileBatchIOGetStatus(batch, nr, &nr, ev.data() + got, &to), "cuFileBatchIOGetStatus");
-            got += nr;
-        }
-        times.push_back(now_ms() - start);
-        for (int i = 0; i < 128; i++)
-            if (ev[i].status != CUFILE_COMPLETE || ev[i].ret != 4096) {
-                fprintf(stderr, "batch event %d: status %d ret %zu\n", i, (int)ev[i].status, (size_t)ev[i].ret);
-                return 1;
+    // 21 batches with the file offsets `offset(batch, request)` gives: the
+    // first batch's time and the median of the rest.
+    auto rounds = [&](const char *what, const char *key, auto offset) -> bool {
+        std::vector<double> times;
+        for (int rep = 0; rep < 21; rep++) {
+            for (int i = 0; i < 128; i++) io[i].u.batch.file_offset = offset(rep, i);
+            double start = now_ms();
+            check_cu(cuFileBatchIOSubmit(batch, 128, io.data(), 0), "cuFileBatchIOSubmit");
+            unsigned got = 0;
+            while (got < 128) {
+                unsigned nr = 128 - got;
+                struct timespec to = {10, 0};
+                check_cu(cuFileBatchIOGetStatus(batch, nr, &nr, ev.data() + got, &to), "cuFileBatchIOGetStatus");
+                got += nr;
             }
-    }
-    std::vector<double> steady(times.begin() + 1, times.end());
-    std::sort(steady.begin(), steady.end());
-    printf("batch 128 x 4 KiB: first %.3f ms, steady median %.3f ms\n", times[0], steady[steady.size() / 2]);
-    result("batch_first", times[0], "ms");
-    result("batch_steady", steady[steady.size() / 2], "ms");
-    // The same with new offsets for every batch (as ugds gpu-bench does):
-    // each batch reads data no earlier one read.
-    times.clear();
-    for (int rep = 0; rep < 21; rep++) {
-        for (int i = 0; i < 128; i++) io[i].u.batch.file_offset = (1l << 30) + ((off_t)rep * 128 + i) * 65536;
-        double start = now_ms();
-        check_cu(cuFileBatchIOSubmit(batch, 128, io.data(), 0), "cuFileBatchIOSubmit");
-        unsigned got = 0;
-        while (got < 128) {
-            unsigned nr = 128 - got;
-            struct timespec to = {10, 0};
-            check_cu(cuFileBatchIOGetStatus(batch, nr, &nr, ev.data() + got, &to), "cuFileBatchIOGetStatus");
-            got += nr;
+            times.push_back(now_ms() - start);
+            for (int i = 0; i < 128; i++)
+                if (ev[i].status != CUFILE_COMPLETE || ev[i].ret != 4096) {
+                    fprintf(stderr, "batch event %d: status %d ret %zu\n", i, (int)ev[i].status, (size_t)ev[i].ret);
+                    return false;
+                }
         }
-        times.push_back(now_ms() - start);
-        for (int i = 0; i < 128; i++)
-            if (ev[i].status != CUFILE_COMPLETE || ev[i].ret != 4096) {
-                fprintf(stderr, "batch event %d: status %d ret %zu\n", i, (int)ev[i].status, (size_t)ev[i].ret);
-                return 1;
-            }
-    }
+        std::vector<double> steady(times.begin() + 1, times.end());
+        std::sort(steady.begin(), steady.end());
+        printf("batch 128 x 4 KiB%s: first %.3f ms, steady median %.3f ms\n", what, times[0], steady[steady.size() / 2]);
+        result((std::string(key) + "_first").c_str(), times[0], "ms");
+        result((std::string(key) + "_steady").c_str(), steady[steady.size() / 2], "ms");
+        return true;
+    };
+    // The same 128 offsets every batch; then new offsets for every batch
+    // (as ugds gpu-bench does): each batch reads data no earlier one read.
+    if (!rounds("", "batch", [](int, int i) { return (off_t)i * 8192; })) return 1;
+    if (!rounds(", new offsets each", "batch_fresh", [](int rep, int i) { return (off_t)(1l << 30) + ((off_t)rep * 128 + i) * 65536; }))
+        return 1;
     cuFileBatchIODestroy(batch);
-    std::vector<double> fresh(times.begin() + 1, times.end());
-    std::sort(fresh.begin(), fresh.end());
-    printf("batch 128 x 4 KiB, new offsets each: first %.3f ms, steady median %.3f ms\n", times[0], fresh[fresh.size() / 2]);
-    result("batch_fresh_first", times[0], "ms");
-    result("batch_fresh_steady", fresh[fresh.size() / 2], "ms");
 
     cuFileStreamDeregister(s);
     cuFileBufDeregister(gpu);

@@ -498,41 +498,26 @@ fn neighbour(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result<()
 
 /// 128 x 4 KiB reads per batch: the first batch, then 20 more.
 fn batch(h: &Handle, tok: &BufferToken) -> ugds::Result<()> {
+    // The same 128 offsets every batch; then new offsets for every batch
+    // (from 1 GiB in, 64 KiB apart): each batch reads data no earlier one
+    // read, so the first against the rest is what ugds defers to a first
+    // use, not the disk's own cache warming up.
+    batch_rounds(h, tok, "", "batch", |_, i| i * 8192)?;
+    batch_rounds(h, tok, ", new offsets each", "batch_fresh", |rep, i| (1 << 30) + (rep * 128 + i) * 65536)
+}
+
+/// 21 batches of 128 x 4 KiB reads at `offset(batch, request)`: the first
+/// batch's time and the median of the rest, as `{key}_first` and
+/// `{key}_steady`.
+fn batch_rounds(
+    h: &Handle,
+    tok: &BufferToken,
+    what: &str,
+    key: &str,
+    offset: impl Fn(u64, u64) -> u64,
+) -> ugds::Result<()> {
     let b = h.batch(128)?;
-    let ios: Vec<BatchIo> = (0..128)
-        .map(|i| BatchIo {
-            op: BatchOp::Read,
-            buf: *tok,
-            size: 4096,
-            file_offset: (i * 8192) as u64,
-            buf_offset: i * 4096,
-            cookie: i as u64,
-        })
-        .collect();
     let mut ev = Vec::with_capacity(128);
-    let mut times = Vec::new();
-    for _ in 0..21 {
-        ev.clear();
-        let start = Instant::now();
-        b.submit(&ios)?;
-        b.get_status(128, 128, Some(Duration::from_secs(10)), &mut ev)?;
-        times.push(start.elapsed());
-        if ev.iter().any(|e| e.result.as_ref().ok() != Some(&4096)) {
-            return Err(ugds::Error::Platform("a batch read failed".into()));
-        }
-    }
-    let first = times[0];
-    let mut steady: Vec<_> = times[1..].to_vec();
-    steady.sort();
-    let median = steady[steady.len() / 2];
-    println!("batch 128 x 4 KiB: first {:.3} ms, steady median {:.3} ms", ms(first), ms(median));
-    result("batch_first", ms(first), "ms");
-    result("batch_steady", ms(median), "ms");
-    // The same with new offsets for every batch (from 1 GiB in, 64 KiB
-    // apart): each batch reads data no earlier one read, so the first
-    // against the rest is what ugds defers to a first use, not the disk's
-    // own cache warming up.
-    let b = h.batch(128)?;
     let mut times = Vec::new();
     for rep in 0..21u64 {
         let ios: Vec<BatchIo> = (0..128u64)
@@ -540,7 +525,7 @@ fn batch(h: &Handle, tok: &BufferToken) -> ugds::Result<()> {
                 op: BatchOp::Read,
                 buf: *tok,
                 size: 4096,
-                file_offset: (1 << 30) + (rep * 128 + i) * 65536,
+                file_offset: offset(rep, i),
                 buf_offset: i as usize * 4096,
                 cookie: i,
             })
@@ -558,9 +543,9 @@ fn batch(h: &Handle, tok: &BufferToken) -> ugds::Result<()> {
     let mut steady: Vec<_> = times[1..].to_vec();
     steady.sort();
     let median = steady[steady.len() / 2];
-    println!("batch 128 x 4 KiB, new offsets each: first {:.3} ms, steady median {:.3} ms", ms(first), ms(median));
-    result("batch_fresh_first", ms(first), "ms");
-    result("batch_fresh_steady", ms(median), "ms");
+    println!("batch 128 x 4 KiB{what}: first {:.3} ms, steady median {:.3} ms", ms(first), ms(median));
+    result(&format!("{key}_first"), ms(first), "ms");
+    result(&format!("{key}_steady"), ms(median), "ms");
     Ok(())
 }
 

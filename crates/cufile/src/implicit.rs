@@ -4,15 +4,24 @@
 
 use crate::abi::{op, CUfileError_t};
 use crate::errors::{fail, from_error};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use ugds::platform::Recover;
 
 /// The bases of the registrations this library made for unregistered
 /// device buffers (see `registration`).
 static IMPLICIT: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+/// How many there are: read first by every synchronous call, so that a
+/// process with none takes no lock per I/O.
+static COUNT: AtomicUsize = AtomicUsize::new(0);
 
 pub(crate) fn made(base: usize) -> bool {
-    IMPLICIT.lock().recover().contains(&base)
+    COUNT.load(Ordering::Acquire) > 0 && IMPLICIT.lock().recover().contains(&base)
+}
+
+/// Keeps `COUNT` with the list (under its lock).
+fn counted(list: &[usize]) {
+    COUNT.store(list.len(), Ordering::Release);
 }
 
 /// The registration of the CUDA allocation holding `ptr`, for
@@ -47,21 +56,27 @@ pub(crate) fn registration(driver: &ugds::Driver, ptr: u64) -> Result<ugds::Buff
         // it), else dropped.
         driver.deregister(&t).map_err(from_error)?;
         made.retain(|&b| b != t.base());
+        counted(&made);
     }
     // SAFETY: the caller's device allocation, as CUDA reports it now; the
     // caller frees it only after its I/O (cuFile's contract), and a later
     // use checks it again.
     let t = unsafe { driver.register_cuda(alloc, len) }.map_err(from_error)?;
     made.push(alloc as usize);
+    counted(&made);
     Ok(t)
 }
 
 /// Forgets every implicit registration (the driver closed: they went with it).
 pub(crate) fn clear() {
-    IMPLICIT.lock().recover().clear();
+    let mut made = IMPLICIT.lock().recover();
+    made.clear();
+    counted(&made);
 }
 
 /// Forgets an implicit registration deregistered by the caller.
 pub(crate) fn forget(base: usize) {
-    IMPLICIT.lock().recover().retain(|&b| b != base);
+    let mut made = IMPLICIT.lock().recover();
+    made.retain(|&b| b != base);
+    counted(&made);
 }

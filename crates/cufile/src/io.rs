@@ -24,6 +24,8 @@ struct HandleObj {
 /// A registered file.
 pub(crate) struct File {
     pub handle: Arc<Handle>,
+    /// The driver it was registered with (its registrations).
+    pub driver: ugds::Driver,
     fd: c_int,
     /// The kernel path: the same file through the page cache, for the
     /// partial blocks at the ends of unaligned requests.
@@ -112,7 +114,7 @@ pub unsafe extern "C" fn cuFileHandleRegister(fh: *mut *mut c_void, descr: *mut 
             Ok(h) => Arc::new(h),
             Err(e) => return from_error(e),
         };
-        let f = Arc::new(File { handle, fd, buffered });
+        let f = Arc::new(File { handle, driver: driver.clone(), fd, buffered });
         let mut g = state_mut();
         let Some(s) = g.as_mut() else {
             drop(g);
@@ -320,10 +322,8 @@ fn sync_inner(
     let Some(start) = (base as usize).checked_add(buf_offset as usize).filter(|s| s.checked_add(size).is_some()) else {
         return posix(libc::EINVAL, "buffer offset and size wrap the address space");
     };
-    let Some(driver) = state().as_ref().map(|s| s.driver.clone()) else {
-        return negative(op::DRIVER_NOT_INITIALIZED, "the driver was closed");
-    };
-    let mem = match Memory::find(&driver, start, size) {
+    let driver = &f.driver;
+    let mem = match Memory::find(driver, start, size) {
         Ok(m) => m,
         Err(e) => return io_error(e),
     };
@@ -345,7 +345,7 @@ fn sync_inner(
             }
         }
     }
-    mem.release(&driver);
+    mem.release(driver);
     match (failed, done) {
         (Some(e), 0) => io_error(e),
         _ => done as ssize_t,
