@@ -7,7 +7,7 @@ use crate::errors::{fail, from_error, guard, internal, ok};
 use crate::io::{file, File, Memory};
 use crate::{config, driver, state, state_mut, stats};
 use libc::timespec;
-use std::ffi::{c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use ugds::platform::Recover;
@@ -25,11 +25,16 @@ struct Inner {
     /// Requests submitted and not collected, by slot (the ugds cookie):
     /// the caller's cookie and the registration made for it, if any.
     slots: Vec<Option<(usize, Option<Memory>, bool)>>,
+    /// Events of requests done when submitted (offsets or sizes off the
+    /// file's block: moved as `cuFileRead`/`cuFileWrite` move them), not
+    /// yet collected.
+    /// Each as (the caller's cookie, status, return).
+    ready: Vec<(usize, c_int, isize)>,
 }
 
 impl Inner {
     fn outstanding(&self) -> usize {
-        self.slots.iter().filter(|s| s.is_some()).count()
+        self.slots.iter().filter(|s| s.is_some()).count() + self.ready.len()
     }
 }
 
@@ -67,7 +72,7 @@ pub unsafe extern "C" fn cuFileBatchIOSetUp(batch_idp: *mut *mut c_void, nr: c_u
         }
         let b = Arc::new(BatchObj {
             nr: nr as usize,
-            inner: Mutex::new(Inner { per_file: Vec::new(), slots: Vec::new() }),
+            inner: Mutex::new(Inner { per_file: Vec::new(), slots: Vec::new(), ready: Vec::new() }),
         });
         let mut g = state_mut();
         let Some(s) = g.as_mut() else { return fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed") };
@@ -92,8 +97,10 @@ fn batch_of(id: *mut c_void) -> Result<Arc<BatchObj>, CUfileError_t> {
 }
 
 /// Submits `nr` requests, each checked first: a bad one submits none.
-/// Sizes and offsets are multiples of the file's block (512 bytes on the
-/// kernel path); buffers registered or not.
+/// Buffers registered or not. A request whose size or file offset is off
+/// the file's block is moved here, before this returns (as `cuFileRead`
+/// moves it: partial blocks through the page cache), its event ready at
+/// once; the others go to the device and this returns without waiting.
 ///
 /// # Safety
 /// `iocbp` is null (refused) or valid for reads of `nr` entries; every
@@ -126,8 +133,10 @@ fn submit(batch_idp: *mut c_void, nr: c_uint, iocbp: *mut CUfileIOParams_t) -> C
     let Some(driver) = state().as_ref().map(|s| s.driver.clone()) else {
         return fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed");
     };
-    // Checked, all of them, before anything is submitted.
+    // Checked, all of them, before anything is submitted. Requests off the
+    // file's block go apart: done here, after the others are on their way.
     let mut checked = Vec::with_capacity(ps.len());
+    let mut unaligned = Vec::new();
     for (i, p) in ps.iter().enumerate() {
         let write = match p.opcode {
             READ => false,
@@ -142,12 +151,13 @@ fn submit(batch_idp: *mut c_void, nr: c_uint, iocbp: *mut CUfileIOParams_t) -> C
             Ok(f) => f,
             Err(c) => return fail(c, format!("request {i}: no such file handle")),
         };
+        if (io.devPtr_base as usize).checked_add(io.devPtr_offset as usize + io.size).is_none() {
+            return fail(op::INVALID_VALUE, format!("request {i}: buffer offset and size wrap the address space"));
+        }
         let bs = f.handle.namespace().block_size as u64;
         if io.file_offset as u64 % bs != 0 || io.size as u64 % bs != 0 {
-            return fail(
-                op::INVALID_VALUE,
-                format!("request {i}: offset and size are multiples of the {bs}-byte block"),
-            );
+            unaligned.push((p.fh, io.devPtr_base, io.size, io.file_offset, io.devPtr_offset, write, p.cookie));
+            continue;
         }
         checked.push((
             p.fh as usize,
@@ -160,10 +170,11 @@ fn submit(batch_idp: *mut c_void, nr: c_uint, iocbp: *mut CUfileIOParams_t) -> C
         ));
     }
     let mut inner = b.inner.lock().recover();
-    if inner.outstanding() + checked.len() > b.nr {
+    let more = checked.len() + unaligned.len();
+    if inner.outstanding() + more > b.nr {
         return fail(
             op::BATCH_FULL,
-            format!("{} outstanding and {} more: the batch holds {}", inner.outstanding(), checked.len(), b.nr),
+            format!("{} outstanding and {more} more: the batch holds {}", inner.outstanding(), b.nr),
         );
     }
     let mut groups: Vec<(usize, Arc<File>, Vec<BatchIo>)> = Vec::new();
@@ -233,6 +244,22 @@ fn submit(batch_idp: *mut c_void, nr: c_uint, iocbp: *mut CUfileIOParams_t) -> C
         }
     }
     keep(&mut inner, made);
+    // The partial blocks go through the page cache, which ugds's batches
+    // do not reach: these requests are moved now, as a synchronous call
+    // moves them, and their events are ready at once.
+    for (fh, base, size, pos, off, write, cookie) in unaligned {
+        let ret = crate::io::sync(fh, base, size, pos, off, write);
+        let (status, ret) = match ret {
+            // SAFETY: this thread's errno, which the call set.
+            -1 => (STATUS_FAILED, -(unsafe { *libc::__errno_location() }) as isize),
+            r if r < 0 => (STATUS_FAILED, r),
+            r => {
+                stats::batch_bytes(write, r as u64);
+                (STATUS_COMPLETE, r)
+            }
+        };
+        inner.ready.push((cookie as usize, status, ret));
+    }
     ok()
 }
 
@@ -298,28 +325,40 @@ pub unsafe extern "C" fn cuFileBatchIOGetStatus(
         };
         let start = Instant::now();
         let mut events = Vec::new();
+        // Events of requests done at submit, first.
+        let mut early = Vec::new();
         loop {
             let mut inner = b.inner.lock().recover();
+            let take = inner.ready.len().min(room - early.len());
+            early.extend(inner.ready.drain(..take));
             let single = inner.per_file.len() == 1;
             for (_, _, ub) in &inner.per_file {
-                if events.len() >= room {
+                let have = early.len() + events.len();
+                if have >= room {
                     break;
                 }
                 // One file: its own wait; several: a look at each.
                 let (want, wait) = if single {
-                    ((min_nr as usize).saturating_sub(events.len()), limit.map(|l| l.saturating_sub(start.elapsed())))
+                    ((min_nr as usize).saturating_sub(have), limit.map(|l| l.saturating_sub(start.elapsed())))
                 } else {
                     (0, Some(Duration::ZERO))
                 };
-                if let Err(e) = ub.get_status(want.min(room - events.len()), room - events.len(), wait, &mut events) {
+                if let Err(e) = ub.get_status(want.min(room - have), room - have, wait, &mut events) {
                     return from_error(e);
                 }
             }
-            let done = events.len() >= min_nr as usize
+            let done = early.len() + events.len() >= min_nr as usize
                 || single
                 || inner.per_file.is_empty()
                 || limit.is_some_and(|l| start.elapsed() >= l);
             if done {
+                for (i, &(cookie, status, ret)) in early.iter().enumerate() {
+                    // SAFETY: i < room; the caller's array holds `room` events.
+                    unsafe {
+                        *iocbp.add(i) = CUfileIOEvents_t { cookie: cookie as *mut c_void, status, ret: ret as usize }
+                    };
+                }
+                let iocbp = iocbp.wrapping_add(early.len());
                 for (i, e) in events.iter().enumerate() {
                     let slot = e.cookie as usize;
                     let (cookie, mem, write) =
@@ -342,7 +381,7 @@ pub unsafe extern "C" fn cuFileBatchIOGetStatus(
                     };
                 }
                 // SAFETY: non-null; the caller's count.
-                unsafe { *nr = events.len() as c_uint };
+                unsafe { *nr = (early.len() + events.len()) as c_uint };
                 return ok();
             }
             drop(inner);

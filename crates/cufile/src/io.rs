@@ -285,7 +285,7 @@ impl Memory {
 
 /// One synchronous call: `size` bytes at `file_offset` to or from
 /// `base + buf_offset`.
-fn sync(
+pub(crate) fn sync(
     fh: *mut c_void,
     base: *const c_void,
     size: size_t,

@@ -240,6 +240,50 @@ int main(void) {
             TRUE("batch read data", !memcmp(c + k * 4096, want, 4096));
         }
     }
+    // Requests off the block beside an aligned one: moved as cuFileRead and
+    // cuFileWrite move them (through the page cache; a namespace refuses).
+    {
+        CUfileIOParams_t mix[3];
+        memset(mix, 0, sizeof mix);
+        memset(u, 0, 8192);
+        memset(c, 0, 4096);
+        fill(u + 6000, 300, 6);
+        const off_t wat = (3 << 20) + (1 << 19) + 7;
+        for (int i = 0; i < 3; i++) {
+            mix[i].mode = CUFILE_BATCH;
+            mix[i].fh = fh;
+            mix[i].opcode = i == 2 ? CUFILE_WRITE : CUFILE_READ;
+            mix[i].cookie = (void *)(uintptr_t)(200 + i);
+        }
+        mix[0].u.batch = (__typeof__(mix[0].u.batch)){u, (1 << 20) + 333, 5, 1000};
+        mix[1].u.batch = (__typeof__(mix[0].u.batch)){c, (1 << 20) + 65536, 0, 4096};
+        mix[2].u.batch = (__typeof__(mix[0].u.batch)){u, wat, 6000, 300};
+        OK("BatchIOSubmit(unaligned)", cuFileBatchIOSubmit(batch, 3, mix, 0));
+        got = 0;
+        while (got < 3) {
+            nr = 16;
+            OK("BatchIOGetStatus(unaligned)", cuFileBatchIOGetStatus(batch, 3 - got, &nr, ev + got, &ts));
+            if (nr == 0) break;
+            got += nr;
+        }
+        EXPECT("unaligned batch events", got, 3);
+        for (unsigned i = 0; i < got; i++) {
+            uintptr_t k = (uintptr_t)ev[i].cookie - 200;
+            if (k == 1 || !emulated) {
+                EXPECT("unaligned batch status", ev[i].status, CUFILE_COMPLETE);
+                EXPECT("unaligned batch bytes", ev[i].ret, k == 0 ? 1000 : k == 1 ? 4096 : 300);
+            } else {
+                EXPECT("unaligned batch status (a namespace)", ev[i].status, CUFILE_FAILED);
+                EXPECT("unaligned batch ret (a namespace)", (ssize_t)ev[i].ret, -EINVAL);
+            }
+        }
+        TRUE("aligned batch data beside them", !memcmp(c, init + (1 << 20) + 65536, 4096));
+        if (!emulated) {
+            TRUE("unaligned batch read data", !memcmp(u + 5, init + (1 << 20) + 333, 1000));
+            EXPECT("read the unaligned batch write", cuFileRead(fh, c, 300, wat, 0), 300);
+            TRUE("unaligned batch write data", !memcmp(c, u + 6000, 300));
+        }
+    }
     OK("BatchIOCancel", cuFileBatchIOCancel(batch));
     cuFileBatchIODestroy(batch);
     cuFileBatchIODestroy(NULL);
