@@ -12,7 +12,8 @@
 //!   atomic operation per I/O.
 //! - [`chunk`]: splitting a request by MDTS and PRP-list capacity.
 //! - [`sync`]: shared queue pairs for synchronous callers.
-//! - [`batch`]: the deep batch queue shared by batch contexts.
+//! - [`batch`]: the deep batch queue shared by batch contexts;
+//!   `contexts`, what the contexts keep (requests, events, counts).
 //! - `hold`: what keeps a request's memory registered while it is in flight.
 //! - `fabrics`: what the fabrics transports share above their capsules
 //!   (Connect, the registers through Property Get and Set, Identify).
@@ -25,6 +26,7 @@
 pub mod batch;
 pub(crate) mod bounce;
 pub mod chunk;
+pub(crate) mod contexts;
 pub mod controller;
 pub mod counter;
 pub(crate) mod fabrics;

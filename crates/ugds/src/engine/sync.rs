@@ -21,7 +21,7 @@
 //! on it, which then look at their own completion queues. The eventfds are
 //! only hints: the phase tag decides.
 
-use super::batch::BatchTable;
+use super::contexts::BatchTable;
 use super::qpair::CqView;
 use super::queue::QueuePair;
 use super::stats::QueueCounters;
