@@ -4,12 +4,12 @@ use crate::engine::Controller;
 #[cfg(feature = "gpu")]
 use crate::gpu::cuda::Memory;
 use crate::gpu::{DeviceMemory, DmabufExport};
-use crate::handle::{Handle, HandleInner, HandleOptions};
+use crate::handle::{DriverInner, Handle, HandleInner, HandleOptions};
 use crate::platform::Platform;
-use crate::registry::{BufferToken, Registry, Visibility};
+use crate::registry::{BufferToken, Visibility};
 use crate::{Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 use ugds_platform::Recover;
 
 /// Library state: the buffer registry and the open handles. Opening it does
@@ -23,12 +23,6 @@ impl std::fmt::Debug for Driver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Driver").finish_non_exhaustive()
     }
-}
-
-pub(crate) struct DriverInner {
-    pub registry: Registry,
-    /// Open handles. Lock order: this, then the registry.
-    pub handles: Mutex<Vec<(u64, Weak<HandleInner>)>>,
 }
 
 /// Handle ids, unique in the process (not per driver): a thread's
@@ -45,7 +39,7 @@ impl Default for Driver {
 impl Driver {
     /// New library state.
     pub fn open() -> Driver {
-        Driver { inner: Arc::new(DriverInner { registry: Registry::default(), handles: Mutex::new(Vec::new()) }) }
+        Driver { inner: Arc::new(DriverInner::default()) }
     }
 
     /// Brings up the controller behind `platform` and opens a handle on one
@@ -115,7 +109,7 @@ impl Driver {
         let id = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
         let inner = HandleInner::new(id, self.inner.clone(), ctrl, opts)?;
         let inner = Arc::new(inner);
-        inner.start_stream_engine()?;
+        crate::stream::start_engine(&inner)?;
         inner.start_publishing()?;
         let mut handles = self.inner.handles.lock().recover();
         let platform = inner.platform().clone();

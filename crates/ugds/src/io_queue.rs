@@ -296,6 +296,17 @@ struct Shared {
     events: Vec<BatchEvent>,
 }
 
+impl Handle {
+    /// Lends a queue pair for asynchronous submission from one thread.
+    /// Refused with [`Error::Busy`] when every lendable queue is out. On a
+    /// handle that has none to lend (the controller granted too few), a
+    /// context on the batch queue instead ([`IoQueue::is_shared`]), or
+    /// [`Error::Unsupported`] without a batch queue.
+    pub fn io_queue(&self) -> Result<IoQueue<'_>> {
+        IoQueue::new(self)
+    }
+}
+
 impl<'h> IoQueue<'h> {
     pub(crate) fn new(handle: &'h Handle) -> Result<IoQueue<'h>> {
         let h = &*handle.inner;

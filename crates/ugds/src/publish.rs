@@ -1,6 +1,7 @@
-//! A handle's queue statistics, published to a file for other processes
-//! (`ugds stats`, `ugds top`), as SPDK's `spdk_top` reads a running
-//! application's.
+//! A handle's queue statistics: what each queue pair is for
+//! ([`QueueInfo`]) and has done ([`QueueStats`], read from the counters the
+//! queue pairs keep), published to a file for other processes (`ugds
+//! stats`, `ugds top`), as SPDK's `spdk_top` reads a running application's.
 //!
 //! Opt-in ([`HandleOptions::stats_dir`](crate::HandleOptions::stats_dir)): a
 //! thread of the handle rewrites `DIR/ugds-PID-HANDLE.stats` every
@@ -20,12 +21,136 @@
 //! wide; see [`HandleOptions::trace`](crate::HandleOptions::trace)).
 
 use crate::engine::stats::QueueCounters;
-use crate::handle::{QueueInfo, QueueRole, QueueStats};
+use crate::engine::trace::{LatencyHistogram, TraceEvent};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
+
+/// What an I/O queue pair of a handle is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum QueueRole {
+    /// Shared by synchronous callers (and, on a controller that granted
+    /// one queue pair, by batch contexts and stream-ordered I/O too).
+    Sync,
+    /// The deep queue pair of batch contexts and stream-ordered I/O.
+    Batch,
+    /// Lent whole to an [`IoQueue`](crate::IoQueue).
+    Lendable,
+}
+
+/// One I/O queue pair of a handle and how it learns of completions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueInfo {
+    /// Queue id.
+    pub qid: u16,
+    /// What it is for.
+    pub role: QueueRole,
+    /// Its interrupt vector; `None`: its completion queue is polled.
+    pub vector: Option<u16>,
+    /// Entries the controller granted (its submission queue's size; at
+    /// most MQES + 1, whatever was asked for).
+    pub entries: u16,
+    /// Other I/O queues on the same vector (vector 0 is also the admin
+    /// queue's).
+    pub vector_shared_with: u16,
+}
+
+/// What one I/O queue pair of a handle has done since the handle opened
+/// ([`Handle::queue_stats`](crate::Handle::queue_stats)). Read while I/O
+/// runs, each figure is current but the set is not one instant's: the
+/// counters are read one after another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueStats {
+    /// Queue id.
+    pub qid: u16,
+    /// What it is for.
+    pub role: QueueRole,
+    /// Commands submitted (a request of several commands counts each).
+    pub submitted: u64,
+    /// Commands completed.
+    pub completed: u64,
+    /// Commands on the device when read (`submitted - completed`).
+    pub in_flight: u64,
+    /// Bytes of the read commands submitted.
+    pub bytes_read: u64,
+    /// Bytes of the write commands submitted.
+    pub bytes_written: u64,
+    /// Commands completed with an error status.
+    pub errors: u64,
+    /// Commands still outstanding when the handle's timeout escalated them
+    /// (whether they then completed, were aborted, or wedged the handle).
+    pub timeouts: u64,
+    /// Doorbell writes: a controller's submission-tail and completion-head
+    /// registers (shadow-doorbell updates that needed none are not
+    /// counted), or the kernel path's submissions to its ring.
+    pub doorbell_writes: u64,
+    /// Waits on the queue's interrupt that it woke (0 for a polled queue).
+    pub interrupts: u64,
+    /// Commands whose data the queue copied through memory of its own
+    /// because the device could not be given the caller's: NVMe/RDMA, for
+    /// memory not registered with the RDMA device (a buffer not registered
+    /// with the driver, say). 0 where the device always reaches the
+    /// caller's memory or never does (NVMe/TCP, the kernel path).
+    pub copied: u64,
+    /// The kernel path: reads served, in whole or in part, from the page
+    /// cache without waiting for the disk (see [`CachePolicy`](crate::CachePolicy)).
+    pub cache_hits: u64,
+    /// The kernel path: reads that tried the page cache and found nothing
+    /// there (then read from the disk).
+    pub cache_misses: u64,
+}
+
+/// The latencies of one I/O queue pair's commands since the handle opened,
+/// when it is traced ([`Handle::queue_latency`](crate::Handle::queue_latency)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueLatency {
+    /// Queue id.
+    pub qid: u16,
+    /// What it is for.
+    pub role: QueueRole,
+    /// From staging each command to consuming its completion.
+    pub latency: LatencyHistogram,
+}
+
+/// One I/O queue pair's trace ([`Handle::trace`](crate::Handle::trace)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueTrace {
+    /// Queue id.
+    pub qid: u16,
+    /// What it is for.
+    pub role: QueueRole,
+    /// Its last completed commands, oldest first, then those outstanding.
+    pub events: Vec<TraceEvent>,
+}
+
+impl QueueStats {
+    /// The sum of several queues' figures (`qid` 0 and `role` of the first).
+    pub fn total<'a>(stats: impl IntoIterator<Item = &'a QueueStats>) -> Option<QueueStats> {
+        stats.into_iter().copied().reduce(|a, b| QueueStats {
+            qid: 0,
+            role: a.role,
+            submitted: a.submitted + b.submitted,
+            completed: a.completed + b.completed,
+            in_flight: a.in_flight + b.in_flight,
+            bytes_read: a.bytes_read + b.bytes_read,
+            bytes_written: a.bytes_written + b.bytes_written,
+            errors: a.errors + b.errors,
+            timeouts: a.timeouts + b.timeouts,
+            doorbell_writes: a.doorbell_writes + b.doorbell_writes,
+            interrupts: a.interrupts + b.interrupts,
+            copied: a.copied + b.copied,
+            cache_hits: a.cache_hits + b.cache_hits,
+            cache_misses: a.cache_misses + b.cache_misses,
+        })
+    }
+}
 
 /// How often the file is rewritten.
 pub const PERIOD: Duration = Duration::from_millis(200);

@@ -53,7 +53,7 @@ impl Handle {
         self.inner.inflight.load(Ordering::SeqCst)
     }
 
-    /// Queue pairs shared by synchronous calls, and lendable as [`IoQueue`]s.
+    /// Queue pairs shared by synchronous calls, and lendable as [`IoQueue`](crate::IoQueue)s.
     pub fn queue_counts(&self) -> (usize, usize) {
         (self.inner.sync.len(), self.inner.async_queues)
     }
@@ -282,15 +282,6 @@ impl Handle {
         });
         let r = q.execute(cmds, "Write Zeroes", h.opts.completion, h.opts.timeout, Pacing::NONE);
         h.finish(q, r, "Write Zeroes", None).map(drop)
-    }
-
-    /// Lends a queue pair for asynchronous submission from one thread.
-    /// Refused with [`Error::Busy`] when every lendable queue is out. On a
-    /// handle that has none to lend (the controller granted too few), a
-    /// context on the batch queue instead ([`IoQueue::is_shared`]), or
-    /// [`Error::Unsupported`] without a batch queue.
-    pub fn io_queue(&self) -> Result<IoQueue<'_>> {
-        IoQueue::new(self)
     }
 
     /// Closes the handle: waits for I/O in flight as `drain` says, deletes

@@ -3,7 +3,7 @@
 //!
 //! The controller's I/O queue pairs are split between a pool shared by
 //! synchronous callers (chosen round-robin; several requests may be
-//! outstanding on each) and queue pairs lent whole to [`IoQueue`]s.
+//! outstanding on each) and queue pairs lent whole to [`IoQueue`](crate::IoQueue)s.
 //!
 //! Lifetime rules. Every call that may reach the device holds an in-flight
 //! reference on the handle, and on the buffer it uses. A handle is closed
@@ -19,20 +19,19 @@ mod api;
 pub mod mode;
 mod options;
 mod scheduler;
+mod shared;
 mod vectored;
 
+pub use crate::publish::{QueueInfo, QueueLatency, QueueRole, QueueStats, QueueTrace};
 pub use api::Handle;
 use mode::{Depth, ModeRequest};
-pub use options::{
-    trapping_hypervisor, Drain, HandleOptions, HandleState, QueueInfo, QueueLatency, QueueRole, QueueStats, QueueTrace,
-    MAX_TRACE,
-};
+pub use options::{trapping_hypervisor, Drain, HandleOptions, HandleState, MAX_TRACE};
 pub use scheduler::{Placement, Priority};
+pub(crate) use shared::DriverInner;
 use ugds_platform::Recover;
 pub(crate) use vectored::check_segments;
 pub use vectored::{Segment, MAX_SEGMENTS};
 
-use crate::driver::DriverInner;
 use crate::engine::batch::BatchQueue;
 use crate::engine::chunk::{Chunk, Chunker};
 use crate::engine::hold::Hold;
@@ -40,10 +39,8 @@ use crate::engine::stats::QueueCounters;
 use crate::engine::sync::{Cmd, Failure, Pacing, SyncQueue};
 use crate::engine::trace::TraceEvent;
 use crate::engine::{Completion, Controller, ControllerInfo, NamespaceInfo, QueuePair};
-use crate::io_queue::IoQueue;
 use crate::platform::Platform;
 use crate::registry::{BufGuard, BufferToken, Recent};
-use crate::stream::StreamEngine;
 use crate::sys::PAGE_SIZE;
 use crate::{Error, Result};
 use std::cell::Cell;
@@ -62,6 +59,14 @@ pub(crate) enum Escalation {
     Settled,
     /// Some did not: why (a timeout, or a controller gone or fatal).
     Stuck(Error),
+}
+
+/// A thread that serves a handle's batch queue for a layer above (the
+/// stream engine, [`crate::stream`]). The handle holds it, without knowing
+/// its type, and stops it before it deletes the queues.
+pub(crate) trait QueueService: std::any::Any + Send {
+    /// Stops it (nothing is in flight: the handle checked).
+    fn stop(&mut self);
 }
 
 const OPEN: u8 = 0;
@@ -90,7 +95,9 @@ pub(crate) struct HandleInner {
     /// The batch queues; the first also carries stream-ordered I/O (and is
     /// the synchronous queue when the controller granted one).
     batch: ManuallyDrop<Vec<Arc<BatchQueue>>>,
-    stream: Mutex<Option<StreamEngine>>,
+    /// What serves stream-ordered operations on the first batch queue
+    /// (the stream layer's engine).
+    service: Mutex<Option<Box<dyn QueueService>>>,
     ctrl: ManuallyDrop<Controller>,
     state: AtomicU8,
     pub inflight: AtomicUsize,
@@ -282,7 +289,7 @@ impl HandleInner {
             counters,
             pool: ManuallyDrop::new(Mutex::new(pool)),
             batch: ManuallyDrop::new(batch),
-            stream: Mutex::new(None),
+            service: Mutex::new(None),
             ctrl: ManuallyDrop::new(ctrl),
             state: AtomicU8::new(OPEN),
             inflight: AtomicUsize::new(0),
@@ -510,19 +517,23 @@ impl HandleInner {
         }
     }
 
-    /// Starts the stream engine (at open, so the first stream operation
-    /// pays nothing for it).
-    pub fn start_stream_engine(self: &Arc<Self>) -> Result<()> {
+    /// Starts what serves the first batch queue for another layer (the
+    /// stream engine, at open, so that the first stream operation pays
+    /// nothing for it); nothing without a batch queue.
+    pub fn start_service(
+        self: &Arc<Self>,
+        start: impl FnOnce(Arc<BatchQueue>, std::sync::Weak<HandleInner>) -> Result<Box<dyn QueueService>>,
+    ) -> Result<()> {
         if let Some(b) = self.batch.first() {
-            let e = StreamEngine::start(b.clone(), Arc::downgrade(self))?;
-            *self.stream.lock().recover() = Some(e);
+            let s = start(b.clone(), Arc::downgrade(self))?;
+            *self.service.lock().recover() = Some(s);
         }
         Ok(())
     }
 
-    /// The stream engine, if the handle has one.
-    pub fn stream_engine(&self) -> Option<std::sync::MutexGuard<'_, Option<StreamEngine>>> {
-        let g = self.stream.lock().recover();
+    /// What serves the first batch queue, if anything does.
+    pub fn service(&self) -> Option<std::sync::MutexGuard<'_, Option<Box<dyn QueueService>>>> {
+        let g = self.service.lock().recover();
         g.is_some().then_some(g)
     }
 
@@ -541,9 +552,9 @@ impl HandleInner {
         self.state.load(Ordering::SeqCst) == WEDGED
     }
 
-    fn stop_stream_engine(&self) {
-        if let Some(mut e) = self.stream.lock().recover().take() {
-            e.stop();
+    fn stop_service(&self) {
+        if let Some(mut s) = self.service.lock().recover().take() {
+            s.stop();
         }
     }
 
@@ -796,7 +807,7 @@ impl HandleInner {
     /// down. Falls back to a disable (which also stops DMA) when the
     /// controller does not cooperate.
     fn teardown(&self) -> Result<()> {
-        self.stop_stream_engine();
+        self.stop_service();
         self.publisher.lock().recover().take();
         let mut clean = true;
         for q in self.sync.iter() {
@@ -825,7 +836,7 @@ impl HandleInner {
         // CC.EN = 0 and CSTS.RDY = 0: the controller has stopped and dropped
         // every queue; nothing it held can be written any more.
         self.ctrl.disable()?;
-        self.stop_stream_engine();
+        self.stop_service();
         self.publisher.lock().recover().take();
         for q in self.sync.iter() {
             q.with_qp(|qp| qp.forget_outstanding());

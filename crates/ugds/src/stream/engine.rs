@@ -2,10 +2,10 @@
 //! requests on the batch queue, writes their results and sets their
 //! signals.
 
-use super::op::Job;
+use super::job::Job;
 use crate::engine::batch::BatchQueue;
 use crate::engine::BatchEvent;
-use crate::handle::{HandleInner, Priority};
+use crate::handle::{HandleInner, Priority, QueueService};
 use crate::{Error, Result};
 use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
@@ -36,7 +36,7 @@ pub(crate) struct StreamEngine {
 }
 
 impl StreamEngine {
-    pub(crate) fn start(queue: Arc<BatchQueue>, handle: Weak<HandleInner>) -> Result<StreamEngine> {
+    fn start(queue: Arc<BatchQueue>, handle: Weak<HandleInner>) -> Result<StreamEngine> {
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("ugds-stream".into())
@@ -45,14 +45,14 @@ impl StreamEngine {
         Ok(StreamEngine { tx: Mutex::new(tx), thread: Some(thread) })
     }
 
-    pub(super) fn send(&self, job: Job) -> Result<()> {
+    fn send(&self, job: Job) -> Result<()> {
         self.tx.lock().recover().send(Msg::Job(Box::new(job))).map_err(|_| Error::Closed)
     }
 
-    /// Stops the thread (nothing is in flight: the handle checked). When
-    /// the engine itself drops the last reference to its handle, it is told
-    /// to stop and not waited for (it exits right after).
-    pub(crate) fn stop(&mut self) {
+    /// Stops the thread. When the engine itself drops the last reference
+    /// to its handle, it is told to stop and not waited for (it exits right
+    /// after).
+    fn halt(&mut self) {
         let _ = self.tx.lock().recover().send(Msg::Stop);
         if let Some(t) = self.thread.take() {
             if t.thread().id() != std::thread::current().id() {
@@ -62,10 +62,28 @@ impl StreamEngine {
     }
 }
 
+impl QueueService for StreamEngine {
+    fn stop(&mut self) {
+        self.halt();
+    }
+}
+
 impl Drop for StreamEngine {
     fn drop(&mut self) {
-        self.stop();
+        self.halt();
     }
+}
+
+/// Starts `h`'s stream engine (at open).
+pub(crate) fn start_engine(h: &Arc<HandleInner>) -> Result<()> {
+    h.start_service(|queue, handle| Ok(Box::new(StreamEngine::start(queue, handle)?)))
+}
+
+/// Hands `job` to `h`'s stream engine.
+pub(super) fn send(h: &HandleInner, job: Job) -> Result<()> {
+    let g = h.service().ok_or(Error::Closed)?;
+    let s: &dyn std::any::Any = g.as_deref().ok_or(Error::Closed)?;
+    s.downcast_ref::<StreamEngine>().ok_or(Error::Closed)?.send(job)
 }
 
 struct Engine {

@@ -98,10 +98,11 @@ pub trait Stream: Send + Sync {
         None
     }
 
-    /// The GPU stream this is, if it is one: ugds stages device memory
-    /// through it where the controller cannot reach that memory itself.
+    /// This stream as `Any`, where ugds may look at its type: a GPU
+    /// stream answers (ugds stages device memory through it where the
+    /// controller cannot reach that memory itself); others need not.
     #[doc(hidden)]
-    fn as_gpu(&self) -> Option<&crate::gpu::GpuStream> {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
         None
     }
 }
@@ -109,6 +110,7 @@ pub trait Stream: Send + Sync {
 mod engine;
 mod host;
 mod io;
+mod job;
 mod op;
 
 /// How the handles' stream engines serve a stream's operations
@@ -190,6 +192,6 @@ impl StreamCounters {
     }
 }
 
-pub(crate) use engine::StreamEngine;
+pub(crate) use engine::start_engine;
 pub use host::HostStream;
 pub use io::{StreamIo, StreamResult};

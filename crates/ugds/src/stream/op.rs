@@ -1,17 +1,16 @@
-//! The `Handle` calls that place operations on a stream, and what an
-//! operation is between its enqueue and its completion: its requests
-//! before and after their values are bound, staging, pieces, and the job
-//! the stream engine runs.
+//! The `Handle` calls that place operations on a stream: their requests
+//! before their values are bound, staging, pieces, and the binding that
+//! makes them a [`Job`] for the stream engine.
 
 use super::io::{Sink, Src, SumSink};
+use super::job::{Bound, HandleRef, Job, JobService, Progress};
 use super::{Stream, StreamCounters, StreamIo, StreamService, StreamSignal};
 use crate::batch::BatchOp;
 use crate::engine::batch::Prepared;
 use crate::engine::hold::Hold;
 use crate::engine::Completion;
 use crate::gpu::{GpuStream, StageLease, StageMark, MAX_PIECES};
-use crate::handle::mode::{Mode, ModeRequest, Plan};
-use crate::handle::Priority;
+use crate::handle::mode::ModeRequest;
 use crate::handle::{Handle, HandleInner, Segment};
 use crate::registry::{BufGuard, BufferToken, Recent};
 use crate::{Error, Result};
@@ -20,46 +19,26 @@ use std::sync::{Arc, Mutex};
 use ugds_nvme::NvmOpcode;
 use ugds_platform::Recover;
 
-/// What a stream's service decided for one operation.
-#[derive(Clone, Debug)]
-pub(super) struct JobService {
-    pub(super) class: Priority,
-    /// The engine may nap while only such operations are in flight.
-    pub(super) naps: bool,
-    /// Tell the mode the operation's time.
-    pub(super) observe: Option<Box<Observe>>,
-}
-
-/// A mode to tell an operation's time, with what it was told at enqueue.
-type Observe = (Arc<dyn Mode>, ModeRequest, Plan);
-
-impl Default for JobService {
-    fn default() -> Self {
-        JobService { class: Priority::Normal, naps: false, observe: None }
-    }
-}
-
-impl JobService {
-    fn of(service: StreamService, pending: &[Pending]) -> JobService {
-        let Some(mode) = service.mode else {
-            return JobService { class: service.priority, ..JobService::default() };
-        };
-        let bytes = pending
-            .iter()
-            .map(|p| match (&p.io.size, p.segments.is_empty()) {
-                (_, false) => p.segments.iter().map(|s| s.2).sum(),
-                (Src::Value(n), true) => *n as usize,
-                _ => 0,
-            })
-            .sum();
-        let req =
-            ModeRequest { bytes, write: pending.iter().any(|p| p.op == NvmOpcode::Write), priority: service.priority };
-        let plan = mode.plan(&req);
-        JobService {
-            class: plan.priority,
-            naps: plan.completion == Completion::Interrupt,
-            observe: if plan.measure { Some(Box::new((mode, req, plan))) } else { None },
-        }
+/// What `service` decides for an operation of `pending` requests.
+fn job_service(service: StreamService, pending: &[Pending]) -> JobService {
+    let Some(mode) = service.mode else {
+        return JobService { class: service.priority, ..JobService::default() };
+    };
+    let bytes = pending
+        .iter()
+        .map(|p| match (&p.io.size, p.segments.is_empty()) {
+            (_, false) => p.segments.iter().map(|s| s.2).sum(),
+            (Src::Value(n), true) => *n as usize,
+            _ => 0,
+        })
+        .sum();
+    let req =
+        ModeRequest { bytes, write: pending.iter().any(|p| p.op == NvmOpcode::Write), priority: service.priority };
+    let plan = mode.plan(&req);
+    JobService {
+        class: plan.priority,
+        naps: plan.completion == Completion::Interrupt,
+        observe: if plan.measure { Some(Box::new((mode, req, plan))) } else { None },
     }
 }
 
@@ -97,117 +76,6 @@ const PIECE_ALIGN: usize = 64 << 10;
 /// The pieces a staged read of `size` bytes is copied out in.
 fn pieces_for(size: usize) -> usize {
     (size / PIECE_MIN).clamp(1, MAX_PIECES)
-}
-
-/// Which requests of a job are done, and how many of the first are: the
-/// pieces the stream may copy out.
-#[derive(Default)]
-pub(super) struct Progress {
-    pub(super) done: Vec<bool>,
-    pub(super) first: usize,
-}
-
-impl Progress {
-    fn new(n: usize) -> Progress {
-        Progress { done: vec![false; n], first: 0 }
-    }
-
-    /// Request `i` is done: the count of the first requests all done, if
-    /// it grew.
-    pub(super) fn complete(&mut self, i: usize) -> Option<usize> {
-        *self.done.get_mut(i)? = true;
-        let before = self.first;
-        while self.done.get(self.first) == Some(&true) {
-            self.first += 1;
-        }
-        (self.first > before).then_some(self.first)
-    }
-}
-
-/// A stream operation's requests with their values bound.
-#[derive(Default)]
-pub(super) struct Bound {
-    pub(super) reqs: Vec<Prepared>,
-    pub(super) sinks: Vec<Option<Sink>>,
-    /// Whether each request (as `sinks`) is a write, for the counters.
-    pub(super) writes: Vec<bool>,
-    /// The stream's counters, if it keeps them.
-    pub(super) counters: Option<Arc<StreamCounters>>,
-    /// What the stream's service decided for the operation.
-    pub(super) service: JobService,
-    /// The caller's buffers of staged requests, held until the I/O is done.
-    pub(super) holds: Vec<BufGuard>,
-    pub(super) stages: Vec<(StageLease, BufferToken)>,
-    /// For each request (as `sinks`) read through a staging block: the
-    /// block (in `stages`), the piece and its length, for the copy to be
-    /// cut to what the I/O moved.
-    pub(super) cuts: Vec<Option<(usize, usize, usize)>>,
-    /// A read copied out in pieces (its requests, in order).
-    pub(super) progress: Option<Progress>,
-}
-
-/// A stream operation handed to the engine.
-pub(super) struct Job {
-    pub(super) bound: Bound,
-    pub(super) signal: StreamSignal,
-    pub(super) handle: HandleRef,
-    /// A request timed out: the controller may still reach its memory.
-    pub(super) timed_out: bool,
-    /// A request failed (the mode is not told the operation's time).
-    pub(super) failed: bool,
-    /// When it went to the device (timed when its mode asks).
-    pub(super) issued: Option<std::time::Instant>,
-}
-
-impl Job {
-    /// Ends every request of a job that never reached the device with `e`.
-    pub(super) fn fail_all(&mut self, e: Error) {
-        for i in 0..self.bound.sinks.len() {
-            self.cut(i, 0);
-        }
-        for (i, s) in self.bound.sinks.iter_mut().enumerate() {
-            if let Some(s) = s.take() {
-                if let Some(c) = &self.bound.counters {
-                    c.ended(self.bound.writes[i], &Err(e.clone()));
-                }
-                s.write(Err(e.clone()));
-            }
-        }
-    }
-    /// Request `i` moved `moved` bytes: where it read into a staging block,
-    /// the stream copies no more than that out (never bytes of an earlier
-    /// use of the block).
-    pub(super) fn cut(&mut self, i: usize, moved: usize) {
-        if let Some(&Some((stage, piece, len))) = self.bound.cuts.get(i) {
-            if moved < len {
-                self.bound.stages[stage].0.cut_piece(piece, moved);
-            }
-        }
-    }
-
-    /// Once the I/O is done: gives the staging blocks back (they stay
-    /// registered with the handle, for its next operations). After a
-    /// timeout they stay out of use: the command may still reach them.
-    pub(super) fn release_stages(&mut self) {
-        self.bound.holds.clear();
-        for (lease, _) in self.bound.stages.drain(..) {
-            if self.timed_out {
-                tracing::warn!("a staging block is kept out of use: a command on it timed out");
-                std::mem::forget(lease);
-            } else {
-                lease.give_back();
-            }
-        }
-    }
-}
-
-/// An in-flight reference on a handle that keeps it alive.
-pub(super) struct HandleRef(pub(super) Arc<HandleInner>);
-
-impl Drop for HandleRef {
-    fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, Ordering::SeqCst);
-    }
 }
 
 impl Handle {
@@ -258,7 +126,8 @@ impl Handle {
         let h = &self.inner;
         let _in = h.enter()?;
         crate::handle::check_segments(segments, h.block_size(), op == BatchOp::Read)?;
-        let gpu = stream.as_gpu().filter(|_| h.platform().copies_device_memory());
+        let gpu =
+            stream.as_any().and_then(|s| s.downcast_ref::<GpuStream>()).filter(|_| h.platform().copies_device_memory());
         let mark = gpu.map(|_| StageMark::default());
         let mut holds = Vec::with_capacity(segments.len());
         let mut seg_stages = Vec::with_capacity(segments.len());
@@ -288,7 +157,8 @@ impl Handle {
     fn stream_op(&self, ios: Vec<(BatchOp, BufferToken, StreamIo)>, stream: &dyn Stream) -> Result<()> {
         let h = &self.inner;
         let _in = h.enter()?;
-        let gpu = stream.as_gpu().filter(|_| h.platform().copies_device_memory());
+        let gpu =
+            stream.as_any().and_then(|s| s.downcast_ref::<GpuStream>()).filter(|_| h.platform().copies_device_memory());
         // What will free this operation's staging blocks (an allocation:
         // only where staging may happen).
         let mark = gpu.map(|_| StageMark::default());
@@ -333,12 +203,12 @@ impl Handle {
         mark: Option<StageMark>,
     ) -> Result<()> {
         let h = &self.inner;
-        if h.stream_engine().is_none() {
+        if h.service().is_none() {
             return Err(Error::Unsupported("stream-ordered I/O needs the batch queue, which this handle lacks".into()));
         }
         let staged = |p: &Pending| p.stage.is_some() || p.seg_stages.iter().any(Option::is_some);
         let counters = stream.counters();
-        let service = JobService::of(stream.service(), &pending);
+        let service = job_service(stream.service(), &pending);
         let Some(g) = gpu.filter(|_| pending.iter().any(staged)) else {
             h.inflight.fetch_add(1, Ordering::SeqCst);
             let href = HandleRef(h.clone());
@@ -673,10 +543,7 @@ fn send(handle: HandleRef, bound: Bound, signal: StreamSignal) {
         signal.set();
         return;
     }
-    let sent = match h.stream_engine() {
-        Some(g) => g.as_ref().expect("present").send(job),
-        None => Err(Error::Closed),
-    };
+    let sent = super::engine::send(&h, job);
     if let Err(e) = sent {
         // The engine is gone (the handle is being torn down): the job, and
         // with it the signal, is dropped, which sets the signal.

@@ -342,7 +342,7 @@ impl Stream for GpuStream {
         self.launch_op(Launch { pre: None, op, after: &[], piecewise: false, mark: None })
     }
 
-    fn as_gpu(&self) -> Option<&GpuStream> {
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
     }
 
