@@ -498,12 +498,23 @@ fn neighbour(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result<()
 
 /// 128 x 4 KiB reads per batch: the first batch, then 20 more.
 fn batch(h: &Handle, tok: &BufferToken) -> ugds::Result<()> {
-    // The same 128 offsets every batch; then new offsets for every batch
-    // (from 1 GiB in, 64 KiB apart): each batch reads data no earlier one
-    // read, so the first against the rest is what ugds defers to a first
-    // use, not the disk's own cache warming up.
+    // The same 128 offsets every batch; then new offsets for every batch,
+    // scattered over the 2 GiB file (one per 64 KiB block, the blocks in a
+    // multiplicative order mod 2^15), so that no batch reads data, or a
+    // readahead window, an earlier one read: the first against the rest is
+    // what ugds defers to a first use, not a cache warming up.
     batch_rounds(h, tok, "", "batch", |_, i| i * 8192)?;
-    batch_rounds(h, tok, ", new offsets each", "batch_fresh", |rep, i| (1 << 30) + (rep * 128 + i) * 65536)
+    let blocks = (h.capacity() / 65536).clamp(1, 32768);
+    let blocks = 1 << blocks.ilog2();
+    batch_rounds(h, tok, ", new offsets each", "batch_fresh", |rep, i| fresh_offset(rep, i, blocks))
+}
+
+/// Request `i` of fresh batch `rep`: one of `blocks` 64 KiB blocks (a power
+/// of two, 2^15 on the 2 GiB file) that no other (rep, i) names while there
+/// are enough (40503 is odd: a bijection mod a power of two), 36 KiB in (off
+/// the first batches' 8 KiB grid).
+fn fresh_offset(rep: u64, i: u64, blocks: u64) -> u64 {
+    ((rep * 128 + i) * 40503 % blocks) * 65536 + 36864
 }
 
 /// 21 batches of 128 x 4 KiB reads at `offset(batch, request)`: the first
