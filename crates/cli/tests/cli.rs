@@ -195,7 +195,7 @@ fn bad_arguments_are_refused() {
 fn library_messages_go_to_stderr_at_the_asked_level() {
     let (ok, _, err) = ugds(&["-vv", "identify", "--emu-memory"]);
     assert!(ok, "{err}");
-    assert!(err.contains("ugds DEBUG ugds::engine::controller: controller up"), "{err}");
+    assert!(err.contains("ugds DEBUG ugds::engine::pcie: controller up"), "{err}");
     let (ok, _, err) = ugds(&["identify", "--emu-memory"]);
     assert!(ok && !err.contains("DEBUG"), "{err}");
     let out = Command::new(env!("CARGO_BIN_EXE_ugds"))

@@ -14,12 +14,12 @@ use crate::engine::BatchEvent;
 use crate::handle::Segment;
 use crate::handle::{Handle, HandleInner};
 use crate::registry::{BufferToken, Recent};
-use crate::{Error, Result};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ugds_nvme::{Cid, NvmOpcode, Qid, Sqe};
 use ugds_platform::Recover;
+use ugds_platform::{Error, Result};
 
 /// Direction of a batch request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -419,5 +419,6 @@ macro_rules! batch_context {
     };
 }
 
+pub(crate) use batch_context;
+
 batch_context!(Batch);
-batch_context!(crate::VolumeBatch);

@@ -1,7 +1,7 @@
 //! Page-aligned host memory for I/O.
 
-use crate::sys::{Anonymous, PAGE_SIZE};
-use crate::Result;
+use ugds_platform::sys::{Anonymous, PAGE_SIZE};
+use ugds_platform::Result;
 
 /// Zeroed, page-aligned host memory, for use as an I/O buffer. Derefs to a
 /// byte slice: fill it before a write, read it after a read. Register it

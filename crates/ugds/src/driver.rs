@@ -5,12 +5,12 @@ use crate::engine::Controller;
 use crate::gpu::cuda::Memory;
 use crate::gpu::{DeviceMemory, DmabufExport};
 use crate::handle::{DriverInner, Handle, HandleInner, HandleOptions};
-use crate::platform::Platform;
 use crate::registry::{BufferToken, Visibility};
-use crate::{Error, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use ugds_platform::Platform;
 use ugds_platform::Recover;
+use ugds_platform::{Error, Result};
 
 /// Library state: the buffer registry and the open handles. Opening it does
 /// no device work (the paper's `uGDSDriverOpen`); handles do.
@@ -71,7 +71,7 @@ impl Driver {
     }
 
     fn open_kernel(&self, platform: Arc<ugds_platform::kernel::KernelPlatform>, opts: HandleOptions) -> Result<Handle> {
-        let polled = opts.completion == crate::Completion::Poll;
+        let polled = opts.completion == crate::engine::Completion::Poll;
         let ctrl =
             crate::engine::KernelController::new(platform, Self::queues_wanted(&opts), opts.kernel_ring, polled)?
                 .cache_policy(opts.cache);
@@ -109,7 +109,7 @@ impl Driver {
         let id = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
         let inner = HandleInner::new(id, self.inner.clone(), ctrl, opts)?;
         let inner = Arc::new(inner);
-        crate::stream::start_engine(&inner)?;
+        crate::stream_ops::start_engine(&inner)?;
         inner.start_publishing()?;
         let mut handles = self.inner.handles.lock().recover();
         let platform = inner.platform().clone();
@@ -176,12 +176,12 @@ impl Driver {
     }
 
     fn insert(&self, base: usize, len: usize, device: Option<DeviceMemory>, v: Visibility) -> Result<BufferToken> {
-        if device.is_none() && len as u64 > crate::sys::physical_memory() {
+        if device.is_none() && len as u64 > ugds_platform::sys::physical_memory() {
             // No process can pin more than the machine has; checked before
             // any page list is allocated.
             return Err(Error::InvalidArgument(format!(
                 "{len} bytes of host memory is more than this machine's {} bytes",
-                crate::sys::physical_memory()
+                ugds_platform::sys::physical_memory()
             )));
         }
         let handles = self.inner.handles.lock().recover();

@@ -18,11 +18,11 @@ use crate::engine::chunk::Chunk;
 use crate::engine::{BatchEvent, Completion, Owner, QueuePair};
 use crate::handle::{Escalation, Handle, HandleInner};
 use crate::registry::{BufGuard, BufferToken, Recent};
-use crate::sys::PAGE_SIZE;
-use crate::{Error, Result};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use ugds_nvme::{prp, Cid, Cqe, Lba, Nsid, NvmOpcode, PrpPlan, Sqe, Status};
+use ugds_platform::sys::PAGE_SIZE;
+use ugds_platform::{Error, Result};
 
 /// When to look for late requests: by the clock, read on every 16th poll
 /// that found nothing and every 1024th that found something (the clock
@@ -397,7 +397,7 @@ impl<'h> IoQueue<'h> {
     /// ones oldest first, then those outstanding. `None` when not traced, or
     /// for a context on the shared batch queue (whose trace is the batch
     /// queue's, in [`Handle::trace`]).
-    pub fn trace(&self) -> Option<Vec<crate::TraceEvent>> {
+    pub fn trace(&self) -> Option<Vec<crate::engine::trace::TraceEvent>> {
         self.qp.as_ref()?.trace_events()
     }
 

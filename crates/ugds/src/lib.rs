@@ -57,14 +57,15 @@ pub mod gpu;
 mod handle;
 mod io_queue;
 pub mod log;
+pub mod mode;
 pub mod publish;
 mod registry;
 pub mod stream;
+mod stream_ops;
 pub mod volume;
 
 /// Where a controller lives (the `ugds-platform` crate).
 pub use ugds_platform as platform;
-use ugds_platform::{barrier, dma, sys};
 
 pub use batch::{Batch, BatchContext, BatchIo, BatchIov, BatchOp};
 pub use buffer::HostBuffer;
@@ -73,12 +74,12 @@ pub use engine::batch::RequestStats;
 pub use engine::trace::{LatencyHistogram, TraceEvent};
 pub use engine::{BatchEvent, BatchStatus, Completion, ControllerInfo, NamespaceInfo};
 pub use engine::{CachePolicy, KernelRing};
-pub use handle::mode::{self, Mode};
 pub use handle::{
     trapping_hypervisor, Drain, Handle, HandleOptions, HandleState, Placement, Priority, QueueInfo, QueueLatency,
     QueueRole, QueueStats, QueueTrace, Segment, MAX_SEGMENTS, MAX_TRACE,
 };
 pub use io_queue::IoQueue;
+pub use mode::Mode;
 pub use registry::BufferToken;
 pub use stream::{HostStream, Stream, StreamCounters, StreamIo, StreamResult, StreamService, StreamSignal};
 pub use ugds_nvme as nvme;

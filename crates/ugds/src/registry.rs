@@ -20,13 +20,13 @@
 
 use crate::engine::hold::{Hold, Inflight};
 use crate::gpu::DeviceMemory;
-use crate::platform::{HostMapping, Platform};
-use crate::sys::PAGE_SIZE;
-use crate::{Error, Result};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, Weak};
+use ugds_platform::sys::PAGE_SIZE;
 use ugds_platform::Recover;
+use ugds_platform::{Error, Result};
+use ugds_platform::{HostMapping, Platform};
 
 /// Names one registration: the base address, its length, and the
 /// generation that tells it from earlier registrations of the same address.
@@ -491,7 +491,7 @@ mod tests {
     #[test]
     fn recent_claims_and_deregistration_never_overlap() {
         let platform: Arc<dyn Platform> = Arc::new(EmuPlatform::new(EmuConfig::default()).unwrap());
-        let mut mem = crate::HostBuffer::new(8192).unwrap();
+        let mut mem = crate::buffer::HostBuffer::new(8192).unwrap();
         let base = mem.as_mut_ptr() as usize;
         let reg = Registry::default();
         let handles = [(1u64, platform)];
@@ -584,7 +584,7 @@ mod tests {
     #[test]
     fn a_mapping_with_an_unaligned_page_is_refused() {
         let platform: Arc<dyn Platform> = Arc::new(Unaligned(EmuPlatform::new(EmuConfig::default()).unwrap()));
-        let mut mem = crate::HostBuffer::new(8192).unwrap();
+        let mut mem = crate::buffer::HostBuffer::new(8192).unwrap();
         let base = mem.as_mut_ptr() as usize;
         let reg = Registry::default();
         let r = reg.insert(base, 8192, None, &[(1, platform)], Visibility::Public);

@@ -23,12 +23,12 @@ use super::hold::Hold;
 use super::qpair::Full;
 use super::sync::{State, SyncQueue};
 use super::tracker::Owner;
-use crate::{Error, Result};
 use std::collections::VecDeque;
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 use ugds_nvme::sgl::Piece;
 use ugds_nvme::{Cid, Lba, Nsid, NvmOpcode, Sqe};
+use ugds_platform::{Error, Result};
 
 /// One request of a submission, validated: its commands, the controller
 /// addresses of its buffer's pages, and its hold on the buffer.
@@ -286,8 +286,8 @@ impl BatchQueue {
         owner: Owner,
     ) -> Result<MutexGuard<'a, State>> {
         for ch in chunks {
-            let plan =
-                ugds_nvme::prp::plan(pages, crate::sys::PAGE_SIZE, ch.data_off, ch.len).expect("validated range plans");
+            let plan = ugds_nvme::prp::plan(pages, ugds_platform::sys::PAGE_SIZE, ch.data_off, ch.len)
+                .expect("validated range plans");
             let sqe = Sqe::rw(op, Cid(0), self.nsid, Lba(ch.slba), ch.nlb, 0, 0);
             st = self.stage(st, waited_since, doorbells, |st| st.qp.submit(sqe, Some(plan), owner))?;
         }

@@ -8,12 +8,12 @@
 //! number in every ring's registered-buffer table, which each ring fills
 //! the first time it meets the slab: the kernel then pins nothing per I/O.
 
-use crate::{Error, Result};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Mutex;
 use ugds_platform::device::DeviceRuntime;
 use ugds_platform::sys::uring::BOUNCE_BUFFERS;
 use ugds_platform::Recover;
+use ugds_platform::{Error, Result};
 
 /// Smallest and largest bounce buffer: 4 KiB << class, class 0..=10.
 const CLASSES: usize = 11;

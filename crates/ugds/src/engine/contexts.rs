@@ -5,9 +5,9 @@
 //! ([`super::sync`]) credits them.
 
 use super::hold::Hold;
-use crate::{Error, Result};
 use std::collections::VecDeque;
 use ugds_nvme::{NvmOpcode, Status};
+use ugds_platform::{Error, Result};
 
 /// How a batch request ended (cuFile's `CUfileStatus_t`, less the states a
 /// finished event cannot have).

@@ -4,12 +4,12 @@
 //! queue's bring-up: Fabrics Connect, the registers through Property Get
 //! and Set, enabling the controller, Identify.
 
-use crate::{Error, Result};
 use std::time::{Duration, Instant};
 use ugds_nvme::fabrics::{self, ConnectData, Connected};
 use ugds_nvme::identify::parse_active_ns_list;
 use ugds_nvme::regs::{self, Cap, Cc, Csts};
 use ugds_nvme::{Cid, Cqe, IdentifyController, IdentifyNamespace, Nsid, NvmOpcode, Sqe, IDENTIFY_LEN};
+use ugds_platform::{Error, Result};
 
 /// A queue of a fabrics controller that runs one command at a time.
 pub(crate) trait Capsules {

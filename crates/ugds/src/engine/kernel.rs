@@ -4,9 +4,9 @@
 
 use super::uring::UringQueue;
 pub use super::uring::{CachePolicy, KernelRing};
-use crate::{Error, Result};
 use std::sync::Arc;
 use ugds_platform::kernel::KernelPlatform;
+use ugds_platform::{Error, Result};
 
 /// The kernel path's stand-in for a controller: what it "identifies" is
 /// the file, and creating a queue pair makes a ring.

@@ -1,7 +1,9 @@
 //! The engine: controller bring-up, queue pairs, splitting requests into
 //! commands, and waiting for completions.
 //!
-//! - [`controller`]: bring-up, admin commands, shutdown.
+//! - [`controller`]: a controller of any transport, one enum over them;
+//!   [`pcie`], a PCIe controller's bring-up, admin commands and shutdown;
+//!   [`info`], what bring-up learns (controller, namespaces).
 //! - [`queue`]: a queue pair of any transport, used by one thread at a time:
 //!   [`qpair`] a controller's, [`uring`] the kernel path's, [`tcp`]'s an
 //!   NVMe/TCP connection; [`kernel`], the kernel path's stand-in for a
@@ -31,7 +33,9 @@ pub mod controller;
 pub mod counter;
 pub(crate) mod fabrics;
 pub(crate) mod hold;
+pub mod info;
 pub mod kernel;
+pub mod pcie;
 pub mod qpair;
 pub mod queue;
 pub mod rdma;
@@ -46,9 +50,12 @@ pub mod uring;
 
 pub use batch::{BatchEvent, BatchStatus};
 #[cfg_attr(not(feature = "engine-internals"), allow(unused_imports))]
-pub use controller::{Controller, ControllerInfo, NamespaceInfo, NvmeController};
+pub use controller::Controller;
+pub use info::{ControllerInfo, NamespaceInfo};
 #[cfg_attr(not(feature = "engine-internals"), allow(unused_imports))]
 pub use kernel::{CachePolicy, KernelController, KernelRing};
+#[cfg_attr(not(feature = "engine-internals"), allow(unused_imports))]
+pub use pcie::NvmeController;
 #[cfg_attr(not(feature = "engine-internals"), allow(unused_imports))]
 pub use qpair::NvmeQueue;
 pub use queue::QueuePair;

@@ -14,17 +14,17 @@
 //! polled one (see [`NvmeQueue::report_cq_head`]).
 
 use super::stats::{QueueCounters, Staged};
-use crate::barrier;
-use crate::dma::DmaBuffer;
-use crate::platform::Platform;
-use crate::sys::PAGE_SIZE;
-use crate::{Error, Result};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use ugds_nvme::prp::PrpPlan;
 use ugds_nvme::ring::{CqCursor, Ring};
 use ugds_nvme::sgl;
 use ugds_nvme::{regs, Cid, Cqe, Qid, Sqe};
+use ugds_platform::barrier;
+use ugds_platform::dma::DmaBuffer;
+use ugds_platform::sys::PAGE_SIZE;
+use ugds_platform::Platform;
+use ugds_platform::{Error, Result};
 
 pub use super::tracker::{Owner, Tracker};
 

@@ -2,11 +2,11 @@
 //! finish and move their bytes only then: what the queues that start
 //! copies and go on (the kernel path's, NVMe/TCP's) are tested against.
 
-use crate::{Error, Result};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use ugds_platform::device::{CopyTicket, DeviceRuntime, DmabufExport};
+use ugds_platform::{Error, Result};
 
 /// A copy in flight: bytes move when `left` looks have been spent.
 struct Job {

@@ -26,15 +26,15 @@ use super::qpair::CqView;
 use super::queue::QueuePair;
 use super::stats::QueueCounters;
 use super::tracker::Owner;
-use crate::platform::Platform;
-use crate::sys::EventFd;
-use crate::{Error, Result};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use ugds_nvme::prp::PrpPlan;
 use ugds_nvme::{regs, Sqe, Status};
+use ugds_platform::sys::EventFd;
+use ugds_platform::Platform;
 use ugds_platform::Recover;
+use ugds_platform::{Error, Result};
 
 /// How completions are waited for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -10,12 +10,12 @@
 use super::dl::Library;
 use super::stream::{GpuStream, StreamBackend, WordPool, WORD_PAGE};
 use super::{DeviceMemory, DeviceRuntime, DmabufExport};
-use crate::{Error, Result};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, OnceLock};
 use ugds_platform::Recover;
+use ugds_platform::{Error, Result};
 
 type Res = i32;
 type RawStream = *mut c_void;

@@ -16,15 +16,14 @@
 //! wedged handle that is dropped without that leaks them on purpose.
 
 mod api;
-pub mod mode;
 mod options;
 mod scheduler;
 mod shared;
 mod vectored;
 
+use crate::mode::{Depth, ModeRequest};
 pub use crate::publish::{QueueInfo, QueueLatency, QueueRole, QueueStats, QueueTrace};
 pub use api::Handle;
-use mode::{Depth, ModeRequest};
 pub use options::{trapping_hypervisor, Drain, HandleOptions, HandleState, MAX_TRACE};
 pub use scheduler::{Placement, Priority};
 pub(crate) use shared::DriverInner;
@@ -39,16 +38,16 @@ use crate::engine::stats::QueueCounters;
 use crate::engine::sync::{Cmd, Failure, Pacing, SyncQueue};
 use crate::engine::trace::TraceEvent;
 use crate::engine::{Completion, Controller, ControllerInfo, NamespaceInfo, QueuePair};
-use crate::platform::Platform;
 use crate::registry::{BufGuard, BufferToken, Recent};
-use crate::sys::PAGE_SIZE;
-use crate::{Error, Result};
 use std::cell::Cell;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use ugds_nvme::{prp, Cid, Lba, Nsid, NvmOpcode, Sqe};
+use ugds_platform::sys::PAGE_SIZE;
+use ugds_platform::Platform;
+use ugds_platform::{Error, Result};
 
 /// How long a timed-out request is given to complete after its Abort.
 const ABORT_GRACE: Duration = Duration::from_secs(1);

@@ -1,9 +1,9 @@
 //! How a handle is set up, and what it reports about itself: its options,
 //! close modes, states and queues.
 
-use super::mode::{mode_by_name, Mode};
 use super::scheduler::Placement;
 use crate::engine::{CachePolicy, Completion, KernelRing};
+use crate::mode::{mode_by_name, Mode};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -133,7 +133,7 @@ impl HandleOptions {
                 + (e * 16).next_multiple_of(PAGE)
                 + (prp_pages as usize).clamp(1, e - 1) * PAGE
         };
-        let admin = crate::engine::controller::ADMIN_ENTRIES;
+        let admin = crate::engine::pcie::ADMIN_ENTRIES;
         let io = (self.sync_queues_wanted() + self.async_queues) as usize
             * queue(self.queue_depth, self.queue_depth.saturating_sub(1));
         let batch = self.batch_queues_wanted() as usize * queue(self.batch_depth, self.batch_prp_pages);

@@ -23,9 +23,9 @@
 //! it, a latency-critical one a clock read and a store when it finishes,
 //! and a request that is not interleaved does not look at all.
 
-use super::mode::Depth;
-pub use super::mode::Priority;
 use crate::engine::sync::{Pacing, SyncQueue};
+use crate::mode::Depth;
+pub use crate::mode::Priority;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;

@@ -2,14 +2,14 @@
 //! machines without a GPU and for tests.
 
 use super::{Stream, StreamCounters, StreamService, StreamSignal};
-use crate::RequestStats;
-use crate::Result;
+use crate::engine::batch::RequestStats;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use ugds_platform::Recover;
+use ugds_platform::Result;
 
 enum Item {
     Host(Box<dyn FnOnce() + Send>),

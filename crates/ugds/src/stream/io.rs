@@ -1,13 +1,13 @@
 //! The late-bound parameters of a stream-ordered request and where its
 //! outcome goes.
 
-use crate::{Error, Result};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use ugds_platform::Recover;
+use ugds_platform::{Error, Result};
 
 /// Where one late-bound value comes from.
-pub(super) enum Src {
+pub(crate) enum Src {
     Value(u64),
     Shared(Arc<AtomicU64>),
     Raw(*const i64),
@@ -17,7 +17,7 @@ pub(super) enum Src {
 }
 
 impl Src {
-    pub(super) fn get(&self) -> Result<u64> {
+    pub(crate) fn get(&self) -> Result<u64> {
         match self {
             Src::Value(v) => Ok(*v),
             Src::Shared(a) => Ok(a.load(Ordering::Acquire)),
@@ -59,7 +59,7 @@ impl StreamResult {
     }
 }
 
-pub(super) enum Sink {
+pub(crate) enum Sink {
     Shared(Arc<StreamResult>),
     Raw(*mut isize),
     /// One of several requests whose results add up to one.
@@ -69,7 +69,7 @@ pub(super) enum Sink {
 /// The one result of a vectored operation sent as several requests (staged
 /// pieces): each request's result is added in; the last writes the sum, or
 /// the first error, to the operation's result.
-pub(super) struct SumSink {
+pub(crate) struct SumSink {
     left: AtomicUsize,
     bytes: AtomicU64,
     error: Mutex<Option<Error>>,
@@ -77,7 +77,7 @@ pub(super) struct SumSink {
 }
 
 impl SumSink {
-    pub(super) fn new(n: usize, out: Sink) -> SumSink {
+    pub(crate) fn new(n: usize, out: Sink) -> SumSink {
         SumSink {
             left: AtomicUsize::new(n),
             bytes: AtomicU64::new(0),
@@ -108,7 +108,7 @@ impl SumSink {
 }
 
 impl Sink {
-    pub(super) fn write(&self, r: Result<usize>) {
+    pub(crate) fn write(&self, r: Result<usize>) {
         match self {
             Sink::Shared(s) => {
                 let v = match &r {
@@ -139,10 +139,10 @@ impl Sink {
 /// offset and buffer offset are read when the stream reaches the operation;
 /// the bytes moved (or `-errno`) are written before the stream goes on.
 pub struct StreamIo {
-    pub(super) size: Src,
-    pub(super) file_offset: Src,
-    pub(super) buf_offset: Src,
-    pub(super) result: Sink,
+    pub(crate) size: Src,
+    pub(crate) file_offset: Src,
+    pub(crate) buf_offset: Src,
+    pub(crate) result: Sink,
 }
 
 impl std::fmt::Debug for StreamIo {

@@ -18,11 +18,11 @@
 //! device at once.
 
 use crate::engine::batch::RequestStats;
-use crate::handle::mode::Mode;
-use crate::handle::Priority;
-use crate::{Error, Result};
+use crate::mode::Mode;
+use crate::mode::Priority;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use ugds_platform::{Error, Result};
 
 /// Sets a stream free to run the work after an operation. Setting it is the
 /// operation's last act; dropping it unset sets it (a stream never hangs on
@@ -107,11 +107,8 @@ pub trait Stream: Send + Sync {
     }
 }
 
-mod engine;
 mod host;
-mod io;
-mod job;
-mod op;
+pub(crate) mod io;
 
 /// How the handles' stream engines serve a stream's operations
 /// ([`Stream::service`]; set with `HostStream::set_service` or
@@ -176,12 +173,12 @@ impl StreamCounters {
         }
     }
 
-    fn submitted(&self, n: u64) {
+    pub(crate) fn submitted(&self, n: u64) {
         self.submitted.fetch_add(n, Ordering::Relaxed);
     }
 
     /// One request ended with `r` (a `write` or a read).
-    fn ended(&self, write: bool, r: &Result<usize>) {
+    pub(crate) fn ended(&self, write: bool, r: &Result<usize>) {
         match r {
             Ok(n) if write => self.bytes_written.fetch_add(*n as u64, Ordering::Relaxed),
             Ok(n) => self.bytes_read.fetch_add(*n as u64, Ordering::Relaxed),
@@ -192,6 +189,5 @@ impl StreamCounters {
     }
 }
 
-pub(crate) use engine::start_engine;
 pub use host::HostStream;
 pub use io::{StreamIo, StreamResult};

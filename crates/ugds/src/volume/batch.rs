@@ -5,15 +5,15 @@
 //! or the first member's failure ([`Error::Member`]).
 
 use super::{Inner, Part, Volume};
-use crate::batch::{Batch, BatchIo, BatchIov, BatchOp, LOOK_EVERY};
+use crate::batch::{batch_context, Batch, BatchContext, BatchIo, BatchIov, BatchOp, LOOK_EVERY};
 use crate::engine::batch::RequestStats;
 use crate::engine::{BatchEvent, BatchStatus};
-use crate::Segment;
-use crate::{Error, Result};
+use crate::handle::Segment;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use ugds_platform::Recover;
+use ugds_platform::{Error, Result};
 
 /// Parts one member's context may hold per volume request of capacity (a
 /// request of many small stripes can have more parts on a member than one
@@ -449,3 +449,5 @@ impl VolumeBatch {
         first.map_or(Ok(()), Err)
     }
 }
+
+batch_context!(VolumeBatch);

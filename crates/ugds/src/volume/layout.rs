@@ -2,7 +2,7 @@
 //! ranges of its members, for striping (RAID 0) and concatenation. Pure
 //! arithmetic, tested on its own.
 
-use crate::{Error, Result};
+use ugds_platform::{Error, Result};
 
 /// How a volume spreads its bytes over its members.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

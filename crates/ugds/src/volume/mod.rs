@@ -37,9 +37,9 @@ use crate::batch::{Batch, BatchIov, BatchOp};
 use crate::engine::BatchEvent;
 use crate::handle::{Handle, Segment, MAX_SEGMENTS};
 use crate::registry::BufGuard;
-use crate::{Error, Result};
 use std::sync::{Arc, Mutex};
 use ugds_platform::Recover;
+use ugds_platform::{Error, Result};
 
 /// Requests one member's batch context of a lane holds at once.
 const LANE_DEPTH: usize = 64;
@@ -166,13 +166,25 @@ impl Volume {
     /// Reads `size` bytes at `file_offset` of the volume into `buf` at
     /// `buf_offset`. Returns the bytes read (all of them: a member's
     /// failure fails the request).
-    pub fn read(&self, buf: &crate::BufferToken, size: usize, file_offset: u64, buf_offset: usize) -> Result<usize> {
+    pub fn read(
+        &self,
+        buf: &crate::registry::BufferToken,
+        size: usize,
+        file_offset: u64,
+        buf_offset: usize,
+    ) -> Result<usize> {
         self.inner.rwv(BatchOp::Read, &[Segment::new(buf, buf_offset, size)], file_offset)
     }
 
     /// Writes `size` bytes of `buf` at `buf_offset` to `file_offset` of the
     /// volume.
-    pub fn write(&self, buf: &crate::BufferToken, size: usize, file_offset: u64, buf_offset: usize) -> Result<usize> {
+    pub fn write(
+        &self,
+        buf: &crate::registry::BufferToken,
+        size: usize,
+        file_offset: u64,
+        buf_offset: usize,
+    ) -> Result<usize> {
         self.inner.rwv(BatchOp::Write, &[Segment::new(buf, buf_offset, size)], file_offset)
     }
 

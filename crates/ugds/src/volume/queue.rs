@@ -18,10 +18,10 @@ use crate::batch::BatchOp;
 use crate::handle::Segment;
 use crate::io_queue::IoQueue;
 use crate::registry::BufferToken;
-use crate::sys::PAGE_SIZE;
-use crate::{Error, Result};
 use std::time::Duration;
 use ugds_platform::sys::EventFd;
+use ugds_platform::sys::PAGE_SIZE;
+use ugds_platform::{Error, Result};
 
 /// No entry: the end of the free chain.
 const NO_ENTRY: u32 = u32::MAX;

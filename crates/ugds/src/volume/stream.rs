@@ -12,12 +12,14 @@
 
 use super::{Inner, Volume};
 use crate::batch::BatchOp;
+use crate::handle::Segment;
 use crate::registry::BufGuard;
+use crate::registry::BufferToken;
 use crate::stream::{Stream, StreamIo, StreamSignal};
-use crate::{BufferToken, Error, Result, Segment};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
 use ugds_platform::Recover;
+use ugds_platform::{Error, Result};
 
 /// One operation, handed to the stream thread when the stream reaches it.
 struct Job {

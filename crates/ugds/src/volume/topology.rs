@@ -10,8 +10,8 @@
 //! `01:00.0` and downstream port `02:01.0`, the device `03:00.0`). Two
 //! devices are as near as the deepest bridge their paths share.
 
-use crate::{Error, Result};
 use std::path::Path;
+use ugds_platform::{Error, Result};
 
 /// How near two PCIe devices are, nearest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

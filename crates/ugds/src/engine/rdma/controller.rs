@@ -9,13 +9,13 @@ use super::queue::{memory_for, sends_for};
 use super::{RdmaIoQueue, RdmaQueue, RdmaTarget, ENTRIES, IO_ENTRIES, STAGING};
 use crate::engine::fabrics::{self, connect_queue, enable, identify, queues_granted, read_cap, Capsules};
 use crate::engine::{ControllerInfo, NamespaceInfo};
-use crate::{Error, Result};
 use std::sync::{Arc, Mutex};
 use ugds_nvme::fabrics::CNTLID_DYNAMIC;
 use ugds_nvme::regs::{self, Version};
 use ugds_nvme::{Cid, IdentifyController, Sqe};
 use ugds_platform::rdma::RdmaPlatform;
 use ugds_platform::Recover;
+use ugds_platform::{Error, Result};
 
 /// An NVMe/RDMA controller; see the module docs.
 pub struct RdmaController {

@@ -30,7 +30,6 @@ pub use queue::RdmaIoQueue;
 
 use super::fabrics::{self, Broken, Capsules, Names};
 use super::tcp::FabricsProbe;
-use crate::{Error, Result};
 use std::net::ToSocketAddrs;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -41,6 +40,7 @@ use ugds_nvme::{Cid, Cqe, Lba, Nsid, NvmOpcode, Sqe};
 use ugds_platform::dma::DmaBuffer;
 use ugds_platform::sys::rdma_cm::{Answer, Connection};
 use ugds_platform::sys::verbs::{self, Device, MemoryRegion, Poster, Sge, WorkCompletion};
+use ugds_platform::{Error, Result};
 
 /// Bytes of data one command may move through a queue's registered buffer.
 pub const STAGING: usize = 128 << 10;

@@ -45,7 +45,6 @@ use super::super::qpair::{CqView, Full, Owner};
 use super::super::stats::{QueueCounters, Staged};
 use super::super::tracker::Tracker;
 use super::{post_receive, response_sge, RdmaQueue, CQE_AT, DRAIN_ID, STAGING};
-use crate::Result;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -53,6 +52,7 @@ use ugds_nvme::status::generic;
 use ugds_nvme::{Cid, Cqe, Qid, Sqe, Status};
 use ugds_platform::rdma::{RdmaPlatform, Reach, ReachCache};
 use ugds_platform::sys::verbs::{self, Sge, WorkCompletion};
+use ugds_platform::Result;
 
 /// SENDs that may be posted and not yet completed on a queue of `entries`:
 /// every command in flight and as many whose responses came before their
@@ -194,7 +194,9 @@ impl RdmaIoQueue {
         debug_assert!(q.mem.len() >= memory_for(entries) && q.receives == entries as usize);
         if let Some(v) = &irq {
             let channel = q.conn.cq().channel().ok_or_else(|| {
-                crate::Error::InvalidArgument("an NVMe/RDMA queue with a vector needs a completion channel".into())
+                ugds_platform::Error::InvalidArgument(
+                    "an NVMe/RDMA queue with a vector needs a completion channel".into(),
+                )
             })?;
             q.conn.cq().arm()?;
             platform.watch(channel.fd(), *v)?;

@@ -8,7 +8,6 @@ use super::queue::{QueueSetup, TcpQueue};
 use super::{TcpConnection, TcpTarget};
 use crate::engine::fabrics::{self, connect_queue, enable, identify, queues_granted, read_cap, Capsules};
 use crate::engine::{ControllerInfo, NamespaceInfo};
-use crate::{Error, Result};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,6 +16,7 @@ use ugds_nvme::regs::{self, Version};
 use ugds_nvme::{Cid, IdentifyController, Sqe};
 use ugds_platform::tcp::TcpPlatform;
 use ugds_platform::Recover;
+use ugds_platform::{Error, Result};
 
 /// Entries of the admin queue asked for at Connect.
 const ADMIN_ENTRIES: u16 = 32;

@@ -6,12 +6,13 @@
 
 use crate::engine::slow_gpu::SlowGpu;
 use crate::fabrics::TcpTarget;
-use crate::{Driver, Error, HandleOptions};
+use crate::{Driver, HandleOptions};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use ugds_emu::tcp::{EmuTcpConfig, EmuTcpTarget};
 use ugds_nvme::status::generic;
 use ugds_platform::device::DeviceMemory;
+use ugds_platform::Error;
 
 fn pattern(i: usize) -> u8 {
     (i * 7 + i / 4096) as u8

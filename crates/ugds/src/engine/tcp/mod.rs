@@ -18,7 +18,6 @@ pub use controller::TcpController;
 pub use queue::TcpQueue;
 
 use super::fabrics::{self as shared, Broken, Capsules, Names};
-use crate::{Error, Result};
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
@@ -26,6 +25,7 @@ use ugds_nvme::fabrics::CNTLID_DYNAMIC;
 use ugds_nvme::regs::{self, Cap, Version};
 use ugds_nvme::tcp::{self, CommonHeader, Digests, Framing, Pdu, PduError};
 use ugds_nvme::{Cid, Cqe, IdentifyController, Sqe};
+use ugds_platform::{Error, Result};
 
 /// The most bytes one PDU from the target may have: a C2HData of up to
 /// 1 MiB and its header, digests and padding.

@@ -44,7 +44,6 @@ use super::super::bounce::{self, Bounce};
 use super::super::qpair::{CqView, Full, Owner};
 use super::super::stats::{QueueCounters, Staged};
 use super::super::tracker::Tracker;
-use crate::{Error, Result};
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::AtomicU32;
@@ -55,6 +54,7 @@ use ugds_nvme::{Cid, Cqe, Qid, Sqe, Status};
 use ugds_platform::device::{CopyTicket, DeviceRuntime};
 use ugds_platform::tcp::TcpPlatform;
 use ugds_platform::window::DEVICE_IOVA_BASE;
+use ugds_platform::{Error, Result};
 
 /// Bytes of the receive buffer: headers and small data are read through
 /// it; a large C2HData's bytes go straight to the command's buffer.

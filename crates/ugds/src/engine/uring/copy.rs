@@ -6,13 +6,13 @@ use super::transfer::{refusal, Transfer};
 use super::UringQueue;
 use crate::engine::bounce;
 use crate::engine::qpair::Owner;
-use crate::{Error, Result};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use ugds_nvme::status::generic;
 use ugds_nvme::{Cid, Cqe, Status};
 use ugds_platform::device::{CopyTicket, DeviceRuntime};
 use ugds_platform::kernel::KernelPlatform;
+use ugds_platform::{Error, Result};
 
 /// A command whose data is being copied between its bounce buffer and
 /// GPU memory.

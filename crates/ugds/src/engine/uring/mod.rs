@@ -46,7 +46,6 @@ use super::bounce::{self, Bounce};
 use super::qpair::{CqView, Full, Owner};
 use super::stats::{QueueCounters, Staged};
 use super::tracker::Tracker;
-use crate::{Error, Result};
 use copy::Copying;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -58,6 +57,7 @@ use ugds_nvme::{Cid, Cqe, NvmOpcode, Qid, Sqe, Status};
 use ugds_platform::kernel::{KernelPlatform, DEVICE_IOVA_BASE};
 use ugds_platform::sys::uring::{Ring, BOUNCE_BUFFERS};
 use ugds_platform::sys::EventFd;
+use ugds_platform::{Error, Result};
 
 /// A ring on a kernel-path file; see the module docs.
 /// How long after its first EFAULT a passthrough command is still faulted

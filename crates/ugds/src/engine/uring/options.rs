@@ -1,7 +1,7 @@
 //! How the kernel path's rings run and whether they read through the page
 //! cache: chosen per handle (`HandleOptions`), applied by each ring.
 
-use crate::{Error, Result};
+use ugds_platform::{Error, Result};
 
 /// How the kernel path's io_uring rings run (the kernel path only).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -1,8 +1,8 @@
 //! The driver API's entry points and constants, as `cuda.h` declares them.
 
 use super::super::dl::Library;
-use crate::Result;
 use std::ffi::{c_char, c_void};
+use ugds_platform::Result;
 
 pub(super) type Res = i32;
 pub(super) type Ctx = *mut c_void;
@@ -155,7 +155,7 @@ impl Api {
                 ctx_create: lib.sym(c"cuCtxCreate_v2").ok(),
                 ctx_push_current: lib.sym(c"cuCtxPushCurrent_v2")?,
                 green: (|| {
-                    Ok::<_, crate::Error>(GreenApi {
+                    Ok::<_, ugds_platform::Error>(GreenApi {
                         device_get_dev_resource: lib.sym(c"cuDeviceGetDevResource")?,
                         dev_resource_generate_desc: lib.sym(c"cuDevResourceGenerateDesc")?,
                         green_ctx_create: lib.sym(c"cuGreenCtxCreate")?,

@@ -21,12 +21,12 @@ use stream::CudaStreamBackend;
 use super::dl::Library;
 use super::stream::{GpuStream, StagePool, StreamBackend, WordPool, STAGE_HEADER, WORD_PAGE};
 use super::{page_span, CopyTicket, DeviceMemory, DeviceRuntime, DmabufExport};
-use crate::{Error, Result};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use ugds_platform::{Error, Result};
 
 /// The CUDA driver, loaded and initialised.
 pub struct Cuda {

@@ -32,12 +32,12 @@
 //! offsets bound late by the stream work as they do without staging.
 
 use crate::stream::{Stream, StreamCounters, StreamService, StreamSignal};
-use crate::{Error, Result};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Once, OnceLock};
 use std::time::{Duration, Instant};
 use ugds_platform::Recover;
+use ugds_platform::{Error, Result};
 mod reach;
 mod staging;
 #[cfg(test)]
@@ -358,7 +358,7 @@ impl Stream for GpuStream {
 impl GpuStream {
     /// What the stream-ordered requests placed on this stream have done
     /// (see [`StreamCounters`]).
-    pub fn stats(&self) -> crate::RequestStats {
+    pub fn stats(&self) -> crate::engine::batch::RequestStats {
         self.counters.snapshot()
     }
 

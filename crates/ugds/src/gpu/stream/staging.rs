@@ -3,9 +3,9 @@
 
 use super::words::{has_passed, Slot};
 use super::StreamBackend;
-use crate::Result;
 use std::sync::{Arc, Mutex, OnceLock};
 use ugds_platform::Recover;
+use ugds_platform::Result;
 
 /// Bytes at the start of a staging block that hold its copies' parameters,
 /// one [`PIECE_HEADER`] per piece (`dst`, `src`, `len`: device addresses

@@ -1,9 +1,9 @@
 //! The device-mapped words streams wait on, and their pool.
 
 use super::StreamBackend;
-use crate::Result;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
+use ugds_platform::Result;
 
 /// Bytes of one stream's words: `done` at 0 (host writes, GPU waits on it),
 /// `passed` at 4 (GPU writes, host reads) and `reach` at 8 (GPU writes when

@@ -6,13 +6,13 @@ use super::job::Job;
 use crate::engine::batch::BatchQueue;
 use crate::engine::BatchEvent;
 use crate::handle::{HandleInner, Priority, QueueService};
-use crate::{Error, Result};
 use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use ugds_platform::Recover;
+use ugds_platform::{Error, Result};
 
 enum Msg {
     Job(Box<Job>),

@@ -30,10 +30,10 @@
 //! [`IoQueue`](crate::IoQueue)s are not served through the mode.
 
 use crate::engine::Completion;
-use crate::{Error, Result};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
+use ugds_platform::{Error, Result};
 
 /// A request's class: what its large transfers yield to (see `handle::scheduler`'s docs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -2,22 +2,22 @@
 //! before their values are bound, staging, pieces, and the binding that
 //! makes them a [`Job`] for the stream engine.
 
-use super::io::{Sink, Src, SumSink};
 use super::job::{Bound, HandleRef, Job, JobService, Progress};
-use super::{Stream, StreamCounters, StreamIo, StreamService, StreamSignal};
 use crate::batch::BatchOp;
 use crate::engine::batch::Prepared;
 use crate::engine::hold::Hold;
 use crate::engine::Completion;
 use crate::gpu::{GpuStream, StageLease, StageMark, MAX_PIECES};
-use crate::handle::mode::ModeRequest;
 use crate::handle::{Handle, HandleInner, Segment};
+use crate::mode::ModeRequest;
 use crate::registry::{BufGuard, BufferToken, Recent};
-use crate::{Error, Result};
+use crate::stream::io::{Sink, Src, SumSink};
+use crate::stream::{Stream, StreamCounters, StreamIo, StreamService, StreamSignal};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use ugds_nvme::NvmOpcode;
 use ugds_platform::Recover;
+use ugds_platform::{Error, Result};
 
 /// What `service` decides for an operation of `pending` requests.
 fn job_service(service: StreamService, pending: &[Pending]) -> JobService {

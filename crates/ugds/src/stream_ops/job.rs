@@ -2,16 +2,16 @@
 //! stream engine runs it: its requests with their values bound, where their
 //! results go, its staging blocks, and the handle it keeps alive.
 
-use super::io::Sink;
-use super::{StreamCounters, StreamSignal};
 use crate::engine::batch::Prepared;
 use crate::gpu::StageLease;
-use crate::handle::mode::{Mode, ModeRequest, Plan};
 use crate::handle::{HandleInner, Priority};
+use crate::mode::{Mode, ModeRequest, Plan};
 use crate::registry::{BufGuard, BufferToken};
-use crate::Error;
+use crate::stream::io::Sink;
+use crate::stream::{StreamCounters, StreamSignal};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use ugds_platform::Error;
 
 /// What a stream's service decided for one operation.
 #[derive(Clone, Debug)]
