@@ -7,6 +7,7 @@ mod bench;
 mod bind;
 mod clock;
 mod doctor;
+#[cfg(feature = "gpu-bench")]
 mod gpubench;
 mod hist;
 mod histogram;
@@ -26,7 +27,8 @@ Usage:
   ugds identify [TARGET]          controller and namespace facts
   ugds bench [OPTIONS] [TARGET]   throughput, IOPS and latency
   ugds gpu-bench [OPTIONS] [TARGET]
-                                  the same with CUDA device memory (GPU 0)
+                                  the same with CUDA device memory (GPU 0;
+                                  in a build with --features gpu-bench)
   ugds doctor [--json] [--mode M] what will work on this machine, and why not
   ugds list | bind | unbind       NVMe functions and their drivers (ugds help bind)
   ugds hist [QUANTILE...]         percentiles of latencies (us) read from stdin
@@ -79,7 +81,7 @@ fn main() -> ExitCode {
     let r = match cmd.as_deref() {
         Some("identify") => identify(rest),
         Some("bench") => bench::main(rest),
-        Some("gpu-bench") => gpubench::main(rest),
+        Some("gpu-bench") => gpu_bench(rest),
         Some("rdma") => rdma::main(rest),
         Some("hist") => hist::main(rest),
         Some("report") => report::main(rest),
@@ -96,6 +98,7 @@ fn main() -> ExitCode {
         Some("help") | Some("-h") | Some("--help") => {
             match rest.first().map(|a| a.to_string_lossy().into_owned()).as_deref() {
                 Some("bench") => print!("{}", bench::HELP),
+                #[cfg(feature = "gpu-bench")]
                 Some("gpu-bench") => print!("{}{}", gpubench::HELP, target::HELP),
                 Some("hist") => print!("{}", hist::HELP),
                 Some("rdma") => print!("{}", rdma::HELP),
@@ -179,6 +182,20 @@ const IDENTIFY_TCP_HELP: &str = "\
 With --tcp, identify probes the admin queue alone (connect, enable, identify,
 shut down) and prints what the controller says of itself and its namespaces.
 ";
+
+/// `ugds gpu-bench`: only in a build with the `gpu-bench` feature, which
+/// brings the CUDA test objects into the binary.
+fn gpu_bench(args: Vec<std::ffi::OsString>) -> Result<(), String> {
+    #[cfg(feature = "gpu-bench")]
+    return gpubench::main(args);
+    #[cfg(not(feature = "gpu-bench"))]
+    {
+        drop(args);
+        Err("this ugds was built without gpu-bench: `cargo build --release -p ugds-cli --features gpu-bench` \
+             (scripts/gpu-bench does)"
+            .into())
+    }
+}
 
 /// `ugds identify --tcp`: a target's controller through NVMe/TCP.
 fn identify_tcp(addr: &str, nqn: &str, digests: bool) -> Result<(), String> {

@@ -582,58 +582,6 @@ fn drv_ledger_refuses_overlaps_and_stale_handles() {
     assert!(e.to_string().contains("not supported") || e.to_string().contains("95"), "{e}");
 }
 
-/// Through ugds_drv only: a dma-buf (udmabuf over a memfd, standing in for
-/// GPU memory) imported and used as the data buffer of NVMe commands.
-#[test]
-fn drv_dmabuf_import_moves_data() {
-    let Some(path) = drv() else {
-        eprintln!("skipped: not on ugds_drv");
-        return;
-    };
-    use std::os::fd::AsRawFd;
-    use ugds::nvme::{Cid, Lba, Nsid, NvmOpcode, PrpPlan, Sqe};
-    const LEN: usize = 1 << 20;
-    // A memfd, sealed against shrinking, turned into a dma-buf by udmabuf.
-    let (_memfd, dmabuf, view) = udmabuf(LEN).expect("no /dev/udmabuf");
-    let p = Arc::new(ugds::platform::ugds_drv::UgdsDrvPlatform::open(&path).unwrap());
-    let ctrl = ugds::engine::Controller::bring_up(p.clone(), 1).unwrap();
-    let ns = ctrl.info().namespaces[0];
-    let mapping = p.map_dmabuf(dmabuf.as_raw_fd(), 0, LEN).unwrap();
-    assert_eq!(mapping.pages().len(), LEN / 4096);
-    let data = pattern(21, 0, 8192);
-    // SAFETY: within the mapping; the device does not touch it yet.
-    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), view, 8192) };
-    let mut qp = ctrl.create_io_qpair(1, 16, None).unwrap();
-    let nlb = 8192 / ns.block_size;
-    let run = |qp: &mut ugds::engine::QueuePair, op, slba: u64, page: usize| {
-        let plan = PrpPlan::Two { prp1: mapping.pages()[page], prp2: mapping.pages()[page + 1] };
-        qp.submit(Sqe::rw(op, Cid(0), Nsid(ns.nsid), Lba(slba), nlb, 0, 0), Some(plan), ugds::engine::Owner::Own(0))
-            .unwrap();
-        qp.ring_sq_doorbell();
-        let mut ok = None;
-        while ok.is_none() {
-            qp.process_completions(1, |_, c| ok = Some(c.status().is_success()));
-        }
-        assert_eq!(ok, Some(true));
-    };
-    let slba = (20 << 20) / ns.block_size as u64;
-    run(&mut qp, NvmOpcode::Write, slba, 0); // from dma-buf pages 0-1
-    run(&mut qp, NvmOpcode::Read, slba, 100); // into dma-buf pages 100-101
-
-    // SAFETY: the read completed; the range lies in the mapping.
-    let back = unsafe { std::slice::from_raw_parts(view.add(100 * 4096), 8192) };
-    assert!(back == &data[..], "data read into the dma-buf differs");
-    ctrl.delete_io_qpair(&qp).unwrap();
-    ctrl.shutdown().unwrap();
-    drop(qp);
-    drop(ctrl);
-    use ugds::platform::Platform;
-    // SAFETY: its mapping, used by no command in flight.
-    unsafe { p.unmap_host(&mapping) }.unwrap();
-    // SAFETY: our mapping, no longer used.
-    unsafe { libc::munmap(view.cast(), LEN) };
-}
-
 /// A memfd of `len` bytes turned into a dma-buf by udmabuf, and a shared
 /// CPU view of the memfd; None where there is no /dev/udmabuf.
 fn udmabuf(len: usize) -> Option<(std::os::fd::OwnedFd, std::os::fd::OwnedFd, *mut u8)> {

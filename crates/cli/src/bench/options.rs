@@ -75,7 +75,8 @@ Options:
       --volume-batch      over several targets: qd above 1 through a volume
                           batch context (one submit call per request) instead
       --gpu               over several targets: the buffers in GPU 0's memory
-                          (CUDA) instead of host memory (no --verify)
+                          (CUDA) instead of host memory (no --verify; a build
+                          with --features gpu-bench)
       --sample N          at queue depth 1, time one call in N (1: every
                           call; two clock reads and a histogram entry cost
                           about 8% of a 0.5 us call, hundreds of ns in VMs

@@ -37,6 +37,7 @@ struct ThreadBuf {
     /// The memory, where it is host memory.
     host: Option<HostBuffer>,
     /// Held until the end (freed after its deregistration).
+    #[cfg(feature = "gpu-bench")]
     _gpu: Option<ugds::gpu::cuda::DeviceBuffer>,
 }
 
@@ -95,30 +96,7 @@ pub(super) fn run(o: &Opts, layout: VolumeLayout) -> Result<(), String> {
         println!("queues   a queue pair of each member lent to each thread (Volume::io_queue) at qd above 1");
     }
     let max_size = *o.sizes.iter().max().expect("a size");
-    let cuda = if o.gpu {
-        let c = ugds::gpu::cuda::Cuda::get().map_err(|e| format!("--gpu: {e}"))?;
-        c.use_device(0).map_err(|e| format!("--gpu: {e}"))?;
-        Some(c)
-    } else {
-        None
-    };
-    let bufs: Vec<ThreadBuf> = (0..o.threads)
-        .map(|_| match &cuda {
-            Some(c) => {
-                let g = c.alloc(o.qd * max_size)?;
-                // SAFETY: `g` lives in the ThreadBuf, deregistered before it is dropped (below).
-                let token = unsafe { driver.register_cuda(g.ptr(), g.len())? };
-                Ok(ThreadBuf { token, host: None, _gpu: Some(g) })
-            }
-            None => {
-                let mut mem = HostBuffer::new(o.qd * max_size)?;
-                // SAFETY: `mem` lives in the ThreadBuf, deregistered before it is dropped (below).
-                let token = unsafe { driver.register(mem.as_mut_ptr(), mem.len())? };
-                Ok(ThreadBuf { token, host: Some(mem), _gpu: None })
-            }
-        })
-        .collect::<ugds::Result<_>>()
-        .map_err(|e| e.to_string())?;
+    let bufs = thread_buffers(&driver, o, o.qd * max_size)?;
     println!("buffers  {}", if o.gpu { "GPU 0's memory (CUDA)" } else { "host memory" });
     let cap = volume.capacity();
     let range = o.range.unwrap_or(cap).min(cap);
@@ -226,6 +204,44 @@ pub(super) fn run(o: &Opts, layout: VolumeLayout) -> Result<(), String> {
         (None, Some(e)) => Err(e.to_string()),
         (None, None) => Ok(()),
     }
+}
+
+/// A buffer of `len` bytes per thread, registered: GPU 0's memory with
+/// `--gpu` (a build with the `gpu-bench` feature), host memory otherwise.
+fn thread_buffers(driver: &Driver, o: &Opts, len: usize) -> Result<Vec<ThreadBuf>, String> {
+    #[cfg(feature = "gpu-bench")]
+    let cuda = if o.gpu {
+        let c = ugds::gpu::cuda::Cuda::get().map_err(|e| format!("--gpu: {e}"))?;
+        c.use_device(0).map_err(|e| format!("--gpu: {e}"))?;
+        Some(c)
+    } else {
+        None
+    };
+    #[cfg(not(feature = "gpu-bench"))]
+    if o.gpu {
+        return Err("--gpu: this ugds was built without GPU buffers (`--features gpu-bench`)".into());
+    }
+    (0..o.threads)
+        .map(|_| {
+            #[cfg(feature = "gpu-bench")]
+            if let Some(c) = &cuda {
+                let g = c.alloc(len)?;
+                // SAFETY: `g` lives in the ThreadBuf, deregistered before it is dropped.
+                let token = unsafe { driver.register_cuda(g.ptr(), g.len())? };
+                return Ok(ThreadBuf { token, host: None, _gpu: Some(g) });
+            }
+            let mut mem = HostBuffer::new(len)?;
+            // SAFETY: `mem` lives in the ThreadBuf, deregistered before it is dropped.
+            let token = unsafe { driver.register(mem.as_mut_ptr(), mem.len())? };
+            Ok(ThreadBuf {
+                token,
+                host: Some(mem),
+                #[cfg(feature = "gpu-bench")]
+                _gpu: None,
+            })
+        })
+        .collect::<ugds::Result<_>>()
+        .map_err(|e| e.to_string())
 }
 
 fn describe_layout(l: VolumeLayout) -> String {
