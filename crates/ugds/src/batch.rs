@@ -14,7 +14,6 @@ use crate::engine::BatchEvent;
 use crate::handle::Segment;
 use crate::handle::{Handle, HandleInner};
 use crate::registry::{BufferToken, Recent};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ugds_nvme::{Cid, NvmOpcode, Qid, Sqe};
@@ -76,6 +75,8 @@ pub struct Batch {
     ctx: u32,
     capacity: usize,
     stuck: bool,
+    /// The handle's in-flight stripe this context holds until its drop.
+    stripe: usize,
     /// Scratch for a submission's validated requests (no allocation on
     /// submit), and the buffer the last submission used (its registry entry
     /// looked up again only when another buffer comes).
@@ -115,10 +116,18 @@ impl Batch {
         let r = handle.enter()?;
         let (queue, ctx) = handle.open_batch_context(capacity)?;
         // The in-flight reference lives as long as the context (released in Drop).
-        std::mem::forget(r);
+        let stripe = r.keep();
         let mut scratch = Vec::with_capacity(capacity);
         touch(&mut scratch);
-        Ok(Batch { handle, queue, ctx, capacity, stuck: false, scratch: std::sync::Mutex::new((scratch, None)) })
+        Ok(Batch {
+            handle,
+            queue,
+            ctx,
+            capacity,
+            stuck: false,
+            stripe,
+            scratch: std::sync::Mutex::new((scratch, None)),
+        })
     }
 
     fn queue(&self) -> &BatchQueue {
@@ -354,7 +363,7 @@ impl Drop for Batch {
         if !left.is_empty() {
             self.handle.wedge(left);
         }
-        self.handle.inflight.fetch_sub(1, Ordering::SeqCst);
+        self.handle.inflight.sub(self.stripe);
     }
 }
 

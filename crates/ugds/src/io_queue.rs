@@ -18,7 +18,6 @@ use crate::engine::chunk::Chunk;
 use crate::engine::{BatchEvent, Completion, Owner, QueuePair};
 use crate::handle::{Escalation, Handle, HandleInner};
 use crate::registry::{BufGuard, BufferToken, Recent};
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 use ugds_nvme::{prp, Cid, Cqe, Lba, Nsid, NvmOpcode, PrpPlan, Sqe, Status};
 use ugds_platform::sys::PAGE_SIZE;
@@ -274,6 +273,8 @@ pub struct IoQueue<'h> {
     bufs: Buffers,
     /// A context on the shared batch queue, when no queue pair was lent.
     shared: Option<Shared>,
+    /// The handle's in-flight stripe this queue holds until its drop.
+    stripe: usize,
 }
 
 impl std::fmt::Debug for IoQueue<'_> {
@@ -315,8 +316,8 @@ impl<'h> IoQueue<'h> {
             if h.lendable_queues() == 0 && h.batch_queue().is_ok() {
                 let depth = h.batch_queue()?.geometry().0 - 1;
                 let (queue, ctx) = h.open_batch_context(depth)?;
-                std::mem::forget(r);
                 return Ok(IoQueue {
+                    stripe: r.keep(),
                     handle,
                     small: Small::of(h, true),
                     qp: None,
@@ -349,10 +350,10 @@ impl<'h> IoQueue<'h> {
             }
             return Err(Error::Busy { what: "I/O queue pool (every lendable queue is lent)", inflight: 0 });
         };
-        // The reference lives as long as the IoQueue: released in Drop.
-        std::mem::forget(r);
         let n = qp.free_slots();
         Ok(IoQueue {
+            // The reference lives as long as the IoQueue: released in Drop.
+            stripe: r.keep(),
             handle,
             small: Small::of(h, false),
             qp: Some(qp),
@@ -843,7 +844,7 @@ impl Drop for IoQueue<'_> {
                 h.return_async_queue(qp);
             }
         }
-        h.inflight.fetch_sub(1, Ordering::SeqCst);
+        h.inflight.sub(self.stripe);
     }
 }
 

@@ -50,7 +50,7 @@ impl Handle {
 
     /// Operations in flight (and lent I/O queues).
     pub fn inflight(&self) -> usize {
-        self.inner.inflight.load(Ordering::SeqCst)
+        self.inner.inflight.total()
     }
 
     /// Queue pairs shared by synchronous calls, and lendable as [`IoQueue`](crate::IoQueue)s.

@@ -16,6 +16,7 @@
 //! wedged handle that is dropped without that leaks them on purpose.
 
 mod api;
+mod inflight;
 mod options;
 mod scheduler;
 mod shared;
@@ -41,7 +42,7 @@ use crate::engine::{Completion, Controller, ControllerInfo, NamespaceInfo, Queue
 use crate::registry::{BufGuard, BufferToken, Recent};
 use std::cell::Cell;
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use ugds_nvme::{prp, Cid, Lba, Nsid, NvmOpcode, Sqe};
@@ -99,7 +100,7 @@ pub(crate) struct HandleInner {
     service: Mutex<Option<Box<dyn QueueService>>>,
     ctrl: ManuallyDrop<Controller>,
     state: AtomicU8,
-    pub inflight: AtomicUsize,
+    pub(crate) inflight: inflight::Inflight,
     quarantine: Mutex<Vec<Hold>>,
     /// Registrations of staging blocks, by host address (see
     /// [`staging_token`](Self::staging_token)).
@@ -291,7 +292,7 @@ impl HandleInner {
             service: Mutex::new(None),
             ctrl: ManuallyDrop::new(ctrl),
             state: AtomicU8::new(OPEN),
-            inflight: AtomicUsize::new(0),
+            inflight: inflight::Inflight::default(),
             quarantine: Mutex::new(Vec::new()),
             staging: Mutex::default(),
             opts,
@@ -349,11 +350,11 @@ impl HandleInner {
 
     /// Takes an in-flight reference if the handle is open.
     pub fn enter(&self) -> Result<InflightRef<'_>> {
-        self.inflight.fetch_add(1, Ordering::SeqCst);
+        let stripe = self.inflight.add();
         match self.state.load(Ordering::SeqCst) {
-            OPEN => Ok(InflightRef(self)),
+            OPEN => Ok(InflightRef(self, stripe)),
             s => {
-                self.inflight.fetch_sub(1, Ordering::SeqCst);
+                self.inflight.sub(stripe);
                 Err(if s == WEDGED { Error::Wedged } else { Error::Closed })
             }
         }
@@ -868,7 +869,7 @@ impl HandleInner {
                 // Wedged meanwhile by an I/O that timed out.
                 return self.close(drain);
             }
-            let n = self.inflight.load(Ordering::SeqCst);
+            let n = self.inflight.total();
             if n == 0 {
                 break;
             }
@@ -927,10 +928,20 @@ impl HandleInner {
 }
 
 /// An in-flight reference on a handle.
-pub(crate) struct InflightRef<'a>(&'a HandleInner);
+pub(crate) struct InflightRef<'a>(&'a HandleInner, usize);
+
+impl InflightRef<'_> {
+    /// Keeps the reference past this scope (a batch context, a lent
+    /// queue): returns the stripe to hand to `inflight.sub` at its end.
+    pub(crate) fn keep(self) -> usize {
+        let stripe = self.1;
+        std::mem::forget(self);
+        stripe
+    }
+}
 
 impl Drop for InflightRef<'_> {
     fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, Ordering::SeqCst);
+        self.0.inflight.sub(self.1);
     }
 }

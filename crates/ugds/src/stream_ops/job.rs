@@ -9,7 +9,6 @@ use crate::mode::{Mode, ModeRequest, Plan};
 use crate::registry::{BufGuard, BufferToken};
 use crate::stream::io::Sink;
 use crate::stream::{StreamCounters, StreamSignal};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use ugds_platform::Error;
 
@@ -135,10 +134,17 @@ impl Job {
 }
 
 /// An in-flight reference on a handle that keeps it alive.
-pub(super) struct HandleRef(pub(super) Arc<HandleInner>);
+pub(super) struct HandleRef(pub(super) Arc<HandleInner>, pub(super) usize);
+
+impl HandleRef {
+    /// Counts an operation in flight on `h` until this is dropped.
+    pub(super) fn new(h: &Arc<HandleInner>) -> HandleRef {
+        HandleRef(h.clone(), h.inflight.add())
+    }
+}
 
 impl Drop for HandleRef {
     fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, Ordering::SeqCst);
+        self.0.inflight.sub(self.1);
     }
 }

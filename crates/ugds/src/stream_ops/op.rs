@@ -13,7 +13,6 @@ use crate::mode::ModeRequest;
 use crate::registry::{BufGuard, BufferToken, Recent};
 use crate::stream::io::{Sink, Src, SumSink};
 use crate::stream::{Stream, StreamCounters, StreamIo, StreamService, StreamSignal};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use ugds_nvme::NvmOpcode;
 use ugds_platform::Recover;
@@ -210,8 +209,7 @@ impl Handle {
         let counters = stream.counters();
         let service = job_service(stream.service(), &pending);
         let Some(g) = gpu.filter(|_| pending.iter().any(staged)) else {
-            h.inflight.fetch_add(1, Ordering::SeqCst);
-            let href = HandleRef(h.clone());
+            let href = HandleRef::new(h);
             return stream.launch(Box::new(move |signal| {
                 let mut bound = bind(&href.0, pending, counters);
                 bound.service = service;
@@ -230,8 +228,7 @@ impl Handle {
         let piecewise = pending.len() == 1 && pending[0].pieces > 1;
         let cell: Arc<Mutex<Option<Bound>>> = Arc::default();
         let c = cell.clone();
-        h.inflight.fetch_add(1, Ordering::SeqCst);
-        let href = HandleRef(h.clone());
+        let href = HandleRef::new(h);
         let h2 = h.clone();
         let bind_fn = Box::new(move || *c.lock().recover() = Some(bind(&h2, pending, counters)));
         let op = Box::new(move |signal| {
