@@ -35,14 +35,15 @@ pub unsafe extern "C" fn uGDSBatchIOSetUp(batch: *mut *mut c_void, fh: *mut c_vo
     })
 }
 
-pub(crate) fn batch_of(batch: *mut c_void) -> Result<(CBatch, ugds::Driver), uGDSError_t> {
-    let g = state();
-    let s = g.as_ref().ok_or_else(|| fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first"))?;
+/// The batch context `batch` names in the snapshot `s`, and the driver,
+/// borrowed from it.
+pub(crate) fn batch_in(s: &Snapshot, batch: *mut c_void) -> Result<(&CBatch, &ugds::Driver), uGDSError_t> {
+    let s = s.as_ref().ok_or_else(|| fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first"))?;
     if batch.is_null() {
         return Err(fail(op::INVALID_VALUE, "null batch"));
     }
     let (_, b) = s.batches.get(&(batch as usize)).ok_or_else(|| fail(op::INVALID_VALUE, "no such batch"))?;
-    Ok((b.clone(), s.driver.clone()))
+    Ok((b, &s.driver))
 }
 
 /// The batch of a submission, the driver, and its `nr` parameter blocks;
@@ -50,15 +51,16 @@ pub(crate) fn batch_of(batch: *mut c_void) -> Result<(CBatch, ugds::Driver), uGD
 ///
 /// # Safety
 /// `params` is null or valid for reads of `nr` blocks for the call.
-unsafe fn submission<'a, T>(
+unsafe fn submission<T>(
+    s: &Snapshot,
     batch: *mut c_void,
     nr: c_uint,
     params: *const T,
-) -> Result<(CBatch, ugds::Driver, &'a [T]), uGDSError_t> {
+) -> Result<(&CBatch, &ugds::Driver, &[T]), uGDSError_t> {
     if params.is_null() || nr == 0 {
         return Err(fail(op::INVALID_VALUE, "null params or nr 0"));
     }
-    let (b, driver) = batch_of(batch)?;
+    let (b, driver) = batch_in(s, batch)?;
     if nr as usize > b.capacity() {
         return Err(fail(op::BATCH_CAPACITY_EXCEEDED, format!("{nr} requests, capacity {}", b.capacity())));
     }
@@ -80,8 +82,9 @@ pub unsafe extern "C" fn uGDSBatchIOSubmit(
     _flags: c_uint,
 ) -> uGDSError_t {
     guard(internal(), || {
+        let snap = state();
         // SAFETY: the caller passes `nr` parameter blocks (or null, refused).
-        let (b, driver, ps) = match unsafe { submission(batch, nr, params) } {
+        let (b, driver, ps) = match unsafe { submission(&snap, batch, nr, params) } {
             Ok(x) => x,
             Err(e) => return e,
         };
@@ -130,8 +133,9 @@ pub unsafe extern "C" fn uGDSBatchIOSubmitv(
     _flags: c_uint,
 ) -> uGDSError_t {
     guard(internal(), || {
+        let snap = state();
         // SAFETY: the caller passes `nr` parameter blocks (or null, refused).
-        let (b, driver, ps) = match unsafe { submission(batch, nr, params) } {
+        let (b, driver, ps) = match unsafe { submission(&snap, batch, nr, params) } {
             Ok(x) => x,
             Err(e) => return e,
         };
@@ -153,7 +157,7 @@ pub unsafe extern "C" fn uGDSBatchIOSubmitv(
                 o => return fail(op::INVALID_VALUE, format!("request {r}: opcode {o}")),
             };
             // SAFETY: `segs` holds `count` segments (the caller's contract, checked non-null).
-            match unsafe { crate::io::segments_of(&driver, p.segs, p.count) } {
+            match unsafe { crate::io::segments_of(driver, p.segs, p.count) } {
                 Ok(f) => found.push((op_, f, p.file_offset as u64, p.cookie as u64)),
                 Err(msg) => return fail(op::INVALID_VALUE, format!("request {r}: {msg}")),
             }
@@ -196,7 +200,8 @@ pub unsafe extern "C" fn uGDSBatchIOGetStatus(
         if nr.is_null() || events.is_null() {
             return fail(op::INVALID_VALUE, "null argument");
         }
-        let (b, _) = match batch_of(batch) {
+        let snap = state();
+        let (b, _) = match batch_in(&snap, batch) {
             Ok(x) => x,
             Err(e) => return e,
         };
@@ -246,7 +251,7 @@ pub unsafe extern "C" fn uGDSBatchIOGetStats(batch: *mut c_void, out: *mut abi::
         if out.is_null() {
             return fail(op::INVALID_VALUE, "null argument");
         }
-        match batch_of(batch) {
+        match batch_in(&state(), batch) {
             Ok((b, _)) => {
                 // SAFETY: non-null, checked above; valid for a write (caller).
                 unsafe { out.write(b.stats().into()) };
@@ -264,7 +269,7 @@ pub unsafe extern "C" fn uGDSBatchIOGetStats(batch: *mut c_void, out: *mut abi::
 /// reads and writes `ugds.h` documents for this call, for its duration.
 #[no_mangle]
 pub unsafe extern "C" fn uGDSBatchIOCancel(batch: *mut c_void) -> uGDSError_t {
-    guard(internal(), || match batch_of(batch) {
+    guard(internal(), || match batch_in(&state(), batch) {
         Ok((b, _)) => match b.cancel() {
             Ok(()) => ok(),
             Err(e) => from_error(e),

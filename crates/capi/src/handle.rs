@@ -99,13 +99,18 @@ pub(crate) fn lookup(fh: *mut c_void) -> Result<(Arc<Handle>, ugds::Driver), c_i
 
 /// What `fh` is: a controller's handle or a volume.
 pub(crate) fn lookup_dev(fh: *mut c_void) -> Result<(Dev, ugds::Driver), c_int> {
-    let g = state();
-    let s = g.as_ref().ok_or(op::DRIVER_NOT_INITIALIZED)?;
+    dev_in(&state(), fh).map(|(d, driver)| (d.clone(), driver.clone()))
+}
+
+/// What `fh` is in the snapshot `s`, borrowed from it (the I/O calls:
+/// no count of the handle's or the driver's is touched).
+pub(crate) fn dev_in(s: &Snapshot, fh: *mut c_void) -> Result<(&Dev, &ugds::Driver), c_int> {
+    let s = s.as_ref().ok_or(op::DRIVER_NOT_INITIALIZED)?;
     if fh.is_null() {
         return Err(op::INVALID_VALUE);
     }
     let r = s.handles.get(&(fh as usize)).ok_or(op::HANDLE_NOT_REGISTERED)?;
-    Ok((r.dev.clone(), s.driver.clone()))
+    Ok((&r.dev, &s.driver))
 }
 
 /// Why [`lookup`] refused a handle.

@@ -26,7 +26,8 @@ pub(crate) fn sync_io(
         remember("null buffer, zero size or negative offset".into());
         return neg(libc::EINVAL);
     }
-    let (h, driver) = match lookup_io(fh) {
+    let snap = state();
+    let (h, driver) = match io_dev(&snap, fh) {
         Ok(x) => x,
         Err(n) => return n,
     };
@@ -154,13 +155,14 @@ pub(crate) fn vectored_io(
         ));
         return neg(libc::EINVAL);
     }
-    let (h, driver) = match lookup_io(fh) {
+    let snap = state();
+    let (h, driver) = match io_dev(&snap, fh) {
         Ok(x) => x,
         Err(n) => return n,
     };
     // SAFETY: the caller's array of `count` segments (checked non-null and
     // counted above), valid for the call.
-    let found = match unsafe { segments_of(&driver, segs, count) } {
+    let found = match unsafe { segments_of(driver, segs, count) } {
         Ok(f) => f,
         Err(msg) => {
             remember(msg);
@@ -208,8 +210,8 @@ pub(crate) unsafe fn segments_of(
 
 /// The handle or volume (and driver) for an I/O call, or the negative
 /// code it returns.
-fn lookup_io(fh: *mut c_void) -> Result<(Dev, ugds::Driver), ssize_t> {
-    lookup_dev(fh).map_err(|c| {
+fn io_dev(s: &Snapshot, fh: *mut c_void) -> Result<(&Dev, &ugds::Driver), ssize_t> {
+    crate::handle::dev_in(s, fh).map_err(|c| {
         remember(no_handle(c).into());
         neg(c)
     })

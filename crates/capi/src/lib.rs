@@ -28,16 +28,17 @@ pub mod abi;
 use abi::{op, uGDSError_t, HandleObj};
 use libc::{off_t, size_t, ssize_t, timespec};
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::Arc;
 use std::time::Duration;
 use ugds::gpu::{GpuStream, StreamWait};
-use ugds::platform::Recover;
+use ugds::shared_state::{AddrMap, Change, SharedState};
 use ugds::{BatchIo, BatchOp, BatchStatus, BufferToken, Drain, Error, Handle, HandleOptions, StreamIo};
 
+#[derive(Clone)]
 struct Registered {
     dev: Dev,
     fd: c_int,
@@ -55,36 +56,41 @@ pub(crate) enum Dev {
     Volume(ugds::Volume, Vec<usize>),
 }
 
+#[derive(Clone)]
 struct State {
     driver: ugds::Driver,
     /// Live handles by the address of their `HandleObj`.
-    handles: HashMap<usize, Registered>,
+    handles: AddrMap<Registered>,
     /// Batch contexts by id (an opaque `void *` to the caller), with the
     /// key of the handle they belong to.
-    batches: HashMap<usize, (usize, CBatch)>,
+    batches: AddrMap<(usize, CBatch)>,
     next_batch: usize,
     /// Streams by their runtime handle.
-    streams: HashMap<usize, Arc<GpuStream>>,
+    streams: AddrMap<Arc<GpuStream>>,
     /// Bases registered with `enable_export`.
     exportable: HashSet<usize>,
 }
 
 const _: () = assert!(abi::MAX_BATCH_IO as usize == ugds::Batch::MAX_CAPACITY);
 
-/// Read-locked by every I/O call (to find its handle), write-locked only to
-/// add or remove objects; never held across device work.
-static STATE: RwLock<Option<State>> = RwLock::new(None);
+/// The library's objects: every call reads a snapshot with no lock and
+/// no shared count and borrows what it names from it; registration and
+/// deregistration publish a changed copy (see `ugds::shared_state`).
+static STATE: SharedState<State> = SharedState::new();
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 
-fn state() -> RwLockReadGuard<'static, Option<State>> {
-    STATE.read().recover()
+/// The state a call works on.
+pub(crate) type Snapshot = ugds::shared_state::Snapshot<State>;
+
+fn state() -> Snapshot {
+    STATE.load()
 }
 
-fn state_mut() -> RwLockWriteGuard<'static, Option<State>> {
-    STATE.write().recover()
+fn state_mut() -> Change<'static, State> {
+    STATE.change()
 }
 
 fn ok() -> uGDSError_t {
@@ -177,10 +183,10 @@ pub extern "C" fn uGDSDriverOpen() -> uGDSError_t {
         }
         *s = Some(State {
             driver: ugds::Driver::open(),
-            handles: HashMap::new(),
-            batches: HashMap::new(),
+            handles: AddrMap::default(),
+            batches: AddrMap::default(),
             next_batch: 0x1000,
-            streams: HashMap::new(),
+            streams: AddrMap::default(),
             exportable: HashSet::new(),
         });
         ok()

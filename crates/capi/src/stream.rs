@@ -3,8 +3,8 @@
 use super::*;
 
 pub(crate) fn stream_for(stream: *mut c_void, backend: c_int) -> Result<Arc<GpuStream>, uGDSError_t> {
-    if let Some(s) = state().as_ref().and_then(|s| s.streams.get(&(stream as usize)).cloned()) {
-        return Ok(s);
+    if let Some(s) = stream_in(&state(), stream) {
+        return Ok(s.clone());
     }
     // SAFETY: the C contract: `stream` is a live stream of the current
     // context that outlives its registration.
@@ -19,6 +19,11 @@ pub(crate) fn stream_for(stream: *mut c_void, backend: c_int) -> Result<Arc<GpuS
     let mut g = state_mut();
     let st = g.as_mut().ok_or_else(|| fail(op::DRIVER_NOT_INITIALIZED, "uGDSDriverOpen first"))?;
     Ok(st.streams.entry(stream as usize).or_insert(s).clone())
+}
+
+/// The registered stream `stream` in the snapshot `s`, borrowed from it.
+fn stream_in(s: &Snapshot, stream: *mut c_void) -> Option<&Arc<GpuStream>> {
+    s.as_ref().and_then(|s| s.streams.get(&(stream as usize)))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -36,30 +41,41 @@ pub(crate) fn async_io(
         return fail(op::INVALID_VALUE, "null argument");
     }
     // A controller's handle or a volume's.
-    let (dev, driver) = match crate::handle::lookup_dev(fh) {
+    let snap = state();
+    let (dev, driver) = match crate::handle::dev_in(&snap, fh) {
         Ok(x) => x,
         Err(c) => return fail(c, no_handle(c)),
     };
-    let Some(t) = driver.token_at(base.cast()) else {
+    // The registration at `base` (found as the one holding it: the
+    // thread's last find answers without the registry's lock).
+    let Some(t) = driver.token_containing(base.cast()).filter(|t| t.base() == base as usize) else {
         return fail(op::MEMORY_NOT_REGISTERED, "stream-ordered I/O needs a registered buffer (by its base)");
     };
     // SAFETY: the C contract: the four pointers stay valid until the
     // stream has passed the operation.
     let io = unsafe { StreamIo::from_raw(size_p, file_offset_p, buf_offset_p, bytes_p) };
-    enqueue_async(dev, &t, io, stream, write)
+    let registered = stream_in(&snap, stream);
+    let made;
+    let s = match registered {
+        Some(s) => s,
+        None => match stream_for(stream, abi::BACKEND_DEFAULT) {
+            Ok(s) => {
+                made = s;
+                &made
+            }
+            Err(e) => return e,
+        },
+    };
+    enqueue_async(dev, &t, io, s, write)
 }
 
-/// Puts `io` on `stream` for `dev` and the registered buffer `t`.
-pub(crate) fn enqueue_async(dev: Dev, t: &BufferToken, io: StreamIo, stream: *mut c_void, write: bool) -> uGDSError_t {
-    let s = match stream_for(stream, abi::BACKEND_DEFAULT) {
-        Ok(s) => s,
-        Err(e) => return e,
-    };
+/// Puts `io` on `s` for `dev` and the registered buffer `t`.
+pub(crate) fn enqueue_async(dev: &Dev, t: &BufferToken, io: StreamIo, s: &GpuStream, write: bool) -> uGDSError_t {
     let r = match (dev, write) {
-        (Dev::One(h), true) => h.write_async(t, io, &*s),
-        (Dev::One(h), false) => h.read_async(t, io, &*s),
-        (Dev::Volume(v, _), true) => v.write_async(t, io, &*s),
-        (Dev::Volume(v, _), false) => v.read_async(t, io, &*s),
+        (Dev::One(h), true) => h.write_async(t, io, s),
+        (Dev::One(h), false) => h.read_async(t, io, s),
+        (Dev::Volume(v, _), true) => v.write_async(t, io, s),
+        (Dev::Volume(v, _), false) => v.read_async(t, io, s),
     };
     match r {
         Ok(()) => ok(),

@@ -4,8 +4,8 @@
 use crate::abi::{op, CUfileError_t, CUfileIOEvents_t, CUfileIOParams_t, BATCH, READ, WRITE};
 use crate::abi::{STATUS_CANCELED, STATUS_COMPLETE, STATUS_FAILED, STATUS_TIMEOUT};
 use crate::errors::{fail, from_error, guard, internal, ok};
-use crate::io::{file, File, Memory};
-use crate::{config, driver, state, state_mut, stats};
+use crate::io::{file_in, File, Memory};
+use crate::{config, driver, state, state_mut, stats, Snapshot};
 use libc::timespec;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::{Arc, Mutex};
@@ -86,13 +86,13 @@ pub unsafe extern "C" fn cuFileBatchIOSetUp(batch_idp: *mut *mut c_void, nr: c_u
     })
 }
 
-fn batch_of(id: *mut c_void) -> Result<Arc<BatchObj>, CUfileError_t> {
+/// The batch `id` names in the snapshot `s`, borrowed from it.
+fn batch_in(s: &Snapshot, id: *mut c_void) -> Result<&Arc<BatchObj>, CUfileError_t> {
     if id.is_null() {
         return Err(fail(op::INVALID_VALUE, "null batch"));
     }
-    state()
-        .as_ref()
-        .and_then(|s| s.batches.get(&(id as usize)).cloned())
+    s.as_ref()
+        .and_then(|s| s.batches.get(&(id as usize)))
         .ok_or_else(|| fail(op::INVALID_VALUE, "no such batch (never set up, or destroyed)"))
 }
 
@@ -121,7 +121,8 @@ pub unsafe extern "C" fn cuFileBatchIOSubmit(
 }
 
 fn submit(batch_idp: *mut c_void, nr: c_uint, iocbp: *mut CUfileIOParams_t) -> CUfileError_t {
-    let b = match batch_of(batch_idp) {
+    let snap = state();
+    let b = match batch_in(&snap, batch_idp) {
         Ok(b) => b,
         Err(e) => return e,
     };
@@ -130,7 +131,7 @@ fn submit(batch_idp: *mut c_void, nr: c_uint, iocbp: *mut CUfileIOParams_t) -> C
     }
     // SAFETY: the caller's `nr` entries (non-null, checked).
     let ps = unsafe { std::slice::from_raw_parts(iocbp, nr as usize) };
-    let Some(driver) = state().as_ref().map(|s| s.driver.clone()) else {
+    let Some(driver) = snap.as_ref().map(|s| &s.driver) else {
         return fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed");
     };
     // Checked, all of them, before anything is submitted. Requests off the
@@ -147,7 +148,7 @@ fn submit(batch_idp: *mut c_void, nr: c_uint, iocbp: *mut CUfileIOParams_t) -> C
         if p.mode != BATCH || io.devPtr_base.is_null() || io.file_offset < 0 || io.devPtr_offset < 0 || io.size == 0 {
             return fail(op::INVALID_VALUE, format!("request {i}: mode, null buffer, negative offset or size 0"));
         }
-        let f = match file(p.fh) {
+        let f = match file_in(&snap, p.fh) {
             Ok(f) => f,
             Err(c) => return fail(c, format!("request {i}: no such file handle")),
         };
@@ -177,7 +178,7 @@ fn submit(batch_idp: *mut c_void, nr: c_uint, iocbp: *mut CUfileIOParams_t) -> C
             format!("{} outstanding and {more} more: the batch holds {}", inner.outstanding(), b.nr),
         );
     }
-    let mut groups: Vec<(usize, Arc<File>, Vec<BatchIo>)> = Vec::new();
+    let mut groups: Vec<(usize, &Arc<File>, Vec<BatchIo>)> = Vec::new();
     let mut made = Vec::new();
     for (fh, f, write, start, size, pos, cookie) in checked {
         // Files grow to take writes past their ends; reads past the end of
@@ -186,17 +187,17 @@ fn submit(batch_idp: *mut c_void, nr: c_uint, iocbp: *mut CUfileIOParams_t) -> C
         let mut size = size;
         if write && pos + size as u64 > cap {
             if let Err(e) = f.handle.grow(pos + size as u64) {
-                release(&driver, made);
+                release(driver, made);
                 return from_error(e);
             }
         } else if !write && pos + size as u64 > cap {
             let cap = f.handle.grow(0).unwrap_or(cap);
             size = cap.saturating_sub(pos).min(size as u64) as usize;
         }
-        let mem = match Memory::find(&driver, start, size.max(1)) {
+        let mem = match Memory::find(driver, start, size.max(1)) {
             Ok(m) => m,
             Err(e) => {
-                release(&driver, made);
+                release(driver, made);
                 return from_error(e);
             }
         };
@@ -234,7 +235,7 @@ fn submit(batch_idp: *mut c_void, nr: c_uint, iocbp: *mut CUfileIOParams_t) -> C
             // the later ones' requests are not.
             let (kept, dropped): (Vec<_>, Vec<_>) = made.into_iter().partition(|(s, _)| sent.contains(s));
             forget_slots(&mut inner, &dropped);
-            release(&driver, dropped);
+            release(driver, dropped);
             keep(&mut inner, kept);
             return fail(op::BATCH_SUBMIT_FAILED, e.to_string());
         }
@@ -301,7 +302,8 @@ pub unsafe extern "C" fn cuFileBatchIOGetStatus(
     timeout: *mut timespec,
 ) -> CUfileError_t {
     guard(internal(), || {
-        let b = match batch_of(batch_idp) {
+        let snap = state();
+        let b = match batch_in(&snap, batch_idp) {
             Ok(b) => b,
             Err(e) => return e,
         };
@@ -395,7 +397,8 @@ pub unsafe extern "C" fn cuFileBatchIOGetStatus(
 #[no_mangle]
 pub extern "C" fn cuFileBatchIOCancel(batch_idp: *mut c_void) -> CUfileError_t {
     guard(internal(), || {
-        let b = match batch_of(batch_idp) {
+        let snap = state();
+        let b = match batch_in(&snap, batch_idp) {
             Ok(b) => b,
             Err(e) => return e,
         };

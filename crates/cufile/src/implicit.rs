@@ -4,24 +4,19 @@
 
 use crate::abi::{op, CUfileError_t};
 use crate::errors::{fail, from_error};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
-use ugds::platform::Recover;
+use std::sync::atomic::{AtomicBool, Ordering};
+use ugds::shared_state::SharedState;
 
 /// The bases of the registrations this library made for unregistered
-/// device buffers (see `registration`).
-static IMPLICIT: Mutex<Vec<usize>> = Mutex::new(Vec::new());
-/// How many there are: read first by every synchronous call, so that a
-/// process with none takes no lock per I/O.
-static COUNT: AtomicUsize = AtomicUsize::new(0);
+/// device buffers (see `registration`): read by every synchronous call
+/// without a lock (a snapshot), changed one at a time.
+static IMPLICIT: SharedState<Vec<usize>> = SharedState::new();
+/// Whether any was ever made: a process that never made one reads only
+/// this flag per I/O.
+static ANY: AtomicBool = AtomicBool::new(false);
 
 pub(crate) fn made(base: usize) -> bool {
-    COUNT.load(Ordering::Acquire) > 0 && IMPLICIT.lock().recover().contains(&base)
-}
-
-/// Keeps `COUNT` with the list (under its lock).
-fn counted(list: &[usize]) {
-    COUNT.store(list.len(), Ordering::Release);
+    ANY.load(Ordering::Acquire) && IMPLICIT.load().as_ref().is_some_and(|l| l.contains(&base))
 }
 
 /// The registration of the CUDA allocation holding `ptr`, for
@@ -42,7 +37,8 @@ pub(crate) fn registration(driver: &ugds::Driver, ptr: u64) -> Result<ugds::Buff
             ))
         }
     };
-    let mut made = IMPLICIT.lock().recover();
+    let mut change = IMPLICIT.change();
+    let made = change.get_or_insert_with(Vec::new);
     if let Some(t) = driver.token_containing(ptr as *const u8) {
         if t.base() == alloc as usize && t.len() == len {
             return Ok(t);
@@ -56,27 +52,26 @@ pub(crate) fn registration(driver: &ugds::Driver, ptr: u64) -> Result<ugds::Buff
         // it), else dropped.
         driver.deregister(&t).map_err(from_error)?;
         made.retain(|&b| b != t.base());
-        counted(&made);
     }
     // SAFETY: the caller's device allocation, as CUDA reports it now; the
     // caller frees it only after its I/O (cuFile's contract), and a later
     // use checks it again.
     let t = unsafe { driver.register_cuda(alloc, len) }.map_err(from_error)?;
     made.push(alloc as usize);
-    counted(&made);
+    // Before the change is published (when `change` drops): a reader that
+    // finds the base in the list has found the flag set.
+    ANY.store(true, Ordering::Release);
     Ok(t)
 }
 
 /// Forgets every implicit registration (the driver closed: they went with it).
 pub(crate) fn clear() {
-    let mut made = IMPLICIT.lock().recover();
-    made.clear();
-    counted(&made);
+    IMPLICIT.change().take();
 }
 
 /// Forgets an implicit registration deregistered by the caller.
 pub(crate) fn forget(base: usize) {
-    let mut made = IMPLICIT.lock().recover();
-    made.retain(|&b| b != base);
-    counted(&made);
+    if let Some(made) = IMPLICIT.change().as_mut() {
+        made.retain(|&b| b != base);
+    }
 }

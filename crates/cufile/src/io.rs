@@ -3,7 +3,7 @@
 use crate::abi::{op, CUfileDescr_t, CUfileError_t, CUfileIOVec_t, HANDLE_TYPE_OPAQUE_FD};
 use crate::errors::{fail, from_error, guard, internal, io_error, negative, ok, posix};
 use crate::stats::{self, Io};
-use crate::{config, driver, state, state_mut};
+use crate::{config, driver, state, state_mut, Snapshot};
 use libc::{off_t, size_t, ssize_t};
 use std::ffi::{c_int, c_void};
 use std::os::fd::BorrowedFd;
@@ -38,14 +38,14 @@ impl File {
     }
 }
 
-/// The file registered as `fh`.
-pub(crate) fn file(fh: *mut c_void) -> Result<Arc<File>, c_int> {
+/// The file registered as `fh` in the snapshot `s`, borrowed from it (the
+/// I/O calls: the file's count is not touched).
+pub(crate) fn file_in(s: &Snapshot, fh: *mut c_void) -> Result<&Arc<File>, c_int> {
     if fh.is_null() {
         return Err(op::INVALID_VALUE);
     }
-    let g = state();
-    let s = g.as_ref().ok_or(op::HANDLE_NOT_REGISTERED)?;
-    s.files.get(&(fh as usize)).cloned().ok_or(op::HANDLE_NOT_REGISTERED)
+    let s = s.as_ref().ok_or(op::HANDLE_NOT_REGISTERED)?;
+    s.files.get(&(fh as usize)).ok_or(op::HANDLE_NOT_REGISTERED)
 }
 
 fn why(c: c_int) -> &'static str {
@@ -293,7 +293,8 @@ pub(crate) fn sync(
     buf_offset: off_t,
     write: bool,
 ) -> ssize_t {
-    let started = Instant::now();
+    // The clock is read only while statistics are kept.
+    let started = stats::on().then(Instant::now);
     let r = sync_inner(fh, base, size, file_offset, buf_offset, write);
     stats::io(if write { Io::Write } else { Io::Read }, usize::try_from(r).ok(), started);
     r
@@ -310,7 +311,8 @@ fn sync_inner(
     if base.is_null() || file_offset < 0 || buf_offset < 0 || size > ssize_t::MAX as usize {
         return posix(libc::EINVAL, "null buffer, negative offset or a size over SSIZE_MAX");
     }
-    let f = match file(fh) {
+    let snap = state();
+    let f = match file_in(&snap, fh) {
         // A null handle: -1 and EINVAL, as NVIDIA's library (seen: 1.15.1).
         Err(op::INVALID_VALUE) => return posix(libc::EINVAL, "null file handle"),
         Err(c) => return negative(c, why(c)),
@@ -528,7 +530,7 @@ pub unsafe extern "C" fn cuFileWrite(
 }
 
 fn vectored(fh: *mut c_void, iov: *const CUfileIOVec_t, iovcnt: size_t, file_offset: off_t, write: bool) -> ssize_t {
-    let started = Instant::now();
+    let started = stats::on().then(Instant::now);
     if iov.is_null() && iovcnt > 0 || file_offset < 0 {
         return posix(libc::EINVAL, "null vector or negative offset");
     }

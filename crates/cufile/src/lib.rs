@@ -46,35 +46,39 @@ pub use stream::*;
 
 use abi::{op, CUfileError_t};
 use errors::{fail, guard, internal, ok};
-use std::collections::HashMap;
 use std::ffi::{c_int, c_long};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use ugds::platform::Recover;
+use std::sync::Arc;
+use ugds::shared_state::{AddrMap, Change, SharedState};
 
 /// The library's objects while the driver is open.
+#[derive(Clone)]
 struct State {
     driver: ugds::Driver,
     /// `cuFileDriverOpen` calls not yet closed (the use count).
     opens: c_long,
     /// Registered files, by the address of their handle object.
-    files: HashMap<usize, Arc<io::File>>,
+    files: AddrMap<Arc<io::File>>,
     /// Batch contexts, by id.
-    batches: HashMap<usize, Arc<batch::BatchObj>>,
+    batches: AddrMap<Arc<batch::BatchObj>>,
     next_batch: usize,
     /// Streams, by their CUDA handle.
-    streams: HashMap<usize, stream::StreamObj>,
+    streams: AddrMap<stream::StreamObj>,
 }
 
-/// Read by every call to find its objects; written only to add or remove
-/// them; never held across device work.
-static STATE: RwLock<Option<State>> = RwLock::new(None);
+/// Read by every call as a snapshot, with no lock and no shared count;
+/// changed only to add or remove objects, by publishing a changed copy
+/// (see `ugds::shared_state`).
+static STATE: SharedState<State> = SharedState::new();
 
-fn state() -> RwLockReadGuard<'static, Option<State>> {
-    STATE.read().recover()
+/// The state a call works on.
+pub(crate) type Snapshot = ugds::shared_state::Snapshot<State>;
+
+fn state() -> Snapshot {
+    STATE.load()
 }
 
-fn state_mut() -> RwLockWriteGuard<'static, Option<State>> {
-    STATE.write().recover()
+fn state_mut() -> Change<'static, State> {
+    STATE.change()
 }
 
 pub(crate) fn is_open() -> bool {
@@ -99,10 +103,10 @@ fn open(counted: bool) -> CUfileError_t {
     *s = Some(State {
         driver: ugds::Driver::open(),
         opens: counted as c_long,
-        files: HashMap::new(),
-        batches: HashMap::new(),
+        files: AddrMap::default(),
+        batches: AddrMap::default(),
         next_batch: 0x1000,
-        streams: HashMap::new(),
+        streams: AddrMap::default(),
     });
     ok()
 }

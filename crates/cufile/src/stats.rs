@@ -61,6 +61,8 @@ static LEVEL: AtomicI32 = AtomicI32::new(0);
 static RUNNING: AtomicBool = AtomicBool::new(true);
 static WORDS: [AtomicU64; L2_WORDS] = [const { AtomicU64::new(0) }; L2_WORDS];
 static SINCE: Mutex<Option<Instant>> = Mutex::new(None);
+/// `SINCE` is set: the I/O calls read this, not the lock.
+static STARTED: AtomicBool = AtomicBool::new(false);
 
 pub(crate) fn set_level(level: c_int) {
     LEVEL.store(level.clamp(0, 3), Ordering::Relaxed);
@@ -88,6 +90,7 @@ pub(crate) fn reset() {
         w.store(0, Ordering::Relaxed);
     }
     *SINCE.lock().recover() = Some(Instant::now());
+    STARTED.store(true, Ordering::Release);
 }
 
 fn add(i: usize, n: u64) {
@@ -110,12 +113,16 @@ pub(crate) enum Io {
     Writev,
 }
 
-/// Records one I/O call: its outcome (bytes, or failed) and its start.
-pub(crate) fn io(kind: Io, result: Option<usize>, started: Instant) {
-    if !on() {
+/// Records one I/O call: its outcome (bytes, or failed) and its start
+/// (taken when statistics were on as it began).
+pub(crate) fn io(kind: Io, result: Option<usize>, started: Option<Instant>) {
+    let Some(started) = started.filter(|_| on()) else {
         return;
+    };
+    if !STARTED.load(Ordering::Acquire) {
+        SINCE.lock().recover().get_or_insert(started);
+        STARTED.store(true, Ordering::Release);
     }
-    SINCE.lock().recover().get_or_insert(started);
     let (ops, bytes, lat) = match kind {
         Io::Read => ("read_ops", "read_bytes", "read_lat_sum_us"),
         Io::Write => ("write_ops", "write_bytes", "write_lat_sum_us"),

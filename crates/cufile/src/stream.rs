@@ -5,7 +5,7 @@
 
 use crate::abi::{op, CUfileError_t, STREAM_FIXED_BUF_OFFSET, STREAM_FIXED_FILE_OFFSET, STREAM_FIXED_FILE_SIZE};
 use crate::errors::{fail, from_error, guard, internal, ok};
-use crate::io::file;
+use crate::io::file_in;
 use crate::{driver, state, state_mut};
 use libc::{off_t, size_t, ssize_t};
 use std::ffi::{c_uint, c_void};
@@ -93,15 +93,25 @@ fn enqueue(
     if base.is_null() || size_p.is_null() || file_offset_p.is_null() || buf_offset_p.is_null() || bytes_p.is_null() {
         return fail(op::INVALID_VALUE, "null argument");
     }
-    let f = match file(fh) {
+    // Borrowed from one snapshot: no count of the file's, the stream's or
+    // the driver's is touched.
+    let snap = state();
+    let f = match file_in(&snap, fh) {
         Ok(f) => f,
         Err(c) => return fail(c, "no such file handle"),
     };
-    let s = match stream_for(stream, None) {
-        Ok(s) => s,
-        Err(e) => return e,
+    let made;
+    let s = match snap.as_ref().and_then(|st| st.streams.get(&(stream as usize))) {
+        Some(s) => s,
+        None => match stream_for(stream, None) {
+            Ok(s) => {
+                made = s;
+                &made
+            }
+            Err(e) => return e,
+        },
     };
-    let Some(driver) = state().as_ref().map(|s| s.driver.clone()) else {
+    let Some(driver) = snap.as_ref().map(|s| &s.driver) else {
         return fail(op::DRIVER_NOT_INITIALIZED, "the driver was closed");
     };
     // SAFETY: non-null; the caller's values as they are now: fixed ones,
@@ -114,7 +124,7 @@ fn enqueue(
         // One this library made is checked against the allocation there
         // now: the caller may have freed it and allocated again.
         Some(t) if !crate::implicit::made(t.base()) => t,
-        _ => match crate::implicit::registration(&driver, base as u64) {
+        _ => match crate::implicit::registration(driver, base as u64) {
             Ok(t) => t,
             Err(e) => return e,
         },

@@ -178,9 +178,21 @@ impl From<BufGuard> for Hold {
 /// that a token names one registration of one driver.
 static NEXT_GENERATION: AtomicU64 = AtomicU64::new(1);
 
+thread_local! {
+    /// The calling thread's last [`Registry::containing`] find, with the
+    /// version of the map it was found in.
+    static LAST_FOUND: std::cell::Cell<Option<(u64, BufferToken)>> = const { std::cell::Cell::new(None) };
+}
+
 #[derive(Default)]
 pub(crate) struct Registry {
     map: RwLock<BTreeMap<usize, Arc<BufEntry>>>,
+    /// The public map's version: a number from `NEXT_GENERATION` taken at
+    /// each change (0 while it never changed), so that two equal versions
+    /// mean the same map of the same registry. Written under the map's
+    /// write lock; [`containing`](Self::containing) checks its thread's
+    /// last find against it without the lock.
+    version: AtomicU64,
     /// Private registrations, by generation.
     private: RwLock<HashMap<u64, Arc<BufEntry>>>,
 }
@@ -245,6 +257,7 @@ impl Registry {
         match visibility {
             Visibility::Public => {
                 map.insert(base, entry);
+                self.version.store(generation, Ordering::Release);
             }
             Visibility::Private => {
                 self.private.write().recover().insert(generation, entry);
@@ -288,6 +301,7 @@ impl Registry {
             Some(e) if e.generation == token.generation => {
                 Self::retire(e)?;
                 let e = map.remove(&token.base).expect("looked up above");
+                self.version.store(NEXT_GENERATION.fetch_add(1, Ordering::Relaxed), Ordering::Release);
                 Self::unmap_all(&e);
                 Ok(())
             }
@@ -313,11 +327,27 @@ impl Registry {
         map.get(&base).map(|e| BufferToken { base, len: e.len, generation: e.generation })
     }
 
-    /// The registration whose range holds `addr`.
+    /// The registration whose range holds `addr`. A thread that asks again
+    /// within the registration it found last, with the map unchanged since,
+    /// gets it without the map's lock (a read lock is a write to a cache
+    /// line every thread shares; the version is only read).
     pub fn containing(&self, addr: usize) -> Option<BufferToken> {
+        // Acquire: pairs with the Release store of a change; an unchanged
+        // version means the map this thread found `t` in is the map now
+        // (a change racing with this call is ordered after it; what the
+        // token names is checked again when a request claims it).
+        let version = self.version.load(Ordering::Acquire);
+        if let Some((v, t)) = LAST_FOUND.get() {
+            if v == version && addr.wrapping_sub(t.base) < t.len {
+                return Some(t);
+            }
+        }
         let map = self.map.read().recover();
         let (&base, e) = map.range(..=addr).next_back()?;
-        (addr < base + e.len).then_some(BufferToken { base, len: e.len, generation: e.generation })
+        let t = (addr < base + e.len).then_some(BufferToken { base, len: e.len, generation: e.generation })?;
+        // Under the read lock the version is that of the map `t` is from.
+        LAST_FOUND.set(Some((self.version.load(Ordering::Relaxed), t)));
+        Some(t)
     }
 
     /// Looks a token up and takes an in-flight reference, after checking
@@ -483,6 +513,32 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
     use ugds_emu::{EmuConfig, EmuPlatform};
+
+    /// `containing` answers from the thread's last find only while the map
+    /// is the one it was found in: after a change, or in another registry
+    /// holding the same addresses, it looks again.
+    #[test]
+    fn containing_sees_every_change_and_registry() {
+        let platform: Arc<dyn Platform> = Arc::new(EmuPlatform::new(EmuConfig::default()).unwrap());
+        let mut mem = crate::buffer::HostBuffer::new(16384).unwrap();
+        let base = mem.as_mut_ptr() as usize;
+        let handles = [(1u64, platform)];
+        let (a, b) = (Registry::default(), Registry::default());
+        let small = a.insert(base, 4096, None, &handles, Visibility::Public).unwrap();
+        assert_eq!(a.containing(base + 100), Some(small));
+        assert_eq!(a.containing(base + 100), Some(small), "asked again: the same find");
+        assert_eq!(a.containing(base + 8192), None, "past its end");
+        assert_eq!(b.containing(base + 100), None, "another registry, empty");
+        let other = b.insert(base, 16384, None, &handles, Visibility::Public).unwrap();
+        assert_eq!(b.containing(base + 100), Some(other));
+        assert_eq!(a.containing(base + 100), Some(small), "each registry its own");
+        a.remove(&small).unwrap();
+        assert_eq!(a.containing(base + 100), None, "removed");
+        let large = a.insert(base, 16384, None, &handles, Visibility::Public).unwrap();
+        assert_eq!(a.containing(base + 8192), Some(large), "registered again, longer");
+        a.remove(&large).unwrap();
+        b.remove(&other).unwrap();
+    }
 
     /// One thread claims through its `Recent` while another deregisters
     /// and registers again: a claim that succeeds must find its entry

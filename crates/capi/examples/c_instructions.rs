@@ -1,0 +1,67 @@
+//! What libugds's synchronous read adds to the library's: `uGDSRead` of
+//! 4 KiB into a registered buffer, on an emulated controller over a
+//! regular file (`UGDS_EMULATE=1`), through `measured_c_read`.
+//! `scripts/instructions` runs it under callgrind, counting from
+//! `measured_c_read` in, and subtracts what `Handle::read` takes (the
+//! library's read and its wait for the device, which varies): what is left
+//! is the binding alone (the checks, the handle's and the buffer's lookups,
+//! the result's mapping). Run alone it only checks that every read
+//! completes.
+
+use std::ffi::c_void;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use ugds_capi::abi::{self, op};
+
+const WARMUP: usize = 20;
+const READS: usize = 200;
+
+/// One 4 KiB read through the C ABI (counted by callgrind).
+#[inline(never)]
+fn measured_c_read(fh: *mut c_void, buf: *mut c_void, off: i64) -> isize {
+    // SAFETY: `buf` is 64 KiB, registered, and outlives the call.
+    unsafe { ugds_capi::uGDSRead(fh, buf, 4096, off, 0) }
+}
+
+fn main() {
+    std::env::set_var("UGDS_EMULATE", "1");
+    // The waiter sleeps until the emulator signals (a polling waiter would
+    // spin through valgrind's time slices).
+    std::env::set_var("UGDS_INTERRUPT_MODE", "1");
+    let dir = std::env::temp_dir().join(format!("ugds-c-instructions-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let path = dir.join("ns.img");
+    let mut file = std::fs::File::options().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+    file.write_all(&vec![0x5a; 1 << 20]).unwrap();
+    let mut buf = vec![0u8; 64 << 10];
+    let base: *mut c_void = buf.as_mut_ptr().cast();
+    assert_eq!(ugds_capi::uGDSDriverOpen().err, op::SUCCESS);
+    let mut descr =
+        abi::uGDSDescr_t { type_: abi::HANDLE_TYPE_OPAQUE_FD, handle: abi::DescrHandle { fd: file.as_raw_fd() } };
+    let mut fh: *mut c_void = std::ptr::null_mut();
+    // SAFETY: valid pointers for the calls; `buf` outlives its registration.
+    unsafe {
+        assert_eq!(ugds_capi::uGDSHandleRegister(&mut fh, &mut descr).err, op::SUCCESS, "open the handle");
+        assert_eq!(ugds_capi::uGDSBufRegister(base, buf.len(), 0).err, op::SUCCESS, "register the buffer");
+    }
+    for i in 0..WARMUP + READS {
+        let off = (i % 256) as i64 * 4096;
+        let n = if i >= WARMUP {
+            measured_c_read(fh, base, off)
+        } else {
+            // SAFETY: as in `measured_c_read`.
+            unsafe { ugds_capi::uGDSRead(fh, base, 4096, off, 0) }
+        };
+        assert_eq!(n, 4096, "read {i}");
+    }
+    assert_eq!(buf[..4096], [0x5a; 4096]);
+    // SAFETY: no I/O in flight; the handle is the one registered above.
+    unsafe {
+        assert_eq!(ugds_capi::uGDSBufDeregister(base).err, op::SUCCESS);
+        ugds_capi::uGDSHandleDeregister(fh);
+    }
+    assert_eq!(ugds_capi::uGDSDriverClose().err, op::SUCCESS);
+    drop(file);
+    std::fs::remove_dir_all(&dir).ok();
+    println!("c_instructions: {READS} measured reads of 4 KiB through uGDSRead completed");
+}
