@@ -114,7 +114,7 @@ impl Batch {
             )));
         }
         let r = handle.enter()?;
-        let (queue, ctx) = handle.open_batch_context(capacity)?;
+        let (queue, ctx) = handle.queues().open_batch_context(capacity)?;
         // The in-flight reference lives as long as the context (released in Drop).
         let stripe = r.keep();
         let mut scratch = Vec::with_capacity(capacity);
@@ -131,7 +131,7 @@ impl Batch {
     }
 
     fn queue(&self) -> &BatchQueue {
-        self.handle.batch_queue_at(self.queue)
+        self.handle.queues().batch_queue_at(self.queue)
     }
 
     /// The most requests this context may have outstanding.
@@ -363,7 +363,7 @@ impl Drop for Batch {
         if !left.is_empty() {
             self.handle.wedge(left);
         }
-        self.handle.inflight.sub(self.stripe);
+        self.handle.life.inflight.sub(self.stripe);
     }
 }
 

@@ -315,7 +315,7 @@ impl<'h> IoQueue<'h> {
         let Some(qp) = h.take_async_queue() else {
             if h.lendable_queues() == 0 && h.batch_queue().is_ok() {
                 let depth = h.batch_queue()?.geometry().0 - 1;
-                let (queue, ctx) = h.open_batch_context(depth)?;
+                let (queue, ctx) = h.queues().open_batch_context(depth)?;
                 return Ok(IoQueue {
                     stripe: r.keep(),
                     handle,
@@ -337,13 +337,13 @@ impl<'h> IoQueue<'h> {
             }
             if h.lendable_queues() == 0 {
                 // Not busy: there never was one to lend.
-                let batch = h.batch_queues();
+                let batch = h.queues().batch_queues();
                 return Err(Error::Unsupported(format!(
                     "no I/O queue pair to lend: the controller granted {} I/O queue pair(s), taken by {} \
                      synchronous and {} batch queue(s) (ask for async_queues with a controller that grants \
                      more, or use the synchronous{} calls)",
                     h.controller_queues(),
-                    h.sync_queues(),
+                    h.queues().sync.len(),
                     batch,
                     if batch > 0 { ", batch or stream-ordered" } else { "" }
                 )));
@@ -557,7 +557,7 @@ impl<'h> IoQueue<'h> {
                 p.len, sh.depth
             )));
         }
-        let q = h.batch_queue_at(sh.queue);
+        let q = h.queues().batch_queue_at(sh.queue);
         if q.room(sh.ctx) == 0 {
             return Err(Error::QueueFull);
         }
@@ -606,7 +606,7 @@ impl<'h> IoQueue<'h> {
         }
         Ok(match (&self.qp, &self.shared) {
             (Some(q), _) => commands <= q.free_slots(),
-            (None, Some(sh)) => requests <= h.batch_queue_at(sh.queue).room(sh.ctx),
+            (None, Some(sh)) => requests <= h.queues().batch_queue_at(sh.queue).room(sh.ctx),
             (None, None) => false,
         })
     }
@@ -648,7 +648,7 @@ impl<'h> IoQueue<'h> {
     fn poll_shared(&mut self, f: &mut impl FnMut(u64, Result<usize>)) -> usize {
         let h = &*self.handle.inner;
         let sh = self.shared.as_mut().expect("shared");
-        let q = h.batch_queue_at(sh.queue);
+        let q = h.queues().batch_queue_at(sh.queue);
         sh.events.clear();
         let (n, _) = q.collect(sh.ctx, usize::MAX, &mut sh.events);
         for e in sh.events.drain(..) {
@@ -829,7 +829,7 @@ impl Drop for IoQueue<'_> {
         let _ = self.drain(|_, _| {});
         let h = &*self.handle.inner;
         if let Some(sh) = self.shared.take() {
-            let q = h.batch_queue_at(sh.queue);
+            let q = h.queues().batch_queue_at(sh.queue);
             let left = q.close_context(sh.ctx);
             if !left.is_empty() {
                 h.wedge(left);
@@ -844,7 +844,7 @@ impl Drop for IoQueue<'_> {
                 h.return_async_queue(qp);
             }
         }
-        h.inflight.sub(self.stripe);
+        h.life.inflight.sub(self.stripe);
     }
 }
 

@@ -17,7 +17,7 @@ impl Handle {
 
     /// What bring-up learned about the controller.
     pub fn controller(&self) -> &ControllerInfo {
-        self.inner.ctrl.info()
+        self.inner.queues().ctrl.info()
     }
 
     /// The namespace this handle uses.
@@ -41,21 +41,17 @@ impl Handle {
 
     /// Where the handle stands.
     pub fn state(&self) -> HandleState {
-        match self.inner.state.load(Ordering::SeqCst) {
-            OPEN | CLOSING => HandleState::Open,
-            WEDGED => HandleState::Wedged,
-            _ => HandleState::Closed,
-        }
+        self.inner.life.handle_state()
     }
 
     /// Operations in flight (and lent I/O queues).
     pub fn inflight(&self) -> usize {
-        self.inner.inflight.total()
+        self.inner.life.inflight.total()
     }
 
     /// Queue pairs shared by synchronous calls, and lendable as [`IoQueue`](crate::IoQueue)s.
     pub fn queue_counts(&self) -> (usize, usize) {
-        (self.inner.sync.len(), self.inner.async_queues)
+        (self.inner.queues().sync.len(), self.inner.queues().lendable)
     }
 
     /// Whether vectored requests that fit one command go as one command
@@ -67,7 +63,7 @@ impl Handle {
 
     /// Whether the I/O queues use shadow doorbells.
     pub fn shadow_doorbells(&self) -> bool {
-        self.inner.ctrl.shadow_doorbells()
+        self.inner.queues().ctrl.shadow_doorbells()
     }
 
     /// Entries and PRP-list pages of each batch queue, if there is one.
@@ -79,14 +75,14 @@ impl Handle {
     /// [`HandleOptions::batch_queues`](crate::HandleOptions::batch_queues)):
     /// 0 when there is no batch queue.
     pub fn batch_queues(&self) -> usize {
-        self.inner.batch_queues()
+        self.inner.queues().batch_queues()
     }
 
     /// Every I/O queue pair of the handle, what it is for and how it
     /// learns of completions (a vector of its own, a shared one, or
     /// polling).
     pub fn queues(&self) -> &[QueueInfo] {
-        &self.inner.queues
+        &self.inner.queues().info
     }
 
     /// What each I/O queue pair has done since the handle opened: commands
@@ -104,7 +100,7 @@ impl Handle {
     /// ([`HandleOptions::trace`]); empty otherwise. The lendable queues'
     /// include what they did while lent.
     pub fn queue_latency(&self) -> Vec<QueueLatency> {
-        self.inner.queue_latency()
+        self.inner.queues().latency()
     }
 
     /// The last commands of each I/O queue pair, when the handle traces
@@ -127,14 +123,14 @@ impl Handle {
     /// ignored (a CID not in flight or of an earlier generation, an SQ head
     /// outside what was submitted), on the synchronous and batch queues.
     pub fn protocol_errors(&self) -> u64 {
-        let batch: u64 = self.inner.batch_queues_own().map(|b| b.lock().qp.protocol_errors()).sum();
-        self.inner.sync.iter().map(|q| q.with_qp(|qp| qp.protocol_errors())).sum::<u64>() + batch
+        let batch: u64 = self.inner.queues().batch_queues_own().map(|b| b.lock().qp.protocol_errors()).sum();
+        self.inner.queues().sync.iter().map(|q| q.with_qp(|qp| qp.protocol_errors())).sum::<u64>() + batch
     }
 
     /// Interrupt waits of synchronous requests that slept to their cap
     /// (100 ms) without a wake-up: a lost wake-up, or a device gone quiet.
     pub fn interrupt_waits_capped(&self) -> u64 {
-        self.inner.sync.iter().map(|q| q.capped_waits()).sum()
+        self.inner.queues().sync.iter().map(|q| q.capped_waits()).sum()
     }
 
     /// Of [`Handle::interrupt_waits_capped`], the waits after which the
@@ -143,7 +139,7 @@ impl Handle {
     /// an interrupt the device did not send. A disk or GPU copy that is slow
     /// for 100 ms caps waits without losing any.
     pub fn interrupt_wakeups_lost(&self) -> u64 {
-        self.inner.sync.iter().map(|q| q.lost_wakeups()).sum()
+        self.inner.queues().sync.iter().map(|q| q.lost_wakeups()).sum()
     }
 
     /// Reads `size` bytes at `file_offset` of the namespace into the

@@ -16,8 +16,11 @@
 //! wedged handle that is dropped without that leaks them on purpose.
 
 mod api;
+mod escalate;
 mod inflight;
+mod life;
 mod options;
+mod queues;
 mod scheduler;
 mod shared;
 mod vectored;
@@ -25,6 +28,7 @@ mod vectored;
 use crate::mode::{Depth, ModeRequest};
 pub use crate::publish::{QueueInfo, QueueLatency, QueueRole, QueueStats, QueueTrace};
 pub use api::Handle;
+pub(crate) use escalate::Escalation;
 pub use options::{trapping_hypervisor, Drain, HandleOptions, HandleState, MAX_TRACE};
 pub use scheduler::{Placement, Priority};
 pub(crate) use shared::DriverInner;
@@ -35,31 +39,19 @@ pub use vectored::{Segment, MAX_SEGMENTS};
 use crate::engine::batch::BatchQueue;
 use crate::engine::chunk::{Chunk, Chunker};
 use crate::engine::hold::Hold;
-use crate::engine::stats::QueueCounters;
 use crate::engine::sync::{Cmd, Failure, Pacing, SyncQueue};
-use crate::engine::trace::TraceEvent;
 use crate::engine::{Completion, Controller, ControllerInfo, NamespaceInfo, QueuePair};
 use crate::registry::{BufGuard, BufferToken, Recent};
+use life::{Closing, Life};
+use queues::Queues;
 use std::cell::Cell;
-use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use ugds_nvme::{prp, Cid, Lba, Nsid, NvmOpcode, Sqe};
 use ugds_platform::sys::PAGE_SIZE;
 use ugds_platform::Platform;
 use ugds_platform::{Error, Result};
-
-/// How long a timed-out request is given to complete after its Abort.
-const ABORT_GRACE: Duration = Duration::from_secs(1);
-
-/// How [`HandleInner::escalate`] ended.
-pub(crate) enum Escalation {
-    /// The late commands came back (aborted, or completed after all).
-    Settled,
-    /// Some did not: why (a timeout, or a controller gone or fatal).
-    Stuck(Error),
-}
 
 /// A thread that serves a handle's batch queue for a layer above (the
 /// stream engine, [`crate::stream`]). The handle holds it, without knowing
@@ -69,11 +61,6 @@ pub(crate) trait QueueService: std::any::Any + Send {
     fn stop(&mut self);
 }
 
-const OPEN: u8 = 0;
-const WEDGED: u8 = 1;
-const CLOSING: u8 = 2;
-const CLOSED: u8 = 3;
-
 pub(crate) struct HandleInner {
     pub id: u64,
     driver: Arc<DriverInner>,
@@ -81,37 +68,23 @@ pub(crate) struct HandleInner {
     /// The namespace's size in bytes now: `ns.capacity()`, more once a
     /// file on the kernel path grew (`grow`).
     capacity: AtomicU64,
-    sync: ManuallyDrop<Box<[Arc<SyncQueue>]>>,
+    /// The controller and the queue pairs.
+    queues: Queues,
+    /// Open, wedged, closing, closed; what is in flight; what stuck
+    /// commands hold.
+    pub(crate) life: Life,
     /// Places synchronous requests and paces the large ones.
     pub sched: scheduler::Scheduler,
     /// Vectored requests may go as one SGL command (the options allow it
     /// and the controller takes SGLs).
     pub sgl: bool,
-    /// Where the synchronous queues without a vector start, when the mode
-    /// both polls and sleeps: requests planned to poll go to them, the
-    /// others to the queues before.
-    pub polled_from: Option<usize>,
-    pool: ManuallyDrop<Mutex<Vec<QueuePair>>>,
-    /// The batch queues; the first also carries stream-ordered I/O (and is
-    /// the synchronous queue when the controller granted one).
-    batch: ManuallyDrop<Vec<Arc<BatchQueue>>>,
     /// What serves stream-ordered operations on the first batch queue
     /// (the stream layer's engine).
     service: Mutex<Option<Box<dyn QueueService>>>,
-    ctrl: ManuallyDrop<Controller>,
-    state: AtomicU8,
-    pub(crate) inflight: inflight::Inflight,
-    quarantine: Mutex<Vec<Hold>>,
     /// Registrations of staging blocks, by host address (see
     /// [`staging_token`](Self::staging_token)).
     staging: Mutex<std::collections::HashMap<usize, BufferToken>>,
     pub opts: HandleOptions,
-    /// Set once the controller can no longer reach the queues' memory.
-    released: std::sync::atomic::AtomicBool,
-    async_queues: usize,
-    queues: Vec<QueueInfo>,
-    /// Each queue's counters, in the order of `queues`.
-    counters: Vec<Arc<QueueCounters>>,
     /// Publishes them to a file, when asked to (stopped at teardown).
     publisher: Mutex<Option<crate::publish::Publisher>>,
 }
@@ -143,165 +116,25 @@ impl HandleInner {
                 opts.trace
             )));
         }
-        // Traces count from the handle's opening.
-        let opened = Instant::now();
-        let granted = info.io_queues.max(1);
-        // Batch queues of their own while one is left for synchronous I/O.
-        let nbatch = if granted >= 2 { opts.batch_queues_wanted().min(granted - 1) } else { 0 };
-        let avail = granted - nbatch;
-        // A mode that both polls and sleeps gets synchronous queues of each
-        // kind (where the controller grants them): a queue with a vector
-        // interrupts on every completion, polled or not, which costs the
-        // CPU the polling was for (as Linux keeps poll queues apart).
-        let split = opts.split_sync();
-        let nsleep = opts.sync_queues.clamp(1, avail);
-        let npoll = if split { nsleep.min(avail - nsleep) } else { 0 };
-        let nsync = nsleep + npoll;
-        let nasync = opts.async_queues.min(avail - nsync);
-        let platform = ctrl.platform().clone();
-        let vectors = platform.interrupt_vectors();
-        // Vector 0 is the admin queue's; queue `qid` gets vector `qid`
-        // while there are enough. Beyond that synchronous queues share
-        // vectors 1.. round robin (vector 0 when it is the only one), as
-        // Linux shares them; a lendable queue without a vector of its own
-        // polls (its owner waits alone, it cannot share).
-        // A mode that may sleep on interrupts needs them on the synchronous queues.
-        let mode_sleeps = opts.mode.as_ref().is_some_and(|m| m.interrupts());
-        let completion_of = |lent: bool| if mode_sleeps && !lent { Completion::Interrupt } else { opts.completion };
-        let vector_for = |qid: u16, lent: bool| match completion_of(lent) {
-            Completion::Interrupt if qid < vectors => Some(qid),
-            Completion::Interrupt if vectors == 0 => {
-                tracing::warn!(qid, "the platform has no interrupt vectors; the queue polls");
-                None
-            }
-            Completion::Interrupt if lent => {
-                tracing::info!(qid, "no interrupt vector left for this lendable queue; it polls");
-                None
-            }
-            Completion::Interrupt => Some(if vectors > 1 { 1 + (qid - 1) % (vectors - 1) } else { 0 }),
-            Completion::Poll => None,
-        };
-        // One queue pair for everything: deep enough for batches too.
-        let shared_batch = opts.batch_queue && nbatch == 0;
-        let mut created: Vec<QueuePair> = Vec::new();
-        let depth = if shared_batch { opts.queue_depth.max(opts.batch_depth) } else { opts.queue_depth }.max(2);
-        // Queue ids: the synchronous pool, then the batch queues, then the
-        // lendable ones. Batch queues always poll (as in the paper).
-        let is_batch = |qid: u16| qid > nsync && qid <= nsync + nbatch;
-        for qid in 1..=nsync + nbatch + nasync {
-            let made = if is_batch(qid) {
-                ctrl.create_io_qpair_with(qid, opts.batch_depth.max(2), None, opts.batch_prp_pages)
-            } else {
-                let polled = qid > nsleep && qid <= nsync;
-                ctrl.create_io_qpair(qid, depth, if polled { None } else { vector_for(qid, qid > nsync) })
-            };
-            match made {
-                Ok(qp) => created.push(qp),
-                Err(e) => {
-                    for qp in &created {
-                        let _ = ctrl.delete_io_qpair(qp);
-                    }
-                    let _ = ctrl.shutdown();
-                    return Err(e);
-                }
-            }
-        }
-        if opts.trace > 0 {
-            for qp in &mut created {
-                qp.enable_trace(opts.trace, opened);
-            }
-        }
-        let mut queues: Vec<QueueInfo> = created
-            .iter()
-            .map(|qp| {
-                let qid = qp.qid().0;
-                let role = match qid {
-                    q if q <= nsync => QueueRole::Sync,
-                    q if is_batch(q) => QueueRole::Batch,
-                    _ => QueueRole::Lendable,
-                };
-                QueueInfo { qid, role, vector: qp.vector(), entries: qp.entries(), vector_shared_with: 0 }
-            })
-            .collect();
-        let counters: Vec<Arc<QueueCounters>> = created.iter().map(|qp| qp.counters().clone()).collect();
-        for i in 0..queues.len() {
-            let v = queues[i].vector;
-            if v.is_some() {
-                queues[i].vector_shared_with = queues.iter().filter(|o| o.vector == v).count() as u16 - 1;
-            }
-        }
-        let mut rest: Vec<QueuePair> = created.split_off(nsync as usize);
-        let pool = rest.split_off(nbatch as usize);
-        let mut sync: Vec<Arc<SyncQueue>> = Vec::with_capacity(created.len());
-        let mut unwrapped = created.into_iter();
-        for qp in unwrapped.by_ref() {
-            match SyncQueue::new(qp, platform.clone()) {
-                Ok(q) => sync.push(Arc::new(q)),
-                Err(e) => {
-                    // No I/O was issued: delete what was created and stop.
-                    for q in &sync {
-                        q.with_qp(|qp| ctrl.delete_io_qpair(qp)).ok();
-                    }
-                    for qp in unwrapped.chain(rest).chain(pool) {
-                        ctrl.delete_io_qpair(&qp).ok();
-                    }
-                    let _ = ctrl.shutdown();
-                    return Err(e);
-                }
-            }
-        }
-        for q in &sync {
-            let siblings: Box<[_]> = sync
-                .iter()
-                .filter(|o| !Arc::ptr_eq(o, q) && o.vector().is_some() && o.vector() == q.vector())
-                .map(Arc::downgrade)
-                .collect();
-            if !siblings.is_empty() {
-                q.set_siblings(siblings);
-            }
-        }
-        let sync: Box<[Arc<SyncQueue>]> = sync.into();
-        let mut batch: Vec<(Arc<SyncQueue>, bool)> = rest
-            .into_iter()
-            .map(|qp| {
-                let q = SyncQueue::new(qp, platform.clone()).expect("a queue without a vector needs no eventfd");
-                (Arc::new(q), false)
-            })
-            .collect();
-        if batch.is_empty() && shared_batch {
-            tracing::info!("one I/O queue pair: batch and stream-ordered I/O share it with synchronous I/O");
-            batch.push((sync[0].clone(), true));
-        }
-        let batch: Vec<Arc<BatchQueue>> =
-            batch.into_iter().map(|(q, shared)| Arc::new(BatchQueue::new(q, shared, ns.nsid, opts.timeout))).collect();
+        let queues = Queues::open(ctrl, &opts, ns.nsid)?;
         Ok(HandleInner {
             id,
             driver,
             ns,
             capacity: AtomicU64::new(ns.capacity()),
-            sync: ManuallyDrop::new(sync),
-            sched: scheduler::Scheduler::new(opts.placement, opts.chunk_bytes, info.max_transfer),
-            polled_from: (npoll > 0).then_some(nsleep as usize),
-            sgl: opts.sgl && ugds_nvme::sgl::supported(info.identify.sgls),
-            async_queues: pool.len(),
-            publisher: Mutex::new(None),
             queues,
-            counters,
-            pool: ManuallyDrop::new(Mutex::new(pool)),
-            batch: ManuallyDrop::new(batch),
+            life: Life::default(),
+            sched: scheduler::Scheduler::new(opts.placement, opts.chunk_bytes, info.max_transfer),
+            sgl: opts.sgl && ugds_nvme::sgl::supported(info.identify.sgls),
+            publisher: Mutex::new(None),
             service: Mutex::new(None),
-            ctrl: ManuallyDrop::new(ctrl),
-            state: AtomicU8::new(OPEN),
-            inflight: inflight::Inflight::default(),
-            quarantine: Mutex::new(Vec::new()),
             staging: Mutex::default(),
             opts,
-            released: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     pub fn platform(&self) -> &Arc<dyn Platform> {
-        self.ctrl.platform()
+        self.queues.ctrl.platform()
     }
 
     pub fn ns_nsid(&self) -> u32 {
@@ -310,7 +143,8 @@ impl HandleInner {
 
     /// Whether `bytes` fit one command (MDTS, and the 16-bit block count).
     pub fn fits_one_command(&self, bytes: usize) -> bool {
-        self.ctrl.info().max_transfer.is_none_or(|m| bytes <= m) && bytes / self.ns.block_size as usize <= 1 << 16
+        self.queues.ctrl.info().max_transfer.is_none_or(|m| bytes <= m)
+            && bytes / self.ns.block_size as usize <= 1 << 16
     }
 
     /// Whether a vectored request of `total` bytes in `pieces` goes as one
@@ -332,7 +166,7 @@ impl HandleInner {
     /// is shorter, and makes the capacity its size now (rounded up to a
     /// block: the last block's bytes past the end read as a short read).
     pub fn grow(&self, at_least: u64) -> Result<u64> {
-        let crate::engine::Controller::Kernel(k) = &*self.ctrl else {
+        let crate::engine::Controller::Kernel(k) = &*self.queues.ctrl else {
             return Err(Error::Unsupported("only a file on the kernel path grows".into()));
         };
         let Some(size) = k.file().grow(at_least)? else {
@@ -349,15 +183,9 @@ impl HandleInner {
     }
 
     /// Takes an in-flight reference if the handle is open.
+    #[inline]
     pub fn enter(&self) -> Result<InflightRef<'_>> {
-        let stripe = self.inflight.add();
-        match self.state.load(Ordering::SeqCst) {
-            OPEN => Ok(InflightRef(self, stripe)),
-            s => {
-                self.inflight.sub(stripe);
-                Err(if s == WEDGED { Error::Wedged } else { Error::Closed })
-            }
-        }
+        self.life.enter().map(|stripe| InflightRef(self, stripe))
     }
 
     /// Checks a namespace range and returns the block size.
@@ -435,7 +263,7 @@ impl HandleInner {
     /// The synchronous queue for the next request, as the scheduler places it.
     #[inline]
     pub fn next_sync_queue(&self) -> &SyncQueue {
-        self.sched.pick(&self.sync)
+        self.sched.pick(&self.queues.sync)
     }
 
     /// Runs `cmds`, one synchronous request of `size` bytes and class
@@ -478,16 +306,17 @@ impl HandleInner {
         let yielded = Cell::new(false);
         let yield_now = || {
             yielded.get() || {
-                let y = self.sched.yields(prio, &self.sync);
+                let y = self.sched.yields(prio, &self.queues.sync);
                 yielded.set(y);
                 y
             }
         };
         let pacing = self.sched.pacing_at(prio, size, depth, &yield_now);
-        let queues = match (self.polled_from, completion) {
-            (Some(i), Completion::Poll) => &self.sync[i..],
-            (Some(i), _) => &self.sync[..i],
-            (None, _) => &self.sync[..],
+        let sync = &self.queues.sync;
+        let queues = match (self.queues.polled_from, completion) {
+            (Some(i), Completion::Poll) => &sync[i..],
+            (Some(i), _) => &sync[..i],
+            (None, _) => &sync[..],
         };
         let q = self.sched.pick(queues);
         let r = q.execute(cmds, name, completion, self.opts.timeout, pacing);
@@ -498,7 +327,14 @@ impl HandleInner {
     }
 
     pub fn chunker(&self, file_offset: u64, data_off: usize, size: usize) -> Chunker {
-        Chunker::new(file_offset, data_off, size, self.ns.block_size as usize, PAGE_SIZE, self.ctrl.info().max_transfer)
+        Chunker::new(
+            file_offset,
+            data_off,
+            size,
+            self.ns.block_size as usize,
+            PAGE_SIZE,
+            self.queues.ctrl.info().max_transfer,
+        )
     }
 
     /// As [`wedge`](Self::wedge), for a stuck command whose buffer
@@ -510,9 +346,7 @@ impl HandleInner {
     /// A command stuck on the device: refuse everything from now on and
     /// keep what it holds.
     pub fn wedge<G: Into<Hold>>(&self, guards: impl IntoIterator<Item = G>) {
-        let first = self.state.swap(WEDGED, Ordering::SeqCst) != WEDGED;
-        self.quarantine.lock().recover().extend(guards.into_iter().map(Into::into));
-        if first && self.opts.trace > 0 {
+        if self.life.wedge(guards) && self.opts.trace > 0 {
             self.log_trace("wedged");
         }
     }
@@ -524,7 +358,7 @@ impl HandleInner {
         self: &Arc<Self>,
         start: impl FnOnce(Arc<BatchQueue>, std::sync::Weak<HandleInner>) -> Result<Box<dyn QueueService>>,
     ) -> Result<()> {
-        if let Some(b) = self.batch.first() {
+        if let Some(b) = self.queues.first_batch() {
             let s = start(b.clone(), Arc::downgrade(self))?;
             *self.service.lock().recover() = Some(s);
         }
@@ -549,7 +383,7 @@ impl HandleInner {
 
     #[inline]
     pub fn is_wedged(&self) -> bool {
-        self.state.load(Ordering::SeqCst) == WEDGED
+        self.life.is_wedged()
     }
 
     fn stop_service(&self) {
@@ -558,137 +392,32 @@ impl HandleInner {
         }
     }
 
+    /// The handle's queue pairs.
+    pub fn queues(&self) -> &Queues {
+        &self.queues
+    }
+
     /// The (first) batch queue, or why there is none.
     pub fn batch_queue(&self) -> Result<&BatchQueue> {
-        self.batch.first().map(|b| &**b).ok_or_else(|| {
-            Error::Unsupported(format!(
-                "no batch queue: batch_queue is off in this handle's options (the controller granted {} I/O queue pair(s))",
-                self.ctrl.info().io_queues
-            ))
-        })
-    }
-
-    /// How many batch queues there are.
-    pub fn batch_queues(&self) -> usize {
-        self.batch.len()
-    }
-
-    /// The batch queues that are queue pairs of their own (not the
-    /// synchronous one shared).
-    pub fn batch_queues_own(&self) -> impl Iterator<Item = &BatchQueue> {
-        self.batch.iter().filter(|b| !b.is_shared()).map(|b| &**b)
-    }
-
-    /// Batch queue `i` (see [`open_batch_context`](Self::open_batch_context)).
-    pub fn batch_queue_at(&self, i: usize) -> &BatchQueue {
-        &self.batch[i]
-    }
-
-    /// Opens a batch context of `capacity` requests on the batch queue with
-    /// the fewest contexts (the first on a tie: the stream engine's context
-    /// counts). Returns the queue's index and the context.
-    pub fn open_batch_context(&self, capacity: usize) -> Result<(usize, u32)> {
-        self.batch_queue()?;
-        let i = (0..self.batch.len()).min_by_key(|&i| self.batch[i].contexts()).expect("at least one");
-        Ok((i, self.batch[i].open_context(capacity)))
+        self.queues.batch_queue()
     }
 
     /// Runs an admin command.
     pub fn admin(&self, sqe: Sqe, op: &'static str) -> Result<ugds_nvme::Cqe> {
-        self.ctrl.admin_command(sqe, op)
-    }
-
-    /// The end of a synchronous request. A late one is escalated as Linux's
-    /// `nvme_timeout` does, after the queue's last look and the CSTS check:
-    /// Abort each of its commands, and give the controller a moment to
-    /// complete them. Only a request that still does not come back wedges
-    /// the handle, with its buffer reference quarantined.
-    pub fn finish(
-        &self,
-        q: &SyncQueue,
-        r: std::result::Result<u64, Failure>,
-        op: &'static str,
-        guard: impl IntoIterator<Item = BufGuard>,
-    ) -> Result<u64> {
-        match r {
-            Ok(short) => Ok(short),
-            Err(Failure::Error(e)) => Err(e),
-            Err(Failure::Stuck(e)) => {
-                self.wedge(guard);
-                Err(e)
-            }
-            Err(Failure::Late { error, slot }) => {
-                let cids = q.outstanding_cids(slot);
-                let mut res = None;
-                match self.escalate(op, q.qid(), &cids, || {
-                    res = q.settle_once(slot, op);
-                    res.is_some()
-                }) {
-                    // It came back: aborted (an NVMe error, Command Abort
-                    // Requested) or completed after all (then it succeeded).
-                    Escalation::Settled => res.expect("settled"),
-                    Escalation::Stuck(e) => {
-                        self.wedge(guard);
-                        Err(if matches!(e, Error::Timeout { .. }) { error } else { e })
-                    }
-                }
-            }
-        }
-    }
-
-    /// The one escalation of a request past its deadline, in the order of
-    /// Linux's `nvme_timeout`, for synchronous requests, lent queues,
-    /// batches and stream-ordered I/O alike: look at the queue once more
-    /// (`settled` reaps it and says whether the late commands are all
-    /// back), check CSTS (a controller that is gone or fatal will complete
-    /// nothing), send Abort for each late command still on the device, and
-    /// give the controller [`ABORT_GRACE`] to complete them. `Stuck`: some
-    /// did not come back; the caller wedges the handle, keeping what they hold.
-    /// The counters of I/O queue `qid`.
-    pub fn counters_of(&self, qid: u16) -> Option<&Arc<QueueCounters>> {
-        self.queues.iter().position(|q| q.qid == qid).map(|i| &self.counters[i])
+        self.queues.ctrl.admin_command(sqe, op)
     }
 
     /// What each I/O queue pair has done.
     pub fn queue_stats(&self) -> Vec<QueueStats> {
-        crate::publish::queue_stats(&self.queues, &self.counters, self.ns.block_size as u64)
+        self.queues.stats(self.ns.block_size as u64)
     }
 
-    /// Each traced queue pair's latencies (none when not traced).
-    pub fn queue_latency(&self) -> Vec<QueueLatency> {
-        let with = |(q, c): (&QueueInfo, &Arc<QueueCounters>)| {
-            let h = c.latency.get()?;
-            Some(QueueLatency { qid: q.qid, role: q.role, latency: h.snapshot() })
-        };
-        self.queues.iter().zip(&self.counters).filter_map(with).collect()
-    }
-
-    /// The traces of the queue pairs that can be looked at now: the
-    /// synchronous and batch queues (`wait`: waiting for their locks, else
-    /// skipping those held) and the lendable ones not lent out.
+    /// The queue pairs' traces (none unless the options trace).
     pub fn trace(&self, wait: bool) -> Vec<QueueTrace> {
         if self.opts.trace == 0 {
             return Vec::new();
         }
-        let role_of = |qid: u16| self.queues.iter().find(|q| q.qid == qid).map_or(QueueRole::Sync, |q| q.role);
-        let look = |q: &SyncQueue| {
-            let f = |qp: &mut QueuePair| (qp.qid().0, qp.trace_events());
-            if wait {
-                Some(q.with_qp(f))
-            } else {
-                q.try_with_qp(f)
-            }
-        };
-        let batch: Vec<Arc<SyncQueue>> = self.batch_queues_own().map(|b| b.queue().clone()).collect();
-        let mut out: Vec<(u16, Option<Vec<TraceEvent>>)> =
-            self.sync.iter().chain(&batch).filter_map(|q| look(q)).collect();
-        if let Ok(pool) = self.pool.try_lock() {
-            out.extend(pool.iter().map(|qp| (qp.qid().0, qp.trace_events())));
-        }
-        out.sort_by_key(|(qid, _)| *qid);
-        out.into_iter()
-            .filter_map(|(qid, events)| Some(QueueTrace { qid, role: role_of(qid), events: events? }))
-            .collect()
+        self.queues.trace(wait)
     }
 
     /// Writes the traces to the log (a wedged handle's last commands).
@@ -707,8 +436,8 @@ impl HandleInner {
         let p = crate::publish::Publisher::start(
             dir,
             self.id,
-            self.queues.clone(),
-            self.counters.clone(),
+            self.queues.info.clone(),
+            self.queues.counters.clone(),
             self.ns.block_size as u64,
         )
         .map_err(|e| Error::Platform(format!("publishing statistics to {}: {e}", dir.display())))?;
@@ -716,82 +445,22 @@ impl HandleInner {
         Ok(())
     }
 
-    pub fn escalate(&self, op: &'static str, qid: u16, cids: &[Cid], mut settled: impl FnMut() -> bool) -> Escalation {
-        if settled() {
-            return Escalation::Settled;
-        }
-        if let Some(c) = self.counters_of(qid) {
-            c.timeouts.add_shared(cids.len() as u64);
-        }
-        let csts = self.ctrl.csts();
-        if csts.is_gone() {
-            return Escalation::Stuck(Error::DeviceGone);
-        }
-        if csts.cfs() {
-            return Escalation::Stuck(Error::ControllerFatal);
-        }
-        for &cid in cids {
-            match self.ctrl.admin_command(Sqe::abort(Cid(0), ugds_nvme::Qid(qid), cid), "Abort") {
-                Ok(c) if c.dw0 & 1 == 0 => tracing::warn!(qid, cid = cid.0, "{op}: aborted"),
-                Ok(_) => tracing::warn!(qid, cid = cid.0, "{op}: the controller did not abort it"),
-                Err(e) => tracing::warn!(qid, cid = cid.0, "{op}: Abort failed: {e}"),
-            }
-        }
-        let deadline = Instant::now() + ABORT_GRACE;
-        loop {
-            if settled() {
-                return Escalation::Settled;
-            }
-            if Instant::now() > deadline {
-                tracing::error!(qid, "{op} did not complete after Abort; wedging the handle");
-                return Escalation::Stuck(Error::Timeout { qid, cid: cids.first().copied(), after: self.opts.timeout });
-            }
-            std::thread::yield_now();
-        }
-    }
-
-    /// The late requests of a batch context (or a stream engine's, or a
-    /// shared IoQueue's) through [`escalate`](Self::escalate): `Settled`
-    /// leaves nothing to do (aborted requests come back as events with
-    /// their status); otherwise the late ones are reported timed out and
-    /// their holds returned, for the caller to wedge the handle with.
-    pub fn expire_batch(&self, q: &BatchQueue, ctx: u32) -> Vec<Hold> {
-        let late = q.late(ctx);
-        if late.is_empty() {
-            return Vec::new();
-        }
-        let cids: Vec<Cid> = late.iter().flat_map(|(_, c)| c.iter().copied()).collect();
-        let settled = || {
-            q.reap_now();
-            late.iter().all(|&(r, _)| !q.in_flight(ctx, r))
-        };
-        match self.escalate("batch I/O", q.qid(), &cids, settled) {
-            Escalation::Settled => Vec::new(),
-            Escalation::Stuck(_) => q.expire(ctx),
-        }
-    }
-
     /// Queue pairs this handle can lend (see [`Handle::io_queue`]).
     pub fn lendable_queues(&self) -> usize {
-        self.async_queues
+        self.queues.lendable
     }
 
     /// I/O queue pairs the controller granted.
     pub fn controller_queues(&self) -> u16 {
-        self.ctrl.info().io_queues
-    }
-
-    /// Synchronous queue pairs.
-    pub fn sync_queues(&self) -> usize {
-        self.sync.len()
+        self.queues.ctrl.info().io_queues
     }
 
     pub fn take_async_queue(&self) -> Option<QueuePair> {
-        self.pool.lock().recover().pop()
+        self.queues.take_lendable()
     }
 
     pub fn return_async_queue(&self, qp: QueuePair) {
-        self.pool.lock().recover().push(qp);
+        self.queues.return_lendable(qp)
     }
 
     fn unmap_buffers(&self) {
@@ -809,104 +478,53 @@ impl HandleInner {
     fn teardown(&self) -> Result<()> {
         self.stop_service();
         self.publisher.lock().recover().take();
-        let mut clean = true;
-        for q in self.sync.iter() {
-            clean &= q.with_qp(|qp| self.ctrl.delete_io_qpair(qp)).is_ok();
-        }
-        for qp in self.pool.lock().recover().iter() {
-            clean &= self.ctrl.delete_io_qpair(qp).is_ok();
-        }
-        for b in self.batch_queues_own() {
-            clean &= self.ctrl.delete_io_qpair(&b.lock().qp).is_ok();
-        }
-        let down = if clean { self.ctrl.shutdown() } else { self.ctrl.disable() };
-        if let Err(e) = down.or_else(|_| self.ctrl.disable()) {
+        if let Err(e) = self.queues.delete_and_stop() {
             // The controller did not confirm it stopped: keep everything.
-            self.state.store(WEDGED, Ordering::SeqCst);
+            self.life.stuck();
             return Err(e);
         }
         self.release_staging();
         self.unmap_buffers();
-        self.released.store(true, Ordering::SeqCst);
-        self.state.store(CLOSED, Ordering::SeqCst);
+        self.life.closed();
         Ok(())
     }
 
+    /// A wedged handle's teardown after a controller reset: the disabled
+    /// controller can reach nothing, so what stuck commands held goes too.
     fn force_teardown(&self) -> Result<()> {
-        // CC.EN = 0 and CSTS.RDY = 0: the controller has stopped and dropped
-        // every queue; nothing it held can be written any more.
-        self.ctrl.disable()?;
+        self.queues.disable_and_forget()?;
         self.stop_service();
         self.publisher.lock().recover().take();
-        for q in self.sync.iter() {
-            q.with_qp(|qp| qp.forget_outstanding());
-        }
-        for b in self.batch.iter() {
-            b.forget_outstanding();
-        }
-        self.quarantine.lock().recover().clear();
+        self.life.release_quarantine();
         self.release_staging();
         self.unmap_buffers();
-        self.released.store(true, Ordering::SeqCst);
-        self.state.store(CLOSED, Ordering::SeqCst);
+        self.life.closed();
         Ok(())
     }
 
     pub fn close(&self, drain: Drain) -> Result<()> {
-        match self.state.load(Ordering::SeqCst) {
-            CLOSED | CLOSING => return Err(Error::Closed),
-            WEDGED if drain == Drain::ForceAfterReset => return self.force_teardown(),
-            WEDGED => return Err(Error::Wedged),
-            _ => {}
+        match self.life.drain(drain)? {
+            Closing::Idle => self.teardown(),
+            Closing::Force => self.force_teardown(),
         }
-        let deadline = match drain {
-            Drain::NoWait | Drain::ForceAfterReset => Some(Instant::now()),
-            Drain::Timeout(d) => Some(Instant::now() + d),
-            Drain::Forever => None,
-        };
-        loop {
-            if self.state.compare_exchange(OPEN, CLOSING, Ordering::SeqCst, Ordering::SeqCst).is_err() {
-                // Wedged meanwhile by an I/O that timed out.
-                return self.close(drain);
-            }
-            let n = self.inflight.total();
-            if n == 0 {
-                break;
-            }
-            // Reopen while waiting, so that a refused close changes nothing.
-            self.state.store(OPEN, Ordering::SeqCst);
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(Error::Busy { what: "handle", inflight: n });
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        self.teardown()
     }
 }
 
 impl Drop for HandleInner {
     fn drop(&mut self) {
-        if !self.released.load(Ordering::SeqCst) && self.state.load(Ordering::SeqCst) == OPEN {
+        if !self.queues.released() && self.life.is_open() {
             if let Err(e) = self.teardown() {
                 tracing::error!("handle teardown at drop failed: {e}");
             }
         }
-        if self.released.load(Ordering::SeqCst) {
-            // SAFETY: each field is dropped exactly once, here, and never
-            // used after; the controller can no longer reach their memory.
-            unsafe {
-                ManuallyDrop::drop(&mut self.sync);
-                ManuallyDrop::drop(&mut self.pool);
-                ManuallyDrop::drop(&mut self.batch);
-                ManuallyDrop::drop(&mut self.ctrl);
-            }
-        } else {
+        // The queues go with the handle if the controller was stopped;
+        // otherwise they leak (see `Queues`'s drop), and so does this.
+        if !self.queues.released() {
             tracing::error!(
                 handle = self.id,
                 "dropping a wedged handle without a forced teardown: its queues, DMA memory and buffer references are leaked on purpose"
             );
-            let q = std::mem::take(&mut *self.quarantine.lock().recover());
-            std::mem::forget(q);
+            self.life.leak_quarantine();
             self.unmap_buffers_leaving_quarantined();
         }
     }
@@ -942,6 +560,6 @@ impl InflightRef<'_> {
 
 impl Drop for InflightRef<'_> {
     fn drop(&mut self) {
-        self.0.inflight.sub(self.1);
+        self.0.life.inflight.sub(self.1);
     }
 }

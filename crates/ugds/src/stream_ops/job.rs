@@ -139,12 +139,12 @@ pub(super) struct HandleRef(pub(super) Arc<HandleInner>, pub(super) usize);
 impl HandleRef {
     /// Counts an operation in flight on `h` until this is dropped.
     pub(super) fn new(h: &Arc<HandleInner>) -> HandleRef {
-        HandleRef(h.clone(), h.inflight.add())
+        HandleRef(h.clone(), h.life.inflight.add())
     }
 }
 
 impl Drop for HandleRef {
     fn drop(&mut self) {
-        self.0.inflight.sub(self.1);
+        self.0.life.inflight.sub(self.1);
     }
 }
