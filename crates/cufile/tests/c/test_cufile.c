@@ -196,7 +196,8 @@ int main(void) {
 
     // Batch.
     CUfileBatchHandle_t batch = NULL;
-    ERR("BatchIOSetUp(NULL)", cuFileBatchIOSetUp(NULL, 8), CU_FILE_INVALID_VALUE);
+    if (!reference)  // NVIDIA's library crashes here (seen: 1.15.1)
+        ERR("BatchIOSetUp(NULL)", cuFileBatchIOSetUp(NULL, 8), CU_FILE_INVALID_VALUE);
     ERR("BatchIOSetUp(0)", cuFileBatchIOSetUp(&batch, 0), CU_FILE_INVALID_VALUE);
     ERR("BatchIOSetUp(over the batch size)", cuFileBatchIOSetUp(&batch, 65), CU_FILE_INVALID_VALUE);
     OK("BatchIOSetUp(16)", cuFileBatchIOSetUp(&batch, 16));
