@@ -1,0 +1,257 @@
+//! A lent queue's requests: the table of request entries with its free
+//! chain, what each request holds of its buffer, and the checks a small
+//! request passes.
+
+use crate::engine::Owner;
+use crate::handle::HandleInner;
+use crate::registry::{BufGuard, BufferToken, Recent};
+use ugds_nvme::{Cqe, NvmOpcode, Status};
+use ugds_platform::sys::PAGE_SIZE;
+use ugds_platform::{Error, Result};
+
+pub(super) struct Request {
+    pub(super) tag: u64,
+    pub(super) pending: u32,
+    pub(super) len: usize,
+    /// First error, as the CQE status field.
+    pub(super) status: Option<u16>,
+    /// Bytes not moved (a read that met the end of a kernel-path file).
+    pub(super) short: usize,
+    pub(super) op: NvmOpcode,
+    pub(super) claim: Claim,
+    /// The next free entry while this one is free (see [`Requests`]).
+    pub(super) next_free: u32,
+}
+
+impl Request {
+    /// A free entry becomes a request of `pending` commands.
+    #[inline(always)]
+    pub(super) fn start(&mut self, tag: u64, pending: u32, len: usize, op: NvmOpcode, claim: Claim) {
+        (self.tag, self.pending, self.len, self.status, self.short, self.op) = (tag, pending, len, None, 0, op);
+        // A free entry's claim ended with its completion (`complete` and
+        // `check_timeouts` leave `Claim::None`): nothing to drop, and no
+        // test of the old value on every submission.
+        let stale = std::mem::replace(&mut self.claim, claim);
+        debug_assert!(matches!(stale, Claim::None), "a free request entry holds no claim");
+        std::mem::forget(stale);
+    }
+}
+
+/// No entry: the end of the free chain.
+pub(super) const NO_ENTRY: u32 = u32::MAX;
+
+/// A lent queue's request entries, the free ones chained through their
+/// `next_free` (most recently freed first, warm in cache): taking and
+/// giving back an entry touch that entry and one word, with no second
+/// vector to pop from and push to.
+pub(super) struct Requests {
+    pub(super) entries: Vec<Request>,
+    /// The first free entry, or [`NO_ENTRY`].
+    pub(super) free: u32,
+}
+
+impl Requests {
+    pub(super) fn with_capacity(n: usize) -> Requests {
+        Requests { entries: Vec::with_capacity(n), free: NO_ENTRY }
+    }
+
+    /// The entry the next request will take: the first free one, or a new
+    /// one. Taken by [`start`](Self::start).
+    #[inline(always)]
+    pub(super) fn next(&self) -> u32 {
+        if self.free != NO_ENTRY {
+            self.free
+        } else {
+            self.entries.len() as u32
+        }
+    }
+
+    /// Takes entry `idx` ([`next`](Self::next)'s) for a request of
+    /// `pending` commands.
+    #[inline(always)]
+    pub(super) fn start(&mut self, idx: u32, tag: u64, pending: u32, len: usize, op: NvmOpcode, claim: Claim) {
+        match self.entries.get_mut(idx as usize) {
+            Some(e) => {
+                self.free = e.next_free;
+                e.start(tag, pending, len, op, claim);
+            }
+            None => {
+                let next_free = NO_ENTRY;
+                let r = Request { tag, pending, len, status: None, short: 0, op, claim, next_free };
+                self.entries.push(r);
+            }
+        }
+    }
+}
+
+/// What a request holds of its buffer while its commands are on the device.
+pub(super) enum Claim {
+    /// Nothing: a free entry, or a request whose hold went to the handle's
+    /// quarantine.
+    None,
+    /// A share in the queue's one reference on its recent buffer
+    /// ([`Buffers`]).
+    Shared,
+    /// A reference of its own, on a buffer other than the recent one, with
+    /// the buffer's page addresses (boxed: the common claims stay a word).
+    Own(Box<(BufGuard, std::sync::Arc<[u64]>)>),
+}
+
+/// The buffer a lent queue used last, and one in-flight reference on it
+/// shared by every request on it: taken by the first request, released by
+/// the last to complete, so that an idle queue holds nothing and the buffer
+/// can be deregistered, while a deep queue on one buffer pays for the
+/// reference once and not per request. A request on another buffer
+/// meanwhile takes a reference of its own.
+#[derive(Default)]
+pub(super) struct Buffers {
+    pub(super) recent: Option<Recent>,
+    pub(super) held: Option<BufGuard>,
+    /// Requests sharing `held`.
+    pub(super) users: u32,
+}
+
+impl Buffers {
+    /// Takes a claim on `offset..offset+len` of `token`'s buffer.
+    #[inline(always)]
+    pub(super) fn claim(&mut self, h: &HandleInner, token: &BufferToken, offset: u64, len: u64) -> Result<Claim> {
+        match &self.recent {
+            // Held: the reference keeps the registration in place
+            // (deregistration refuses a buffer with I/O in flight), so
+            // checking the range is all.
+            Some(r) if self.users > 0 && r.covers(token, offset, len) => {}
+            _ if self.users > 0 => return Self::claim_other(h, token, offset, len),
+            // Idle: claim through `recent` (or the registry) and share it.
+            _ => self.held = Some(h.registry().acquire_recent(&mut self.recent, h.id, token, offset, len)?),
+        }
+        self.users += 1;
+        Ok(Claim::Shared)
+    }
+
+    /// A claim of its own, through the registry.
+    #[cold]
+    pub(super) fn claim_other(h: &HandleInner, token: &BufferToken, offset: u64, len: u64) -> Result<Claim> {
+        let g = h.registry().acquire(token, offset, len)?;
+        let pages = Recent::of(&g, h.id, token)?.shared_pages();
+        Ok(Claim::Own(Box::new((g, pages))))
+    }
+
+    /// The controller addresses of the pages of a claim's buffer.
+    #[inline(always)]
+    pub(super) fn pages<'a>(&'a self, claim: &'a Claim) -> &'a [u64] {
+        match claim {
+            Claim::Own(own) => &own.1,
+            _ => self.recent.as_ref().expect("a shared claim is on the recent buffer").pages(),
+        }
+    }
+
+    /// Ends a request's claim.
+    #[inline(always)]
+    pub(super) fn release(&mut self, claim: Claim) {
+        match claim {
+            Claim::Shared => {
+                self.users -= 1;
+                if self.users == 0 {
+                    self.held = None;
+                }
+            }
+            Claim::Own(own) => drop(own),
+            Claim::None => {}
+        }
+    }
+}
+
+/// What a request of a page or less is checked against, taken from the
+/// handle once: the checks of [`HandleInner::check_range`] and
+/// [`HandleInner::data_offset`] in a few instructions, which on failure
+/// leave the error to those.
+#[derive(Clone, Copy)]
+pub(super) struct Small {
+    /// Requests of `1..=max` bytes take the one-command path: a page, or 0
+    /// on a shared queue (which has none).
+    pub(super) max: usize,
+    /// The block size less one.
+    pub(super) block_mask: u64,
+    /// log2 of the block size.
+    pub(super) block_shift: u32,
+    pub(super) nsid: u32,
+    /// The namespace's size in bytes.
+    pub(super) capacity: u64,
+}
+
+impl Small {
+    pub(super) fn of(h: &HandleInner, shared: bool) -> Small {
+        let bs = h.block_size() as u64;
+        Small {
+            max: if shared { 0 } else { PAGE_SIZE },
+            block_mask: bs - 1,
+            block_shift: bs.trailing_zeros(),
+            nsid: h.ns_nsid(),
+            capacity: h.capacity(),
+        }
+    }
+
+    /// Whether a request of `size` bytes (`1..=max`) at `file_offset`, its
+    /// data `data_off` bytes into its first page, passes every check.
+    #[inline(always)]
+    pub(super) fn valid(&self, size: usize, file_offset: u64, data_off: usize) -> bool {
+        let end = file_offset.wrapping_add(size as u64);
+        (file_offset | size as u64) & self.block_mask == 0
+            && data_off % 4 == 0
+            && end <= self.capacity
+            && end >= file_offset
+    }
+}
+
+/// A completion of a request reported timed out already (the queue is
+/// dead): not reported again.
+#[cold]
+#[inline(never)]
+fn late_completion(cid: u16) {
+    tracing::warn!(cid, "completion of a request reported timed out; ignored");
+}
+
+/// Credits one completion to its request; reports the request (`f`) and
+/// frees its entry when it was the last command, and then returns true.
+/// `short`: DW0 says how many bytes a read did not move (the kernel path's
+/// completions).
+#[inline(always)]
+pub(super) fn complete(
+    reqs: &mut Requests,
+    bufs: &mut Buffers,
+    f: &mut impl FnMut(u64, Result<usize>),
+    owner: Owner,
+    cqe: &Cqe,
+    short: bool,
+) -> bool {
+    let Owner::Own(idx) = owner else { unreachable!("a lent queue pair's commands are its own") };
+    let r = &mut reqs.entries[idx as usize];
+    if r.pending == 0 {
+        // By value: a reference would keep the entry in memory on every
+        // completion's path.
+        late_completion(cqe.cid);
+        return false;
+    }
+    if !cqe.is_success() && r.status.is_none() {
+        r.status = Some(cqe.status);
+    }
+    if short {
+        r.short += cqe.dw0 as usize;
+    }
+    r.pending -= 1;
+    if r.pending != 0 {
+        return false;
+    }
+    bufs.release(std::mem::replace(&mut r.claim, Claim::None));
+    let res = match r.status {
+        None => Ok(r.len.saturating_sub(r.short)),
+        Some(s) => Err(Error::Nvme {
+            op: if r.op == NvmOpcode::Read { "Read" } else { "Write" },
+            status: Status::from_field(s),
+        }),
+    };
+    f(r.tag, res);
+    r.next_free = reqs.free;
+    reqs.free = idx;
+    true
+}
