@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 use std::sync::Arc;
-use ugds::engine::{Controller, NvmeQueue, Owner, QueuePair};
+use ugds::engine::{Controller, NvmeQueue, Owner, QueuePair, Transport};
 use ugds::nvme::cmd::NvmOpcode;
 use ugds::nvme::status::{command_specific as cs, generic};
 use ugds::nvme::{regs, Cid, Lba, Nsid, PrpPlan, Qid, Sqe};

@@ -59,6 +59,8 @@ pub use pcie::NvmeController;
 #[cfg_attr(not(feature = "engine-internals"), allow(unused_imports))]
 pub use qpair::NvmeQueue;
 pub use queue::QueuePair;
+#[cfg_attr(not(feature = "engine-internals"), allow(unused_imports))]
+pub use queue::Transport;
 pub use sync::Completion;
 pub use tracker::Owner;
 #[cfg_attr(not(feature = "engine-internals"), allow(unused_imports))]

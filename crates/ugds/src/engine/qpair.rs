@@ -14,6 +14,7 @@
 //! polled one (see [`NvmeQueue::report_cq_head`]).
 
 use super::stats::{QueueCounters, Staged};
+use crate::engine::queue::Transport;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use ugds_nvme::prp::PrpPlan;
@@ -261,31 +262,6 @@ impl NvmeQueue {
         self.dbbuf.is_some()
     }
 
-    /// Queue identifier.
-    pub fn qid(&self) -> Qid {
-        self.qid
-    }
-
-    /// What this queue pair has done.
-    pub fn counters(&self) -> &Arc<QueueCounters> {
-        &self.counters
-    }
-
-    /// The commands on the device.
-    pub fn tracker(&self) -> &Tracker {
-        &self.tracker
-    }
-
-    /// The commands on the device, to change how they are traced.
-    pub fn tracker_mut(&mut self) -> &mut Tracker {
-        &mut self.tracker
-    }
-
-    /// Entries per ring.
-    pub fn entries(&self) -> u16 {
-        self.sq_ring.size() as u16
-    }
-
     /// Controller address of the SQ ring.
     pub fn sq_iova(&self) -> u64 {
         self.sq.iova(0)
@@ -296,56 +272,10 @@ impl NvmeQueue {
         self.cq.iova(0)
     }
 
-    /// The interrupt vector of the CQ, when it has one.
-    pub fn vector(&self) -> Option<u16> {
-        self.vector
-    }
-
-    /// Commands that may be submitted now without waiting for completions
-    /// (commands needing a PRP list are also bounded by [`free_prp_pages`](Self::free_prp_pages)).
-    pub fn free_slots(&self) -> usize {
-        (self.sq_ring.free(self.sq_head, self.sq_tail) as usize)
-            .min(self.tracker.capacity() as usize - self.tracker.outstanding())
-    }
-
     /// PRP-list pages not lent to a command.
     #[cfg_attr(not(feature = "engine-internals"), allow(dead_code))]
     pub fn free_prp_pages(&self) -> usize {
         self.prp_free.len()
-    }
-
-    /// Size of the PRP-list page pool.
-    pub fn prp_pool_size(&self) -> usize {
-        self.prp_pages.len() / PAGE_SIZE
-    }
-
-    /// Commands submitted and not yet completed.
-    pub fn outstanding(&self) -> usize {
-        self.tracker.outstanding()
-    }
-
-    /// Completions that named a CID nobody held, or an SQ head outside the ring.
-    pub fn protocol_errors(&self) -> u64 {
-        self.protocol_errors
-    }
-
-    /// Every outstanding command of `owner`.
-    pub fn outstanding_cids_of(&self, owner: Owner) -> Vec<Cid> {
-        self.tracker.outstanding_commands().filter(|(_, t)| t.owner == owner).map(|(c, _)| c).collect()
-    }
-
-    /// One outstanding command of `owner`, for error reports.
-    pub fn outstanding_cid_of(&self, owner: Owner) -> Option<Cid> {
-        self.tracker.outstanding_commands().find(|(_, t)| t.owner == owner).map(|(c, _)| c)
-    }
-
-    /// Outstanding commands a timeout check first found more than `limit`
-    /// ago, with their owners (see [`Tracker::late`]).
-    pub fn late_commands(&mut self, limit: std::time::Duration) -> Vec<(Cid, Owner)> {
-        if self.tracker.outstanding() == 0 {
-            return Vec::new();
-        }
-        self.tracker.late(std::time::Instant::now(), limit)
     }
 
     /// Stages `sqe` (its CID and, with `data`, its PRPs filled in here) in the
@@ -455,86 +385,9 @@ impl NvmeQueue {
         Ok(cid)
     }
 
-    /// Tells the controller about every entry staged since the last call:
-    /// one doorbell write however many there are.
-    #[inline]
-    pub fn ring_sq_doorbell(&mut self) {
-        if self.sq_tail != self.last_sq_tail {
-            // The SQEs and PRP lists written above must be visible before
-            // the controller, woken by the doorbell, fetches them.
-            barrier::dma_wmb();
-            let mmio = match &self.dbbuf {
-                Some(s) => s.update(s.sq, self.sq_tail),
-                None => true,
-            };
-            if mmio {
-                // SAFETY: every entry up to the tail names memory the
-                // requests that staged them hold until their completions.
-                unsafe { self.platform.write32(self.sq_db, self.sq_tail) };
-                self.counters.doorbell_writes.add(1);
-            }
-            self.last_sq_tail = self.sq_tail;
-            self.staged.publish(&self.counters);
-        }
-    }
-
-    /// A lock-free view of the completion ring (see [`CqView`]).
-    pub fn cq_view(&self) -> CqView {
-        CqView { ring: Some(self.cq.clone()), entries: self.cq_ring.size(), assume: false, busy: None }
-    }
-
     /// Where the next completion will appear: (head, expected phase).
     pub fn cq_cursor(&self) -> (u32, bool) {
         (self.cursor.head, self.cursor.phase)
-    }
-
-    /// Whether a new completion entry is waiting (a peek at the phase tag).
-    #[inline]
-    pub fn completion_pending(&self) -> bool {
-        let dw3 = self.cq.load_u32_acquire(self.cursor.head as usize * Cqe::SIZE + 12);
-        (dw3 >> 16) & 1 == self.cursor.phase as u32
-    }
-
-    /// Consumes up to `max` new completion entries, calling `f(owner, cqe)` for
-    /// each, and reports the CQ head (see [`report_cq_head`](Self::report_cq_head)).
-    /// Returns how many.
-    #[inline]
-    pub fn process_completions(&mut self, max: usize, mut f: impl FnMut(Owner, &Cqe)) -> usize {
-        let (mut n, mut done, mut failed) = (0, 0, 0);
-        let mut sqhd = 0;
-        while n < max {
-            // The phase tag is the truth: an entry is new when its phase
-            // matches the one we expect at this position.
-            let Some(cqe) = self.cq.take_cqe(self.cursor.head as usize, self.cursor.phase) else { break };
-            self.cursor.advance(self.cq_ring);
-            n += 1;
-            // The newest entry's SQ head says all the earlier ones say and
-            // more: only the last of the round is taken (below).
-            sqhd = cqe.sqhd;
-            match self.tracker.end(Cid(cqe.cid), cqe.status) {
-                Ok(t) => {
-                    if let Some(page) = t.prp_page {
-                        self.prp_free.push(page);
-                    }
-                    done += 1;
-                    failed += !cqe.is_success() as u64;
-                    f(t.owner, &cqe)
-                }
-                Err(e) => self.bad_completion(e),
-            }
-        }
-        if n > 0 {
-            self.take_sq_head(sqhd);
-            self.counters.completed.add(done);
-            self.counters.errors.add(failed);
-            self.cq_unreported += n as u32;
-            if self.cq_unreported > self.cq_lazy
-                || self.cq_unreported as usize + self.tracker.outstanding() + 1 >= self.cq_ring.size() as usize
-            {
-                self.report_cq_head();
-            }
-        }
-        n
     }
 
     /// Frees the SQ slots a completion's SQ head says the controller has
@@ -602,16 +455,6 @@ impl NvmeQueue {
         }
         self.cq_unreported = 0;
     }
-
-    /// Forgets every outstanding command: only after the controller was
-    /// reset or the queue deleted, when no completion for them can come.
-    pub fn forget_outstanding(&mut self) -> usize {
-        self.cq_unreported = 0;
-        let n = self.tracker.outstanding();
-        let pages = self.tracker.forget_all();
-        self.prp_free.extend(pages);
-        n
-    }
 }
 
 impl std::fmt::Debug for NvmeQueue {
@@ -625,6 +468,149 @@ impl std::fmt::Debug for NvmeQueue {
             .field("phase", &self.cursor.phase)
             .field("outstanding", &self.tracker.outstanding())
             .finish()
+    }
+}
+
+impl Transport for NvmeQueue {
+    type Extra = ();
+
+    /// Queue identifier.
+    fn qid(&self) -> Qid {
+        self.qid
+    }
+
+    /// Entries per ring.
+    fn entries(&self) -> u16 {
+        self.sq_ring.size() as u16
+    }
+
+    /// The interrupt vector of the CQ, when it has one.
+    fn vector(&self) -> Option<u16> {
+        self.vector
+    }
+
+    /// Commands that may be submitted now without waiting for completions
+    /// (commands needing a PRP list are also bounded by [`free_prp_pages`](Self::free_prp_pages)).
+    fn free_slots(&self) -> usize {
+        (self.sq_ring.free(self.sq_head, self.sq_tail) as usize)
+            .min(self.tracker.capacity() as usize - self.tracker.outstanding())
+    }
+
+    /// Commands submitted and not yet completed.
+    fn outstanding(&self) -> usize {
+        self.tracker.outstanding()
+    }
+
+    /// Completions that named a CID nobody held, or an SQ head outside the ring.
+    fn protocol_errors(&self) -> u64 {
+        self.protocol_errors
+    }
+
+    /// The commands on the device.
+    fn tracker(&self) -> &Tracker {
+        &self.tracker
+    }
+
+    /// The commands on the device, to change how they are traced.
+    fn tracker_mut(&mut self) -> &mut Tracker {
+        &mut self.tracker
+    }
+
+    /// What this queue pair has done.
+    fn counters(&self) -> &Arc<QueueCounters> {
+        &self.counters
+    }
+
+    /// A lock-free view of the completion ring (see [`CqView`]).
+    fn cq_view(&self) -> CqView {
+        CqView { ring: Some(self.cq.clone()), entries: self.cq_ring.size(), assume: false, busy: None }
+    }
+
+    /// Whether a new completion entry is waiting (a peek at the phase tag).
+    #[inline]
+    fn completion_pending(&mut self) -> bool {
+        let dw3 = self.cq.load_u32_acquire(self.cursor.head as usize * Cqe::SIZE + 12);
+        (dw3 >> 16) & 1 == self.cursor.phase as u32
+    }
+
+    /// Consumes up to `max` new completion entries, calling `f(owner, cqe)` for
+    /// each, and reports the CQ head (see [`report_cq_head`](Self::report_cq_head)).
+    /// Returns how many.
+    #[inline]
+    fn process_completions(&mut self, max: usize, mut f: impl FnMut(Owner, &Cqe)) -> usize {
+        let (mut n, mut done, mut failed) = (0, 0, 0);
+        let mut sqhd = 0;
+        while n < max {
+            // The phase tag is the truth: an entry is new when its phase
+            // matches the one we expect at this position.
+            let Some(cqe) = self.cq.take_cqe(self.cursor.head as usize, self.cursor.phase) else { break };
+            self.cursor.advance(self.cq_ring);
+            n += 1;
+            // The newest entry's SQ head says all the earlier ones say and
+            // more: only the last of the round is taken (below).
+            sqhd = cqe.sqhd;
+            match self.tracker.end(Cid(cqe.cid), cqe.status) {
+                Ok(t) => {
+                    if let Some(page) = t.prp_page {
+                        self.prp_free.push(page);
+                    }
+                    done += 1;
+                    failed += !cqe.is_success() as u64;
+                    f(t.owner, &cqe)
+                }
+                Err(e) => self.bad_completion(e),
+            }
+        }
+        if n > 0 {
+            self.take_sq_head(sqhd);
+            self.counters.completed.add(done);
+            self.counters.errors.add(failed);
+            self.cq_unreported += n as u32;
+            if self.cq_unreported > self.cq_lazy
+                || self.cq_unreported as usize + self.tracker.outstanding() + 1 >= self.cq_ring.size() as usize
+            {
+                self.report_cq_head();
+            }
+        }
+        n
+    }
+
+    /// Tells the controller about every entry staged since the last call:
+    /// one doorbell write however many there are.
+    #[inline]
+    fn ring_sq_doorbell(&mut self) {
+        if self.sq_tail != self.last_sq_tail {
+            // The SQEs and PRP lists written above must be visible before
+            // the controller, woken by the doorbell, fetches them.
+            barrier::dma_wmb();
+            let mmio = match &self.dbbuf {
+                Some(s) => s.update(s.sq, self.sq_tail),
+                None => true,
+            };
+            if mmio {
+                // SAFETY: every entry up to the tail names memory the
+                // requests that staged them hold until their completions.
+                unsafe { self.platform.write32(self.sq_db, self.sq_tail) };
+                self.counters.doorbell_writes.add(1);
+            }
+            self.last_sq_tail = self.sq_tail;
+            self.staged.publish(&self.counters);
+        }
+    }
+
+    /// Forgets every outstanding command: only after the controller was
+    /// reset or the queue deleted, when no completion for them can come.
+    fn forget_outstanding(&mut self) -> usize {
+        self.cq_unreported = 0;
+        let n = self.tracker.outstanding();
+        let pages = self.tracker.forget_all();
+        self.prp_free.extend(pages);
+        n
+    }
+
+    /// Size of the PRP-list page pool.
+    fn prp_pool_size(&self) -> usize {
+        self.prp_pages.len() / PAGE_SIZE
     }
 }
 

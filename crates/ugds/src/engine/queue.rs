@@ -8,10 +8,90 @@ use super::qpair::{CqView, Full, NvmeQueue, Owner};
 use super::rdma::RdmaIoQueue;
 use super::stats::QueueCounters;
 use super::tcp::TcpQueue;
+use super::tracker::Tracker;
 use super::uring::UringQueue;
+use std::sync::Arc;
 use std::time::Duration;
 use ugds_nvme::prp::PrpPlan;
 use ugds_nvme::{Cid, Cqe, Qid, Sqe};
+
+/// What a queue pair of every transport does: the calls [`QueuePair`]
+/// forwards, each to the one implementation of its variant (a `match`, no
+/// vtable: static dispatch). What a transport adds of its own (a
+/// controller's SGLs, shadow doorbells, CQ cursor) stays on its type.
+pub trait Transport {
+    /// What the tracker keeps beside each command's owner (a copying
+    /// transport's transfer).
+    type Extra: Copy + Default;
+
+    /// Queue identifier.
+    fn qid(&self) -> Qid;
+    /// Entries per ring.
+    fn entries(&self) -> u16;
+    /// The interrupt vector of its completions, when it has one.
+    fn vector(&self) -> Option<u16>;
+    /// Commands that may be submitted now without waiting for completions.
+    fn free_slots(&self) -> usize;
+    /// Commands submitted and not yet completed.
+    fn outstanding(&self) -> usize;
+    /// Completions that named no command in flight (or, on a controller,
+    /// an SQ head outside the ring).
+    fn protocol_errors(&self) -> u64;
+    /// The command tracker (CIDs, owners, traces, deadlines).
+    fn tracker(&self) -> &Tracker<Self::Extra>;
+    /// The command tracker, to change.
+    fn tracker_mut(&mut self) -> &mut Tracker<Self::Extra>;
+    /// What this queue pair has done.
+    fn counters(&self) -> &Arc<QueueCounters>;
+    /// A lock-free view of the completion ring (see [`CqView`]).
+    fn cq_view(&self) -> CqView;
+    /// Whether a new completion is waiting.
+    fn completion_pending(&mut self) -> bool;
+    /// Consumes up to `max` completions, calling `f(owner, cqe)` for each.
+    fn process_completions(&mut self, max: usize, f: impl FnMut(Owner, &Cqe)) -> usize;
+    /// Tells the device (or the kernel, or the target) about every entry
+    /// staged since the last call.
+    fn ring_sq_doorbell(&mut self);
+    /// Forgets every outstanding command: only when none can complete.
+    fn forget_outstanding(&mut self) -> usize;
+
+    /// Size of the PRP-list page pool (a transport that copies needs none:
+    /// as many as it has command identifiers).
+    fn prp_pool_size(&self) -> usize {
+        self.entries() as usize - 1
+    }
+
+    /// Every outstanding command of `owner`.
+    fn outstanding_cids_of(&self, owner: Owner) -> Vec<Cid> {
+        self.tracker().outstanding_commands().filter(|(_, t)| t.owner == owner).map(|(c, _)| c).collect()
+    }
+
+    /// One outstanding command of `owner`, for error reports.
+    fn outstanding_cid_of(&self, owner: Owner) -> Option<Cid> {
+        self.tracker().outstanding_commands().find(|(_, t)| t.owner == owner).map(|(c, _)| c)
+    }
+
+    /// Outstanding commands a timeout check first found more than `limit`
+    /// ago, with their owners (see [`Tracker::late`]).
+    fn late_commands(&mut self, limit: Duration) -> Vec<(Cid, Owner)> {
+        if self.outstanding() == 0 {
+            return Vec::new();
+        }
+        self.tracker_mut().late(std::time::Instant::now(), limit)
+    }
+}
+
+/// The one `match` over the transports: `$q` bound to the variant's queue.
+macro_rules! each {
+    ($self:expr, $q:ident => $e:expr) => {
+        match $self {
+            QueuePair::Nvme($q) => $e,
+            QueuePair::Uring($q) => $e,
+            QueuePair::Tcp($q) => $e,
+            QueuePair::Rdma($q) => $e,
+        }
+    };
+}
 
 /// A queue pair; see the module docs.
 #[derive(Debug)]
@@ -57,43 +137,23 @@ impl From<UringQueue> for QueuePair {
 impl QueuePair {
     /// Queue identifier.
     pub fn qid(&self) -> Qid {
-        match self {
-            QueuePair::Nvme(q) => q.qid(),
-            QueuePair::Uring(q) => q.qid(),
-            QueuePair::Tcp(q) => q.qid(),
-            QueuePair::Rdma(q) => q.qid(),
-        }
+        each!(self, q => q.qid())
     }
 
     /// Entries per ring.
     pub fn entries(&self) -> u16 {
-        match self {
-            QueuePair::Nvme(q) => q.entries(),
-            QueuePair::Uring(q) => q.entries(),
-            QueuePair::Tcp(q) => q.entries(),
-            QueuePair::Rdma(q) => q.entries(),
-        }
+        each!(self, q => q.entries())
     }
 
     /// The interrupt vector of its completions, when it has one.
     pub fn vector(&self) -> Option<u16> {
-        match self {
-            QueuePair::Nvme(q) => q.vector(),
-            QueuePair::Uring(q) => q.vector(),
-            QueuePair::Tcp(q) => q.vector(),
-            QueuePair::Rdma(q) => q.vector(),
-        }
+        each!(self, q => q.vector())
     }
 
     /// Commands that may be submitted now without waiting for completions.
     #[inline]
     pub fn free_slots(&self) -> usize {
-        match self {
-            QueuePair::Nvme(q) => q.free_slots(),
-            QueuePair::Uring(q) => q.free_slots(),
-            QueuePair::Tcp(q) => q.free_slots(),
-            QueuePair::Rdma(q) => q.free_slots(),
-        }
+        each!(self, q => q.free_slots())
     }
 
     /// Whether its completions report bytes not moved in DW0 (the kernel
@@ -102,85 +162,37 @@ impl QueuePair {
         matches!(self, QueuePair::Uring(_))
     }
 
-    /// Size of the PRP-list page pool (the kernel path needs none: as many
-    /// as it has command identifiers).
+    /// Size of the PRP-list page pool.
     pub fn prp_pool_size(&self) -> usize {
-        match self {
-            QueuePair::Nvme(q) => q.prp_pool_size(),
-            QueuePair::Uring(q) => q.entries() as usize - 1,
-            QueuePair::Tcp(q) => q.entries() as usize - 1,
-            QueuePair::Rdma(q) => q.entries() as usize - 1,
-        }
+        each!(self, q => q.prp_pool_size())
     }
 
     /// Commands submitted and not yet completed.
     #[inline]
     pub fn outstanding(&self) -> usize {
-        match self {
-            QueuePair::Nvme(q) => q.outstanding(),
-            QueuePair::Uring(q) => q.outstanding(),
-            QueuePair::Tcp(q) => q.outstanding(),
-            QueuePair::Rdma(q) => q.outstanding(),
-        }
+        each!(self, q => q.outstanding())
     }
 
     /// Completions that named no command in flight (or, on a controller,
     /// an SQ head outside the ring).
     pub fn protocol_errors(&self) -> u64 {
-        match self {
-            QueuePair::Nvme(q) => q.protocol_errors(),
-            QueuePair::Uring(q) => q.protocol_errors(),
-            QueuePair::Tcp(q) => q.protocol_errors(),
-            QueuePair::Rdma(q) => q.protocol_errors(),
-        }
+        each!(self, q => q.protocol_errors())
     }
 
     /// Every outstanding command of `owner`.
     pub fn outstanding_cids_of(&self, owner: Owner) -> Vec<Cid> {
-        match self {
-            QueuePair::Nvme(q) => q.outstanding_cids_of(owner),
-            QueuePair::Uring(q) => {
-                q.tracker_ref().outstanding_commands().filter(|(_, t)| t.owner == owner).map(|(c, _)| c).collect()
-            }
-            QueuePair::Tcp(q) => {
-                q.tracker_ref().outstanding_commands().filter(|(_, t)| t.owner == owner).map(|(c, _)| c).collect()
-            }
-            QueuePair::Rdma(q) => {
-                q.tracker_ref().outstanding_commands().filter(|(_, t)| t.owner == owner).map(|(c, _)| c).collect()
-            }
-        }
+        each!(self, q => q.outstanding_cids_of(owner))
     }
 
     /// One outstanding command of `owner`, for error reports.
     pub fn outstanding_cid_of(&self, owner: Owner) -> Option<Cid> {
-        match self {
-            QueuePair::Nvme(q) => q.outstanding_cid_of(owner),
-            QueuePair::Uring(q) => {
-                q.tracker_ref().outstanding_commands().find(|(_, t)| t.owner == owner).map(|(c, _)| c)
-            }
-            QueuePair::Tcp(q) => q.tracker_ref().outstanding_commands().find(|(_, t)| t.owner == owner).map(|(c, _)| c),
-            QueuePair::Rdma(q) => {
-                q.tracker_ref().outstanding_commands().find(|(_, t)| t.owner == owner).map(|(c, _)| c)
-            }
-        }
+        each!(self, q => q.outstanding_cid_of(owner))
     }
 
     /// Outstanding commands a timeout check first found more than `limit`
     /// ago, with their owners.
     pub fn late_commands(&mut self, limit: Duration) -> Vec<(Cid, Owner)> {
-        match self {
-            QueuePair::Nvme(q) => q.late_commands(limit),
-            QueuePair::Uring(q) => Self::late_of(q.tracker(), limit),
-            QueuePair::Tcp(q) => Self::late_of(q.tracker(), limit),
-            QueuePair::Rdma(q) => Self::late_of(q.tracker(), limit),
-        }
-    }
-
-    fn late_of<X: Copy + Default>(t: &mut super::tracker::Tracker<X>, limit: Duration) -> Vec<(Cid, Owner)> {
-        if t.outstanding() == 0 {
-            return Vec::new();
-        }
-        t.late(std::time::Instant::now(), limit)
+        each!(self, q => q.late_commands(limit))
     }
 
     /// Stages `sqe` with its data; not seen by the device (or the kernel)
@@ -216,8 +228,8 @@ impl QueuePair {
     }
 
     /// [`stage`](Self::stage) on a transport that copies (the kernel path,
-    /// NVMe/TCP): out of line, so that a controller's inlined path carries
-    /// none of their code.
+    /// NVMe/TCP, NVMe/RDMA): out of line, so that a controller's inlined
+    /// path carries none of their code.
     #[inline(never)]
     fn stage_copying(&mut self, sqe: Sqe, data: Option<PrpPlan<'_>>, owner: Owner) -> Result<Cid, Full> {
         match self {
@@ -231,56 +243,31 @@ impl QueuePair {
     /// Traces the last `depth` commands from now on, timed from `base`
     /// (see [`super::trace`]).
     pub fn enable_trace(&mut self, depth: usize, base: std::time::Instant) {
-        let latency = std::sync::Arc::new(super::trace::Histogram::default());
+        let latency = Arc::new(super::trace::Histogram::default());
         let _ = self.counters().latency.set(latency.clone());
-        match self {
-            QueuePair::Nvme(q) => q.tracker_mut().enable_trace(depth, base, latency),
-            QueuePair::Uring(q) => q.tracker().enable_trace(depth, base, latency),
-            QueuePair::Tcp(q) => q.tracker().enable_trace(depth, base, latency),
-            QueuePair::Rdma(q) => q.tracker().enable_trace(depth, base, latency),
-        }
+        each!(self, q => q.tracker_mut().enable_trace(depth, base, latency))
     }
 
     /// The traced commands; `None` when not traced.
     pub fn trace_events(&self) -> Option<Vec<super::trace::TraceEvent>> {
-        match self {
-            QueuePair::Nvme(q) => q.tracker().trace_events(),
-            QueuePair::Uring(q) => q.tracker_ref().trace_events(),
-            QueuePair::Tcp(q) => q.tracker_ref().trace_events(),
-            QueuePair::Rdma(q) => q.tracker_ref().trace_events(),
-        }
+        each!(self, q => q.tracker().trace_events())
     }
 
     /// What this queue pair has done.
-    pub fn counters(&self) -> &std::sync::Arc<QueueCounters> {
-        match self {
-            QueuePair::Nvme(q) => q.counters(),
-            QueuePair::Uring(q) => q.counters(),
-            QueuePair::Tcp(q) => q.counters(),
-            QueuePair::Rdma(q) => q.counters(),
-        }
+    pub fn counters(&self) -> &Arc<QueueCounters> {
+        each!(self, q => q.counters())
     }
 
     /// Tells the device (or the kernel) about every entry staged since the
     /// last call.
     #[inline]
     pub fn ring_sq_doorbell(&mut self) {
-        match self {
-            QueuePair::Nvme(q) => q.ring_sq_doorbell(),
-            QueuePair::Uring(q) => q.ring_sq_doorbell(),
-            QueuePair::Tcp(q) => q.ring_sq_doorbell(),
-            QueuePair::Rdma(q) => q.ring_sq_doorbell(),
-        }
+        each!(self, q => q.ring_sq_doorbell())
     }
 
     /// A lock-free view of the completion ring (see [`CqView`]).
     pub fn cq_view(&self) -> CqView {
-        match self {
-            QueuePair::Nvme(q) => q.cq_view(),
-            QueuePair::Uring(q) => q.cq_view(),
-            QueuePair::Tcp(q) => q.cq_view(),
-            QueuePair::Rdma(q) => q.cq_view(),
-        }
+        each!(self, q => q.cq_view())
     }
 
     /// Where the next completion will appear: (head, expected phase); the
@@ -295,33 +282,18 @@ impl QueuePair {
     /// Whether a new completion is waiting.
     #[inline]
     pub fn completion_pending(&mut self) -> bool {
-        match self {
-            QueuePair::Nvme(q) => q.completion_pending(),
-            QueuePair::Uring(q) => q.completion_pending(),
-            QueuePair::Tcp(q) => q.completion_pending(),
-            QueuePair::Rdma(q) => q.completion_pending(),
-        }
+        each!(self, q => q.completion_pending())
     }
 
     /// Consumes up to `max` completions, calling `f(owner, cqe)` for each.
     #[inline]
     pub fn process_completions(&mut self, max: usize, f: impl FnMut(Owner, &Cqe)) -> usize {
-        match self {
-            QueuePair::Nvme(q) => q.process_completions(max, f),
-            QueuePair::Uring(q) => q.process_completions(max, f),
-            QueuePair::Tcp(q) => q.process_completions(max, f),
-            QueuePair::Rdma(q) => q.process_completions(max, f),
-        }
+        each!(self, q => q.process_completions(max, f))
     }
 
     /// Forgets every outstanding command: only when none can complete.
     pub fn forget_outstanding(&mut self) -> usize {
-        match self {
-            QueuePair::Nvme(q) => q.forget_outstanding(),
-            QueuePair::Uring(q) => q.forget_outstanding(),
-            QueuePair::Tcp(q) => q.forget_outstanding(),
-            QueuePair::Rdma(q) => q.forget_outstanding(),
-        }
+        each!(self, q => q.forget_outstanding())
     }
 
     /// Whether it uses shadow doorbells.

@@ -45,6 +45,7 @@ use super::super::qpair::{CqView, Full, Owner};
 use super::super::stats::{QueueCounters, Staged};
 use super::super::tracker::Tracker;
 use super::{post_receive, response_sge, RdmaQueue, CQE_AT, DRAIN_ID, STAGING};
+use crate::engine::queue::Transport;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -237,59 +238,6 @@ impl RdmaIoQueue {
         })
     }
 
-    /// Queue identifier.
-    pub fn qid(&self) -> Qid {
-        Qid(self.q.qid)
-    }
-
-    /// Entries (the connection's SQSIZE).
-    pub fn entries(&self) -> u16 {
-        self.entries
-    }
-
-    /// The interrupt vector the platform signals, if any (none: polled).
-    pub fn vector(&self) -> Option<u16> {
-        self.irq
-    }
-
-    /// Commands that may be submitted now.
-    pub fn free_slots(&self) -> usize {
-        (self.tracker.capacity() as usize - self.tracker.outstanding())
-            .min(self.send_room - self.sends - self.staged.len())
-    }
-
-    /// Commands outstanding.
-    pub fn outstanding(&self) -> usize {
-        self.tracker.outstanding()
-    }
-
-    /// Responses that broke the protocol (each ended the queue).
-    pub fn protocol_errors(&self) -> u64 {
-        self.protocol_errors
-    }
-
-    /// The commands in flight.
-    pub fn tracker(&mut self) -> &mut Tracker<Transfer> {
-        &mut self.tracker
-    }
-
-    /// The tracker, read only.
-    pub fn tracker_ref(&self) -> &Tracker<Transfer> {
-        &self.tracker
-    }
-
-    /// What this queue has done.
-    pub fn counters(&self) -> &Arc<QueueCounters> {
-        &self.counters
-    }
-
-    /// Polled: always worth a look (responses arrive on the completion
-    /// queue, which only a poll finds). With a vector: worth a look when
-    /// signalled, or while `busy`.
-    pub fn cq_view(&self) -> CqView {
-        CqView::kernel(self.irq.is_none(), self.busy.clone())
-    }
-
     /// Whether a look would find work no signal announces: refusals to
     /// report, or commands of an ended queue to end.
     fn look_pending(&self) -> bool {
@@ -301,17 +249,6 @@ impl RdmaIoQueue {
     fn publish_pending(&self, more: bool) {
         if self.irq.is_some() {
             self.busy.store((more || self.look_pending()) as u32, Ordering::Release);
-        }
-    }
-
-    /// Whether a look may find something. Polled: always, while commands
-    /// are out. With a vector: only while a look would find work no
-    /// signal announces (else the vector says when), so that a waiter
-    /// sleeps.
-    pub fn completion_pending(&mut self) -> bool {
-        match self.irq {
-            Some(_) => self.busy.load(Ordering::Acquire) != 0 || self.look_pending(),
-            None => self.tracker.outstanding() > 0,
         }
     }
 
@@ -412,35 +349,6 @@ impl RdmaIoQueue {
         Ok(cid)
     }
 
-    /// Sends the staged capsules, one SEND each, chained.
-    pub fn ring_sq_doorbell(&mut self) {
-        self.counts.publish(&self.counters);
-        if self.staged.is_empty() {
-            return;
-        }
-        // The capsules and data written above are in memory before the
-        // device reads them: ibv_post_send's own barrier orders them (as
-        // the doorbell's does on a controller).
-        let (addr, lkey) = (self.q.mr.addr(), self.q.mr.lkey());
-        self.sends_out.clear();
-        self.sends_out.extend(self.staged.iter().map(|&slot| {
-            let at = self.capsules_at + slot as usize * 64;
-            (SEND_BIT | slot as u64, Sge { addr: addr + at as u64, length: 64, lkey })
-        }));
-        // Chained: one post per chain, not per capsule.
-        let (posted, r) = self.q.poster.send_all(&self.sends_out);
-        self.sends += posted;
-        let failed = r.err();
-        self.staged.clear();
-        self.counters.doorbell_writes.add(1);
-        if let Some(e) = failed {
-            // A capsule not sent leaves its command without an answer: the
-            // queue ends, and every command on it completes at the next look.
-            self.fail(format!("NVMe/RDMA: a capsule to {} not sent: {e}", self.q.addr));
-            self.publish_pending(false);
-        }
-    }
-
     /// Ends the queue: what is outstanding completes with a transport
     /// error at the next look.
     fn fail(&mut self, why: String) {
@@ -462,10 +370,159 @@ impl RdmaIoQueue {
         Status { dnr: true, ..Status::generic(generic::TRANSIENT_TRANSPORT_ERROR) }.to_field(false)
     }
 
+    /// Takes the completion channel's events and arms the completion queue
+    /// for the next completion; how many events there were. A failure
+    /// leaves the queue to the engine's capped waits.
+    fn arm(&mut self) -> u32 {
+        let cq = self.q.conn.cq();
+        let events = cq.take_events().unwrap_or_else(|e| {
+            tracing::warn!(qid = self.q.qid, "NVMe/RDMA: completion channel: {e}; waits are capped");
+            0
+        });
+        if let Err(e) = cq.arm() {
+            tracing::warn!(qid = self.q.qid, "NVMe/RDMA: completion queue not armed ({e}); waits are capped");
+        }
+        events
+    }
+
+    /// Stops the queue pair serving the target (once): posts one more
+    /// receive (so that one is there to flush), moves the queue pair to the
+    /// error state and waits, for up to [`DRAIN_WAIT`], for a receive to
+    /// complete flushed, unless one has. Whether it did: if not, the target
+    /// may still reach the memory of the commands on the queue.
+    fn stop(&mut self) -> bool {
+        if self.drain != Drain::NotYet {
+            return self.drain == Drain::Done;
+        }
+        let qid = self.q.qid;
+        let sge = response_sge(&self.q.mr, 0);
+        // A queue pair already in the error state may not flush a receive
+        // posted now; it has flushed one already.
+        let r = match self.flushed {
+            true => self.q.poster.to_error(),
+            false => self.q.poster.recv(DRAIN_ID, sge).and_then(|()| self.q.poster.to_error()),
+        };
+        self.drain = match r {
+            Ok(()) if self.flushed => Drain::Done,
+            Ok(()) => self.wait_drained(),
+            Err(e) => {
+                tracing::error!(qid, "NVMe/RDMA: the queue pair to {} not stopped: {e}", self.q.addr);
+                Drain::Failed
+            }
+        };
+        if self.drain == Drain::Failed {
+            tracing::error!(
+                qid,
+                outstanding = self.tracker.outstanding(),
+                "NVMe/RDMA: the target may still reach the memory of this queue's commands; they are left to time out"
+            );
+        }
+        self.drain == Drain::Done
+    }
+
+    /// Polls for a receive flushed (what else completes is dropped: the
+    /// queue has ended).
+    fn wait_drained(&mut self) -> Drain {
+        let started = Instant::now();
+        let mut wcs = [WorkCompletion::default(); 16];
+        loop {
+            match self.q.conn.cq().poll(&mut wcs) {
+                Ok(k) if wcs[..k].iter().any(|wc| wc.wr_id & SEND_BIT == 0 && wc.status == verbs::WC_WR_FLUSH_ERR) => {
+                    return Drain::Done
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(qid = self.q.qid, "NVMe/RDMA: polling for the drain: {e}");
+                    return Drain::Failed;
+                }
+            }
+            if started.elapsed() > DRAIN_WAIT {
+                return Drain::Failed;
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl Drop for RdmaIoQueue {
+    fn drop(&mut self) {
+        if let (Some(_), Some(c)) = (self.irq, self.q.conn.cq().channel()) {
+            self.platform.unwatch(c.fd());
+        }
+    }
+}
+
+impl Transport for RdmaIoQueue {
+    type Extra = Transfer;
+
+    /// Queue identifier.
+    fn qid(&self) -> Qid {
+        Qid(self.q.qid)
+    }
+
+    /// Entries (the connection's SQSIZE).
+    fn entries(&self) -> u16 {
+        self.entries
+    }
+
+    /// The interrupt vector the platform signals, if any (none: polled).
+    fn vector(&self) -> Option<u16> {
+        self.irq
+    }
+
+    /// Commands that may be submitted now.
+    fn free_slots(&self) -> usize {
+        (self.tracker.capacity() as usize - self.tracker.outstanding())
+            .min(self.send_room - self.sends - self.staged.len())
+    }
+
+    /// Commands outstanding.
+    fn outstanding(&self) -> usize {
+        self.tracker.outstanding()
+    }
+
+    /// Responses that broke the protocol (each ended the queue).
+    fn protocol_errors(&self) -> u64 {
+        self.protocol_errors
+    }
+
+    /// The commands in flight.
+    fn tracker_mut(&mut self) -> &mut Tracker<Transfer> {
+        &mut self.tracker
+    }
+
+    /// The tracker, read only.
+    fn tracker(&self) -> &Tracker<Transfer> {
+        &self.tracker
+    }
+
+    /// What this queue has done.
+    fn counters(&self) -> &Arc<QueueCounters> {
+        &self.counters
+    }
+
+    /// Polled: always worth a look (responses arrive on the completion
+    /// queue, which only a poll finds). With a vector: worth a look when
+    /// signalled, or while `busy`.
+    fn cq_view(&self) -> CqView {
+        CqView::kernel(self.irq.is_none(), self.busy.clone())
+    }
+
+    /// Whether a look may find something. Polled: always, while commands
+    /// are out. With a vector: only while a look would find work no
+    /// signal announces (else the vector says when), so that a waiter
+    /// sleeps.
+    fn completion_pending(&mut self) -> bool {
+        match self.irq {
+            Some(_) => self.busy.load(Ordering::Acquire) != 0 || self.look_pending(),
+            None => self.tracker.outstanding() > 0,
+        }
+    }
+
     /// Consumes up to `max` responses (all the work completions of a poll
     /// are consumed), calling `f(owner, cqe)` for each command that
     /// finished. Returns how many.
-    pub fn process_completions(&mut self, max: usize, mut f: impl FnMut(Owner, &Cqe)) -> usize {
+    fn process_completions(&mut self, max: usize, mut f: impl FnMut(Owner, &Cqe)) -> usize {
         let (n, failed) = (std::cell::Cell::new(0usize), std::cell::Cell::new(0u64));
         let qid = self.q.qid;
         let mut report = |owner: Owner, cqe: &Cqe| {
@@ -595,76 +652,32 @@ impl RdmaIoQueue {
         n.get()
     }
 
-    /// Takes the completion channel's events and arms the completion queue
-    /// for the next completion; how many events there were. A failure
-    /// leaves the queue to the engine's capped waits.
-    fn arm(&mut self) -> u32 {
-        let cq = self.q.conn.cq();
-        let events = cq.take_events().unwrap_or_else(|e| {
-            tracing::warn!(qid = self.q.qid, "NVMe/RDMA: completion channel: {e}; waits are capped");
-            0
-        });
-        if let Err(e) = cq.arm() {
-            tracing::warn!(qid = self.q.qid, "NVMe/RDMA: completion queue not armed ({e}); waits are capped");
+    /// Sends the staged capsules, one SEND each, chained.
+    fn ring_sq_doorbell(&mut self) {
+        self.counts.publish(&self.counters);
+        if self.staged.is_empty() {
+            return;
         }
-        events
-    }
-
-    /// Stops the queue pair serving the target (once): posts one more
-    /// receive (so that one is there to flush), moves the queue pair to the
-    /// error state and waits, for up to [`DRAIN_WAIT`], for a receive to
-    /// complete flushed, unless one has. Whether it did: if not, the target
-    /// may still reach the memory of the commands on the queue.
-    fn stop(&mut self) -> bool {
-        if self.drain != Drain::NotYet {
-            return self.drain == Drain::Done;
-        }
-        let qid = self.q.qid;
-        let sge = response_sge(&self.q.mr, 0);
-        // A queue pair already in the error state may not flush a receive
-        // posted now; it has flushed one already.
-        let r = match self.flushed {
-            true => self.q.poster.to_error(),
-            false => self.q.poster.recv(DRAIN_ID, sge).and_then(|()| self.q.poster.to_error()),
-        };
-        self.drain = match r {
-            Ok(()) if self.flushed => Drain::Done,
-            Ok(()) => self.wait_drained(),
-            Err(e) => {
-                tracing::error!(qid, "NVMe/RDMA: the queue pair to {} not stopped: {e}", self.q.addr);
-                Drain::Failed
-            }
-        };
-        if self.drain == Drain::Failed {
-            tracing::error!(
-                qid,
-                outstanding = self.tracker.outstanding(),
-                "NVMe/RDMA: the target may still reach the memory of this queue's commands; they are left to time out"
-            );
-        }
-        self.drain == Drain::Done
-    }
-
-    /// Polls for a receive flushed (what else completes is dropped: the
-    /// queue has ended).
-    fn wait_drained(&mut self) -> Drain {
-        let started = Instant::now();
-        let mut wcs = [WorkCompletion::default(); 16];
-        loop {
-            match self.q.conn.cq().poll(&mut wcs) {
-                Ok(k) if wcs[..k].iter().any(|wc| wc.wr_id & SEND_BIT == 0 && wc.status == verbs::WC_WR_FLUSH_ERR) => {
-                    return Drain::Done
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::error!(qid = self.q.qid, "NVMe/RDMA: polling for the drain: {e}");
-                    return Drain::Failed;
-                }
-            }
-            if started.elapsed() > DRAIN_WAIT {
-                return Drain::Failed;
-            }
-            std::thread::yield_now();
+        // The capsules and data written above are in memory before the
+        // device reads them: ibv_post_send's own barrier orders them (as
+        // the doorbell's does on a controller).
+        let (addr, lkey) = (self.q.mr.addr(), self.q.mr.lkey());
+        self.sends_out.clear();
+        self.sends_out.extend(self.staged.iter().map(|&slot| {
+            let at = self.capsules_at + slot as usize * 64;
+            (SEND_BIT | slot as u64, Sge { addr: addr + at as u64, length: 64, lkey })
+        }));
+        // Chained: one post per chain, not per capsule.
+        let (posted, r) = self.q.poster.send_all(&self.sends_out);
+        self.sends += posted;
+        let failed = r.err();
+        self.staged.clear();
+        self.counters.doorbell_writes.add(1);
+        if let Some(e) = failed {
+            // A capsule not sent leaves its command without an answer: the
+            // queue ends, and every command on it completes at the next look.
+            self.fail(format!("NVMe/RDMA: a capsule to {} not sent: {e}", self.q.addr));
+            self.publish_pending(false);
         }
     }
 
@@ -672,7 +685,7 @@ impl RdmaIoQueue {
     /// them (the queue pair is stopped first, so that the target cannot
     /// reach their memory once it is given back, as far as this side can
     /// tell); the queue is not used again.
-    pub fn forget_outstanding(&mut self) -> usize {
+    fn forget_outstanding(&mut self) -> usize {
         let n = self.tracker.outstanding();
         if n > 0 && !self.stop() {
             tracing::error!(qid = self.q.qid, "NVMe/RDMA: commands given up on a queue pair not confirmed stopped");
@@ -682,14 +695,6 @@ impl RdmaIoQueue {
         self.staged.clear();
         self.fail(format!("NVMe/RDMA: queue {} to {}: its commands were given up", self.q.qid, self.q.addr));
         n
-    }
-}
-
-impl Drop for RdmaIoQueue {
-    fn drop(&mut self) {
-        if let (Some(_), Some(c)) = (self.irq, self.q.conn.cq().channel()) {
-            self.platform.unwatch(c.fd());
-        }
     }
 }
 

@@ -44,6 +44,7 @@ use super::super::bounce::{self, Bounce};
 use super::super::qpair::{CqView, Full, Owner};
 use super::super::stats::{QueueCounters, Staged};
 use super::super::tracker::Tracker;
+use crate::engine::queue::Transport;
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::AtomicU32;
@@ -228,11 +229,6 @@ impl TcpQueue {
         })
     }
 
-    /// The interrupt vector the platform signals, if any.
-    pub fn vector(&self) -> Option<u16> {
-        self.vector
-    }
-
     /// Publishes whether a look would find work no signal announces, and
     /// watches the socket again (interrupt completion).
     fn settle(&mut self) {
@@ -250,64 +246,6 @@ impl TcpQueue {
     /// GPU memory to ask about.
     fn look_pending(&self) -> bool {
         self.end > self.start || self.sent < self.out.len() || !self.refused.is_empty() || !self.copying.is_empty()
-    }
-
-    /// Queue identifier.
-    pub fn qid(&self) -> Qid {
-        self.qid
-    }
-
-    /// Entries (the connection's SQSIZE).
-    pub fn entries(&self) -> u16 {
-        self.entries
-    }
-
-    /// Commands that may be submitted now.
-    pub fn free_slots(&self) -> usize {
-        self.tracker.capacity() as usize - self.tracker.outstanding()
-    }
-
-    /// Commands outstanding.
-    pub fn outstanding(&self) -> usize {
-        self.tracker.outstanding()
-    }
-
-    /// PDUs from the controller that broke the protocol.
-    pub fn protocol_errors(&self) -> u64 {
-        self.protocol_errors
-    }
-
-    /// The commands in flight.
-    pub fn tracker(&mut self) -> &mut Tracker<Transfer> {
-        &mut self.tracker
-    }
-
-    /// The tracker, read only.
-    pub fn tracker_ref(&self) -> &Tracker<Transfer> {
-        &self.tracker
-    }
-
-    /// What this queue has done.
-    pub fn counters(&self) -> &Arc<QueueCounters> {
-        &self.counters
-    }
-
-    /// Polled: always worth a look (completions arrive on the socket, which
-    /// only a read finds). With a vector: worth a look when signalled, or
-    /// while `busy`.
-    pub fn cq_view(&self) -> CqView {
-        CqView::kernel(self.vector.is_none(), self.busy.clone())
-    }
-
-    /// Whether a look may find something. Polled: always, while commands
-    /// are out. With a vector: only while a look would find work no
-    /// signal announces (else the vector says when), so that a waiter
-    /// sleeps.
-    pub fn completion_pending(&mut self) -> bool {
-        match self.vector {
-            Some(_) => self.look_pending(),
-            None => self.tracker.outstanding() > 0,
-        }
     }
 
     /// The transfer of `sqe` with its data at `addr` (PRP1), or the status
@@ -425,19 +363,6 @@ impl TcpQueue {
         Ok(cid)
     }
 
-    /// Sends what is staged, as far as the socket takes it now.
-    pub fn ring_sq_doorbell(&mut self) {
-        self.staged.publish(&self.counters);
-        if self.sent < self.out.len() {
-            self.counters.doorbell_writes.add(1);
-            self.send();
-        }
-        if self.vector.is_some() {
-            let pending = self.look_pending();
-            self.busy.store(pending as u32, std::sync::atomic::Ordering::Release);
-        }
-    }
-
     /// Writes the send buffer without blocking; a failed send ends the
     /// connection.
     fn send(&mut self) {
@@ -516,65 +441,6 @@ impl TcpQueue {
             }
         }
         true
-    }
-
-    /// Consumes up to `max` completions, calling `f(owner, cqe)` for each
-    /// command that finished. Returns how many.
-    pub fn process_completions(&mut self, max: usize, mut f: impl FnMut(Owner, &Cqe)) -> usize {
-        let (n, failed) = (std::cell::Cell::new(0usize), std::cell::Cell::new(0u64));
-        let mut report = |owner: Owner, cqe: &Cqe| {
-            n.set(n.get() + 1);
-            failed.set(failed.get() + !cqe.status().is_success() as u64);
-            f(owner, cqe)
-        };
-        for cid in std::mem::take(&mut self.refused) {
-            let e = self.tracker.end(cid, 0).expect("outstanding");
-            let status = e.extra.refused.unwrap_or(self.transport_error());
-            self.finish(cid, e.owner, e.extra, Status::from_field(status), &mut report);
-        }
-        self.reap_copies(max, &n, &mut report);
-        self.send();
-        while n.get() < max && self.failure.is_none() && self.tracker.outstanding() > self.copying.len() {
-            match self.step() {
-                Ok(Some((cid, status))) => match self.tracker.get_mut(cid).map(|e| e.extra) {
-                    Some(t) if !t.copying => {
-                        let status = self.check_received(cid, &t, status);
-                        if let Some(status) = self.copy_in(cid, &t, status) {
-                            let e = self.tracker.end(cid, status.to_field(false)).expect("looked up above");
-                            self.finish(cid, e.owner, e.extra, status, &mut report);
-                        }
-                    }
-                    _ => self.violation(PduError::Field(format!(
-                        "a completion for command {:#06x}, which is not in flight",
-                        cid.0
-                    ))),
-                },
-                Ok(None) => {}
-                Err(Stop::Idle) => break,
-                Err(Stop::Broken(e)) => self.violation(e),
-            }
-            self.send();
-        }
-        // Copies that finished while the socket was read (or at once).
-        self.reap_copies(max, &n, &mut report);
-        if self.failure.is_some() {
-            // Everything on the connection is lost with it, but for reads
-            // whose data is all in and whose copies run: they end with
-            // their copies.
-            let status = self.transport_error();
-            let cids: Vec<Cid> =
-                self.tracker.outstanding_commands().filter(|(_, t)| !t.extra.copying).map(|(c, _)| c).collect();
-            for cid in cids {
-                let e = self.tracker.end(cid, status).expect("outstanding");
-                self.finish(cid, e.owner, e.extra, Status::from_field(status), &mut report);
-            }
-        }
-        self.counters.completed.add(n.get() as u64);
-        self.counters.errors.add(failed.get());
-        if self.vector.is_some() {
-            self.settle();
-        }
-        n.get()
     }
 
     /// Transient Transport Error, Do Not Retry (the connection is gone).
@@ -831,38 +697,6 @@ impl TcpQueue {
         (t.asked, t.r2t_until) = (end as u32, until);
         Ok(())
     }
-
-    /// Forgets every command: only when none can complete any more (the
-    /// queue is being dropped). Closes the connection first, so that
-    /// nothing more lands in the commands' memory.
-    pub fn forget_outstanding(&mut self) -> usize {
-        if self.vector.is_some() {
-            self.platform.unwatch(std::os::fd::AsFd::as_fd(&self.stream));
-        }
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
-        let n = self.tracker.outstanding();
-        // A copy still reading a bounce buffer keeps it: all are waited
-        // for until one deadline, and one not answered by then is never
-        // given back.
-        let deadline = std::time::Instant::now() + COPY_WAIT;
-        let stuck: Vec<Cid> = std::mem::take(&mut self.copying)
-            .into_iter()
-            .filter(|c| matches!(wait_copy(&*c.runtime, c.ticket, deadline), Ok(false)))
-            .map(|c| c.cid)
-            .collect();
-        for (cid, t) in self.tracker.outstanding_commands() {
-            if let Some(b) = t.extra.bounce {
-                if stuck.contains(&cid) {
-                    tracing::error!(cid = cid.0, "a copy to GPU memory still reads this bounce buffer: kept");
-                } else {
-                    bounce::give(b);
-                }
-            }
-        }
-        self.tracker.forget_all();
-        self.refused.clear();
-        n
-    }
 }
 
 /// Why parsing stopped.
@@ -894,5 +728,176 @@ impl Drop for TcpQueue {
         if self.vector.is_some() {
             self.platform.unwatch(std::os::fd::AsFd::as_fd(&self.stream));
         }
+    }
+}
+
+impl Transport for TcpQueue {
+    type Extra = Transfer;
+
+    /// Queue identifier.
+    fn qid(&self) -> Qid {
+        self.qid
+    }
+
+    /// Entries (the connection's SQSIZE).
+    fn entries(&self) -> u16 {
+        self.entries
+    }
+
+    /// The interrupt vector the platform signals, if any.
+    fn vector(&self) -> Option<u16> {
+        self.vector
+    }
+
+    /// Commands that may be submitted now.
+    fn free_slots(&self) -> usize {
+        self.tracker.capacity() as usize - self.tracker.outstanding()
+    }
+
+    /// Commands outstanding.
+    fn outstanding(&self) -> usize {
+        self.tracker.outstanding()
+    }
+
+    /// PDUs from the controller that broke the protocol.
+    fn protocol_errors(&self) -> u64 {
+        self.protocol_errors
+    }
+
+    /// The commands in flight.
+    fn tracker_mut(&mut self) -> &mut Tracker<Transfer> {
+        &mut self.tracker
+    }
+
+    /// The tracker, read only.
+    fn tracker(&self) -> &Tracker<Transfer> {
+        &self.tracker
+    }
+
+    /// What this queue has done.
+    fn counters(&self) -> &Arc<QueueCounters> {
+        &self.counters
+    }
+
+    /// Polled: always worth a look (completions arrive on the socket, which
+    /// only a read finds). With a vector: worth a look when signalled, or
+    /// while `busy`.
+    fn cq_view(&self) -> CqView {
+        CqView::kernel(self.vector.is_none(), self.busy.clone())
+    }
+
+    /// Whether a look may find something. Polled: always, while commands
+    /// are out. With a vector: only while a look would find work no
+    /// signal announces (else the vector says when), so that a waiter
+    /// sleeps.
+    fn completion_pending(&mut self) -> bool {
+        match self.vector {
+            Some(_) => self.look_pending(),
+            None => self.tracker.outstanding() > 0,
+        }
+    }
+
+    /// Consumes up to `max` completions, calling `f(owner, cqe)` for each
+    /// command that finished. Returns how many.
+    fn process_completions(&mut self, max: usize, mut f: impl FnMut(Owner, &Cqe)) -> usize {
+        let (n, failed) = (std::cell::Cell::new(0usize), std::cell::Cell::new(0u64));
+        let mut report = |owner: Owner, cqe: &Cqe| {
+            n.set(n.get() + 1);
+            failed.set(failed.get() + !cqe.status().is_success() as u64);
+            f(owner, cqe)
+        };
+        for cid in std::mem::take(&mut self.refused) {
+            let e = self.tracker.end(cid, 0).expect("outstanding");
+            let status = e.extra.refused.unwrap_or(self.transport_error());
+            self.finish(cid, e.owner, e.extra, Status::from_field(status), &mut report);
+        }
+        self.reap_copies(max, &n, &mut report);
+        self.send();
+        while n.get() < max && self.failure.is_none() && self.tracker.outstanding() > self.copying.len() {
+            match self.step() {
+                Ok(Some((cid, status))) => match self.tracker.get_mut(cid).map(|e| e.extra) {
+                    Some(t) if !t.copying => {
+                        let status = self.check_received(cid, &t, status);
+                        if let Some(status) = self.copy_in(cid, &t, status) {
+                            let e = self.tracker.end(cid, status.to_field(false)).expect("looked up above");
+                            self.finish(cid, e.owner, e.extra, status, &mut report);
+                        }
+                    }
+                    _ => self.violation(PduError::Field(format!(
+                        "a completion for command {:#06x}, which is not in flight",
+                        cid.0
+                    ))),
+                },
+                Ok(None) => {}
+                Err(Stop::Idle) => break,
+                Err(Stop::Broken(e)) => self.violation(e),
+            }
+            self.send();
+        }
+        // Copies that finished while the socket was read (or at once).
+        self.reap_copies(max, &n, &mut report);
+        if self.failure.is_some() {
+            // Everything on the connection is lost with it, but for reads
+            // whose data is all in and whose copies run: they end with
+            // their copies.
+            let status = self.transport_error();
+            let cids: Vec<Cid> =
+                self.tracker.outstanding_commands().filter(|(_, t)| !t.extra.copying).map(|(c, _)| c).collect();
+            for cid in cids {
+                let e = self.tracker.end(cid, status).expect("outstanding");
+                self.finish(cid, e.owner, e.extra, Status::from_field(status), &mut report);
+            }
+        }
+        self.counters.completed.add(n.get() as u64);
+        self.counters.errors.add(failed.get());
+        if self.vector.is_some() {
+            self.settle();
+        }
+        n.get()
+    }
+
+    /// Sends what is staged, as far as the socket takes it now.
+    fn ring_sq_doorbell(&mut self) {
+        self.staged.publish(&self.counters);
+        if self.sent < self.out.len() {
+            self.counters.doorbell_writes.add(1);
+            self.send();
+        }
+        if self.vector.is_some() {
+            let pending = self.look_pending();
+            self.busy.store(pending as u32, std::sync::atomic::Ordering::Release);
+        }
+    }
+
+    /// Forgets every command: only when none can complete any more (the
+    /// queue is being dropped). Closes the connection first, so that
+    /// nothing more lands in the commands' memory.
+    fn forget_outstanding(&mut self) -> usize {
+        if self.vector.is_some() {
+            self.platform.unwatch(std::os::fd::AsFd::as_fd(&self.stream));
+        }
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        let n = self.tracker.outstanding();
+        // A copy still reading a bounce buffer keeps it: all are waited
+        // for until one deadline, and one not answered by then is never
+        // given back.
+        let deadline = std::time::Instant::now() + COPY_WAIT;
+        let stuck: Vec<Cid> = std::mem::take(&mut self.copying)
+            .into_iter()
+            .filter(|c| matches!(wait_copy(&*c.runtime, c.ticket, deadline), Ok(false)))
+            .map(|c| c.cid)
+            .collect();
+        for (cid, t) in self.tracker.outstanding_commands() {
+            if let Some(b) = t.extra.bounce {
+                if stuck.contains(&cid) {
+                    tracing::error!(cid = cid.0, "a copy to GPU memory still reads this bounce buffer: kept");
+                } else {
+                    bounce::give(b);
+                }
+            }
+        }
+        self.tracker.forget_all();
+        self.refused.clear();
+        n
     }
 }

@@ -46,6 +46,7 @@ use super::bounce::{self, Bounce};
 use super::qpair::{CqView, Full, Owner};
 use super::stats::{QueueCounters, Staged};
 use super::tracker::Tracker;
+use crate::engine::queue::Transport;
 use copy::Copying;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -218,46 +219,6 @@ impl UringQueue {
         }
     }
 
-    /// Queue identifier.
-    pub fn qid(&self) -> Qid {
-        self.qid
-    }
-
-    /// Entries.
-    pub fn entries(&self) -> u16 {
-        self.entries
-    }
-
-    /// The eventfd vector completions are signalled on.
-    pub fn vector(&self) -> Option<u16> {
-        self.vector
-    }
-
-    /// Commands that may be submitted now.
-    pub fn free_slots(&self) -> usize {
-        self.tracker.capacity() as usize - self.tracker.outstanding()
-    }
-
-    /// Commands on the ring.
-    pub fn outstanding(&self) -> usize {
-        self.tracker.outstanding()
-    }
-
-    /// Completions that named no command in flight.
-    pub fn protocol_errors(&self) -> u64 {
-        self.protocol_errors
-    }
-
-    /// The commands in flight, for the queue pair's queries.
-    pub fn tracker(&mut self) -> &mut Tracker<Transfer> {
-        &mut self.tracker
-    }
-
-    /// The tracker, read only.
-    pub fn tracker_ref(&self) -> &Tracker<Transfer> {
-        &self.tracker
-    }
-
     /// What a command becomes on the ring.
     fn transfer(&self, sqe: &Sqe, addr: Option<u64>) -> Transfer {
         let Some(op) = NvmOpcode::from_u8(sqe.opcode()) else {
@@ -419,31 +380,6 @@ impl UringQueue {
         }
     }
 
-    /// Hands the staged operations to the kernel (one `io_uring_enter`).
-    pub fn ring_sq_doorbell(&mut self) {
-        self.staged.publish(&self.counters);
-        if self.ring.staged() > 0 {
-            self.counters.doorbell_writes.add(1);
-            if let Err(e) = self.ring.submit() {
-                tracing::error!(qid = self.qid.0, "io_uring submission failed: {e}; retried at the next look");
-            }
-        }
-    }
-
-    /// Whether a completion is waiting (or a copy to or from the GPU is
-    /// in flight, which only a look finishes).
-    pub fn completion_pending(&mut self) -> bool {
-        !self.landing.is_empty() || !self.staging.is_empty() || self.ring.completion_pending()
-    }
-
-    /// A view for waiting without the lock: a polled ring is always worth
-    /// a look (the kernel's tail is behind the ring's lock); an
-    /// interrupt-driven one is while copies to or from the GPU are in
-    /// flight (nothing signals their end), else its eventfd says when.
-    pub fn cq_view(&self) -> CqView {
-        CqView::kernel(self.vector.is_none(), self.copies.clone())
-    }
-
     /// The registered-buffer slot of the caller's host memory at
     /// `addr..addr + len`, registered with this ring if it was not yet;
     /// first, slots of memory no longer registered are released.
@@ -470,11 +406,74 @@ impl UringQueue {
     fn cqe(&self, cid: Cid, status: Status, short: u32) -> Cqe {
         Cqe { dw0: short, dw1: 0, sqhd: 0, sqid: self.qid.0, cid: cid.0, status: status.to_field(false) }
     }
+}
+
+impl Transport for UringQueue {
+    type Extra = Transfer;
+
+    /// Queue identifier.
+    fn qid(&self) -> Qid {
+        self.qid
+    }
+
+    /// Entries.
+    fn entries(&self) -> u16 {
+        self.entries
+    }
+
+    /// The eventfd vector completions are signalled on.
+    fn vector(&self) -> Option<u16> {
+        self.vector
+    }
+
+    /// Commands that may be submitted now.
+    fn free_slots(&self) -> usize {
+        self.tracker.capacity() as usize - self.tracker.outstanding()
+    }
+
+    /// Commands on the ring.
+    fn outstanding(&self) -> usize {
+        self.tracker.outstanding()
+    }
+
+    /// Completions that named no command in flight.
+    fn protocol_errors(&self) -> u64 {
+        self.protocol_errors
+    }
+
+    /// The commands in flight, for the queue pair's queries.
+    fn tracker_mut(&mut self) -> &mut Tracker<Transfer> {
+        &mut self.tracker
+    }
+
+    /// The tracker, read only.
+    fn tracker(&self) -> &Tracker<Transfer> {
+        &self.tracker
+    }
+
+    /// What this ring has done.
+    fn counters(&self) -> &Arc<QueueCounters> {
+        &self.counters
+    }
+
+    /// A view for waiting without the lock: a polled ring is always worth
+    /// a look (the kernel's tail is behind the ring's lock); an
+    /// interrupt-driven one is while copies to or from the GPU are in
+    /// flight (nothing signals their end), else its eventfd says when.
+    fn cq_view(&self) -> CqView {
+        CqView::kernel(self.vector.is_none(), self.copies.clone())
+    }
+
+    /// Whether a completion is waiting (or a copy to or from the GPU is
+    /// in flight, which only a look finishes).
+    fn completion_pending(&mut self) -> bool {
+        !self.landing.is_empty() || !self.staging.is_empty() || self.ring.completion_pending()
+    }
 
     /// Consumes up to `max` completions, calling `f(owner, cqe)` for each
     /// command that finished; partial transfers are resubmitted. Returns
     /// how many commands finished.
-    pub fn process_completions(&mut self, max: usize, mut f: impl FnMut(Owner, &Cqe)) -> usize {
+    fn process_completions(&mut self, max: usize, mut f: impl FnMut(Owner, &Cqe)) -> usize {
         let (mut done, mut failed) = (0u64, 0u64);
         let mut f = |owner: Owner, cqe: &Cqe| {
             done += 1;
@@ -662,9 +661,15 @@ impl UringQueue {
         n
     }
 
-    /// What this ring has done.
-    pub fn counters(&self) -> &Arc<QueueCounters> {
-        &self.counters
+    /// Hands the staged operations to the kernel (one `io_uring_enter`).
+    fn ring_sq_doorbell(&mut self) {
+        self.staged.publish(&self.counters);
+        if self.ring.staged() > 0 {
+            self.counters.doorbell_writes.add(1);
+            if let Err(e) = self.ring.submit() {
+                tracing::error!(qid = self.qid.0, "io_uring submission failed: {e}; retried at the next look");
+            }
+        }
     }
 
     /// Forgets every command: only when none can complete any more (the
@@ -672,7 +677,7 @@ impl UringQueue {
     /// are waited for (up to 10 s each; a copy engine that does not finish
     /// then is left its bounce buffer), since the memory goes back to its
     /// owner after this.
-    pub fn forget_outstanding(&mut self) -> usize {
+    fn forget_outstanding(&mut self) -> usize {
         let n = self.tracker.outstanding();
         for c in self.landing.drain(..).chain(self.staging.drain(..)) {
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
