@@ -340,12 +340,14 @@ fn a_request_waits_without_holding_its_queue() {
     emu.inject(Fault::next(FaultTarget::Io(Some(0x02)), FaultAction::Stall(Duration::from_millis(400))));
     let a = Buf::new(&d, 4096);
     let b = Buf::new(&d, 4096);
+    let fetched = emu.stats().commands;
     let (ta, tb) = std::thread::scope(|s| {
         let ja = s.spawn(|| {
             h.read(&a.token, 4096, 0, 0).unwrap();
             std::time::Instant::now()
         });
-        std::thread::sleep(Duration::from_millis(50));
+        // The first read is on the device (fetched, and stalled there).
+        wait_for("the first read to reach the device", || emu.stats().commands > fetched);
         let jb = s.spawn(|| {
             h.read(&b.token, 4096, 4096, 0).unwrap();
             std::time::Instant::now()

@@ -11,9 +11,10 @@ fn close_and_deregister_during_a_synchronous_read() {
     let (d, h, emu) = open(small_emu(), opts());
     let b = Buf::new(&d, 4096);
     emu.inject(Fault::next(FaultTarget::Io(None), FaultAction::Stall(Duration::from_millis(400))));
+    let fetched = emu.stats().commands;
     std::thread::scope(|s| {
         let reader = s.spawn(|| h.read(&b.token, 4096, 0, 0));
-        std::thread::sleep(Duration::from_millis(100));
+        wait_for("the read to reach the device", || emu.stats().commands > fetched);
         assert!(h.inflight() >= 1);
         // Non-blocking: refused, nothing changed.
         assert!(matches!(h.close(Drain::NoWait), Err(Error::Busy { what: "handle", inflight: 1 })));
@@ -40,9 +41,10 @@ fn a_bounded_wait_that_is_long_enough_closes() {
     let (d, h, emu) = open(small_emu(), opts());
     let b = Buf::new(&d, 4096);
     emu.inject(Fault::next(FaultTarget::Io(None), FaultAction::Stall(Duration::from_millis(100))));
+    let fetched = emu.stats().commands;
     std::thread::scope(|s| {
         let reader = s.spawn(|| h.read(&b.token, 4096, 0, 0));
-        std::thread::sleep(Duration::from_millis(30));
+        wait_for("the read to reach the device", || emu.stats().commands > fetched);
         h.close(Drain::Timeout(Duration::from_secs(5))).unwrap();
         reader.join().unwrap().unwrap();
     });

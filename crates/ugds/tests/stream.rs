@@ -112,6 +112,7 @@ fn many_streams_are_on_the_device_at_once() {
         action: FaultAction::Stall(Duration::from_millis(400)),
     });
     let streams: Vec<HostStream> = (0..4).map(|_| HostStream::new()).collect();
+    let fetched = emu.stats().commands;
     let results: Vec<_> = streams
         .iter()
         .enumerate()
@@ -121,8 +122,8 @@ fn many_streams_are_on_the_device_at_once() {
             r
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(150));
-    // All four stalled reads are outstanding together.
+    // All four stalled reads are on the device together.
+    wait_for("the four reads to reach the device", || emu.stats().commands >= fetched + 4);
     assert_eq!(h.inflight(), 4);
     assert!(results.iter().all(|r| !r.is_done()));
     for s in &streams {
@@ -263,11 +264,10 @@ fn dropping_the_handle_with_operations_pending_finishes_them() {
     drop(h);
     s.synchronize();
     assert_eq!(res.bytes(), 4096);
-    // The handle went away on the engine's own thread; nothing holds the buffer.
-    std::thread::sleep(Duration::from_millis(50));
-    drop(b);
-    let resets = emu.stats().resets;
-    assert!(resets >= 1, "the controller was shut down ({resets})");
+    // The handle goes away on the engine's own thread, which shuts the
+    // controller down; then nothing holds the buffer.
+    wait_for("the controller to be shut down", || emu.stats().resets >= 1);
+    d.deregister(&b.token).expect("nothing holds the buffer once the handle is gone");
 }
 
 /// Vectored operations in stream order: three segments written from one

@@ -57,10 +57,14 @@ pub fn gone_token(driver: &Driver) -> (BufferToken, HostBuffer) {
 
 impl Drop for Buf<'_> {
     fn drop(&mut self) {
-        if let Err(e) = self.driver.deregister(&self.token) {
-            // A buffer a stuck command holds must not be freed: leak it.
-            eprintln!("buffer kept (not freed): {e}");
-            std::mem::forget(std::mem::replace(&mut self.mem, HostBuffer::new(1).unwrap()));
+        match self.driver.deregister(&self.token) {
+            // Deregistered now, or by the test before.
+            Ok(()) | Err(ugds::Error::NotRegistered { .. }) => {}
+            Err(e) => {
+                // A buffer a stuck command holds must not be freed: leak it.
+                eprintln!("buffer kept (not freed): {e}");
+                std::mem::forget(std::mem::replace(&mut self.mem, HostBuffer::new(1).unwrap()));
+            }
         }
     }
 }
@@ -68,4 +72,14 @@ impl Drop for Buf<'_> {
 /// Deterministic bytes for offset `off` of a test pattern `seed`.
 pub fn pattern(seed: u8, off: u64, len: usize) -> Vec<u8> {
     (0..len as u64).map(|i| ((off + i).wrapping_mul(31) as u8) ^ seed ^ (((off + i) >> 9) as u8)).collect()
+}
+
+/// Waits until `cond` holds (checked every millisecond), failing the test
+/// after 10 s with `what`: tests order their threads on events, not sleeps.
+pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let give_up = std::time::Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(std::time::Instant::now() < give_up, "waited 10 s for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
