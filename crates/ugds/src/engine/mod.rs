@@ -32,6 +32,8 @@ pub(crate) mod contexts;
 pub mod controller;
 pub mod counter;
 pub(crate) mod fabrics;
+#[cfg(test)]
+mod fake;
 pub(crate) mod hold;
 pub mod info;
 pub mod kernel;

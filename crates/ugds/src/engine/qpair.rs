@@ -457,6 +457,14 @@ impl NvmeQueue {
     }
 }
 
+#[cfg(test)]
+impl NvmeQueue {
+    /// The rings, for a device the tests play (`engine::fake`).
+    pub(crate) fn rings(&self) -> (&DmaBuffer, &Arc<DmaBuffer>) {
+        (&self.sq, &self.cq)
+    }
+}
+
 impl std::fmt::Debug for NvmeQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NvmeQueue")
@@ -616,91 +624,13 @@ impl Transport for NvmeQueue {
 
 #[cfg(test)]
 mod tests {
-    //! The queue pair against a device played by the test: it fetches the
-    //! submission ring where the queue's doorbell says, and posts
-    //! completions where and in what order it likes, with the phase tag a
-    //! controller would write, so that the rings wrap and the phase flips.
+    //! The queue pair against a device played by the test (`engine::fake`):
+    //! it fetches the submission ring where the queue's doorbell says, and
+    //! posts completions where and in what order it likes, with the phase
+    //! tag a controller would write, so that the rings wrap and the phase
+    //! flips.
     use super::*;
-    use std::sync::Mutex;
-    use ugds_nvme::{Lba, Nsid, NvmOpcode};
-    use ugds_platform::sys::EventFd;
-    use ugds_platform::HostMapping;
-
-    /// Host memory for the rings; doorbell writes recorded, not sent.
-    #[derive(Default)]
-    struct Doorbells(Mutex<Vec<(usize, u32)>>);
-
-    impl Platform for Doorbells {
-        fn describe(&self) -> String {
-            "a device played by the test".into()
-        }
-        fn read32(&self, _off: usize) -> u32 {
-            0
-        }
-        unsafe fn write32(&self, off: usize, val: u32) {
-            self.0.lock().unwrap().push((off, val));
-        }
-        fn alloc_dma(&self, len: usize) -> Result<DmaBuffer> {
-            DmaBuffer::anonymous(len)
-        }
-        unsafe fn map_host(&self, _vaddr: *mut u8, _len: usize) -> Result<HostMapping> {
-            Err(Error::Unsupported("no mappings here".into()))
-        }
-        unsafe fn unmap_host(&self, _mapping: &HostMapping) -> Result<()> {
-            Ok(())
-        }
-        fn interrupt(&self, _vector: u16) -> Result<Option<&EventFd>> {
-            Ok(None)
-        }
-        fn interrupt_vectors(&self) -> u16 {
-            0
-        }
-    }
-
-    impl Doorbells {
-        /// The last value written to the register at `off`.
-        fn last(&self, off: usize) -> Option<u32> {
-            self.0.lock().unwrap().iter().rev().find(|(o, _)| *o == off).map(|(_, v)| *v)
-        }
-    }
-
-    /// The controller's side of one queue pair.
-    struct Device {
-        entries: u32,
-        sq_head: u32,
-        cq_tail: u32,
-        phase: bool,
-    }
-
-    impl Device {
-        fn new(entries: u16) -> Device {
-            Device { entries: entries as u32, sq_head: 0, cq_tail: 0, phase: true }
-        }
-
-        /// Fetches the commands up to the tail the doorbell gave: their CIDs.
-        fn fetch(&mut self, q: &NvmeQueue, tail: u32) -> Vec<u16> {
-            let mut cids = Vec::new();
-            while self.sq_head != tail {
-                cids.push(q.sq.read_sqe(self.sq_head as usize * Sqe::SIZE).cid().0);
-                self.sq_head = (self.sq_head + 1) % self.entries;
-            }
-            cids
-        }
-
-        /// Posts a completion, dword 3 (with the phase tag) last.
-        fn post(&mut self, q: &NvmeQueue, cid: u16, sqhd: u32, status: u16) {
-            let off = self.cq_tail as usize * Cqe::SIZE;
-            q.cq.write_u32(off, 0);
-            q.cq.write_u32(off + 4, 0);
-            q.cq.write_u32(off + 8, sqhd | (q.qid.0 as u32) << 16);
-            q.cq.store_u32_release(off + 12, cid as u32 | ((status << 1) as u32 | self.phase as u32) << 16);
-            self.cq_tail += 1;
-            if self.cq_tail == self.entries {
-                self.cq_tail = 0;
-                self.phase = !self.phase;
-            }
-        }
-    }
+    use crate::engine::fake::{read, Device, Doorbells};
 
     fn queue(entries: u16) -> (Arc<Doorbells>, NvmeQueue) {
         let bells = Arc::new(Doorbells::default());
@@ -708,14 +638,10 @@ mod tests {
         (bells, q)
     }
 
-    fn read(i: u64) -> Sqe {
-        Sqe::rw(NvmOpcode::Read, Cid(0), Nsid(1), Lba(i), 1, 0x1000, 0)
-    }
-
     #[test]
     fn completions_out_of_order_across_wraps_reach_their_owners() {
         let (bells, mut q) = queue(4);
-        let mut dev = Device::new(4);
+        let mut dev = Device::of(&q);
         let (sq_db, cq_db) = (regs::sq_tail_doorbell(1, 0), regs::cq_head_doorbell(1, 0));
         for round in 0..10u32 {
             // A full ring: three commands (one slot stays empty).
@@ -726,11 +652,11 @@ mod tests {
             q.ring_sq_doorbell();
             let tail = bells.last(sq_db).expect("the tail was rung");
             assert_eq!(tail, (round * 3 + 3) % 4, "round {round}: the doorbell carries the tail");
-            let cids = dev.fetch(&q, tail);
+            let cids = dev.fetch(tail);
             assert_eq!(cids.len(), 3);
             // Last fetched first; each completion says all three were fetched.
             for &cid in cids.iter().rev() {
-                dev.post(&q, cid, dev.sq_head, 0);
+                dev.post(cid, dev.sq_head, 0);
             }
             let mut owners = Vec::new();
             assert_eq!(q.process_completions(usize::MAX, |o, c| owners.push((o, c.is_success()))), 3);
@@ -748,20 +674,20 @@ mod tests {
     #[test]
     fn a_completion_for_no_command_or_an_impossible_sq_head_is_counted_and_ignored() {
         let (bells, mut q) = queue(8);
-        let mut dev = Device::new(8);
+        let mut dev = Device::of(&q);
         let cid = q.submit(read(0), None, Owner::Own(7)).unwrap();
         q.ring_sq_doorbell();
         let tail = bells.last(regs::sq_tail_doorbell(1, 0)).unwrap();
-        assert_eq!(dev.fetch(&q, tail), vec![cid.0]);
+        assert_eq!(dev.fetch(tail), vec![cid.0]);
         // A CID never issued, then an SQ head past the tail, then the real one.
-        dev.post(&q, cid.0 ^ 0x40, dev.sq_head, 0);
-        dev.post(&q, cid.0, 5, 0);
+        dev.post(cid.0 ^ 0x40, dev.sq_head, 0);
+        dev.post(cid.0, 5, 0);
         let mut owners = Vec::new();
         assert_eq!(q.process_completions(usize::MAX, |o, _| owners.push(o)), 2);
         assert_eq!(owners, vec![Owner::Own(7)], "only the issued command's completion reaches an owner");
         assert_eq!(q.protocol_errors(), 2, "both bad entries counted");
         // The same CID again: its command is no longer outstanding.
-        dev.post(&q, cid.0, dev.sq_head, 0);
+        dev.post(cid.0, dev.sq_head, 0);
         assert_eq!(q.process_completions(usize::MAX, |_, _| panic!("completed twice")), 1);
         assert_eq!(q.protocol_errors(), 3);
     }
@@ -769,14 +695,14 @@ mod tests {
     #[test]
     fn an_error_status_reaches_the_owner_and_frees_the_slot() {
         let (bells, mut q) = queue(2);
-        let mut dev = Device::new(2);
+        let mut dev = Device::of(&q);
         for round in 0..5u32 {
             let cid = q.submit(read(round as u64), None, Owner::Own(round)).unwrap();
             q.ring_sq_doorbell();
             let tail = bells.last(regs::sq_tail_doorbell(1, 0)).unwrap();
-            dev.fetch(&q, tail);
+            dev.fetch(tail);
             // Status: generic, LBA out of range (0x80).
-            dev.post(&q, cid.0, dev.sq_head, 0x80);
+            dev.post(cid.0, dev.sq_head, 0x80);
             let mut seen = None;
             assert_eq!(q.process_completions(1, |o, c| seen = Some((o, c.status().sc))), 1);
             assert_eq!(seen, Some((Owner::Own(round), 0x80)), "round {round}");
