@@ -450,3 +450,87 @@ impl BatchQueue {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Batch contexts against a device the test plays (`engine::fake`):
+    //! requests of several commands, completed out of order, one command
+    //! failed, two contexts on one queue pair.
+    use super::*;
+    use crate::engine::fake::{Device, Doorbells};
+    use crate::engine::hold::Inflight;
+    use crate::engine::qpair::NvmeQueue;
+    use crate::engine::queue::QueuePair;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use ugds_nvme::Qid;
+    use ugds_platform::sys::PAGE_SIZE;
+
+    /// Counts the holds of the requests in flight.
+    #[derive(Default)]
+    struct Holds(AtomicUsize);
+
+    impl Inflight for Holds {
+        fn release(&self) {
+            self.0.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A read of `len` bytes at byte `at`, in commands of at most 4 KiB.
+    fn read(holds: &Arc<Holds>, cookie: u64, at: u64, len: usize) -> Prepared {
+        holds.0.fetch_add(1, Ordering::Relaxed);
+        let pages: Arc<[u64]> = (0..len.div_ceil(PAGE_SIZE)).map(|i| 0x10_0000 + (i * PAGE_SIZE) as u64).collect();
+        Prepared {
+            op: NvmOpcode::Read,
+            cookie,
+            len,
+            chunks: Chunker::new(at, 0, len, 512, PAGE_SIZE, Some(4096)),
+            pages,
+            more: Vec::new(),
+            hold: Hold::new(holds.clone()),
+            sgl: false,
+        }
+    }
+
+    #[test]
+    fn requests_of_several_commands_end_when_their_last_completes() {
+        let bells = Arc::new(Doorbells::default());
+        let qp = NvmeQueue::new(bells.clone(), Qid(1), 8, 0, None).unwrap();
+        let mut dev = Device::of(&qp);
+        let q = Arc::new(SyncQueue::new(QueuePair::Nvme(qp), bells.clone()).unwrap());
+        let b = BatchQueue::new(q, false, 1, Duration::from_secs(10));
+        let holds = Arc::new(Holds::default());
+        let (c1, c2) = (b.open_context(4), b.open_context(4));
+        for round in 0..5u64 {
+            // Context 1: 8 KiB (two commands) and 4 KiB; context 2: 12 KiB
+            // (three), whose middle command the device fails.
+            let mut one = vec![read(&holds, 10 + round, 0, 8192), read(&holds, 20 + round, 65536, 4096)];
+            let mut two = vec![read(&holds, 30 + round, 1 << 20, 12288)];
+            // One doorbell write for each submission, whatever its commands.
+            assert_eq!(b.submit(c1, &mut one).unwrap(), 1);
+            assert_eq!(b.submit(c2, &mut two).unwrap(), 1);
+            let sqes = dev.fetch_sqes(bells.sq_tail(1).expect("rung"));
+            assert_eq!(sqes.len(), 6, "round {round}: every command on the device");
+            // Last fetched first; the 12 KiB read's second block of commands fails.
+            for s in sqes.iter().rev() {
+                let status = if s.slba().0 == (1 << 20) / 512 + 8 { 0x80 } else { 0 };
+                dev.post(s.cid().0, dev.sq_head, status);
+            }
+            let mut ev = Vec::new();
+            let (n, left) = b.collect(c1, 8, &mut ev);
+            assert_eq!((n, left), (2, 0), "round {round}");
+            let mut got: Vec<_> = ev.iter().map(|e| (e.cookie, e.status, e.result.as_ref().ok().copied())).collect();
+            got.sort_by_key(|g| g.0);
+            assert_eq!(
+                got,
+                vec![(10 + round, BatchStatus::Complete, Some(8192)), (20 + round, BatchStatus::Complete, Some(4096))]
+            );
+            ev.clear();
+            assert_eq!(b.collect(c2, 8, &mut ev), (1, 0), "round {round}");
+            assert_eq!((ev[0].cookie, ev[0].status), (30 + round, BatchStatus::Failed));
+            assert!(matches!(&ev[0].result, Err(Error::Nvme { status, .. }) if status.sc == 0x80));
+            assert_eq!(holds.0.load(Ordering::Relaxed), 0, "round {round}: every request's hold let go");
+        }
+        let _ = b.close_context(c1);
+        let _ = b.close_context(c2);
+    }
+}
