@@ -20,7 +20,10 @@
  * name refuses the registration with UGDS_INVALID_VALUE); UGDS_TRACE=N
  * traces each queue's last N commands; UGDS_SHADOW_DOORBELLS=1|0 asks for
  * shadow doorbells or not (default: only under a hypervisor where doorbell
- * writes trap, such as KVM).
+ * writes trap, such as KVM). UGDS_SYNC_QUEUES=N gives each handle N queue
+ * pairs for synchronous calls (default one per CPU, 4 to 32, at most what
+ * the controller grants; threads beyond N share them), UGDS_BATCH_QUEUES=N N batch queue
+ * pairs (a value that is not a number refuses the registration).
  *
  * Apache-2.0 OR MIT.
  */

@@ -19,7 +19,10 @@ pub struct HandleOptions {
     pub nsid: Option<u32>,
     /// Polling (default) or interrupt completion.
     pub completion: Completion,
-    /// Queue pairs shared by synchronous callers.
+    /// Queue pairs shared by synchronous callers: by default one per CPU
+    /// the process may run on, at least 4 and at most 32 (the controller
+    /// may grant fewer). Threads beyond them share queues, and threads on
+    /// one queue wait for each other.
     pub sync_queues: u16,
     /// Queue pairs lent whole to [`IoQueue`](crate::IoQueue)s.
     pub async_queues: u16,
@@ -91,12 +94,19 @@ pub struct HandleOptions {
 /// The most commands a queue pair's trace keeps.
 pub const MAX_TRACE: usize = 1 << 20;
 
+/// One synchronous queue pair per CPU the process may run on, within 4..=32
+/// (measured on the H200 VM's 16 cores through the kernel path:
+/// docs/benchmarks.md, "several threads on one handle").
+fn default_sync_queues() -> u16 {
+    std::thread::available_parallelism().map_or(4, |n| n.get()).clamp(4, 32) as u16
+}
+
 impl Default for HandleOptions {
     fn default() -> Self {
         HandleOptions {
             nsid: None,
             completion: Completion::Poll,
-            sync_queues: 4,
+            sync_queues: default_sync_queues(),
             async_queues: 4,
             queue_depth: 256,
             timeout: Duration::from_secs(30),
@@ -293,47 +303,60 @@ impl HandleOptions {
     /// `iopoll`) and its [`CachePolicy`] from `UGDS_CACHE_POLICY` (`auto`,
     /// `direct`, `buffered`; another value makes the open fail); statistics published to `UGDS_STATS_DIR` when it is set;
     /// `UGDS_TRACE=N` traces each queue's last N commands;
-    /// `UGDS_BATCH_QUEUES=N` sets [`batch_queues`](Self::batch_queues);
+    /// `UGDS_SYNC_QUEUES=N` sets [`sync_queues`](Self::sync_queues) and
+    /// `UGDS_BATCH_QUEUES=N` [`batch_queues`](Self::batch_queues);
     /// `UGDS_MODE` names a built-in [`Mode`] (an unknown name, or a
-    /// `UGDS_BATCH_QUEUES` that is not a number, makes the open fail).
+    /// `UGDS_SYNC_QUEUES` or `UGDS_BATCH_QUEUES` that is not a number,
+    /// makes the open fail).
     pub fn from_env() -> Self {
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// As [`from_env`](Self::from_env), with the variables `var` gives.
+    fn from_vars(var: impl Fn(&str) -> Option<String>) -> Self {
         let mut o = HandleOptions::default();
-        if std::env::var("UGDS_INTERRUPT_MODE").is_ok_and(|v| v == "1") {
+        if var("UGDS_INTERRUPT_MODE").is_some_and(|v| v == "1") {
             o.completion = Completion::Interrupt;
         }
-        match std::env::var("UGDS_KERNEL_RING").as_deref() {
-            Ok("sqpoll") => o.kernel_ring = KernelRing::SqPoll,
-            Ok("iopoll") => o.kernel_ring = KernelRing::IoPoll,
+        match var("UGDS_KERNEL_RING").as_deref() {
+            Some("sqpoll") => o.kernel_ring = KernelRing::SqPoll,
+            Some("iopoll") => o.kernel_ring = KernelRing::IoPoll,
             _ => {}
         }
-        match std::env::var("UGDS_CACHE_POLICY").as_deref() {
-            Err(_) | Ok("") => {}
-            Ok(v) => match v.parse() {
+        match var("UGDS_CACHE_POLICY").as_deref() {
+            None | Some("") => {}
+            Some(v) => match v.parse() {
                 Ok(p) => o.cache = p,
                 Err(e) => o.env_error = Some(format!("UGDS_CACHE_POLICY: {e}")),
             },
         }
-        o.stats_dir = std::env::var_os("UGDS_STATS_DIR").filter(|d| !d.is_empty()).map(Into::into);
-        if let Ok(v) = std::env::var("UGDS_TRACE") {
+        o.stats_dir = var("UGDS_STATS_DIR").filter(|d| !d.is_empty()).map(Into::into);
+        if let Some(v) = var("UGDS_TRACE") {
             match v.parse() {
                 Ok(n) => o.trace = n,
                 Err(_) => tracing::warn!("UGDS_TRACE={v:?} is not a number of commands; not traced"),
             }
         }
-        if let Ok(v) = std::env::var("UGDS_BATCH_QUEUES") {
+        if let Some(v) = var("UGDS_SYNC_QUEUES") {
+            match v.parse() {
+                Ok(n) if n > 0 => o.sync_queues = n,
+                _ => o.env_error = Some(format!("UGDS_SYNC_QUEUES={v:?} is not a number of queue pairs (1 or more)")),
+            }
+        }
+        if let Some(v) = var("UGDS_BATCH_QUEUES") {
             match v.parse() {
                 Ok(n) => o.batch_queues = n,
                 Err(_) => o.env_error = Some(format!("UGDS_BATCH_QUEUES={v:?} is not a number of queue pairs")),
             }
         }
-        match std::env::var("UGDS_SHADOW_DOORBELLS").as_deref() {
-            Ok("1") => o.shadow_doorbells = true,
-            Ok("0") => o.shadow_doorbells = false,
+        match var("UGDS_SHADOW_DOORBELLS").as_deref() {
+            Some("1") => o.shadow_doorbells = true,
+            Some("0") => o.shadow_doorbells = false,
             _ => {}
         }
-        match std::env::var("UGDS_MODE").as_deref() {
-            Err(_) | Ok("") => {}
-            Ok(name) => match mode_by_name(name) {
+        match var("UGDS_MODE").as_deref() {
+            None | Some("") => {}
+            Some(name) => match mode_by_name(name) {
                 Ok(m) => o.mode = Some(m),
                 Err(e) => o.env_error = Some(format!("UGDS_MODE: {e}")),
             },
@@ -403,4 +426,28 @@ pub enum HandleState {
     Wedged,
     /// Closed.
     Closed,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(vars: &[(&str, &str)]) -> HandleOptions {
+        HandleOptions::from_vars(|name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string()))
+    }
+
+    #[test]
+    fn the_environment_sets_the_queue_counts_and_refuses_what_is_not_one() {
+        let o = with(&[("UGDS_SYNC_QUEUES", "16"), ("UGDS_BATCH_QUEUES", "3")]);
+        assert_eq!((o.sync_queues, o.batch_queues, o.env_error.is_none()), (16, 3, true));
+        let d = with(&[]);
+        assert_eq!((d.sync_queues, d.env_error.is_none()), (HandleOptions::default().sync_queues, true));
+        for bad in ["0", "many", "-1", "70000"] {
+            let o = with(&[("UGDS_SYNC_QUEUES", bad)]);
+            assert!(o.env_error.as_deref().is_some_and(|e| e.contains("UGDS_SYNC_QUEUES")), "{bad}: {:?}", o.env_error);
+        }
+        assert!(with(&[("UGDS_BATCH_QUEUES", "x")]).env_error.is_some());
+        assert!(with(&[("UGDS_CACHE_POLICY", "sometimes")]).env_error.is_some());
+        assert_eq!(with(&[("UGDS_INTERRUPT_MODE", "1")]).completion, Completion::Interrupt);
+    }
 }
