@@ -5,7 +5,7 @@
 //! tag a controller writes).
 
 use super::qpair::NvmeQueue;
-use super::queue::Transport;
+use super::transport::Transport;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 use ugds_nvme::{regs, Cid, Cqe, Iova, Lba, Nsid, NvmOpcode, Sqe};

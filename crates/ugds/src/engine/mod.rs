@@ -31,6 +31,7 @@ pub mod chunk;
 pub(crate) mod contexts;
 pub mod controller;
 pub mod counter;
+pub mod cq_view;
 pub(crate) mod fabrics;
 #[cfg(test)]
 mod fake;
@@ -48,6 +49,7 @@ pub mod sync;
 pub mod tcp;
 pub mod trace;
 pub mod tracker;
+pub mod transport;
 pub mod uring;
 
 pub use batch::{BatchEvent, BatchStatus};
@@ -61,9 +63,9 @@ pub use pcie::NvmeController;
 #[cfg_attr(not(feature = "engine-internals"), allow(unused_imports))]
 pub use qpair::NvmeQueue;
 pub use queue::QueuePair;
-#[cfg_attr(not(feature = "engine-internals"), allow(unused_imports))]
-pub use queue::Transport;
 pub use sync::Completion;
 pub use tracker::Owner;
+#[cfg_attr(not(feature = "engine-internals"), allow(unused_imports))]
+pub use transport::Transport;
 #[cfg_attr(not(feature = "engine-internals"), allow(unused_imports))]
 pub use uring::UringQueue;

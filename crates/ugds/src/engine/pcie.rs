@@ -9,7 +9,7 @@
 
 use super::info::{ControllerInfo, NamespaceInfo};
 use super::qpair::{NvmeQueue, Owner};
-use super::queue::Transport;
+use super::transport::Transport;
 use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -14,8 +14,7 @@
 //! polled one (see [`NvmeQueue::report_cq_head`]).
 
 use super::stats::{QueueCounters, Staged};
-use crate::engine::queue::Transport;
-use std::sync::atomic::{AtomicU32, Ordering};
+use crate::engine::transport::Transport;
 use std::sync::Arc;
 use ugds_nvme::prp::PrpPlan;
 use ugds_nvme::ring::{CqCursor, Ring};
@@ -27,62 +26,8 @@ use ugds_platform::sys::PAGE_SIZE;
 use ugds_platform::Platform;
 use ugds_platform::{Error, Result};
 
+pub use super::cq_view::CqView;
 pub use super::tracker::{Owner, Tracker};
-
-/// A read-only view of a completion ring's phase tags, so that threads
-/// waiting on a shared queue pair can see that something completed without
-/// taking its lock. It shares the ring's memory (an `Arc`), so it stays
-/// valid however long it outlives the queue pair.
-pub struct CqView {
-    /// The ring; none for a queue whose entries are not ours to read (the
-    /// kernel path's), which `is_new` answers with `assume`.
-    ring: Option<Arc<DmaBuffer>>,
-    entries: u32,
-    assume: bool,
-    /// Without a ring: work in flight that only a look finishes (the
-    /// kernel path's copies to and from GPU memory), while non-zero.
-    busy: Option<Arc<AtomicU32>>,
-}
-
-impl std::fmt::Debug for CqView {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CqView").field("entries", &self.entries).finish_non_exhaustive()
-    }
-}
-
-impl CqView {
-    /// A view with no ring to read: it answers `new`, or true while
-    /// `busy` is non-zero.
-    pub fn kernel(new: bool, busy: Arc<AtomicU32>) -> CqView {
-        CqView { ring: None, entries: 0, assume: new, busy: Some(busy) }
-    }
-
-    /// The work in flight that only a look finishes (0 with a ring).
-    pub fn busy(&self) -> u32 {
-        self.busy.as_ref().map_or(0, |b| b.load(Ordering::Acquire))
-    }
-
-    /// Whether the entry at `head` carries phase `phase` (is new). Panics
-    /// if `head` is outside the ring.
-    #[inline]
-    pub fn is_new(&self, head: u32, phase: bool) -> bool {
-        let Some(ring) = &self.ring else {
-            return self.assume || self.busy.as_ref().is_some_and(|b| b.load(Ordering::Acquire) != 0);
-        };
-        assert!(head < self.entries, "completion entry {head} outside a ring of {}", self.entries);
-        let dw3 = ring.load_u32_acquire(head as usize * Cqe::SIZE + 12);
-        (dw3 >> 16) & 1 == phase as u32
-    }
-
-    /// As [`CqView::is_new`], but without a ring only what `new` says:
-    /// work in flight is not a completion.
-    pub fn posted(&self, head: u32, phase: bool) -> bool {
-        match &self.ring {
-            None => self.assume,
-            Some(_) => self.is_new(head, phase),
-        }
-    }
-}
 
 /// This queue's slots in the shadow doorbell and EventIdx pages.
 struct Shadow {
@@ -531,7 +476,7 @@ impl Transport for NvmeQueue {
 
     /// A lock-free view of the completion ring (see [`CqView`]).
     fn cq_view(&self) -> CqView {
-        CqView { ring: Some(self.cq.clone()), entries: self.cq_ring.size(), assume: false, busy: None }
+        CqView::ring(self.cq.clone(), self.cq_ring.size())
     }
 
     /// Whether a new completion entry is waiting (a peek at the phase tag).

@@ -17,7 +17,7 @@ mod requests;
 
 use crate::engine::batch::Prepared;
 use crate::engine::chunk::Chunk;
-use crate::engine::queue::Transport;
+use crate::engine::transport::Transport;
 use crate::engine::{BatchEvent, Completion, Owner, QueuePair};
 use crate::handle::{Escalation, Handle, HandleInner};
 use crate::registry::BufferToken;

@@ -46,7 +46,7 @@ use super::bounce::{self, Bounce};
 use super::qpair::{CqView, Full, Owner};
 use super::stats::{QueueCounters, Staged};
 use super::tracker::Tracker;
-use crate::engine::queue::Transport;
+use crate::engine::transport::Transport;
 use copy::Copying;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};

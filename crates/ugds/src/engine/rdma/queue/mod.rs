@@ -47,7 +47,7 @@ use super::super::qpair::{CqView, Full, Owner};
 use super::super::stats::{QueueCounters, Staged};
 use super::super::tracker::Tracker;
 use super::{post_receive, response_sge, RdmaQueue, CQE_AT, DRAIN_ID, STAGING};
-use crate::engine::queue::Transport;
+use crate::engine::transport::Transport;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

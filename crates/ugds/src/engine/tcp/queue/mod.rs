@@ -46,7 +46,7 @@ use super::super::bounce::{self, Bounce};
 use super::super::qpair::{CqView, Full, Owner};
 use super::super::stats::{QueueCounters, Staged};
 use super::super::tracker::Tracker;
-use crate::engine::queue::Transport;
+use crate::engine::transport::Transport;
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::AtomicU32;
