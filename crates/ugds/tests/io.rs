@@ -409,3 +409,21 @@ fn latency_model_delays_completions() {
     h.read(&b.token, 65536, 0, 0).unwrap();
     assert!(t.elapsed() >= Duration::from_millis(20 + 65));
 }
+
+/// Synchronous queue pairs beyond 4 (one per CPU by default) give way to
+/// the lendable ones when the controller grants too few for both.
+#[test]
+fn synchronous_queues_beyond_four_make_room_for_the_lendable_ones() {
+    let counts = |granted: u16| {
+        let (_d, h, _e) = open(small_emu().max_io_queues(granted), opts().sync_queues(16).async_queues(4));
+        h.queue_counts()
+    };
+    // One batch queue first; then 4 synchronous, and what is left lent.
+    assert_eq!(counts(8), (4, 3));
+    // Room for the 4 lendable ones, the rest synchronous.
+    assert_eq!(counts(16), (11, 4));
+    // All asked for.
+    assert_eq!(counts(64), (16, 4));
+    // Fewer than 4 left: all synchronous, as before.
+    assert_eq!(counts(3), (2, 0));
+}

@@ -20,8 +20,9 @@ pub struct HandleOptions {
     /// Polling (default) or interrupt completion.
     pub completion: Completion,
     /// Queue pairs shared by synchronous callers: by default one per CPU
-    /// the process may run on, at least 4 and at most 32 (the controller
-    /// may grant fewer). Threads beyond them share queues, and threads on
+    /// the process may run on, at least 4 and at most 32. The controller
+    /// may grant fewer: those beyond 4 then make room for the lendable
+    /// queues asked for. Threads beyond them share queues, and threads on
     /// one queue wait for each other.
     pub sync_queues: u16,
     /// Queue pairs lent whole to [`IoQueue`](crate::IoQueue)s.

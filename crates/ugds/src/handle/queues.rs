@@ -60,7 +60,11 @@ impl Queues {
         // interrupts on every completion, polled or not, which costs the
         // CPU the polling was for (as Linux keeps poll queues apart).
         let split = opts.split_sync();
-        let nsleep = opts.sync_queues.clamp(1, avail);
+        // Synchronous queues beyond 4 (one per CPU by default) make room
+        // for the lendable queues asked for when the grant holds too few
+        // for both; the first 4 do not.
+        let want = opts.sync_queues.max(1);
+        let nsleep = want.min(want.min(4).max(avail.saturating_sub(opts.async_queues))).clamp(1, avail);
         let npoll = if split { nsleep.min(avail - nsleep) } else { 0 };
         let nsync = nsleep + npoll;
         let nasync = opts.async_queues.min(avail - nsync);
