@@ -449,11 +449,6 @@ impl Transport for NvmeQueue {
             .min(self.tracker.capacity() as usize - self.tracker.outstanding())
     }
 
-    /// Commands submitted and not yet completed.
-    fn outstanding(&self) -> usize {
-        self.tracker.outstanding()
-    }
-
     /// Completions that named a CID nobody held, or an SQ head outside the ring.
     fn protocol_errors(&self) -> u64 {
         self.protocol_errors

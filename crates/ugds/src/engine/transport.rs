@@ -26,8 +26,6 @@ pub trait Transport {
     fn vector(&self) -> Option<u16>;
     /// Commands that may be submitted now without waiting for completions.
     fn free_slots(&self) -> usize;
-    /// Commands submitted and not yet completed.
-    fn outstanding(&self) -> usize;
     /// Completions that named no command in flight (or, on a controller,
     /// an SQ head outside the ring).
     fn protocol_errors(&self) -> u64;
@@ -48,6 +46,12 @@ pub trait Transport {
     fn ring_sq_doorbell(&mut self);
     /// Forgets every outstanding command: only when none can complete.
     fn forget_outstanding(&mut self) -> usize;
+
+    /// Commands submitted and not yet completed.
+    #[inline]
+    fn outstanding(&self) -> usize {
+        self.tracker().outstanding()
+    }
 
     /// Size of the PRP-list page pool (a transport that copies needs none:
     /// as many as it has command identifiers).

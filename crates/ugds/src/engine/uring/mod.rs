@@ -431,11 +431,6 @@ impl Transport for UringQueue {
         self.tracker.capacity() as usize - self.tracker.outstanding()
     }
 
-    /// Commands on the ring.
-    fn outstanding(&self) -> usize {
-        self.tracker.outstanding()
-    }
-
     /// Completions that named no command in flight.
     fn protocol_errors(&self) -> u64 {
         self.protocol_errors

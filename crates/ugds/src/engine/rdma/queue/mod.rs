@@ -420,11 +420,6 @@ impl Transport for RdmaIoQueue {
             .min(self.send_room - self.sends - self.staged.len())
     }
 
-    /// Commands outstanding.
-    fn outstanding(&self) -> usize {
-        self.tracker.outstanding()
-    }
-
     /// Responses that broke the protocol (each ended the queue).
     fn protocol_errors(&self) -> u64 {
         self.protocol_errors

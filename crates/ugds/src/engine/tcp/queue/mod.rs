@@ -530,11 +530,6 @@ impl Transport for TcpQueue {
         self.tracker.capacity() as usize - self.tracker.outstanding()
     }
 
-    /// Commands outstanding.
-    fn outstanding(&self) -> usize {
-        self.tracker.outstanding()
-    }
-
     /// PDUs from the controller that broke the protocol.
     fn protocol_errors(&self) -> u64 {
         self.protocol_errors
