@@ -13,6 +13,7 @@ mod hist;
 mod histogram;
 mod rdma;
 mod report;
+mod serve;
 mod stats;
 mod sysfs;
 mod target;
@@ -29,6 +30,8 @@ Usage:
   ugds gpu-bench [OPTIONS] [TARGET]
                                   the same with CUDA device memory (GPU 0;
                                   in a build with --features gpu-bench)
+  ugds serve [OPTIONS] [TARGET]   own a controller and serve it to other
+                                  processes (each attaches with --attach)
   ugds doctor [--json] [--mode M] what will work on this machine, and why not
   ugds list | bind | unbind       NVMe functions and their drivers (ugds help bind)
   ugds hist [QUANTILE...]         percentiles of latencies (us) read from stdin
@@ -81,6 +84,7 @@ fn main() -> ExitCode {
     let r = match cmd.as_deref() {
         Some("identify") => identify(rest),
         Some("bench") => bench::main(rest),
+        Some("serve") => serve::main(rest),
         Some("gpu-bench") => gpu_bench(rest),
         Some("rdma") => rdma::main(rest),
         Some("hist") => hist::main(rest),
@@ -98,6 +102,7 @@ fn main() -> ExitCode {
         Some("help") | Some("-h") | Some("--help") => {
             match rest.first().map(|a| a.to_string_lossy().into_owned()).as_deref() {
                 Some("bench") => print!("{}", bench::HELP),
+                Some("serve") => print!("{}{}", serve::HELP, target::HELP),
                 #[cfg(feature = "gpu-bench")]
                 Some("gpu-bench") => print!("{}{}", gpubench::HELP, target::HELP),
                 Some("hist") => print!("{}", hist::HELP),

@@ -67,6 +67,8 @@ pub struct TargetOpts {
     /// An emulated NVMe/TCP target in this process (memory namespace of
     /// `--emu-size`, `--emu-block`), reached over 127.0.0.1.
     pub emu_tcp: bool,
+    /// A controller another process serves (`ugds serve`): its socket.
+    pub attach: Option<PathBuf>,
 }
 
 /// One target named on the command line, of several.
@@ -115,6 +117,7 @@ impl Default for TargetOpts {
             digests: false,
             rdma_copy: false,
             emu_tcp: false,
+            attach: None,
         }
     }
 }
@@ -170,6 +173,7 @@ pub fn parse_long(t: &mut TargetOpts, name: &str, p: &mut lexopt::Parser) -> Res
         "digests" => t.digests = true,
         "rdma-copy" => t.rdma_copy = true,
         "emu-tcp" => t.emu_tcp = true,
+        "attach" => t.attach = Some(p.value()?.into()),
         _ => return Ok(false),
     }
     Ok(true)
@@ -199,6 +203,9 @@ Target (default: an emulated controller whose namespace is a temporary file):
                               command's data through the queues' own memory
       --nqn NQN               the subsystem to connect to over NVMe/TCP or RDMA
       --digests               NVMe/TCP: ask for header and data digests (CRC32C)
+      --attach SOCKET         the controller `ugds serve` serves at SOCKET: queue
+                              pairs of this process's own, no admin queue; the
+                              --emu-* flags are ignored
       --emu-tcp               an emulated NVMe/TCP target in this process, on
                               127.0.0.1 (a memory namespace of --emu-size and
                               --emu-block), reached by the same initiator
@@ -387,6 +394,12 @@ fn tcp_target(addr: &str, nqn: &str, digests: bool) -> ugds::fabrics::TcpTarget 
 
 /// Opens the target the flags name.
 pub fn open(t: &TargetOpts) -> Result<Target, String> {
+    if let Some(path) = &t.attach {
+        let p = ugds::platform::attach::AttachPlatform::connect(path).map_err(|e| e.to_string())?;
+        let description = format!("the controller served at {} (ugds serve)", path.display());
+        let source = Source::Controller(std::sync::Arc::new(p));
+        return Ok(Target { source, emu: None, description, _tmp: None, _more: vec![], _emu_tcp: None });
+    }
     if t.emu_tcp {
         let cfg =
             ugds_emu::tcp::EmuTcpConfig { blocks: t.size / t.block as u64, block_size: t.block, ..Default::default() };

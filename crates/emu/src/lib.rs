@@ -15,8 +15,10 @@
 //! commands, a lost completion, a stall, controller fatal status.
 //!
 //! The controller thread spins while there is work and for a short window
-//! after it, then parks; any register write wakes it. An idle handle costs
-//! no CPU.
+//! after it, then sleeps on a futex; any register write wakes it. An idle
+//! handle costs no CPU. The registers and that futex word live in a memfd,
+//! so that processes attached through `ugds serve` ring doorbells and wake
+//! the controller as this one does ([`Platform::share_registers`]).
 
 mod config;
 mod controller;
@@ -34,11 +36,13 @@ use ugds_platform::Recover;
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
-use std::thread::{JoinHandle, Thread};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
 use ugds_nvme::{regs, Iova};
+use ugds_platform::attach::SharedRegisters;
 use ugds_platform::device::{DeviceMemory, DeviceRuntime};
 use ugds_platform::dma::{DmaBuffer, DmaRegion, DmaRelease};
+use ugds_platform::sys::shared::{futex_wake, SharedMemory};
 use ugds_platform::sys::{Anonymous, EventFd, PAGE_SIZE};
 use ugds_platform::{Error, Result};
 use ugds_platform::{HostMapping, Platform};
@@ -118,9 +122,11 @@ impl IovaTable {
 
 /// State shared between the driver-side platform and the controller thread.
 struct Shared {
-    regs: Box<[AtomicU32]>,
-    sleeping: AtomicBool,
-    thread: OnceLock<Thread>,
+    /// The register file, then on the next page the word the controller
+    /// thread sleeps on (non-zero while it sleeps): shared memory, so that
+    /// attached processes ring doorbells and wake it too.
+    regs: SharedMemory,
+    nregs: usize,
     stop: AtomicBool,
     iova: RwLock<IovaTable>,
     stats: Counters,
@@ -137,17 +143,31 @@ impl Shared {
         if off % 4 != 0 {
             return None;
         }
-        self.regs.get(off / 4)
+        self.registers().get(off / 4)
+    }
+
+    /// The register file as words.
+    fn registers(&self) -> &[AtomicU32] {
+        &self.regs.words()[..self.nregs]
+    }
+
+    /// The word the controller thread sleeps on.
+    fn sleeping(&self) -> &AtomicU32 {
+        self.regs.word(self.wake_offset()).expect("the wake page follows the registers")
+    }
+
+    fn wake_offset(&self) -> usize {
+        (self.nregs * 4).next_multiple_of(PAGE_SIZE)
     }
 
     fn wake(&self) {
         // Pairs with the controller's fence before it re-checks for work and
-        // parks: either it sees our register write, or we see `sleeping`.
+        // sleeps: either it sees our register write, or we see `sleeping`.
+        // Clearing the word makes a wait that has not started yet return at
+        // once (futex_wait finds it changed): no wake-up is lost.
         fence(Ordering::SeqCst);
-        if self.sleeping.load(Ordering::Relaxed) {
-            if let Some(t) = self.thread.get() {
-                t.unpark();
-            }
+        if self.sleeping().load(Ordering::Relaxed) != 0 && self.sleeping().swap(0, Ordering::Relaxed) != 0 {
+            futex_wake(self.sleeping());
         }
     }
 }
@@ -218,16 +238,16 @@ impl EmuPlatform {
         config.validate()?;
         let namespaces = controller::Namespace::open_all(&config)?;
         let nregs = regs::bar_len(config.max_io_queues, 0).div_ceil(4);
-        let regs: Box<[AtomicU32]> = (0..nregs).map(|_| AtomicU32::new(0)).collect();
+        let mem = SharedMemory::new((nregs * 4).next_multiple_of(PAGE_SIZE) + PAGE_SIZE)?;
+        let regs = mem.words();
         let cap = regs::Cap::new(config.mqes, true, 20, 0, 0, 4);
         regs[regs::CAP / 4].store(cap.0 as u32, Ordering::Relaxed);
         regs[regs::CAP / 4 + 1].store((cap.0 >> 32) as u32, Ordering::Relaxed);
         regs[regs::VS / 4].store(regs::Version::V1_4.0, Ordering::Relaxed);
         let vectors = (0..config.interrupt_vectors).map(|_| EventFd::new()).collect::<Result<Vec<_>>>()?;
         let shared = Arc::new(Shared {
-            regs,
-            sleeping: AtomicBool::new(false),
-            thread: OnceLock::new(),
+            regs: mem,
+            nregs,
             stop: AtomicBool::new(false),
             iova: RwLock::new(IovaTable { map: BTreeMap::new(), next: IOVA_BASE, version: 0, devices: 0 }),
             stats: Counters::default(),
@@ -243,7 +263,6 @@ impl EmuPlatform {
             .name("ugds-emu".into())
             .spawn(move || controller::Controller::new(s, config, namespaces).run())
             .map_err(|e| Error::io("spawn emulator thread", e))?;
-        let _ = shared.thread.set(thread.thread().clone());
         Ok(EmuPlatform { shared, thread: Some(thread), max_io_queues })
     }
 
@@ -356,5 +375,14 @@ impl Platform for EmuPlatform {
 
     fn interrupt_vectors(&self) -> u16 {
         self.shared.vectors.len() as u16
+    }
+
+    fn share_registers(&self) -> Result<SharedRegisters> {
+        Ok(SharedRegisters {
+            fd: self.shared.regs.fd().clone(),
+            offset: 0,
+            len: self.shared.regs.len(),
+            wake: Some(self.shared.wake_offset()),
+        })
     }
 }

@@ -11,6 +11,8 @@
 //!   reached through io_uring (the kernel path).
 //! - [`tcp`]: a controller at the other end of an NVMe/TCP connection; the
 //!   platform is the host memory the connection's queues copy from and to.
+//! - [`attach`]: a controller another process owns (`ugds serve`), with
+//!   I/O queue pairs of this process's own.
 //! - the `ugds-emu` crate: an NVMe controller emulated in-process (tests,
 //!   the CLI's default target, the C library's `UGDS_EMULATE`).
 //!
@@ -22,6 +24,7 @@
 //! memory for platforms that reach it by copies), and [`Error`],
 //! the error type of every ugds crate.
 
+pub mod attach;
 pub mod barrier;
 pub mod device;
 pub mod dma;
@@ -220,6 +223,22 @@ pub trait Platform: Send + Sync {
     /// file.
     fn pci_address(&self) -> Option<String> {
         None
+    }
+
+    /// The owner's admin service, when the controller belongs to another
+    /// process ([`attach::AttachPlatform`]): the engine then brings up
+    /// nothing and sends its admin commands there.
+    fn remote_admin(&self) -> Option<&dyn attach::RemoteAdmin> {
+        None
+    }
+
+    /// The registers (doorbells included) shared with attached processes
+    /// by descriptor; refused where they cannot be.
+    fn share_registers(&self) -> Result<attach::SharedRegisters> {
+        Err(crate::Error::Unsupported(format!(
+            "{}: its registers cannot be shared with another process",
+            self.describe()
+        )))
     }
 }
 

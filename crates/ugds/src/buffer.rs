@@ -1,21 +1,47 @@
 //! Page-aligned host memory for I/O.
 
+use ugds_platform::sys::shared::{sharing, SharedMemory};
 use ugds_platform::sys::{Anonymous, PAGE_SIZE};
 use ugds_platform::Result;
+
+/// The pages behind a buffer: private, or (in a process attached to a
+/// controller another process owns) a memfd the owner maps for the device.
+enum Memory {
+    Private(Anonymous),
+    Shared(SharedMemory),
+}
+
+impl Memory {
+    fn as_ptr(&self) -> *mut u8 {
+        match self {
+            Memory::Private(m) => m.as_ptr(),
+            Memory::Shared(m) => m.as_ptr(),
+        }
+    }
+}
 
 /// Zeroed, page-aligned host memory, for use as an I/O buffer. Derefs to a
 /// byte slice: fill it before a write, read it after a read. Register it
 /// with [`Driver::register`](crate::Driver::register), and deregister it
 /// before it is dropped.
+///
+/// In a process attached to a controller another process owns
+/// ([`ugds_platform::attach`]) the buffer is shared memory (a memfd), so
+/// that the owner can map it for the device: register such buffers there.
 pub struct HostBuffer {
-    mem: Anonymous,
+    mem: Memory,
     len: usize,
 }
 
 impl HostBuffer {
     /// `len` bytes (the mapping is rounded up to whole pages).
     pub fn new(len: usize) -> Result<HostBuffer> {
-        Ok(HostBuffer { mem: Anonymous::new(len.max(1))?, len })
+        let mem = if sharing() {
+            Memory::Shared(SharedMemory::new(len.max(1))?)
+        } else {
+            Memory::Private(Anonymous::new(len.max(1))?)
+        };
+        Ok(HostBuffer { mem, len })
     }
 
     /// Start of the buffer.

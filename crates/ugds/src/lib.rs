@@ -60,6 +60,7 @@ pub mod log;
 pub mod mode;
 pub mod publish;
 mod registry;
+pub mod serve;
 pub mod shared_state;
 pub mod stream;
 mod stream_ops;

@@ -400,7 +400,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     // tiny one reports every completion to the controller.
     let per_req = if target.is_kernel_path() || target.is_fabrics() {
         max_size.div_ceil(1 << 20)
-    } else if o.target.pci.is_some() || o.target.drv.is_some() {
+    } else if o.target.pci.is_some() || o.target.drv.is_some() || o.target.attach.is_some() {
         max_size.div_ceil(4096)
     } else if o.target.mdts == 0 {
         1

@@ -30,6 +30,7 @@ use ugds_nvme::status::{command_specific as cs, generic};
 use ugds_nvme::{prp, sgl, AdminOpcode, Iova, NvmOpcode, Sqe, Status, IDENTIFY_LEN};
 use ugds_platform::device::DeviceRuntime;
 use ugds_platform::dma::DmaRegion;
+use ugds_platform::sys::shared::futex_wait;
 use ugds_platform::sys::{self, Anonymous};
 use ugds_platform::{Error, Result};
 
@@ -196,19 +197,19 @@ impl Controller {
                 std::hint::spin_loop();
                 continue;
             }
-            // Park. Announce it, then look once more: a register write made
+            // Sleep. Announce it, then look once more: a register write made
             // before the driver saw `sleeping` is found by this step, one
-            // made after it comes with an unpark (see `Shared::wake`).
-            self.shared.sleeping.store(true, Ordering::Relaxed);
+            // made after it comes with a wake (see `Shared::wake`).
+            self.shared.sleeping().store(1, Ordering::Relaxed);
             fence(Ordering::SeqCst);
             if !self.shared.stop.load(Ordering::Acquire) && !self.step() {
                 let timeout = self
                     .delayed
                     .peek()
                     .map_or(Duration::from_secs(1), |d| d.0.due.saturating_duration_since(Instant::now()));
-                std::thread::park_timeout(timeout);
+                futex_wait(self.shared.sleeping(), 1, timeout);
             }
-            self.shared.sleeping.store(false, Ordering::Relaxed);
+            self.shared.sleeping().store(0, Ordering::Relaxed);
             idle_since = None;
         }
         // The workers finish what they hold before the namespaces are flushed.
@@ -220,11 +221,11 @@ impl Controller {
     }
 
     fn reg(&self, off: usize) -> u32 {
-        self.shared.regs[off / 4].load(Ordering::Acquire)
+        self.shared.registers()[off / 4].load(Ordering::Acquire)
     }
 
     fn set_reg(&self, off: usize, v: u32) {
-        self.shared.regs[off / 4].store(v, Ordering::Release);
+        self.shared.registers()[off / 4].store(v, Ordering::Release);
     }
 
     fn step(&mut self) -> bool {

@@ -2,7 +2,9 @@
 
 pub mod dl;
 pub mod rdma_cm;
+pub mod shared;
 pub(crate) mod ugds_drv;
+pub mod unix;
 pub mod uring;
 pub mod verbs;
 pub(crate) mod vfio;

@@ -38,13 +38,20 @@ impl Controller {
         NvmeController::bring_up(platform, want_io_queues).map(|c| Controller::Nvme(Box::new(c)))
     }
 
-    /// As [`bring_up`](Self::bring_up), with shadow doorbells when offered.
+    /// As [`bring_up`](Self::bring_up), with shadow doorbells when offered;
+    /// a controller another process owns is attached to instead
+    /// ([`NvmeController::attach`]).
     pub fn bring_up_with(
         platform: Arc<dyn Platform>,
         want_io_queues: u16,
         shadow_doorbells: bool,
     ) -> Result<Controller> {
-        NvmeController::bring_up_with(platform, want_io_queues, shadow_doorbells).map(|c| Controller::Nvme(Box::new(c)))
+        let c = if platform.remote_admin().is_some() {
+            NvmeController::attach(platform, want_io_queues)?
+        } else {
+            NvmeController::bring_up_with(platform, want_io_queues, shadow_doorbells)?
+        };
+        Ok(Controller::Nvme(Box::new(c)))
     }
 
     /// What bring-up learned.

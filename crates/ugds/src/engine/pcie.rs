@@ -31,8 +31,7 @@ const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// An NVMe controller brought up by the engine.
 pub struct NvmeController {
     platform: Arc<dyn Platform>,
-    /// Dropped only once the controller is disabled (see `Drop`).
-    admin: ManuallyDrop<Mutex<AdminQueue>>,
+    admin: Admin,
     info: ControllerInfo,
     dstrd: u8,
     ready_timeout: Duration,
@@ -53,6 +52,16 @@ impl std::fmt::Debug for NvmeController {
 struct AdminQueue {
     qp: NvmeQueue,
     data: DmaBuffer,
+}
+
+/// Where admin commands go.
+enum Admin {
+    /// An admin queue of this process's; dropped only once the controller
+    /// is disabled (see `Drop`).
+    Local(Box<ManuallyDrop<Mutex<AdminQueue>>>),
+    /// The owner of a controller this process is attached to
+    /// ([`Platform::remote_admin`]).
+    Remote,
 }
 
 impl NvmeController {
@@ -111,7 +120,7 @@ impl NvmeController {
         let data = platform.alloc_dma(IDENTIFY_LEN)?;
         let mut ctrl = NvmeController {
             platform: platform.clone(),
-            admin: ManuallyDrop::new(Mutex::new(AdminQueue { qp, data })),
+            admin: Admin::Local(Box::new(ManuallyDrop::new(Mutex::new(AdminQueue { qp, data })))),
             info: ControllerInfo {
                 cap,
                 version,
@@ -129,23 +138,11 @@ impl NvmeController {
             stopped: Default::default(),
         };
 
-        let id = IdentifyController::parse(&ctrl.identify(cns::CONTROLLER, 0)?);
-        let list = parse_active_ns_list(&ctrl.identify(cns::ACTIVE_NS_LIST, 0)?);
-        let (mut namespaces, mut skipped) = (Vec::new(), Vec::new());
-        for nsid in list {
-            let ns = IdentifyNamespace::parse(&ctrl.identify(cns::NAMESPACE, nsid)?);
-            match ns.usable().and_then(|u| ctrl.nvm_command_set(nsid).map(|()| u)) {
-                Ok((blocks, block_size)) => namespaces.push(NamespaceInfo { nsid, block_size, blocks }),
-                Err(why) => {
-                    tracing::warn!(nsid, "namespace skipped: {why}");
-                    skipped.push((nsid, why));
-                }
-            }
-        }
+        ctrl.identify_all()?;
         let want = want_io_queues.max(1);
         let cqe = ctrl.admin_command(Sqe::set_num_queues(Cid(0), want, want), "Set Features (Number of Queues)")?;
         let granted = ((cqe.dw0 & 0xffff) as u16).min((cqe.dw0 >> 16) as u16).saturating_add(1);
-        if shadow_doorbells && id.oacs & IdentifyController::OACS_DBBUF != 0 {
+        if shadow_doorbells && ctrl.info.identify.oacs & IdentifyController::OACS_DBBUF != 0 {
             // Page 0: shadow doorbells; page 1: EventIdx (both zeroed).
             let pages = Arc::new(platform.alloc_dma(2 * IDENTIFY_LEN)?);
             let sqe = Sqe::doorbell_buffer_config(Cid(0), pages.iova(0), pages.iova(IDENTIFY_LEN));
@@ -154,13 +151,85 @@ impl NvmeController {
                 Err(e) => tracing::warn!("shadow doorbells not used: {e}"),
             }
         }
-        ctrl.info.max_transfer = id.max_transfer_bytes(4096);
-        ctrl.info.identify = id;
-        ctrl.info.namespaces = namespaces;
-        ctrl.info.skipped = skipped;
         ctrl.info.io_queues = granted.min(want);
         tracing::debug!(io_queues = ctrl.info.io_queues, "controller up");
         Ok(ctrl)
+    }
+
+    /// The controller behind an attached platform (see
+    /// [`ugds_platform::attach`]): nothing is reset or enabled, admin
+    /// commands go to the owner, and `want_io_queues` queue pairs are
+    /// reserved there (numbered from 1 here).
+    pub fn attach(platform: Arc<dyn Platform>, want_io_queues: u16) -> Result<NvmeController> {
+        let Some(remote) = platform.remote_admin() else {
+            return Err(Error::InvalidArgument(format!("{} is not an attached controller", platform.describe())));
+        };
+        let cap = Cap(platform.read64(regs::CAP));
+        if cap.0 == u64::MAX {
+            return Err(Error::DeviceGone);
+        }
+        if !Csts(platform.read32(regs::CSTS)).rdy() {
+            return Err(Error::Platform(format!("{}: the owner's controller is not ready", platform.describe())));
+        }
+        let granted = remote.reserve_queues(want_io_queues.max(1))?;
+        let mut ctrl = NvmeController {
+            platform: platform.clone(),
+            admin: Admin::Remote,
+            info: ControllerInfo {
+                cap,
+                version: regs::Version(platform.read32(regs::VS)),
+                identify: IdentifyController::default(),
+                namespaces: vec![],
+                skipped: vec![],
+                io_queues: granted,
+                max_transfer: None,
+                page_size: 4096,
+                platform: platform.describe(),
+            },
+            dstrd: cap.dstrd(),
+            ready_timeout: Duration::from_millis(500 * cap.to().max(1) as u64),
+            dbbuf: None,
+            stopped: Default::default(),
+        };
+        ctrl.identify_all()?;
+        tracing::debug!(io_queues = granted, "attached");
+        Ok(ctrl)
+    }
+
+    /// Identify Controller, the active namespace list and each namespace,
+    /// into `info`.
+    fn identify_all(&mut self) -> Result<()> {
+        let id = IdentifyController::parse(&self.identify(cns::CONTROLLER, 0)?);
+        let list = parse_active_ns_list(&self.identify(cns::ACTIVE_NS_LIST, 0)?);
+        let (mut namespaces, mut skipped) = (Vec::new(), Vec::new());
+        for nsid in list {
+            let ns = IdentifyNamespace::parse(&self.identify(cns::NAMESPACE, nsid)?);
+            match ns.usable().and_then(|u| self.nvm_command_set(nsid).map(|()| u)) {
+                Ok((blocks, block_size)) => namespaces.push(NamespaceInfo { nsid, block_size, blocks }),
+                Err(why) => {
+                    tracing::warn!(nsid, "namespace skipped: {why}");
+                    skipped.push((nsid, why));
+                }
+            }
+        }
+        self.info.max_transfer = id.max_transfer_bytes(4096);
+        self.info.identify = id;
+        self.info.namespaces = namespaces;
+        self.info.skipped = skipped;
+        Ok(())
+    }
+
+    /// The owner's admin service, when attached.
+    fn remote(&self) -> Option<&dyn ugds_platform::attach::RemoteAdmin> {
+        match self.admin {
+            Admin::Remote => self.platform.remote_admin(),
+            Admin::Local(_) => None,
+        }
+    }
+
+    /// Whether the controller belongs to another process.
+    pub fn attached(&self) -> bool {
+        matches!(self.admin, Admin::Remote)
     }
 
     /// What bring-up learned.
@@ -203,8 +272,16 @@ impl NvmeController {
         }
     }
 
-    fn identify(&self, cns: u8, nsid: u32) -> Result<[u8; IDENTIFY_LEN]> {
-        let mut admin = self.admin.lock().recover();
+    /// Identify with `cns` for `nsid`: the page the controller returns.
+    pub fn identify(&self, cns: u8, nsid: u32) -> Result<[u8; IDENTIFY_LEN]> {
+        let Admin::Local(admin) = &self.admin else {
+            let mut out = [0u8; IDENTIFY_LEN];
+            let sqe = Sqe::identify(Cid(0), cns, Nsid(nsid), 0);
+            let cqe = self.remote_admin()?.admin(&sqe, Some(&mut out))?;
+            let status = cqe.status();
+            return if status.is_success() { Ok(out) } else { Err(Error::Nvme { op: "Identify", status }) };
+        };
+        let mut admin = admin.lock().recover();
         let prp1 = admin.data.iova(0);
         let sqe = Sqe::identify(Cid(0), cns, Nsid(nsid), prp1);
         run_admin(&mut admin.qp, &*self.platform, sqe, "Identify")?;
@@ -215,8 +292,17 @@ impl NvmeController {
 
     /// Runs an admin command to completion (polled) and returns its entry.
     pub fn admin_command(&self, sqe: Sqe, op: &'static str) -> Result<Cqe> {
-        let mut admin = self.admin.lock().recover();
+        let Admin::Local(admin) = &self.admin else {
+            let cqe = self.remote_admin()?.admin(&sqe, None)?;
+            let status = cqe.status();
+            return if status.is_success() { Ok(cqe) } else { Err(Error::Nvme { op, status }) };
+        };
+        let mut admin = admin.lock().recover();
         run_admin(&mut admin.qp, &*self.platform, sqe, op)
+    }
+
+    fn remote_admin(&self) -> Result<&dyn ugds_platform::attach::RemoteAdmin> {
+        self.remote().ok_or_else(|| Error::Platform("an attached controller without its owner".into()))
     }
 
     /// Allocates queue pair `qid` with a PRP-list page pool of
@@ -257,8 +343,13 @@ impl NvmeController {
         Ok(())
     }
 
-    /// Normal shutdown (CC.SHN), then disable. Bounded by CAP.TO.
+    /// Normal shutdown (CC.SHN), then disable. Bounded by CAP.TO. An
+    /// attached process's queues are deleted at the owner instead: the
+    /// controller is not its to stop.
     pub fn shutdown(&self) -> Result<()> {
+        if self.attached() {
+            return self.disable();
+        }
         let cc = Cc(self.platform.read32(regs::CC));
         if cc.en() && !self.csts().cfs() {
             // SAFETY: a shutdown notification starts no DMA.
@@ -277,7 +368,16 @@ impl NvmeController {
 
     /// Disables the controller (CC.EN=0) and waits for CSTS.RDY=0: from
     /// then on the controller performs no DMA and every queue is gone.
+    ///
+    /// Attached: every queue of this process is deleted at the owner
+    /// (submission queues first), after which the controller reaches none
+    /// of them; the controller itself goes on serving the others.
     pub fn disable(&self) -> Result<()> {
+        if let Some(remote) = self.remote() {
+            remote.release_queues()?;
+            self.stopped.store(true, std::sync::atomic::Ordering::SeqCst);
+            return Ok(());
+        }
         let cc = Cc(self.platform.read32(regs::CC));
         // SAFETY: disabling stops the controller's DMA.
         unsafe { self.platform.write32(regs::CC, cc.0 & !1 & !(3 << 14)) };
@@ -291,15 +391,21 @@ impl Drop for NvmeController {
     /// The admin queue's memory is freed only when the controller is
     /// disabled; if it cannot be disabled, the memory is leaked instead.
     fn drop(&mut self) {
+        if self.attached() {
+            // The owner deletes what is left of ours when we hang up.
+            return;
+        }
         let stopped = self.stopped.load(std::sync::atomic::Ordering::SeqCst);
         let enabled = !stopped && (Cc(self.platform.read32(regs::CC)).en() || self.csts().rdy());
         if enabled && self.disable().is_err() {
             tracing::error!("controller did not disable: its admin queue memory is leaked on purpose");
             return;
         }
-        // SAFETY: dropped once, here; the controller is disabled and can no
-        // longer reach the admin queue.
-        unsafe { ManuallyDrop::drop(&mut self.admin) };
+        if let Admin::Local(admin) = &mut self.admin {
+            // SAFETY: dropped once, here; the controller is disabled and can
+            // no longer reach the admin queue.
+            unsafe { ManuallyDrop::drop(&mut **admin) };
+        }
     }
 }
 

@@ -25,9 +25,18 @@ impl Handle {
         self.inner.ns
     }
 
-    /// Bytes usable on the namespace.
+    /// Bytes usable on the namespace (the end of this process's share,
+    /// when attached to a split namespace).
     pub fn capacity(&self) -> u64 {
         self.inner.capacity()
+    }
+
+    /// The byte range of the namespace this handle may read and write:
+    /// `0..capacity()`, or this process's part when it is attached to a
+    /// controller whose namespaces are split between processes
+    /// (`ugds serve --split`); anything outside is refused.
+    pub fn share(&self) -> std::ops::Range<u64> {
+        self.inner.floor()..self.inner.capacity()
     }
 
     /// A regular file on the kernel path: extends it to `at_least` bytes

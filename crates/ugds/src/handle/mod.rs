@@ -68,6 +68,10 @@ pub(crate) struct HandleInner {
     /// The namespace's size in bytes now: `ns.capacity()`, more once a
     /// file on the kernel path grew (`grow`).
     capacity: AtomicU64,
+    /// Where this process's share of the namespace starts, in bytes (0
+    /// unless attached to a controller whose namespaces are split between
+    /// processes: the share then ends at `capacity`).
+    floor: u64,
     /// The controller and the queue pairs.
     queues: Queues,
     /// Open, wedged, closing, closed; what is in flight; what stuck
@@ -116,12 +120,22 @@ impl HandleInner {
                 opts.trace
             )));
         }
+        // An attached process's part of the namespace, when split.
+        let (floor, end) = match ctrl.platform().remote_admin().map(|r| r.share()) {
+            Some((part, parts)) if parts > 1 => {
+                let blocks = ns.blocks / parts as u64;
+                let bs = ns.block_size as u64;
+                (part as u64 * blocks * bs, (part as u64 + 1) * blocks * bs)
+            }
+            _ => (0, ns.capacity()),
+        };
         let queues = Queues::open(ctrl, &opts, ns.nsid)?;
         Ok(HandleInner {
             id,
             driver,
             ns,
-            capacity: AtomicU64::new(ns.capacity()),
+            capacity: AtomicU64::new(end),
+            floor,
             queues,
             life: Life::default(),
             sched: scheduler::Scheduler::new(opts.placement, opts.chunk_bytes, info.max_transfer),
@@ -160,6 +174,11 @@ impl HandleInner {
     /// Bytes usable on the namespace.
     pub fn capacity(&self) -> u64 {
         self.capacity.load(Ordering::Relaxed)
+    }
+
+    /// Where this process's share of the namespace starts (see `floor`).
+    pub fn floor(&self) -> u64 {
+        self.floor
     }
 
     /// Kernel path, a regular file: extends it to `at_least` bytes where it
@@ -204,6 +223,12 @@ impl HandleInner {
         let cap = self.capacity();
         if file_offset.checked_add(size as u64).is_none_or(|e| e > cap) {
             return Err(Error::OutOfRange { offset: file_offset, len: size as u64, capacity: cap });
+        }
+        if file_offset < self.floor {
+            return Err(Error::InvalidArgument(format!(
+                "bytes {file_offset:#x}+{size:#x} lie outside this process's share {:#x}..{cap:#x} of the namespace",
+                self.floor
+            )));
         }
         Ok(bs as usize)
     }

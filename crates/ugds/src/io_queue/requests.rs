@@ -183,7 +183,8 @@ impl Small {
     pub(super) fn of(h: &HandleInner, shared: bool) -> Small {
         let bs = h.block_size() as u64;
         Small {
-            max: if shared { 0 } else { PAGE_SIZE },
+            // A share that starts past 0 takes the full checks.
+            max: if shared || h.floor() > 0 { 0 } else { PAGE_SIZE },
             block_mask: bs - 1,
             block_shift: bs.trailing_zeros(),
             nsid: h.ns_nsid(),

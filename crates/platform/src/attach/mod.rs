@@ -1,0 +1,375 @@
+//! A controller another process owns, reached from this one: the platform
+//! of an attached process.
+//!
+//! The owner (`ugds serve`, or a process serving its controller) keeps the
+//! admin queue and every mapping for the device. An attached process gets,
+//! over a unix socket ([`wire`]): the controller's registers shared by
+//! descriptor, I/O queue pairs of its own (numbered 1.. here, a block of
+//! the controller's queue ids at the owner), and controller addresses for
+//! memory it shares by descriptor (its queues, PRP pages and
+//! [`SharedMemory`] buffers: the owner maps the same pages for the
+//! device). After that it submits and reaps with no system call and no
+//! message per I/O: a doorbell is a store into the shared registers.
+//!
+//! Safety across processes rests on the owner: it keeps its own mapping of
+//! every page it mapped for the device until the queues that could reach
+//! them are deleted, so memory this process frees is never given back to
+//! the system under DMA. If the owner goes away the registers read all
+//! ones (as a removed device's do) and every call here fails.
+
+pub mod wire;
+
+use crate::dma::{DmaBuffer, DmaRegion, DmaRelease};
+use crate::sys::shared::{futex_wake, SharedMemory};
+use crate::sys::unix::Seqpacket;
+use crate::sys::{EventFd, PAGE_SIZE};
+use crate::{Error, HostMapping, Platform, Recover, Result};
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, AtomicBool, AtomicU16, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use ugds_nvme::{regs, Cqe, Iova, Sqe, IDENTIFY_LEN};
+use wire::{op, Reader, Writer};
+
+/// Admin work an attached process asks of the controller's owner: the
+/// engine uses it in place of an admin queue of its own.
+pub trait RemoteAdmin: Send + Sync {
+    /// Runs `sqe` at the owner, which checks it is this process's to run
+    /// (Identify; creating, deleting and aborting on its own queues);
+    /// `data` receives the page the command returns.
+    fn admin(&self, sqe: &Sqe, data: Option<&mut [u8; IDENTIFY_LEN]>) -> Result<Cqe>;
+
+    /// Reserves up to `want` I/O queue pairs, numbered 1..=n here; n.
+    fn reserve_queues(&self, want: u16) -> Result<u16>;
+
+    /// Deletes every queue of this process at the owner, submission
+    /// queues before completion queues: after this the controller reaches
+    /// none of its rings.
+    fn release_queues(&self) -> Result<()>;
+
+    /// This process's share of each namespace: part `.0` of `.1` equal
+    /// LBA ranges (0 of 1: the whole namespace, shared).
+    fn share(&self) -> (u32, u32);
+}
+
+/// The controller's registers as the owner shares them: `len` bytes at
+/// `offset` of `fd`, and the word a sleeping emulated controller waits on
+/// (a real controller has none: a doorbell store is all it needs).
+#[derive(Debug, Clone)]
+pub struct SharedRegisters {
+    /// The file behind the registers.
+    pub fd: Arc<OwnedFd>,
+    /// Where they start in it.
+    pub offset: u64,
+    /// How many bytes (the doorbells included).
+    pub len: usize,
+    /// Byte offset, in the shared range, of the word to wake after a
+    /// doorbell when it is non-zero.
+    pub wake: Option<usize>,
+}
+
+/// The socket and what the owner mapped for this process.
+struct Session {
+    sock: Mutex<Seqpacket>,
+    gone: AtomicBool,
+    /// DMA memory this process allocated, by controller address.
+    dma: Mutex<HashMap<u64, SharedMemory>>,
+}
+
+impl Session {
+    /// Sends `req` and returns the reply, its status checked; a hang-up
+    /// marks the owner gone.
+    fn call(&self, req: &Writer, fds: &[std::os::fd::BorrowedFd<'_>]) -> Result<Vec<u8>> {
+        if self.gone.load(Ordering::Acquire) {
+            return Err(Error::DeviceGone);
+        }
+        let sock = self.sock.lock().recover();
+        let mut buf = vec![0u8; wire::MAX_MESSAGE];
+        let sent = sock.send(&req.0, fds);
+        let got = sent.and_then(|()| sock.recv(&mut buf));
+        match got {
+            Ok((0, _)) | Err(Error::Os { errno: libc::EPIPE | libc::ECONNRESET, .. }) => {
+                self.gone.store(true, Ordering::Release);
+                Err(Error::DeviceGone)
+            }
+            Err(e) => Err(e),
+            Ok((n, _)) => {
+                buf.truncate(n);
+                Reader::new(&buf).status()?;
+                Ok(buf)
+            }
+        }
+    }
+
+    /// Maps `len` bytes at `offset` of `fd` for the controller; the
+    /// controller address of the first byte.
+    fn map(&self, fd: std::os::fd::BorrowedFd<'_>, offset: u64, len: usize) -> Result<u64> {
+        let mut req = Writer::new(op::MAP);
+        req.u64(offset).u64(len as u64);
+        let reply = self.call(&req, &[fd])?;
+        let mut r = Reader::new(&reply);
+        r.status()?;
+        r.u64()
+    }
+
+    fn unmap(&self, iova: u64) -> Result<()> {
+        let mut req = Writer::new(op::UNMAP);
+        req.u64(iova);
+        self.call(&req, &[]).map(drop)
+    }
+}
+
+impl DmaRelease for Session {
+    fn release(&self, region: &DmaRegion) {
+        let iova = region.iova(0);
+        if let Err(e) = self.unmap(iova) {
+            // The owner keeps its mapping until this session ends.
+            tracing::debug!("unmap of DMA memory at {iova:#x} left to the owner: {e}");
+        }
+        self.dma.lock().recover().remove(&iova);
+    }
+}
+
+/// A controller owned by another process, as this process's [`Platform`].
+pub struct AttachPlatform {
+    path: PathBuf,
+    session: Arc<Session>,
+    regs: SharedMemory,
+    wake: Option<usize>,
+    dstrd: u8,
+    /// The owner's queue id of local queue 1 (0 before reserving).
+    base: AtomicU16,
+    queues: AtomicU16,
+    share: (u32, u32),
+    watcher: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for AttachPlatform {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttachPlatform").field("path", &self.path).finish_non_exhaustive()
+    }
+}
+
+impl AttachPlatform {
+    /// Attaches to the controller served at the socket `path`.
+    pub fn connect(path: &Path) -> Result<AttachPlatform> {
+        AttachPlatform::over(Seqpacket::connect(path)?, path)
+    }
+
+    /// Attaches over a connected socket (`path` names it in messages).
+    pub fn over(sock: Seqpacket, path: &Path) -> Result<AttachPlatform> {
+        crate::sys::shared::share_host_buffers();
+        let mut req = Writer::new(op::HELLO);
+        req.u32(wire::VERSION);
+        sock.send(&req.0, &[])?;
+        let mut buf = vec![0u8; wire::MAX_MESSAGE];
+        let (n, mut fds) = sock.recv(&mut buf)?;
+        if n == 0 {
+            return Err(Error::Platform(format!("{}: the owner closed the connection", path.display())));
+        }
+        let mut r = Reader::new(&buf[..n]);
+        r.status()?;
+        let (len, offset, wake, dstrd, part, parts) = (r.u64()?, r.u64()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+        let fd = fds.pop().ok_or_else(|| Error::InvalidArgument("the owner sent no register file".into()))?;
+        let len = usize::try_from(len).map_err(|_| Error::InvalidArgument("register file too long".into()))?;
+        if len < regs::DOORBELL_BASE + 8 || dstrd > 15 || parts == 0 || part >= parts {
+            return Err(Error::InvalidArgument(format!(
+                "the owner's welcome is malformed ({len} register bytes, dstrd {dstrd}, part {part} of {parts})"
+            )));
+        }
+        let regs = SharedMemory::from_fd(Arc::new(fd), offset, len.next_multiple_of(PAGE_SIZE))?;
+        let wake = (wake != u32::MAX).then_some(wake as usize);
+        if wake.is_some_and(|w| regs.word(w).is_none()) {
+            return Err(Error::InvalidArgument("the owner's wake word lies outside its registers".into()));
+        }
+        let session =
+            Arc::new(Session { sock: Mutex::new(sock), gone: AtomicBool::new(false), dma: Default::default() });
+        let watched = session.clone();
+        let watcher = std::thread::Builder::new()
+            .name("ugds-attach".into())
+            .spawn(move || {
+                // Waits for the owner's hang-up (or this platform's drop).
+                let fd = watched.sock.lock().recover().as_fd().try_clone_to_owned();
+                if let Ok(fd) = fd {
+                    let mut p = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::RDHUP)];
+                    while rustix::event::poll(&mut p, None).is_err() {}
+                }
+                watched.gone.store(true, Ordering::Release);
+            })
+            .map_err(|e| Error::io("spawn the attach watcher", e))?;
+        Ok(AttachPlatform {
+            path: path.to_owned(),
+            session,
+            regs,
+            wake,
+            dstrd: dstrd as u8,
+            base: AtomicU16::new(0),
+            queues: AtomicU16::new(0),
+            share: (part, parts),
+            watcher: Some(watcher),
+        })
+    }
+
+    /// Whether the owner has gone away.
+    pub fn owner_gone(&self) -> bool {
+        self.session.gone.load(Ordering::Acquire)
+    }
+
+    /// The doorbell offset at the owner of local doorbell `off`, when it is
+    /// one of this process's queues'.
+    #[inline]
+    fn doorbell(&self, off: usize) -> Option<usize> {
+        let stride = 4usize << self.dstrd;
+        let idx = off.checked_sub(regs::DOORBELL_BASE)?;
+        if idx % stride != 0 {
+            return None;
+        }
+        let (qid, cq) = (idx / stride / 2, idx / stride % 2);
+        let n = self.queues.load(Ordering::Relaxed) as usize;
+        if qid == 0 || qid > n {
+            return None;
+        }
+        let device = self.base.load(Ordering::Relaxed) as usize + qid - 1;
+        Some(regs::DOORBELL_BASE + (device * 2 + cq) * stride)
+    }
+}
+
+impl Drop for AttachPlatform {
+    fn drop(&mut self) {
+        // The owner sees the hang-up and deletes what is left of ours.
+        self.session.sock.lock().recover().shutdown();
+        if let Some(t) = self.watcher.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Platform for AttachPlatform {
+    fn describe(&self) -> String {
+        format!("attached to {}", self.path.display())
+    }
+
+    fn read32(&self, off: usize) -> u32 {
+        if self.owner_gone() {
+            return u32::MAX;
+        }
+        self.regs.word(off).map_or(u32::MAX, |w| w.load(Ordering::Acquire))
+    }
+
+    unsafe fn write32(&self, off: usize, val: u32) {
+        // Only this process's doorbells: the controller's own registers
+        // are the owner's.
+        let Some(off) = self.doorbell(off) else {
+            tracing::warn!("register write at {off:#x} refused: an attached process rings its own doorbells only");
+            return;
+        };
+        if self.owner_gone() {
+            return;
+        }
+        let Some(w) = self.regs.word(off) else { return };
+        // Release: the queue entries written before this doorbell are
+        // visible to the controller that acquires it.
+        w.store(val, Ordering::Release);
+        if let Some(word) = self.wake.and_then(|o| self.regs.word(o)) {
+            // Pairs with the emulated controller's fence before it re-checks
+            // for work and sleeps: it sees our store, or we see it asleep.
+            // Clearing the word makes a wait not yet started return at once.
+            fence(Ordering::SeqCst);
+            if word.load(Ordering::Relaxed) != 0 && word.swap(0, Ordering::Relaxed) != 0 {
+                futex_wake(word);
+            }
+        }
+    }
+
+    fn alloc_dma(&self, len: usize) -> Result<DmaBuffer> {
+        let mem = SharedMemory::new(len)?;
+        let iova = self.session.map(mem.as_fd(), 0, mem.len())?;
+        // SAFETY: `mem` is page-aligned and `mem.len()` bytes; it lives in
+        // the session's table until the DmaBuffer built here is released.
+        let region =
+            unsafe { DmaRegion::new(NonNull::new(mem.as_ptr()).expect("mmap is not null"), mem.len(), Iova(iova)) };
+        self.session.dma.lock().recover().insert(iova, mem);
+        Ok(DmaBuffer::new(region, self.session.clone()))
+    }
+
+    unsafe fn map_host(&self, vaddr: *mut u8, len: usize) -> Result<HostMapping> {
+        let span = HostMapping::span(vaddr, len)?;
+        let Some(shared) = SharedMemory::find(span.0, span.1) else {
+            return Err(Error::Unsupported(format!(
+                "{}: {len} bytes at {vaddr:p} are private to this process; an attached process registers memory it \
+                 shares with the owner (ugds's host buffers)",
+                self.describe()
+            )));
+        };
+        let iova = self.session.map(shared.fd.as_fd(), shared.offset, span.1)?;
+        // SAFETY: the owner maps the same pages at `iova` until unmapped,
+        // and keeps its own mapping of them until then.
+        Ok(unsafe { HostMapping::contiguous(vaddr, span, iova) })
+    }
+
+    unsafe fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
+        if self.session.dma.lock().recover().contains_key(&mapping.cookie()) {
+            return Err(Error::InvalidArgument(format!(
+                "IOVA {:#x} is a DMA buffer of the platform's own",
+                mapping.cookie()
+            )));
+        }
+        self.session.unmap(mapping.cookie())
+    }
+
+    fn interrupt(&self, _vector: u16) -> Result<Option<&EventFd>> {
+        Ok(None)
+    }
+
+    fn interrupt_vectors(&self) -> u16 {
+        0
+    }
+
+    fn remote_admin(&self) -> Option<&dyn RemoteAdmin> {
+        Some(self)
+    }
+}
+
+impl RemoteAdmin for AttachPlatform {
+    fn admin(&self, sqe: &Sqe, data: Option<&mut [u8; IDENTIFY_LEN]>) -> Result<Cqe> {
+        let mut req = Writer::new(op::ADMIN);
+        req.bytes(&sqe.to_bytes());
+        let reply = self.session.call(&req, &[])?;
+        let mut r = Reader::new(&reply);
+        r.status()?;
+        let dw: [u32; 4] = [r.u32()?, r.u32()?, r.u32()?, r.u32()?];
+        if r.u32()? != 0 {
+            let page = r.bytes(IDENTIFY_LEN)?;
+            if let Some(out) = data {
+                out.copy_from_slice(page);
+            }
+        }
+        Ok(Cqe::from_dwords(dw))
+    }
+
+    fn reserve_queues(&self, want: u16) -> Result<u16> {
+        let mut req = Writer::new(op::QUEUES);
+        req.u32(want as u32);
+        let reply = self.session.call(&req, &[])?;
+        let mut r = Reader::new(&reply);
+        r.status()?;
+        let (n, base) = (r.u32()?, r.u32()?);
+        if n == 0 || n > want as u32 || base == 0 || base + n > u16::MAX as u32 {
+            return Err(Error::InvalidArgument(format!("the owner granted {n} queue pairs from {base}")));
+        }
+        self.base.store(base as u16, Ordering::Relaxed);
+        self.queues.store(n as u16, Ordering::Release);
+        Ok(n as u16)
+    }
+
+    fn release_queues(&self) -> Result<()> {
+        self.session.call(&Writer::new(op::DETACH), &[]).map(drop)
+    }
+
+    fn share(&self) -> (u32, u32) {
+        self.share
+    }
+}
