@@ -95,5 +95,9 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         "stopped on signal {sig}: {} sessions served, {} refused at attach, {} requests refused, {} left their memory mapped",
         s.sessions, s.refused, s.bad_requests, s.leaked
     );
+    if let Some(c) = &target.emu {
+        let e = c.stats();
+        println!("emulator {} commands, {} DMA faults", e.commands, e.dma_faults);
+    }
     stopped.map_err(|e| format!("shutting the controller down: {e}"))
 }

@@ -225,6 +225,14 @@ pub trait Platform: Send + Sync {
         None
     }
 
+    /// Whether the controller is known to be gone for good (an attached
+    /// process whose owner has ended): waits give up at their next look
+    /// instead of at their deadline. A hint, read every few hundred idle
+    /// polls; removal is still found by reading CSTS.
+    fn gone(&self) -> bool {
+        false
+    }
+
     /// The owner's admin service, when the controller belongs to another
     /// process ([`attach::AttachPlatform`]): the engine then brings up
     /// nothing and sends its admin commands there.

@@ -10,6 +10,7 @@ mod batch;
 mod mixed;
 mod modes;
 mod options;
+mod processes;
 mod queue;
 mod report;
 mod stream;
@@ -109,6 +110,9 @@ struct Run<'a> {
     /// Requests of `size` that fit the range, at least 1: divided once
     /// here, not per request (a division is a helper call under TCG).
     units: u64,
+    /// Where the range starts: this process's share of the namespace
+    /// (`ugds serve --split`), else 0.
+    base: u64,
     verify: bool,
     /// I/Os left when the run is bounded by bytes.
     budget: Option<&'a AtomicU64>,
@@ -154,7 +158,7 @@ impl Run<'_> {
             *seq = if i + 1 == n { 1 } else { i + 2 };
             i
         };
-        i * self.size as u64
+        self.base + i * self.size as u64
     }
 
     fn record_error(r: &mut ThreadResult, e: ugds::Error) {
@@ -194,6 +198,7 @@ fn run_one(
         size,
         qd: o.qd,
         units: (range / size as u64).max(1),
+        base: handle.share().start,
         verify: o.verify,
         budget: budget.as_ref(),
         stop: &stop,
@@ -377,6 +382,9 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     if let Some(layout) = o.volume {
         return volume::run(&o, layout);
     }
+    if o.processes > 1 {
+        return processes::run(&o, &command);
+    }
     let target = target::open(&o.target)?;
     if o.mixed {
         return mixed::run(&o, &target, &Driver::open());
@@ -445,7 +453,8 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         eprintln!("note: --mode {m} serves synchronous requests (queue depth 1); these runs' queues poll or wait as --interrupt says");
     }
     let ns = handle.namespace();
-    let range = o.range.unwrap_or(ns.capacity()).min(ns.capacity());
+    let share = handle.share();
+    let range = o.range.unwrap_or(share.end - share.start).min(share.end - share.start);
     if let Some(&bad) = o.sizes.iter().find(|&&s| s % ns.block_size as usize != 0 || s as u64 > range) {
         return Err(format!(
             "request size {bad} must be a multiple of the {}-byte block and fit the {range}-byte range",
@@ -514,9 +523,10 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     }
     if o.verify && !o.mode.writes() {
         let t = Instant::now();
-        prefill(&driver, &handle, range).map_err(|e| format!("prefill: {e}"))?;
+        prefill(&driver, &handle, share.start, range).map_err(|e| format!("prefill: {e}"))?;
         println!("prefill  {} written with the verify pattern in {:.2} s", fmt_bytes(range), t.elapsed().as_secs_f64());
     }
+    processes::wait_for_start();
     let (mut checked, mut mismatches) = (0, 0);
     let mut runs = Vec::new();
     let before = control.as_ref().map(|c| c.stats());
@@ -711,16 +721,16 @@ fn fmt_ratio(n: u64, of: u64) -> String {
     }
 }
 
-fn prefill(driver: &Driver, handle: &Handle, range: u64) -> Result<(), ugds::Error> {
+fn prefill(driver: &Driver, handle: &Handle, base: u64, range: u64) -> Result<(), ugds::Error> {
     let chunk = 1usize << 20;
     let mut b = HostBuffer::new(chunk)?;
     // SAFETY: `b` outlives the registration (deregistered below) and is only
     // filled between the synchronous writes.
     let token = unsafe { driver.register(b.as_mut_ptr(), b.len())? };
-    let mut off = 0u64;
+    let mut off = base;
     let r = (|| {
-        while off < range {
-            let n = (range - off).min(chunk as u64) as usize;
+        while off < base + range {
+            let n = (base + range - off).min(chunk as u64) as usize;
             // SAFETY: no I/O is in flight on `b` between calls.
             unsafe { fill_pattern(b.as_mut_ptr(), n, off) };
             handle.write(&token, n, off, 0)?;

@@ -27,6 +27,9 @@ Options:
       --stream            stream mode: each thread enqueues stream-ordered
                           requests on a host stream, qd of them ahead
       --verify            write a pattern, check every byte read against it
+  -p, --processes N       with --attach: N processes at once, each with queue
+                          pairs of its own on the served controller; prints
+                          each one's figures and their sum [1]
       --json FILE         also write every figure, the configuration and the
                           machine as JSON to FILE (`ugds report` draws them)
       --interrupt         interrupt completion instead of polling
@@ -172,6 +175,8 @@ pub(super) struct Opts {
     pub(super) volume_batch: bool,
     /// A volume's buffers in GPU memory (`--gpu`).
     pub(super) gpu: bool,
+    /// Processes at once, each attached (`-p N`, with `--attach`).
+    pub(super) processes: usize,
 }
 
 pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, String> {
@@ -208,6 +213,7 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
         volume: None,
         volume_batch: false,
         gpu: false,
+        processes: 1,
     };
     let mut p = lexopt::Parser::from_args(args);
     let err = |e: lexopt::Error| e.to_string();
@@ -247,6 +253,12 @@ pub(super) fn parse(args: Vec<std::ffi::OsString>) -> Result<Option<Opts>, Strin
             Short('b') | Long("bytes") => o.bytes = Some(parse_size(&p.value().map_err(err)?.string().map_err(err)?)?),
             Short('r') | Long("range") => o.range = Some(parse_size(&p.value().map_err(err)?.string().map_err(err)?)?),
             Long("verify") => o.verify = true,
+            Short('p') | Long("processes") => {
+                o.processes = p.value().map_err(err)?.parse().map_err(err)?;
+                if o.processes == 0 {
+                    return Err("-p 0: at least one process".into());
+                }
+            }
             Long("volume-batch") => o.volume_batch = true,
             Long("json") => o.json = Some(p.value().map_err(err)?.into()),
             Long("batch") => {

@@ -331,6 +331,10 @@ impl Platform for AttachPlatform {
     fn remote_admin(&self) -> Option<&dyn RemoteAdmin> {
         Some(self)
     }
+
+    fn gone(&self) -> bool {
+        self.owner_gone()
+    }
 }
 
 impl RemoteAdmin for AttachPlatform {

@@ -549,7 +549,9 @@ impl<'h> IoQueue<'h> {
         let h = &*self.handle.inner;
         let limit = h.opts.timeout;
         let Some(qp) = self.qp.as_mut() else { return 0 };
-        let late_cmds = qp.late_commands(limit);
+        // A controller known gone: everything outstanding is late now.
+        let late_after = if h.queues().ctrl.platform().gone() { Duration::ZERO } else { limit };
+        let late_cmds = qp.late_commands(late_after);
         if late_cmds.is_empty() {
             return 0;
         }

@@ -523,7 +523,7 @@ impl SyncQueue {
             // a completion to consume, commands to stage, or our slot to free.
             let work = done || staging || self.completion_waiting();
             if !work {
-                if spins % 256 == 255 && deadline.passed() {
+                if spins % 256 == 255 && (deadline.passed() || self.platform.gone()) {
                     return Err(self.timed_out(slot, op, timeout));
                 }
                 capped = self.wait(mode, &mut spins, &mut deadline, &mut seen);
@@ -556,7 +556,7 @@ impl SyncQueue {
                 }
             }
             if !progressed {
-                if spins % 256 == 255 && deadline.passed() {
+                if spins % 256 == 255 && (deadline.passed() || self.platform.gone()) {
                     return Err(self.timed_out(slot, op, timeout));
                 }
                 capped = self.wait(mode, &mut spins, &mut deadline, &mut seen);
