@@ -31,6 +31,23 @@ fn measured_complete(q: &mut IoQueue<'_>) -> usize {
     complete(q)
 }
 
+/// As [`measured_submit`], on a queue of a handle attached to a controller
+/// served by `ugds::serve` (counted by callgrind).
+#[inline(never)]
+fn measured_attached_submit(q: &mut IoQueue<'_>, token: &ugds::BufferToken, round: usize) {
+    // Keeps the function apart from `measured_submit` (identical bodies are
+    // merged into one symbol): one instruction a round of 32.
+    std::hint::black_box(1u8);
+    submit(q, token, round)
+}
+
+/// As [`measured_complete`], attached (counted by callgrind).
+#[inline(never)]
+fn measured_attached_complete(q: &mut IoQueue<'_>) -> usize {
+    std::hint::black_box(1u8);
+    complete(q)
+}
+
 #[inline(always)]
 fn submit(q: &mut IoQueue<'_>, token: &ugds::BufferToken, round: usize) {
     for i in 0..DEPTH {
@@ -88,6 +105,12 @@ fn wait_for(emu: &EmuControl, n: u64) {
 }
 
 fn main() -> Result<(), ugds::Error> {
+    local()?;
+    bare()?;
+    attached()
+}
+
+fn local() -> Result<(), ugds::Error> {
     let p = EmuPlatform::new(EmuConfig::default().null(true))?;
     let emu = p.control();
     let driver = Driver::open();
@@ -113,7 +136,45 @@ fn main() -> Result<(), ugds::Error> {
     drop(q);
     driver.deregister(&token)?;
     println!("instructions: {ROUNDS} measured rounds of {DEPTH} reads of 4 KiB completed");
-    bare()
+    Ok(())
+}
+
+/// The lent queue's rounds again, from a handle attached (over a unix
+/// socket of this process) to the controller a `ugds::serve::Server` owns:
+/// the same engine, ringing doorbells in the owner's shared registers.
+fn attached() -> Result<(), ugds::Error> {
+    let p = EmuPlatform::new(EmuConfig::default().null(true))?;
+    let emu = p.control();
+    let path = std::env::temp_dir().join(format!("ugds-instructions-{}.sock", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let server = ugds::serve::Server::start(Arc::new(p), &path, Default::default())?;
+    let driver = Driver::open();
+    let opts = HandleOptions::default().sync_queues(1).async_queues(1).queue_depth(64);
+    let attached = ugds::platform::attach::AttachPlatform::connect(&path)?;
+    let handle = driver.open_handle(Arc::new(attached), opts)?;
+    let mut buf = HostBuffer::new(DEPTH * 4096)?;
+    // SAFETY: `buf` outlives the registration (deregistered below).
+    let token = unsafe { driver.register(buf.as_mut_ptr(), buf.len())? };
+    let mut q = handle.io_queue()?;
+    let mut done = emu.stats().completions_posted;
+    for round in 0..WARMUP + ROUNDS {
+        let measured = round >= WARMUP;
+        if measured {
+            measured_attached_submit(&mut q, &token, round);
+        } else {
+            submit(&mut q, &token, round);
+        }
+        done += DEPTH as u64;
+        wait_for(&emu, done);
+        let n = if measured { measured_attached_complete(&mut q) } else { complete(&mut q) };
+        assert_eq!(n, DEPTH, "round {round}: every read of the round completes in one poll");
+    }
+    drop(q);
+    driver.deregister(&token)?;
+    drop(handle);
+    server.stop()?;
+    println!("instructions: {ROUNDS} measured rounds of {DEPTH} reads of 4 KiB on an attached queue completed");
+    Ok(())
 }
 
 /// The same rounds on the bare queue pair: the engine's queue pair alone

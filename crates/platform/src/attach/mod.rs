@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicBool, AtomicU16, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use ugds_nvme::{regs, Cqe, Iova, Sqe, IDENTIFY_LEN};
@@ -140,9 +140,11 @@ pub struct AttachPlatform {
     regs: SharedMemory,
     wake: Option<usize>,
     dstrd: u8,
-    /// The owner's queue id of local queue 1 (0 before reserving).
-    base: AtomicU16,
-    queues: AtomicU16,
+    /// Bytes of doorbells this process may ring, from local queue 1's
+    /// (0 before reserving).
+    doorbells: AtomicUsize,
+    /// How far the owner's doorbells of our queues lie past the local ones.
+    shift: AtomicUsize,
     share: (u32, u32),
     watcher: Option<JoinHandle<()>>,
 }
@@ -206,8 +208,8 @@ impl AttachPlatform {
             regs,
             wake,
             dstrd: dstrd as u8,
-            base: AtomicU16::new(0),
-            queues: AtomicU16::new(0),
+            doorbells: AtomicUsize::new(0),
+            shift: AtomicUsize::new(0),
             share: (part, parts),
             watcher: Some(watcher),
         })
@@ -219,21 +221,18 @@ impl AttachPlatform {
     }
 
     /// The doorbell offset at the owner of local doorbell `off`, when it is
-    /// one of this process's queues'.
+    /// one of this process's queues' (local queues 1..=n: the span from
+    /// queue 1's SQ tail doorbell to queue n's CQ head doorbell, moved by
+    /// `base - 1` queues).
     #[inline]
     fn doorbell(&self, off: usize) -> Option<usize> {
-        let stride = 4usize << self.dstrd;
-        let idx = off.checked_sub(regs::DOORBELL_BASE)?;
-        if idx % stride != 0 {
+        let lo = regs::sq_tail_doorbell(1, self.dstrd);
+        let span = self.doorbells.load(Ordering::Relaxed);
+        let rel = off.wrapping_sub(lo);
+        if rel >= span || rel & ((4usize << self.dstrd) - 1) != 0 {
             return None;
         }
-        let (qid, cq) = (idx / stride / 2, idx / stride % 2);
-        let n = self.queues.load(Ordering::Relaxed) as usize;
-        if qid == 0 || qid > n {
-            return None;
-        }
-        let device = self.base.load(Ordering::Relaxed) as usize + qid - 1;
-        Some(regs::DOORBELL_BASE + (device * 2 + cq) * stride)
+        Some(off + self.shift.load(Ordering::Relaxed))
     }
 }
 
@@ -364,8 +363,9 @@ impl RemoteAdmin for AttachPlatform {
         if n == 0 || n > want as u32 || base == 0 || base + n > u16::MAX as u32 {
             return Err(Error::InvalidArgument(format!("the owner granted {n} queue pairs from {base}")));
         }
-        self.base.store(base as u16, Ordering::Relaxed);
-        self.queues.store(n as u16, Ordering::Release);
+        let pair = 2 * (4usize << self.dstrd);
+        self.shift.store((base as usize - 1) * pair, Ordering::Relaxed);
+        self.doorbells.store(n as usize * pair, Ordering::Release);
         Ok(n as u16)
     }
 
@@ -375,5 +375,41 @@ impl RemoteAdmin for AttachPlatform {
 
     fn share(&self) -> (u32, u32) {
         self.share
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn doorbells_of_the_process_queues_move_to_the_owners_and_no_others_pass() {
+        let (a, b) = Seqpacket::pair().unwrap();
+        // An owner that welcomes with a page of registers, dstrd 0.
+        let owner = std::thread::spawn(move || {
+            let mut buf = [0u8; 64];
+            b.recv(&mut buf).unwrap();
+            let regs = SharedMemory::new(8192).unwrap();
+            let mut w = Writer::new(0);
+            w.u64(8192).u64(0).u32(u32::MAX).u32(0).u32(0).u32(1);
+            b.send(&w.0, &[regs.as_fd()]).unwrap();
+            b.recv(&mut buf).unwrap(); // QUEUES
+            let mut w = Writer::new(0);
+            w.u32(2).u32(5);
+            b.send(&w.0, &[]).unwrap();
+            let _ = b.recv(&mut buf);
+        });
+        let p = AttachPlatform::over(a, Path::new("test")).unwrap();
+        assert_eq!(p.doorbell(0x1008), None, "nothing before queues are reserved");
+        assert_eq!(p.reserve_queues(4).unwrap(), 2);
+        // Local queue 1 -> owner's 5, local 2 -> 6; SQ tail then CQ head.
+        assert_eq!(p.doorbell(0x1008), Some(0x1000 + 5 * 8));
+        assert_eq!(p.doorbell(0x100c), Some(0x1000 + 5 * 8 + 4));
+        assert_eq!(p.doorbell(0x1014), Some(0x1000 + 6 * 8 + 4));
+        for refused in [0x14, 0x1000, 0x1004, 0x1018, 0x1009, usize::MAX, 0] {
+            assert_eq!(p.doorbell(refused), None, "{refused:#x}");
+        }
+        drop(p);
+        owner.join().unwrap();
     }
 }
