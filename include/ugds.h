@@ -282,6 +282,13 @@ uGDSError_t uGDSHandleDeregisterEx(uGDSHandle_t fh, int timeout_sec);
 uGDSError_t uGDSBufRegister(const void *base, size_t len, int flags);
 uGDSError_t uGDSBufRegisterEx(const void *base, size_t len, const uGDSBufConfig_t *config);
 uGDSError_t uGDSBufDeregister(const void *base);
+/* ugds extension: `size` bytes of zeroed, page-aligned host memory for I/O.
+ * In a process attached to a controller `ugds serve` owns (UGDS_ATTACH) it
+ * is shared memory, the only host memory such a process can register (the
+ * owner maps the same pages for the device); elsewhere plain memory.
+ * Free with uGDSHostFree once deregistered. */
+uGDSError_t uGDSHostAlloc(void **ptr, size_t size);
+uGDSError_t uGDSHostFree(void *ptr);
 /* Only a buffer registered with uGDSBufRegisterEx(.., enable_export = true);
  * others get UGDS_IO_NOT_SUPPORTED. The caller closes out->fd. */
 uGDSError_t uGDSExportDmabuf(const void *base, uGDSDmabufExport_t *out);

@@ -467,6 +467,50 @@ def gpu_or_skip():
     raise unittest.SkipTest(why)
 
 
+class Attached(unittest.TestCase):
+    """A process attached to a served controller: here the server is this
+    process's (ugds.Server); the tool's tests run them across processes."""
+
+    def setUp(self):
+        self.sock = os.path.join(os.environ.get("TMPDIR", "/tmp"), "ugds-py-%d.sock" % os.getpid())
+        if os.path.exists(self.sock):
+            os.unlink(self.sock)
+
+    def test_attached_round_trip_and_split_shares(self):
+        srv = ugds.Server.emulated(self.sock, size=16 << 20, parts=2)
+        drv = ugds.Driver()
+        a = drv.open_attached(self.sock)
+        b = drv.open_attached(self.sock)
+        mem = drv.alloc_host(1 << 20)
+        buf = drv.register(mem)
+        mem[:8192] = pattern(3, 8192)
+        self.assertEqual(b.write(buf, 8192, 8 << 20), 8192)
+        mem[:8192] = bytes(8192)
+        self.assertEqual(b.read(buf, 8192, 8 << 20), 8192)
+        self.assertEqual(bytes(mem[:8192]), pattern(3, 8192))
+        # Each session has its half: the other half is refused.
+        with self.assertRaises(ugds.InvalidArgument):
+            a.read(buf, 4096, 8 << 20)
+        with self.assertRaises(ugds.InvalidArgument):
+            b.read(buf, 4096, 0)
+        stats = srv.stats
+        self.assertEqual((stats["attached"], stats["bad_requests"]), (2, 0))
+        # A third session finds both parts held.
+        with self.assertRaises(ugds.Error):
+            drv.open_attached(self.sock)
+        # Memory private to this process cannot be mapped by the owner.
+        priv = bytearray(8192)
+        with self.assertRaises(ugds.UnsupportedError):
+            pb = drv.register(priv)
+            a.read(pb, 4096, 0)
+        drv.deregister(buf)
+        a.close()
+        b.close()
+        srv.stop()
+        with self.assertRaises(ugds.ClosedError):
+            srv.stats
+
+
 class Volumes(unittest.TestCase):
     def setUp(self):
         self.drv = ugds.Driver()

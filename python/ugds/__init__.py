@@ -43,6 +43,7 @@ from ._ugds import (
     Handle,
     InvalidArgument,
     NotRegistered,
+    Server,
     Stream,
     StreamResult,
     TimeoutError,
@@ -180,6 +181,17 @@ def _is_torch_tensor(obj):
 
 class Driver(_Driver):
     """Library state: open handles, registered buffers."""
+
+    def alloc_host(self, nbytes):
+        """``nbytes`` of zeroed, page-aligned host memory as a writable
+        memoryview of bytes (register it as any buffer). In a process
+        attached to a served controller (``open_attached``) this is the
+        host memory that can be registered. Freed when the view and every
+        registration of it are gone."""
+        mem = self.host_memory(nbytes)
+        arr = (ctypes.c_ubyte * nbytes).from_address(mem.ptr)
+        arr._ugds_memory = mem  # freed with the array, which the view holds
+        return memoryview(arr).cast("B")
 
     def register(self, obj, nbytes=None):
         """Registers a tensor-like object for I/O (see the module docs) and

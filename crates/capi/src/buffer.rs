@@ -1,6 +1,7 @@
 //! Buffer registration, dma-buf export and RDMA registration.
 
 use super::*;
+use std::collections::BTreeMap;
 
 /// The driver and the registration at `base`.
 pub(crate) fn registered(base: *const c_void) -> Result<(ugds::Driver, BufferToken), uGDSError_t> {
@@ -283,4 +284,52 @@ mod rdma {
             e => Err(fail(op::RDMA_MR_STILL_ACTIVE, format!("ibv_dereg_mr: errno {e}"))),
         }
     }
+}
+
+/// Host buffers handed out by `uGDSHostAlloc`, by address.
+static HOST_BUFFERS: std::sync::Mutex<BTreeMap<usize, ugds::HostBuffer>> = std::sync::Mutex::new(BTreeMap::new());
+
+/// Allocates `size` bytes of page-aligned host memory for I/O: shared
+/// memory in a process attached to a served controller (`UGDS_ATTACH`).
+///
+/// # Safety
+/// `ptr` is null (refused) or valid for one pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn uGDSHostAlloc(ptr: *mut *mut c_void, size: size_t) -> uGDSError_t {
+    guard(internal(), || {
+        if ptr.is_null() || size == 0 {
+            return fail(op::INVALID_VALUE, "null pointer or zero size");
+        }
+        match ugds::HostBuffer::new(size) {
+            Ok(mut b) => {
+                let p = b.as_mut_ptr();
+                HOST_BUFFERS.lock().unwrap_or_else(|e| e.into_inner()).insert(p as usize, b);
+                // SAFETY: non-null, checked above; the caller passes a valid pointer.
+                unsafe { *ptr = p.cast() };
+                ok()
+            }
+            Err(e) => from_error(e),
+        }
+    })
+}
+
+/// Frees memory from `uGDSHostAlloc`; refused while it is registered.
+///
+/// # Safety
+/// `ptr` came from `uGDSHostAlloc` and is not used after this succeeds.
+#[no_mangle]
+pub unsafe extern "C" fn uGDSHostFree(ptr: *mut c_void) -> uGDSError_t {
+    guard(internal(), || {
+        let registered = state().as_ref().and_then(|s| s.driver.token_containing(ptr.cast()));
+        if registered.is_some() {
+            return fail(op::INVALID_VALUE, format!("{ptr:p} is registered: uGDSBufDeregister it first"));
+        }
+        match HOST_BUFFERS.lock().unwrap_or_else(|e| e.into_inner()).remove(&(ptr as usize)) {
+            Some(b) => {
+                drop(b);
+                ok()
+            }
+            None => fail(op::INVALID_VALUE, format!("{ptr:p} did not come from uGDSHostAlloc")),
+        }
+    })
 }

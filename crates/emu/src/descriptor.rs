@@ -2,7 +2,9 @@
 //! `uGDSHandleRegister`, libcufile's `cuFileHandleRegister`): ugds_drv's
 //! character device, an emulated controller over a regular file (with
 //! `UGDS_EMULATE=1`), or the kernel path for any other regular file or
-//! block device.
+//! block device; with `UGDS_ATTACH=SOCKET`, whatever the descriptor, the
+//! controller `ugds serve` serves at SOCKET (queue pairs of this process's
+//! own).
 
 use crate::{EmuConfig, EmuPlatform, NamespaceConfig};
 use std::os::fd::{BorrowedFd, OwnedFd};
@@ -57,6 +59,13 @@ pub fn serve(fd: BorrowedFd<'_>) -> Result<Served, Refused> {
             .unwrap_or_else(|_| format!("fd {}", fd.as_raw_fd()))
     };
     let dup = || -> Result<OwnedFd, Refused> { fd.try_clone_to_owned().map_err(Refused::Dup) };
+    // Attached to a controller `ugds serve` owns: every descriptor stands
+    // for its namespace (the descriptor only names the handle).
+    if let Some(socket) = std::env::var_os("UGDS_ATTACH").filter(|s| !s.is_empty()) {
+        return ugds_platform::attach::AttachPlatform::connect(std::path::Path::new(&socket))
+            .map(|p| Served::Controller(Arc::new(p)))
+            .map_err(Refused::Platform);
+    }
     match st.st_mode & libc::S_IFMT {
         libc::S_IFCHR => {
             let (maj, min) = (libc::major(st.st_rdev), libc::minor(st.st_rdev));

@@ -20,6 +20,7 @@ mod batch;
 mod buffer;
 mod emu;
 mod handle;
+mod serve;
 mod stream;
 mod volume;
 
@@ -27,6 +28,7 @@ use batch::Batch;
 use buffer::Buffer;
 use emu::EmuTcpTarget;
 use handle::{as_segments, checked_tokens, op, Arg, Cell, Handle};
+use serve::Server;
 use stream::{Stream, StreamResult};
 use volume::Volume;
 
@@ -201,6 +203,31 @@ impl Driver {
         py.allow_threads(|| self.inner.open_file(&path, opts)).map(Handle::from).map_err(err)
     }
 
+    /// Opens a handle on the controller `ugds serve` serves at the unix
+    /// socket `socket`: I/O queue pairs of this process's own, no admin
+    /// queue. Host memory for such a handle comes from `alloc_host` (the
+    /// owner maps the same pages for the device; other memory is private
+    /// to this process and refused).
+    #[pyo3(signature = (socket, interrupt=false, mode=None))]
+    fn open_attached(
+        &self,
+        py: Python<'_>,
+        socket: std::path::PathBuf,
+        interrupt: bool,
+        mode: Option<&str>,
+    ) -> PyResult<Handle> {
+        self.open_on(py, interrupt, mode, || Ok(Arc::new(ugds::platform::attach::AttachPlatform::connect(&socket)?)))
+    }
+
+    /// `nbytes` of zeroed, page-aligned host memory for I/O (shared memory
+    /// once this process has attached: see `open_attached`). Prefer
+    /// `Driver.alloc_host`, which returns it as a writable buffer.
+    fn host_memory(&self, nbytes: usize) -> PyResult<HostMemory> {
+        let mut b = ugds::HostBuffer::new(nbytes).map_err(err)?;
+        let ptr = b.as_mut_ptr() as u64;
+        Ok(HostMemory { _buf: b, ptr, nbytes })
+    }
+
     /// Opens a handle on a controller bound to the ugds_drv module
     /// (`/dev/ugds_drvN`).
     #[pyo3(signature = (path, interrupt=false, mode=None))]
@@ -338,6 +365,17 @@ impl Driver {
     }
 }
 
+/// Host memory from `Driver.host_memory`: freed when collected (a
+/// registration of it holds this object).
+#[pyclass(module = "ugds._ugds", frozen)]
+struct HostMemory {
+    _buf: ugds::HostBuffer,
+    #[pyo3(get)]
+    ptr: u64,
+    #[pyo3(get)]
+    nbytes: usize,
+}
+
 #[pymodule]
 fn _ugds(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // The library's messages go to standard error at UGDS_LOG's level.
@@ -348,6 +386,8 @@ fn _ugds(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Volume>()?;
     m.add_class::<EmuTcpTarget>()?;
     m.add_class::<Buffer>()?;
+    m.add_class::<HostMemory>()?;
+    m.add_class::<Server>()?;
     m.add_class::<Batch>()?;
     m.add_class::<Stream>()?;
     m.add_class::<StreamResult>()?;
