@@ -142,6 +142,9 @@ run bench-verify /bin/ugds bench --pci $BDF --verify -d 1 -q 4 --range 16M --no-
 run bench-verify-irq /bin/ugds bench --pci $BDF --verify -d 1 -q 4 --range 16M --interrupt --no-progress
 run bench-batch-verify /bin/ugds bench --pci $BDF --verify -d 1 --batch 16 -m randwrite --range 16M --no-progress
 run identify /bin/ugds identify --pci $BDF
+# Several processes on the controller through vfio-pci (the default
+# configuration only: the step takes about half a minute under TCG).
+[ "$CONFIG" = default ] && run serve-vfio serve_check --pci $BDF
 
 # The same controller through our kernel module.
 insmod /bin/ugds_drv.ko || echo "UGDS-GUEST: insmod ugds_drv failed"

@@ -323,6 +323,6 @@ run_guest() {
     # shellcheck disable=SC2086
     timeout "${QEMU_TIMEOUT:-180}" qemu-system-x86_64 -machine q35 -accel tcg -m 1G -smp "${QEMU_SMP:-2}" -nographic -no-reboot -nic none \
         -device intel-iommu -kernel "$kernel" -initrd "$initrd" \
-        -append "console=ttyS0 panic=-1 quiet intel_iommu=on $append" $dev \
+        -append "console=ttyS0 panic=-1 quiet intel_iommu=on ugds.config=$cfg $append" $dev \
         -trace 'pci_nvme_err*' -trace 'pci_nvme_ub*' -D "$tr" > "$con" 2>&1
 }

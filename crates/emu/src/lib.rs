@@ -383,6 +383,7 @@ impl Platform for EmuPlatform {
             offset: 0,
             len: self.shared.regs.len(),
             wake: Some(self.shared.wake_offset()),
+            device: false,
         })
     }
 }

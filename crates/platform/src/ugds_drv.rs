@@ -225,6 +225,17 @@ impl Platform for UgdsDrvPlatform {
     fn pci_address(&self) -> Option<String> {
         pci_address_in(std::path::Path::new("/sys"), &self.path)
     }
+
+    fn share_registers(&self) -> Result<crate::attach::SharedRegisters> {
+        let fd = self.file.fd.try_clone().map_err(|e| Error::io("dup the ugds_drv descriptor", e))?;
+        Ok(crate::attach::SharedRegisters {
+            fd: Arc::new(fd),
+            offset: 0,
+            len: self.bar0.len(),
+            wake: None,
+            device: true,
+        })
+    }
 }
 
 /// The PCI function behind the module's character device `dev`

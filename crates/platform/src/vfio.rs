@@ -148,6 +148,8 @@ pub struct VfioPlatform {
     device: OwnedFd,
     config_offset: u64,
     bar0: Mmio,
+    /// Where BAR0 lies in the device file (shared with attached processes).
+    bar0_offset: u64,
     vectors: Vec<EventFd>,
 }
 
@@ -236,6 +238,7 @@ impl VfioPlatform {
             device,
             config_offset: cfg.offset,
             bar0,
+            bar0_offset: bar.offset,
             vectors: Vec::new(),
         };
         p.setup_msix();
@@ -394,5 +397,16 @@ impl Platform for VfioPlatform {
 
     fn pci_address(&self) -> Option<String> {
         Some(self.bdf.clone())
+    }
+
+    fn share_registers(&self) -> Result<crate::attach::SharedRegisters> {
+        let fd = self.device.try_clone().map_err(|e| Error::io("dup the vfio device", e))?;
+        Ok(crate::attach::SharedRegisters {
+            fd: Arc::new(fd),
+            offset: self.bar0_offset,
+            len: self.bar0.len(),
+            wake: None,
+            device: true,
+        })
     }
 }

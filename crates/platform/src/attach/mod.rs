@@ -69,6 +69,43 @@ pub struct SharedRegisters {
     /// Byte offset, in the shared range, of the word to wake after a
     /// doorbell when it is non-zero.
     pub wake: Option<usize>,
+    /// A device's BAR (accessed as MMIO) rather than a sealed memfd (the
+    /// emulated controller's register file, accessed by atomics).
+    pub device: bool,
+}
+
+/// The owner's registers as this process maps them.
+enum Registers {
+    /// The emulated controller's register file.
+    Memory(SharedMemory),
+    /// A controller's BAR0: volatile accesses; retired when the owner goes.
+    Device(crate::sys::vfio::Mmio),
+}
+
+impl Registers {
+    #[inline]
+    fn read32(&self, off: usize) -> u32 {
+        match self {
+            Registers::Memory(m) => m.word(off).map_or(u32::MAX, |w| w.load(Ordering::Acquire)),
+            Registers::Device(m) => m.read32(off),
+        }
+    }
+
+    /// A doorbell write at `off` (already checked to be ours).
+    #[inline]
+    fn ring(&self, off: usize, val: u32) {
+        match self {
+            // Release: the queue entries written before this doorbell are
+            // visible to the controller thread that acquires it.
+            Registers::Memory(m) => {
+                if let Some(w) = m.word(off) {
+                    w.store(val, Ordering::Release)
+                }
+            }
+            // The engine's barrier before the doorbell orders the entries.
+            Registers::Device(m) => m.write32(off, val),
+        }
+    }
 }
 
 /// The socket and what the owner mapped for this process.
@@ -137,7 +174,7 @@ impl DmaRelease for Session {
 pub struct AttachPlatform {
     path: PathBuf,
     session: Arc<Session>,
-    regs: SharedMemory,
+    regs: Arc<Registers>,
     wake: Option<usize>,
     dstrd: u8,
     /// Bytes of doorbells this process may ring, from local queue 1's
@@ -175,21 +212,29 @@ impl AttachPlatform {
         let mut r = Reader::new(&buf[..n]);
         r.status()?;
         let (len, offset, wake, dstrd, part, parts) = (r.u64()?, r.u64()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
+        let device = r.u32()? != 0;
         let fd = fds.pop().ok_or_else(|| Error::InvalidArgument("the owner sent no register file".into()))?;
         let len = usize::try_from(len).map_err(|_| Error::InvalidArgument("register file too long".into()))?;
-        if len < regs::DOORBELL_BASE + 8 || dstrd > 15 || parts == 0 || part >= parts {
+        if len < regs::DOORBELL_BASE + 8 || len % PAGE_SIZE != 0 || dstrd > 15 || parts == 0 || part >= parts {
             return Err(Error::InvalidArgument(format!(
                 "the owner's welcome is malformed ({len} register bytes, dstrd {dstrd}, part {part} of {parts})"
             )));
         }
-        let regs = SharedMemory::from_fd(Arc::new(fd), offset, len.next_multiple_of(PAGE_SIZE))?;
         let wake = (wake != u32::MAX).then_some(wake as usize);
-        if wake.is_some_and(|w| regs.word(w).is_none()) {
-            return Err(Error::InvalidArgument("the owner's wake word lies outside its registers".into()));
-        }
+        let regs = if device {
+            // The device file is held by the mapping alone from here on.
+            Registers::Device(crate::sys::vfio::Mmio::map(&fd, len, offset)?)
+        } else {
+            let m = SharedMemory::from_fd(Arc::new(fd), offset, len)?;
+            if wake.is_some_and(|w| m.word(w).is_none()) {
+                return Err(Error::InvalidArgument("the owner's wake word lies outside its registers".into()));
+            }
+            Registers::Memory(m)
+        };
+        let regs = Arc::new(regs);
         let session =
             Arc::new(Session { sock: Mutex::new(sock), gone: AtomicBool::new(false), dma: Default::default() });
-        let watched = session.clone();
+        let (watched, held) = (session.clone(), regs.clone());
         let watcher = std::thread::Builder::new()
             .name("ugds-attach".into())
             .spawn(move || {
@@ -200,6 +245,11 @@ impl AttachPlatform {
                     while rustix::event::poll(&mut p, None).is_err() {}
                 }
                 watched.gone.store(true, Ordering::Release);
+                // Let the device go: the owner's kernel side (vfio, the
+                // module) stops the controller once no process holds it.
+                if let Registers::Device(m) = &*held {
+                    m.retire();
+                }
             })
             .map_err(|e| Error::io("spawn the attach watcher", e))?;
         Ok(AttachPlatform {
@@ -255,7 +305,7 @@ impl Platform for AttachPlatform {
         if self.owner_gone() {
             return u32::MAX;
         }
-        self.regs.word(off).map_or(u32::MAX, |w| w.load(Ordering::Acquire))
+        self.regs.read32(off)
     }
 
     unsafe fn write32(&self, off: usize, val: u32) {
@@ -268,17 +318,17 @@ impl Platform for AttachPlatform {
         if self.owner_gone() {
             return;
         }
-        let Some(w) = self.regs.word(off) else { return };
-        // Release: the queue entries written before this doorbell are
-        // visible to the controller that acquires it.
-        w.store(val, Ordering::Release);
-        if let Some(word) = self.wake.and_then(|o| self.regs.word(o)) {
-            // Pairs with the emulated controller's fence before it re-checks
-            // for work and sleeps: it sees our store, or we see it asleep.
-            // Clearing the word makes a wait not yet started return at once.
-            fence(Ordering::SeqCst);
-            if word.load(Ordering::Relaxed) != 0 && word.swap(0, Ordering::Relaxed) != 0 {
-                futex_wake(word);
+        self.regs.ring(off, val);
+        if let (Some(o), Registers::Memory(m)) = (self.wake, &*self.regs) {
+            if let Some(word) = m.word(o) {
+                // Pairs with the emulated controller's fence before it
+                // re-checks for work and sleeps: it sees our store, or we
+                // see it asleep. Clearing the word makes a wait not yet
+                // started return at once.
+                fence(Ordering::SeqCst);
+                if word.load(Ordering::Relaxed) != 0 && word.swap(0, Ordering::Relaxed) != 0 {
+                    futex_wake(word);
+                }
             }
         }
     }
@@ -391,7 +441,7 @@ mod tests {
             b.recv(&mut buf).unwrap();
             let regs = SharedMemory::new(8192).unwrap();
             let mut w = Writer::new(0);
-            w.u64(8192).u64(0).u32(u32::MAX).u32(0).u32(0).u32(1);
+            w.u64(8192).u64(0).u32(u32::MAX).u32(0).u32(0).u32(1).u32(0);
             b.send(&w.0, &[regs.as_fd()]).unwrap();
             b.recv(&mut buf).unwrap(); // QUEUES
             let mut w = Writer::new(0);

@@ -4,7 +4,7 @@
 //!
 //! | request (op) | fields | descriptor | reply after the status |
 //! |---|---|---|---|
-//! | `HELLO` | version | - | registers' length, offset and wake word, dstrd, part, parts; the registers' file |
+//! | `HELLO` | version | - | registers' length, offset and wake word, dstrd, part, parts, whether a device's BAR (else a sealed memfd); the registers' file |
 //! | `QUEUES` | how many | - | how many granted |
 //! | `MAP` | offset, length | the memfd | controller address of the range (contiguous) |
 //! | `UNMAP` | controller address | - | - |

@@ -421,6 +421,33 @@ impl Mmio {
         // SAFETY: in bounds and aligned; device registers are written volatile.
         unsafe { self.ptr.as_ptr().add(off).cast::<u32>().write_volatile(v) }
     }
+
+    /// Bytes mapped.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Puts zeroed private memory in place of the device's pages, at the
+    /// same addresses: the device file is no longer held by this mapping,
+    /// and an access still racing with this one touches nothing.
+    pub fn retire(&self) {
+        // SAFETY: replaces our own mapping in place (MAP_FIXED over exactly
+        // its range); every access to it is a volatile access through a raw
+        // pointer, which then reads zeros or writes to the private page.
+        let p = unsafe {
+            libc::mmap(
+                self.ptr.as_ptr().cast(),
+                self.len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            tracing::warn!("could not retire a register mapping: {}", std::io::Error::last_os_error());
+        }
+    }
 }
 
 impl Drop for Mmio {

@@ -133,7 +133,7 @@ impl Client {
                 self.owner.counters.sessions.fetch_add(1, Ordering::Relaxed);
                 let regs = &self.owner.regs;
                 w.u64(regs.len as u64).u64(regs.offset).u32(regs.wake.map_or(u32::MAX, |o| o as u32));
-                w.u32(self.owner.ctrl.info().cap.dstrd() as u32).u32(part).u32(parts.max(1));
+                w.u32(self.owner.ctrl.info().cap.dstrd() as u32).u32(part).u32(parts.max(1)).u32(regs.device as u32);
                 Ok((w, Some(regs.fd.clone())))
             }
             op::QUEUES => {
