@@ -21,7 +21,7 @@ Options:
       --split N               each namespace split into N equal LBA ranges, one
                               per attached process; I/O outside its own is
                               refused [1: every process shares the namespace]
-      --queues-per-process N  most I/O queue pairs one process gets [8]
+      --queues-per-process N  most I/O queue pairs one process gets [16]
 
 ";
 

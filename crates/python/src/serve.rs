@@ -21,7 +21,7 @@ impl Server {
     /// Serves an emulated controller with a memory namespace of `size`
     /// bytes; `parts` > 1 splits it into that many ranges, one per process.
     #[staticmethod]
-    #[pyo3(signature = (socket, size=1<<30, block_size=512, parts=1, queues_per_process=8))]
+    #[pyo3(signature = (socket, size=1<<30, block_size=512, parts=1, queues_per_process=16))]
     fn emulated(
         py: Python<'_>,
         socket: std::path::PathBuf,
@@ -41,7 +41,7 @@ impl Server {
 
     /// Serves the controller behind ugds_drv's `/dev/ugds_drvN`.
     #[staticmethod]
-    #[pyo3(signature = (socket, path, parts=1, queues_per_process=8))]
+    #[pyo3(signature = (socket, path, parts=1, queues_per_process=16))]
     fn drv(
         py: Python<'_>,
         socket: std::path::PathBuf,

@@ -204,7 +204,9 @@ fn requests_that_are_not_the_sessions_are_refused_and_change_nothing() {
     let mut r = Reader::new(&body);
     r.status().unwrap();
     assert_eq!(r.u32().unwrap(), 2, "capped at queues_per_process");
-    refused(&q, &[], "once");
+    // Reserved again while no queue of the session exists: the block is
+    // given back and taken anew.
+    call(&sock, &q, &[]).0.unwrap();
     // A mapping: one sealed memfd, whole pages inside the file.
     let mem = SharedMemory::new(8192).unwrap();
     let mut m = Writer::new(op::MAP);
@@ -236,6 +238,8 @@ fn requests_that_are_not_the_sessions_are_refused_and_change_nothing() {
     call(&sock, &admin(Sqe::create_io_cq(Cid(0), Qid(1), 16, iova, 0, false)), &[]).0.unwrap();
     call(&sock, &admin(Sqe::create_io_sq(Cid(0), Qid(1), 16, iova + 4096, Qid(1))), &[]).0.unwrap();
     refused(&admin(Sqe::delete_io_cq(Cid(0), Qid(1))), &[], "still completes");
+    // Its queues exist: no second block for a second handle.
+    refused(&q, &[], "another handle");
     let mut un = Writer::new(op::UNMAP);
     un.u64(iova);
     refused(&un, &[], "rings");
@@ -270,4 +274,24 @@ fn private_memory_is_refused_in_an_attached_process_with_a_clear_error() {
     };
     assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
     assert!(e.to_string().contains("private to this process"), "{e}");
+}
+
+#[test]
+fn one_attachment_serves_one_handle_at_a_time() {
+    let (server, _emu) = serve("reopen", ServeOptions::default());
+    let d = Driver::open();
+    let p: Arc<dyn ugds::platform::Platform> = Arc::new(AttachPlatform::connect(server.path()).unwrap());
+    let h = d.open_handle(p.clone(), handle_opts()).unwrap();
+    write_read(&d, &h, 5, 0, 4096);
+    // A second handle while the first holds the session's queues: refused,
+    // and the first goes on.
+    let e = d.open_handle(p.clone(), handle_opts()).unwrap_err();
+    assert!(e.to_string().contains("another handle"), "{e}");
+    write_read(&d, &h, 6, 4096, 4096);
+    h.close(ugds::Drain::NoWait).unwrap();
+    drop(h);
+    // Closed: the next handle on the same attachment gets queues anew.
+    let h = d.open_handle(p, handle_opts()).unwrap();
+    write_read(&d, &h, 7, 8192, 4096);
+    assert_eq!(server.stats().sessions, 1);
 }

@@ -138,8 +138,15 @@ impl Client {
             }
             op::QUEUES => {
                 let want = r.u32()?.clamp(1, self.owner.opts.queues_per_process as u32) as u16;
-                if self.qids.is_some() {
-                    return Err(Error::InvalidArgument("queue pairs are reserved once per session".into()));
+                if !self.sqs.is_empty() || !self.cqs.is_empty() {
+                    return Err(Error::InvalidArgument(
+                        "this session's queue pairs are in use by another handle: attach again for a second handle"
+                            .into(),
+                    ));
+                }
+                // A new handle on the same attachment: the block goes back first.
+                if let Some((first, n)) = self.qids.take() {
+                    self.owner.give_qids(first, n);
                 }
                 let (first, n) = self.owner.take_qids(want).ok_or_else(|| {
                     Error::Unsupported(format!(

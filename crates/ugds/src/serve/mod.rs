@@ -42,7 +42,7 @@ pub struct ServeOptions {
 
 impl Default for ServeOptions {
     fn default() -> ServeOptions {
-        ServeOptions { parts: 1, queues_per_process: 8 }
+        ServeOptions { parts: 1, queues_per_process: 16 }
     }
 }
 
