@@ -37,6 +37,8 @@ pub mod op {
     pub const IO_DISABLED: c_int = 5034;
     pub const BATCH_SUBMIT_FAILED: c_int = 5035;
     pub const BATCH_FULL: c_int = 5037;
+    pub const INTERNAL_BATCH_SUBMIT_ERROR: c_int = 5040;
+    pub const INTERNAL_BATCH_GETSTATUS_ERROR: c_int = 5041;
     pub const NOMEM_ERROR: c_int = 5043;
     pub const IO_ERROR: c_int = 5044;
     pub const INTERNAL_BUF_REGISTER_ERROR: c_int = 5045;

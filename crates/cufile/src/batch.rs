@@ -86,14 +86,16 @@ pub unsafe extern "C" fn cuFileBatchIOSetUp(batch_idp: *mut *mut c_void, nr: c_u
     })
 }
 
-/// The batch `id` names in the snapshot `s`, borrowed from it.
-fn batch_in(s: &Snapshot, id: *mut c_void) -> Result<&Arc<BatchObj>, CUfileError_t> {
+/// The batch `id` names in the snapshot `s`, borrowed from it; `code` is
+/// the error for a null or unknown one (each call answers as NVIDIA's
+/// library does: bench/cufile/probe_reference.c).
+fn batch_in(s: &Snapshot, id: *mut c_void, code: c_int) -> Result<&Arc<BatchObj>, CUfileError_t> {
     if id.is_null() {
-        return Err(fail(op::INVALID_VALUE, "null batch"));
+        return Err(fail(code, "null batch"));
     }
     s.as_ref()
         .and_then(|s| s.batches.get(&(id as usize)))
-        .ok_or_else(|| fail(op::INVALID_VALUE, "no such batch (never set up, or destroyed)"))
+        .ok_or_else(|| fail(code, "no such batch (never set up, or destroyed)"))
 }
 
 /// Submits `nr` requests, each checked first: a bad one submits none.
@@ -121,13 +123,17 @@ pub unsafe extern "C" fn cuFileBatchIOSubmit(
 }
 
 fn submit(batch_idp: *mut c_void, nr: c_uint, iocbp: *mut CUfileIOParams_t) -> CUfileError_t {
+    // Every refusal of a submission is CU_FILE_INTERNAL_BATCH_SUBMIT_ERROR,
+    // the code NVIDIA's library gives for each of these (seen: 1.15.1; it
+    // accepts an unknown opcode and a size of 0, which are refused here).
+    const REFUSED: c_int = op::INTERNAL_BATCH_SUBMIT_ERROR;
     let snap = state();
-    let b = match batch_in(&snap, batch_idp) {
+    let b = match batch_in(&snap, batch_idp, REFUSED) {
         Ok(b) => b,
         Err(e) => return e,
     };
     if iocbp.is_null() || nr == 0 || nr as usize > b.nr {
-        return fail(op::INVALID_VALUE, format!("null params, or nr {nr} not within 1 to the batch's {}", b.nr));
+        return fail(REFUSED, format!("null params, or nr {nr} not within 1 to the batch's {}", b.nr));
     }
     // SAFETY: the caller's `nr` entries (non-null, checked).
     let ps = unsafe { std::slice::from_raw_parts(iocbp, nr as usize) };
@@ -142,18 +148,18 @@ fn submit(batch_idp: *mut c_void, nr: c_uint, iocbp: *mut CUfileIOParams_t) -> C
         let write = match p.opcode {
             READ => false,
             WRITE => true,
-            o => return fail(op::INVALID_VALUE, format!("request {i}: opcode {o}")),
+            o => return fail(REFUSED, format!("request {i}: opcode {o}")),
         };
         let io = &p.batch;
         if p.mode != BATCH || io.devPtr_base.is_null() || io.file_offset < 0 || io.devPtr_offset < 0 || io.size == 0 {
-            return fail(op::INVALID_VALUE, format!("request {i}: mode, null buffer, negative offset or size 0"));
+            return fail(REFUSED, format!("request {i}: mode, null buffer, negative offset or size 0"));
         }
         let f = match file_in(&snap, p.fh) {
             Ok(f) => f,
-            Err(c) => return fail(c, format!("request {i}: no such file handle")),
+            Err(_) => return fail(REFUSED, format!("request {i}: no such file handle")),
         };
         if (io.devPtr_base as usize).checked_add(io.devPtr_offset as usize + io.size).is_none() {
-            return fail(op::INVALID_VALUE, format!("request {i}: buffer offset and size wrap the address space"));
+            return fail(REFUSED, format!("request {i}: buffer offset and size wrap the address space"));
         }
         let bs = f.handle.namespace().block_size as u64;
         if io.file_offset as u64 % bs != 0 || io.size as u64 % bs != 0 {
@@ -303,7 +309,7 @@ pub unsafe extern "C" fn cuFileBatchIOGetStatus(
 ) -> CUfileError_t {
     guard(internal(), || {
         let snap = state();
-        let b = match batch_in(&snap, batch_idp) {
+        let b = match batch_in(&snap, batch_idp, op::INTERNAL_BATCH_GETSTATUS_ERROR) {
             Ok(b) => b,
             Err(e) => return e,
         };
@@ -398,8 +404,11 @@ pub unsafe extern "C" fn cuFileBatchIOGetStatus(
 pub extern "C" fn cuFileBatchIOCancel(batch_idp: *mut c_void) -> CUfileError_t {
     guard(internal(), || {
         let snap = state();
-        let b = match batch_in(&snap, batch_idp) {
+        let b = match batch_in(&snap, batch_idp, op::INVALID_VALUE) {
             Ok(b) => b,
+            // A destroyed batch has nothing left to cancel: success, as
+            // NVIDIA's library answers (seen: 1.15.1).
+            Err(_) if !batch_idp.is_null() => return ok(),
             Err(e) => return e,
         };
         let inner = b.inner.lock().recover();

@@ -1,7 +1,7 @@
 //! Files and buffers: registration, and the synchronous calls.
 
 use crate::abi::{op, CUfileDescr_t, CUfileError_t, CUfileIOVec_t, HANDLE_TYPE_OPAQUE_FD};
-use crate::errors::{fail, from_error, guard, internal, io_error, negative, ok, posix};
+use crate::errors::{fail, from_error, guard, internal, io_error, ok, posix};
 use crate::stats::{self, Io};
 use crate::{config, driver, state, state_mut, Snapshot};
 use libc::{off_t, size_t, ssize_t};
@@ -313,9 +313,11 @@ fn sync_inner(
     }
     let snap = state();
     let f = match file_in(&snap, fh) {
-        // A null handle: -1 and EINVAL, as NVIDIA's library (seen: 1.15.1).
-        Err(op::INVALID_VALUE) => return posix(libc::EINVAL, "null file handle"),
-        Err(c) => return negative(c, why(c)),
+        // A null handle: -1 and EINVAL; a deregistered one: -1 with errno
+        // CU_FILE_HANDLE_NOT_REGISTERED. NVIDIA's library answers so (seen:
+        // 1.15.1, test_cufile's reference run and bench/cufile/probe_reference.c).
+        Err(op::INVALID_VALUE) => return posix(libc::EINVAL, why(op::INVALID_VALUE)),
+        Err(c) => return posix(c, why(c)),
         Ok(f) => f,
     };
     if size == 0 {

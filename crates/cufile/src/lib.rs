@@ -111,6 +111,16 @@ fn open(counted: bool) -> CUfileError_t {
     ok()
 }
 
+/// Opens the driver if it is not open, not counted as a user (what
+/// NVIDIA's library does at cuFileDriverGetProperties: parameters are then
+/// refused as set after the open; seen: 1.15.1).
+pub(crate) fn open_implicitly() -> CUfileError_t {
+    if is_open() {
+        return ok();
+    }
+    open(false)
+}
+
 /// The driver, opening it if needed.
 fn driver() -> Result<ugds::Driver, CUfileError_t> {
     if let Some(s) = state().as_ref() {

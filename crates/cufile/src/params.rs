@@ -17,6 +17,10 @@ pub unsafe extern "C" fn cuFileDriverGetProperties(props: *mut CUfileDrvProps_t)
         if props.is_null() {
             return fail(op::INVALID_VALUE, "null props");
         }
+        let opened = crate::open_implicitly();
+        if opened.err != op::SUCCESS {
+            return opened;
+        }
         // SAFETY: non-null; the caller's struct.
         unsafe { props.write(config::properties()) };
         ok()

@@ -512,14 +512,13 @@ impl Recent {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
-    use ugds_emu::{EmuConfig, EmuPlatform};
 
     /// `containing` answers from the thread's last find only while the map
     /// is the one it was found in: after a change, or in another registry
     /// holding the same addresses, it looks again.
     #[test]
     fn containing_sees_every_change_and_registry() {
-        let platform: Arc<dyn Platform> = Arc::new(EmuPlatform::new(EmuConfig::default()).unwrap());
+        let platform: Arc<dyn Platform> = Arc::new(TestPlatform { unaligned: false });
         let mut mem = crate::buffer::HostBuffer::new(16384).unwrap();
         let base = mem.as_mut_ptr() as usize;
         let handles = [(1u64, platform)];
@@ -546,7 +545,7 @@ mod tests {
     /// deregistration that succeeds must leave no claim behind.
     #[test]
     fn recent_claims_and_deregistration_never_overlap() {
-        let platform: Arc<dyn Platform> = Arc::new(EmuPlatform::new(EmuConfig::default()).unwrap());
+        let platform: Arc<dyn Platform> = Arc::new(TestPlatform { unaligned: false });
         let mut mem = crate::buffer::HostBuffer::new(8192).unwrap();
         let base = mem.as_mut_ptr() as usize;
         let reg = Registry::default();
@@ -596,41 +595,43 @@ mod tests {
         drop(mem);
     }
 
-    /// A platform whose mappings put every page but the first off its page
+    /// A platform that maps memory at made-up addresses no device reaches
+    /// (the registry's tests issue no command; the emulator's memfd is
+    /// beyond Miri). `unaligned`: every page but the first off its page
     /// boundary (what a broken IOMMU driver might hand back).
-    struct Unaligned(EmuPlatform);
+    struct TestPlatform {
+        unaligned: bool,
+    }
 
-    impl Platform for Unaligned {
+    impl Platform for TestPlatform {
         fn describe(&self) -> String {
-            self.0.describe()
+            "a test platform".into()
         }
-        fn read32(&self, off: usize) -> u32 {
-            self.0.read32(off)
+        fn read32(&self, _off: usize) -> u32 {
+            u32::MAX
         }
-        unsafe fn write32(&self, off: usize, val: u32) {
-            // SAFETY: the caller's promise, passed on.
-            unsafe { self.0.write32(off, val) }
-        }
+        unsafe fn write32(&self, _off: usize, _val: u32) {}
         fn alloc_dma(&self, len: usize) -> ugds_platform::Result<ugds_platform::dma::DmaBuffer> {
-            self.0.alloc_dma(len)
+            ugds_platform::dma::DmaBuffer::anonymous(len)
         }
         unsafe fn map_host(&self, vaddr: *mut u8, len: usize) -> ugds_platform::Result<HostMapping> {
-            // SAFETY: the caller's promise, passed on.
-            let m = unsafe { self.0.map_host(vaddr, len)? };
-            let pages = m.pages().iter().enumerate().map(|(i, &a)| if i > 0 { a + 512 } else { a }).collect();
-            // SAFETY: a broken platform on purpose: the registry must
-            // refuse these pages before any command names them.
+            let span = HostMapping::span(vaddr, len)?;
+            // SAFETY: no device reaches these addresses: the registry must
+            // refuse them before any command names them.
+            let m = unsafe { HostMapping::contiguous(vaddr, span, 0x1_0000_0000) };
+            let off = if self.unaligned { 512 } else { 0 };
+            let pages = m.pages().iter().enumerate().map(|(i, &a)| if i > 0 { a + off } else { a }).collect();
+            // SAFETY: a broken platform on purpose, as above.
             Ok(unsafe { HostMapping::from_parts(pages, m.first_offset(), m.cookie()) })
         }
-        unsafe fn unmap_host(&self, mapping: &HostMapping) -> ugds_platform::Result<()> {
-            // SAFETY: the caller's promise, passed on.
-            unsafe { self.0.unmap_host(mapping) }
+        unsafe fn unmap_host(&self, _mapping: &HostMapping) -> ugds_platform::Result<()> {
+            Ok(())
         }
-        fn interrupt(&self, vector: u16) -> ugds_platform::Result<Option<&ugds_platform::sys::EventFd>> {
-            self.0.interrupt(vector)
+        fn interrupt(&self, _vector: u16) -> ugds_platform::Result<Option<&ugds_platform::sys::EventFd>> {
+            Ok(None)
         }
         fn interrupt_vectors(&self) -> u16 {
-            self.0.interrupt_vectors()
+            0
         }
     }
 
@@ -639,7 +640,7 @@ mod tests {
     /// registered.
     #[test]
     fn a_mapping_with_an_unaligned_page_is_refused() {
-        let platform: Arc<dyn Platform> = Arc::new(Unaligned(EmuPlatform::new(EmuConfig::default()).unwrap()));
+        let platform: Arc<dyn Platform> = Arc::new(TestPlatform { unaligned: true });
         let mut mem = crate::buffer::HostBuffer::new(8192).unwrap();
         let base = mem.as_mut_ptr() as usize;
         let reg = Registry::default();
