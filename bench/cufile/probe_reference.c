@@ -23,8 +23,16 @@
 
 int main(int argc, char **argv) {
     const char *path = argc > 1 ? argv[1] : "/tmp/probe.img";
-    int fd = open(path, O_RDWR | O_CREAT, 0600);
-    if (fd < 0 || ftruncate(fd, 1 << 20) != 0) return 2;
+    // A file of known bytes (byte i of the file is i * 7 + (i >> 12)),
+    // opened with O_DIRECT (NVIDIA's library refuses a handle without it:
+    // CU_FILE_HANDLE_NOT_REGISTERED, seen: 1.15.1).
+    int w = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    unsigned char *pat = malloc(1 << 20);
+    for (size_t i = 0; i < (1 << 20); i++) pat[i] = (unsigned char)(i * 7 + (i >> 12));
+    if (w < 0 || write(w, pat, 1 << 20) != 1 << 20) return 2;
+    close(w);
+    int fd = open(path, O_RDWR | O_DIRECT);
+    if (fd < 0) fd = open(path, O_RDWR);
     size_t v = 0;
     printf("UseCount at start %ld\n", (long)cuFileUseCount());
     CUfileDrvProps_t props;
@@ -57,7 +65,7 @@ int main(int argc, char **argv) {
         io[i].opcode = CUFILE_READ;
         io[i].u.batch.devPtr_base = buf;
         io[i].u.batch.devPtr_offset = i * 4096;
-        io[i].u.batch.file_offset = (off_t)i * 4096;
+        io[i].u.batch.file_offset = (off_t)i * 4096;  // buffer offset i * 4096 too
         io[i].u.batch.size = 4096;
         io[i].cookie = (void *)(uintptr_t)(100 + i);
     }
@@ -76,6 +84,18 @@ int main(int argc, char **argv) {
     for (unsigned i = 0; i < nr; i++)
         printf("  event cookie %lu status %d ret %zd\n", (unsigned long)(uintptr_t)ev[i].cookie, (int)ev[i].status,
                (ssize_t)ev[i].ret);
+    // Where a batch's reads land: two reads into one registered buffer at
+    // buffer offsets 0 and 4096 (file offsets 0 and 4096).
+    memset(buf, 0, 8192);
+    SHOW("BatchIOSubmit(2 reads, buffer offsets 0 and 4096)", cuFileBatchIOSubmit(batch, 2, io, 0));
+    nr = 16;
+    SHOW("BatchIOGetStatus(min 2)", cuFileBatchIOGetStatus(batch, 2, &nr, ev, &ts));
+    for (unsigned i = 0; i < nr; i++)
+        printf("  event cookie %lu status %d ret %zd\n", (unsigned long)(uintptr_t)ev[i].cookie, (int)ev[i].status,
+               (ssize_t)ev[i].ret);
+    printf("  buffer+0 holds file offset 0: %s; buffer+4096 holds file offset 4096: %s; buffer+4096 zero: %s\n",
+           memcmp(buf, pat, 4096) ? "no" : "yes", memcmp(buf + 4096, pat + 4096, 4096) ? "no" : "yes",
+           buf[4096] == 0 && !memcmp(buf + 4096, buf + 4097, 4095) ? "yes" : "no");
     io[0].u.batch.size = 0;
     SHOW("BatchIOSubmit(1, size 0)", cuFileBatchIOSubmit(batch, 1, io, 0));
     nr = 16;
