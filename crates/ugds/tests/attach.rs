@@ -198,7 +198,7 @@ fn requests_that_are_not_the_sessions_are_refused_and_change_nothing() {
     refused(&Writer::new(99), &[], "unknown request");
     refused(&Writer(vec![1, 2]), &[], "malformed");
     let mut q = Writer::new(op::QUEUES);
-    q.u32(64);
+    q.u32(64).u32(0); // no interrupt vectors: its queues poll
     let (st, body) = call(&sock, &q, &[]);
     st.unwrap();
     let mut r = Reader::new(&body);
@@ -230,7 +230,10 @@ fn requests_that_are_not_the_sessions_are_refused_and_change_nothing() {
     refused(&admin(Sqe::create_io_cq(Cid(0), Qid(0), 16, iova, 0, false)), &[], "not yours");
     refused(&admin(Sqe::create_io_cq(Cid(0), Qid(1), 16, iova + (1 << 20), 0, false)), &[], "mappings");
     refused(&admin(Sqe::create_io_cq(Cid(0), Qid(1), 1024, iova, 0, false)), &[], "mappings");
-    refused(&admin(Sqe::create_io_cq(Cid(0), Qid(1), 16, iova, 1, true)), &[], "polled");
+    refused(&admin(Sqe::create_io_cq(Cid(0), Qid(1), 16, iova, 1, true)), &[], "you hold none");
+    let mut vector = Writer::new(op::VECTOR);
+    vector.u32(1);
+    refused(&vector, &[], "you hold none");
     refused(&admin(Sqe::create_io_sq(Cid(0), Qid(1), 16, iova, Qid(1))), &[], "does not");
     refused(&admin(Sqe::set_num_queues(Cid(0), 64, 64)), &[], "owner's");
     refused(&admin(Sqe::delete_io_sq(Cid(0), Qid(1))), &[], "no submission queue");
@@ -247,7 +250,7 @@ fn requests_that_are_not_the_sessions_are_refused_and_change_nothing() {
     un_other.u64(iova + 4096);
     refused(&un_other, &[], "no mapping of yours");
     let s = server.stats();
-    assert!(s.bad_requests >= 18, "{s:?}");
+    assert!(s.bad_requests >= 19, "{s:?}");
     assert_eq!((s.mappings, s.queues_in_use), (1, 2), "{s:?}");
     call(&sock, &Writer::new(op::DETACH), &[]).0.unwrap();
     call(&sock, &un, &[]).0.unwrap();
@@ -294,4 +297,31 @@ fn one_attachment_serves_one_handle_at_a_time() {
     let h = d.open_handle(p, handle_opts()).unwrap();
     write_read(&d, &h, 7, 8192, 4096);
     assert_eq!(server.stats().sessions, 1);
+}
+
+#[test]
+fn attached_queues_complete_by_interrupt_on_vectors_of_their_own() {
+    let (server, emu) = serve("irq", ServeOptions::default());
+    let d = Driver::open();
+    let opts = handle_opts().completion(ugds::Completion::Interrupt);
+    let a = d.open_handle(Arc::new(AttachPlatform::connect(server.path()).unwrap()), opts.clone()).unwrap();
+    let b = d.open_handle(Arc::new(AttachPlatform::connect(server.path()).unwrap()), opts).unwrap();
+    // Each session's synchronous queue has a vector, and not the other's.
+    let va: Vec<_> = a.queues().iter().filter_map(|q| q.vector).collect();
+    assert!(!va.is_empty(), "{:?}", a.queues());
+    let before = emu.stats().interrupts;
+    write_read(&d, &a, 1, 0, 65536);
+    write_read(&d, &b, 2, 1 << 20, 65536);
+    assert!(emu.stats().interrupts > before, "completions signalled their vectors");
+    assert_eq!(a.interrupt_waits_capped(), 0);
+    drop((a, b));
+    wait_for("both sessions torn down", || server.stats().attached == 0);
+    // Their vectors are free again: a new session gets them.
+    let c = d
+        .open_handle(
+            Arc::new(AttachPlatform::connect(server.path()).unwrap()),
+            handle_opts().completion(ugds::Completion::Interrupt),
+        )
+        .unwrap();
+    write_read(&d, &c, 3, 0, 4096);
 }

@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU16, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use ugds_nvme::{regs, Cqe, Iova, Sqe, IDENTIFY_LEN};
@@ -170,6 +170,9 @@ impl DmaRelease for Session {
     }
 }
 
+/// Most interrupt vectors one attached process asks for.
+pub const MAX_VECTORS: u16 = 64;
+
 /// A controller owned by another process, as this process's [`Platform`].
 pub struct AttachPlatform {
     path: PathBuf,
@@ -182,6 +185,10 @@ pub struct AttachPlatform {
     doorbells: AtomicUsize,
     /// How far the owner's doorbells of our queues lie past the local ones.
     shift: AtomicUsize,
+    /// Interrupt vectors granted (local 1..=n; 0 is no vector).
+    vectors: AtomicU16,
+    /// Their eventfds, fetched from the owner at first use (index = vector).
+    events: Box<[std::sync::OnceLock<EventFd>]>,
     share: (u32, u32),
     watcher: Option<JoinHandle<()>>,
 }
@@ -260,6 +267,8 @@ impl AttachPlatform {
             dstrd: dstrd as u8,
             doorbells: AtomicUsize::new(0),
             shift: AtomicUsize::new(0),
+            vectors: AtomicU16::new(0),
+            events: (0..=MAX_VECTORS).map(|_| std::sync::OnceLock::new()).collect(),
             share: (part, parts),
             watcher: Some(watcher),
         })
@@ -369,12 +378,37 @@ impl Platform for AttachPlatform {
         self.session.unmap(mapping.cookie())
     }
 
-    fn interrupt(&self, _vector: u16) -> Result<Option<&EventFd>> {
-        Ok(None)
+    fn interrupt(&self, vector: u16) -> Result<Option<&EventFd>> {
+        if vector == 0 || vector > self.vectors.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        let cell = &self.events[vector as usize];
+        if let Some(e) = cell.get() {
+            return Ok(Some(e));
+        }
+        let mut req = Writer::new(op::VECTOR);
+        req.u32(vector as u32);
+        let sock = self.session.sock.lock().recover();
+        sock.send(&req.0, &[])?;
+        let mut buf = vec![0u8; wire::MAX_MESSAGE];
+        let (n, mut fds) = sock.recv(&mut buf)?;
+        drop(sock);
+        if n == 0 {
+            self.session.gone.store(true, Ordering::Release);
+            return Err(Error::DeviceGone);
+        }
+        Reader::new(&buf[..n]).status()?;
+        let fd = fds.pop().ok_or_else(|| Error::InvalidArgument("the owner sent no eventfd".into()))?;
+        let _ = cell.set(EventFd::from_fd(fd));
+        Ok(cell.get())
     }
 
+    /// Vector 0 (the admin queue's, the owner's) and this process's 1..=n.
     fn interrupt_vectors(&self) -> u16 {
-        0
+        match self.vectors.load(Ordering::Acquire) {
+            0 => 0,
+            n => n + 1,
+        }
     }
 
     fn remote_admin(&self) -> Option<&dyn RemoteAdmin> {
@@ -405,7 +439,8 @@ impl RemoteAdmin for AttachPlatform {
 
     fn reserve_queues(&self, want: u16) -> Result<u16> {
         let mut req = Writer::new(op::QUEUES);
-        req.u32(want as u32);
+        // One vector per queue pair at most (shared beyond what is granted).
+        req.u32(want as u32).u32(want.min(MAX_VECTORS) as u32);
         let reply = self.session.call(&req, &[])?;
         let mut r = Reader::new(&reply);
         r.status()?;
@@ -413,6 +448,11 @@ impl RemoteAdmin for AttachPlatform {
         if n == 0 || n > want as u32 || base == 0 || base + n > u16::MAX as u32 {
             return Err(Error::InvalidArgument(format!("the owner granted {n} queue pairs from {base}")));
         }
+        let (vectors, _first) = (r.u32()?, r.u32()?);
+        if vectors > MAX_VECTORS as u32 {
+            return Err(Error::InvalidArgument(format!("the owner granted {vectors} interrupt vectors")));
+        }
+        self.vectors.store(vectors as u16, Ordering::Release);
         let pair = 2 * (4usize << self.dstrd);
         self.shift.store((base as usize - 1) * pair, Ordering::Relaxed);
         self.doorbells.store(n as usize * pair, Ordering::Release);
@@ -445,7 +485,7 @@ mod tests {
             b.send(&w.0, &[regs.as_fd()]).unwrap();
             b.recv(&mut buf).unwrap(); // QUEUES
             let mut w = Writer::new(0);
-            w.u32(2).u32(5);
+            w.u32(2).u32(5).u32(0).u32(0);
             b.send(&w.0, &[]).unwrap();
             let _ = b.recv(&mut buf);
         });

@@ -5,7 +5,8 @@
 //! | request (op) | fields | descriptor | reply after the status |
 //! |---|---|---|---|
 //! | `HELLO` | version | - | registers' length, offset and wake word, dstrd, part, parts, whether a device's BAR (else a sealed memfd); the registers' file |
-//! | `QUEUES` | how many | - | how many granted |
+//! | `QUEUES` | how many | - | how many granted, the first queue id; interrupt vectors granted, the first vector |
+//! | `VECTOR` | a vector (1..) of this process's | - | its eventfd |
 //! | `MAP` | offset, length | the memfd | controller address of the range (contiguous) |
 //! | `UNMAP` | controller address | - | - |
 //! | `ADMIN` | a 64-byte SQE | - | a 16-byte CQE, whether data follows, 4096 bytes of data |
@@ -32,6 +33,8 @@ pub mod op {
     pub const ADMIN: u32 = 5;
     /// Delete every queue of this process.
     pub const DETACH: u32 = 6;
+    /// The eventfd of one of this process's interrupt vectors.
+    pub const VECTOR: u32 = 7;
 }
 
 /// Largest message either side sends.

@@ -123,6 +123,13 @@ impl EventFd {
             .map_err(|e| Error::io("eventfd", e.into()))
     }
 
+    /// An eventfd another process made and passed over a socket (an
+    /// attached process's interrupt vectors). Nothing checks that it is
+    /// one: what is not reads and polls as never signalled.
+    pub fn from_fd(fd: OwnedFd) -> EventFd {
+        EventFd(fd)
+    }
+
     /// Adds one to the counter (what an interrupt does).
     pub fn signal(&self) {
         // Cannot fail short of a counter at its maximum (2^64 - 2 signals

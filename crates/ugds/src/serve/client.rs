@@ -27,6 +27,8 @@ pub(super) struct Client {
     pid: i32,
     /// Its queue ids at the controller: first, count (local 1..=count).
     qids: Option<(u16, u16)>,
+    /// Its interrupt vectors: first, count (local 1..=count).
+    vectors: Option<(u16, u16)>,
     part: Option<u32>,
     /// Created completion queues: local qid -> ring address.
     cqs: BTreeMap<u16, u64>,
@@ -63,6 +65,7 @@ impl Client {
             owner,
             pid,
             qids: None,
+            vectors: None,
             part: None,
             cqs: BTreeMap::new(),
             sqs: BTreeMap::new(),
@@ -144,9 +147,13 @@ impl Client {
                             .into(),
                     ));
                 }
-                // A new handle on the same attachment: the block goes back first.
+                let want_vectors = r.u32()?.min(want as u32) as u16;
+                // A new handle on the same attachment: the blocks go back first.
                 if let Some((first, n)) = self.qids.take() {
                     self.owner.give_qids(first, n);
+                }
+                if let Some((first, n)) = self.vectors.take() {
+                    self.owner.give_vectors(first, n);
                 }
                 let (first, n) = self.owner.take_qids(want).ok_or_else(|| {
                     Error::Unsupported(format!(
@@ -155,9 +162,23 @@ impl Client {
                     ))
                 })?;
                 self.qids = Some((first, n));
-                tracing::info!(pid = self.pid, first, n, "queue pairs reserved");
-                w.u32(n as u32).u32(first as u32);
+                // Vectors where the owner has some to spare; without, the
+                // process's queues poll.
+                self.vectors = self.owner.take_vectors(want_vectors);
+                let (vfirst, vn) = self.vectors.unwrap_or((0, 0));
+                tracing::info!(pid = self.pid, first, n, vfirst, vn, "queue pairs and vectors reserved");
+                w.u32(n as u32).u32(first as u32).u32(vn as u32).u32(vfirst as u32);
                 Ok((w, None))
+            }
+            op::VECTOR => {
+                let v = self.device_vector(r.u32()?)?;
+                match self.owner.platform.interrupt(v)? {
+                    Some(efd) => Ok((
+                        w,
+                        Some(Arc::new(efd.as_fd().try_clone_to_owned().map_err(|e| Error::io("dup an eventfd", e))?)),
+                    )),
+                    None => Err(Error::Unsupported(format!("vector {v} has no eventfd at the owner"))),
+                }
             }
             op::MAP => {
                 let (offset, len) = (r.u64()?, r.u64()?);
@@ -246,6 +267,17 @@ impl Client {
         }
     }
 
+    /// The controller's vector of local vector `v`, when it is this process's.
+    fn device_vector(&self, v: u32) -> Result<u16> {
+        match self.vectors {
+            Some((first, n)) if (1..=n as u32).contains(&v) => Ok(first + v as u16 - 1),
+            Some((_, n)) => {
+                Err(Error::InvalidArgument(format!("interrupt vector {v} is not yours (you hold 1..={n})")))
+            }
+            None => Err(Error::InvalidArgument(format!("interrupt vector {v}: you hold none (your queues poll)"))),
+        }
+    }
+
     /// Refuses a ring that does not lie in one mapping of this process's.
     fn within(&self, iova: u64, len: u64) -> Result<()> {
         let fits = self
@@ -279,10 +311,15 @@ impl Client {
                 if self.cqs.contains_key(&qid) {
                     return Err(Error::InvalidArgument(format!("completion queue {qid} exists")));
                 }
-                if sqe.cdw11 & 1 == 0 || sqe.cdw11 & 2 != 0 {
+                if sqe.cdw11 & 1 == 0 {
                     return Err(Error::InvalidArgument(
-                        "an attached process's completion queues are physically contiguous and polled".into(),
+                        "an attached process's completion queues are physically contiguous".into(),
                     ));
+                }
+                if sqe.cdw11 & 2 != 0 {
+                    // Interrupts on: the vector must be one of its own.
+                    let v = self.device_vector(sqe.cdw11 >> 16)?;
+                    sqe.cdw11 = (sqe.cdw11 & 0xffff) | (v as u32) << 16;
                 }
                 self.within(sqe.prp1, entries(&sqe) * Cqe::SIZE as u64)?;
                 sqe.cdw10 = (sqe.cdw10 & 0xffff_0000) | device as u32;
@@ -408,6 +445,9 @@ impl Client {
         }
         if let Some((first, n)) = self.qids.take() {
             self.owner.give_qids(first, n);
+        }
+        if let Some((first, n)) = self.vectors.take() {
+            self.owner.give_vectors(first, n);
         }
         if let Some(p) = self.part.take() {
             self.owner.give_part(p);

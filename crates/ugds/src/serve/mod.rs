@@ -86,6 +86,9 @@ struct Owner {
     opts: ServeOptions,
     /// Queue ids 1..=granted: whether each is held (index = qid).
     qids: Mutex<Vec<bool>>,
+    /// Interrupt vectors: whether each is held (index = vector; 0, the
+    /// admin queue's, always).
+    vectors: Mutex<Vec<bool>>,
     /// Which process holds each part (when split).
     parts: Mutex<Vec<bool>>,
     attached: Mutex<Vec<Session>>,
@@ -97,38 +100,23 @@ struct Owner {
 impl Owner {
     /// Reserves up to `want` consecutive queue ids: (first, count).
     fn take_qids(&self, want: u16) -> Option<(u16, u16)> {
-        let mut held = self.qids.lock().recover();
-        let mut best: Option<(u16, u16)> = None;
-        let mut q = 1usize;
-        while q < held.len() {
-            if held[q] {
-                q += 1;
-                continue;
-            }
-            let start = q;
-            while q < held.len() && !held[q] && q - start < want as usize {
-                q += 1;
-            }
-            let run = (start as u16, (q - start) as u16);
-            if best.is_none_or(|b| run.1 > b.1) {
-                best = Some(run);
-            }
-            if run.1 == want {
-                break;
-            }
-        }
-        let (first, n) = best?;
-        for h in &mut held[first as usize..(first + n) as usize] {
-            *h = true;
-        }
-        Some((first, n))
+        take_run(&mut self.qids.lock().recover(), want)
     }
 
     fn give_qids(&self, first: u16, n: u16) {
-        let mut held = self.qids.lock().recover();
-        for h in &mut held[first as usize..(first + n) as usize] {
-            *h = false;
+        give_run(&mut self.qids.lock().recover(), first, n)
+    }
+
+    /// Reserves up to `want` consecutive interrupt vectors: (first, count).
+    fn take_vectors(&self, want: u16) -> Option<(u16, u16)> {
+        if want == 0 {
+            return None;
         }
+        take_run(&mut self.vectors.lock().recover(), want)
+    }
+
+    fn give_vectors(&self, first: u16, n: u16) {
+        give_run(&mut self.vectors.lock().recover(), first, n)
     }
 
     fn take_part(&self) -> Option<u32> {
@@ -142,6 +130,41 @@ impl Owner {
         if let Some(p) = self.parts.lock().recover().get_mut(part as usize) {
             *p = false;
         }
+    }
+}
+
+/// The longest run of free entries from 1, up to `want` long, taken:
+/// (first, count).
+fn take_run(held: &mut [bool], want: u16) -> Option<(u16, u16)> {
+    let mut best: Option<(u16, u16)> = None;
+    let mut q = 1usize;
+    while q < held.len() {
+        if held[q] {
+            q += 1;
+            continue;
+        }
+        let start = q;
+        while q < held.len() && !held[q] && q - start < want as usize {
+            q += 1;
+        }
+        let run = (start as u16, (q - start) as u16);
+        if best.is_none_or(|b| run.1 > b.1) {
+            best = Some(run);
+        }
+        if run.1 == want {
+            break;
+        }
+    }
+    let (first, n) = best?;
+    for h in &mut held[first as usize..(first + n) as usize] {
+        *h = true;
+    }
+    Some((first, n))
+}
+
+fn give_run(held: &mut [bool], first: u16, n: u16) {
+    for h in &mut held[first as usize..(first + n) as usize] {
+        *h = false;
     }
 }
 
@@ -168,6 +191,7 @@ impl Server {
         let regs = platform.share_registers()?;
         let ctrl = NvmeController::bring_up_with(platform.clone(), u16::MAX - 1, false)?;
         let granted = ctrl.info().io_queues;
+        let vectors = (0..platform.interrupt_vectors().max(1)).map(|v| v == 0).collect();
         let listener = Seqpacket::listen(path)?;
         // SAFETY: geteuid has no preconditions.
         let uid = unsafe { libc::geteuid() };
@@ -177,6 +201,7 @@ impl Server {
             regs,
             opts: opts.clone(),
             qids: Mutex::new(vec![false; granted as usize + 1]),
+            vectors: Mutex::new(vectors),
             parts: Mutex::new(vec![false; if opts.parts > 1 { opts.parts as usize } else { 0 }]),
             attached: Mutex::new(Vec::new()),
             counters: Counters::default(),
