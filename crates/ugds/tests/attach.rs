@@ -325,3 +325,86 @@ fn attached_queues_complete_by_interrupt_on_vectors_of_their_own() {
         .unwrap();
     write_read(&d, &c, 3, 0, 4096);
 }
+
+/// Batches, stream-ordered and vectored I/O in an attached process, and a
+/// volume striped over two served controllers: the same calls as a process
+/// that owns its controller.
+#[test]
+fn every_api_works_attached() {
+    use ugds::{BatchIo, BatchOp, BatchStatus, HostStream, StreamIo, Volume, VolumeLayout};
+    let (s1, _e1) = serve("api1", ServeOptions::default());
+    let (s2, _e2) = serve("api2", ServeOptions::default());
+    let d = Driver::open();
+    let opts = handle_opts().batch_queue(true).batch_queues(1);
+    let h = d.open_handle(Arc::new(AttachPlatform::connect(s1.path()).unwrap()), opts.clone()).unwrap();
+    let mut b = Buf::new(&d, 32 * 4096);
+    b.mem.copy_from_slice(&pattern(4, 0, 32 * 4096));
+    // A batch of 32 writes, then reads.
+    let batch = h.batch(32).unwrap();
+    let ios = |op| -> Vec<BatchIo> {
+        (0..32u64)
+            .map(|i| BatchIo {
+                op,
+                buf: b.token,
+                size: 4096,
+                file_offset: i * 8192,
+                buf_offset: i as usize * 4096,
+                cookie: i,
+            })
+            .collect()
+    };
+    batch.submit(&ios(BatchOp::Write)).unwrap();
+    let mut ev = Vec::new();
+    assert_eq!(batch.get_status(32, 32, Some(Duration::from_secs(10)), &mut ev).unwrap(), 32);
+    assert!(ev.iter().all(|e| e.status == BatchStatus::Complete));
+    b.mem.fill(0);
+    batch.submit(&ios(BatchOp::Read)).unwrap();
+    ev.clear();
+    assert_eq!(batch.get_status(32, 32, Some(Duration::from_secs(10)), &mut ev).unwrap(), 32);
+    assert!(b.mem[..] == pattern(4, 0, 32 * 4096)[..], "batch round trip");
+    drop(batch);
+    // Stream-ordered: a write then a read back, in order on a host stream.
+    let s = HostStream::new();
+    let (w, wr) = StreamIo::new(65536, 1 << 20, 0);
+    h.write_async(&b.token, w, &s).unwrap();
+    let (r, rr) = StreamIo::new(65536, 1 << 20, 65536);
+    h.read_async(&b.token, r, &s).unwrap();
+    s.synchronize();
+    assert_eq!((wr.bytes(), rr.bytes()), (65536, 65536));
+    assert!(b.mem[65536..131072] == b.mem[..65536], "stream-ordered round trip");
+    // Vectored: two segments as one range.
+    let segs = [ugds::Segment::new(&b.token, 0, 4096), ugds::Segment::new(&b.token, 8192, 4096)];
+    assert_eq!(h.readv(&segs, 1 << 20).unwrap(), 8192);
+    assert!(b.mem[8192..12288] == b.mem[65536 + 4096..65536 + 8192]);
+    // A volume striped over two served controllers.
+    let h2 = d.open_handle(Arc::new(AttachPlatform::connect(s2.path()).unwrap()), opts).unwrap();
+    let v = Volume::new(vec![h, h2], VolumeLayout::Striped { stripe: 65536 }).unwrap();
+    let mut vb = Buf::new(&d, 1 << 20);
+    vb.mem.copy_from_slice(&pattern(5, 4096, 1 << 20));
+    assert_eq!(v.write(&vb.token, 1 << 20, 4096, 0).unwrap(), 1 << 20);
+    vb.mem.fill(0);
+    assert_eq!(v.read(&vb.token, 1 << 20, 4096, 0).unwrap(), 1 << 20);
+    assert!(vb.mem[..] == pattern(5, 4096, 1 << 20)[..], "volume round trip");
+    let (st1, st2) = (s1.stats(), s2.stats());
+    assert_eq!((st1.bad_requests, st2.bad_requests), (0, 0));
+}
+
+/// A process that sends a registration and goes before the reply: the
+/// owner maps, finds the socket closed, and takes the mapping down again.
+#[test]
+fn a_process_gone_mid_registration_leaves_no_mapping() {
+    let (server, _emu) = serve("midmap", ServeOptions::default());
+    let sock = Seqpacket::connect(server.path()).unwrap();
+    let mut hello = Writer::new(op::HELLO);
+    hello.u32(wire::VERSION);
+    call(&sock, &hello, &[]).0.unwrap();
+    let mem = SharedMemory::new(1 << 20).unwrap();
+    let mut m = Writer::new(op::MAP);
+    m.u64(0).u64(1 << 20);
+    sock.send(&m.0, &[mem.as_fd()]).unwrap();
+    drop(sock);
+    wait_for("the session torn down", || {
+        let s = server.stats();
+        s.attached == 0 && s.mappings == 0 && s.sessions == 1
+    });
+}
