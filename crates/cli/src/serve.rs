@@ -21,7 +21,8 @@ Options:
       --split N               each namespace split into N equal LBA ranges, one
                               per attached process; I/O outside its own is
                               refused [1: every process shares the namespace]
-      --queues-per-process N  most I/O queue pairs one process gets [16]
+      --queues-per-process N  most I/O queue pairs one process gets [a quarter of
+                              the controller's, 2 to 16]
 
 ";
 
@@ -81,7 +82,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         target.description,
         socket.display(),
         server.queues(),
-        opts.queues_per_process,
+        server.queues_per_process(),
         if opts.parts > 1 { format!("split in {} parts", opts.parts) } else { "shared".into() }
     );
     use std::io::Write;

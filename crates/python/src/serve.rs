@@ -19,9 +19,10 @@ fn options(parts: u32, queues_per_process: u16) -> ugds::serve::ServeOptions {
 #[pymethods]
 impl Server {
     /// Serves an emulated controller with a memory namespace of `size`
-    /// bytes; `parts` > 1 splits it into that many ranges, one per process.
+    /// bytes; `parts` > 1 splits it into that many ranges, one per process;
+    /// `queues_per_process` 0: a quarter of the controller's queue pairs.
     #[staticmethod]
-    #[pyo3(signature = (socket, size=1<<30, block_size=512, parts=1, queues_per_process=16))]
+    #[pyo3(signature = (socket, size=1<<30, block_size=512, parts=1, queues_per_process=0))]
     fn emulated(
         py: Python<'_>,
         socket: std::path::PathBuf,
@@ -41,7 +42,7 @@ impl Server {
 
     /// Serves the controller behind ugds_drv's `/dev/ugds_drvN`.
     #[staticmethod]
-    #[pyo3(signature = (socket, path, parts=1, queues_per_process=16))]
+    #[pyo3(signature = (socket, path, parts=1, queues_per_process=0))]
     fn drv(
         py: Python<'_>,
         socket: std::path::PathBuf,

@@ -408,3 +408,23 @@ fn a_process_gone_mid_registration_leaves_no_mapping() {
         s.attached == 0 && s.mappings == 0 && s.sessions == 1
     });
 }
+
+/// A process asking for many queue pairs (one per CPU on a large host)
+/// gets a quarter of the controller's by default: the next one attaches too.
+#[test]
+fn one_greedy_process_leaves_queue_pairs_for_the_others() {
+    let (server, _emu) = serve("greedy", ServeOptions::default());
+    assert_eq!((server.queues(), server.queues_per_process()), (16, 4));
+    let d = Driver::open();
+    let greedy = HandleOptions::default().sync_queues(16).async_queues(4).timeout(Duration::from_secs(5));
+    let hs: Vec<Handle> = (0..4)
+        .map(|_| d.open_handle(Arc::new(AttachPlatform::connect(server.path()).unwrap()), greedy.clone()).unwrap())
+        .collect();
+    assert!(hs.iter().all(|h| h.queues().len() == 4), "{:?}", hs[0].queues());
+    for (i, h) in hs.iter().enumerate() {
+        write_read(&d, h, i as u8, i as u64 * 65536, 4096);
+    }
+    // All sixteen held: a fifth is refused with the reason.
+    let e = d.open_handle(Arc::new(AttachPlatform::connect(server.path()).unwrap()), greedy).unwrap_err();
+    assert!(e.to_string().contains("no I/O queue pair left"), "{e}");
+}

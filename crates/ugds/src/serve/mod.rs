@@ -36,13 +36,15 @@ pub struct ServeOptions {
     /// Each namespace split into this many equal LBA ranges, one per
     /// attached process (1: every process shares the whole namespace).
     pub parts: u32,
-    /// Most I/O queue pairs one process gets.
+    /// Most I/O queue pairs one process gets; 0: a quarter of what the
+    /// controller grants (at least 2, at most 16), so that one process
+    /// asking for one per CPU leaves room for others.
     pub queues_per_process: u16,
 }
 
 impl Default for ServeOptions {
     fn default() -> ServeOptions {
-        ServeOptions { parts: 1, queues_per_process: 16 }
+        ServeOptions { parts: 1, queues_per_process: 0 }
     }
 }
 
@@ -185,12 +187,16 @@ impl Server {
     /// Brings up the controller behind `platform` and serves it at `path`
     /// (a socket file this creates; it must not exist).
     pub fn start(platform: Arc<dyn Platform>, path: &Path, opts: ServeOptions) -> Result<Server> {
-        if opts.parts == 0 || opts.queues_per_process == 0 {
-            return Err(Error::InvalidArgument("parts and queues per process are at least 1".into()));
+        if opts.parts == 0 {
+            return Err(Error::InvalidArgument("a namespace is split into at least 1 part".into()));
         }
         let regs = platform.share_registers()?;
         let ctrl = NvmeController::bring_up_with(platform.clone(), u16::MAX - 1, false)?;
         let granted = ctrl.info().io_queues;
+        let mut opts = opts;
+        if opts.queues_per_process == 0 {
+            opts.queues_per_process = (granted / 4).clamp(2, 16).min(granted);
+        }
         let vectors = (0..platform.interrupt_vectors().max(1)).map(|v| v == 0).collect();
         let listener = Seqpacket::listen(path)?;
         // SAFETY: geteuid has no preconditions.
@@ -225,6 +231,11 @@ impl Server {
     /// The I/O queue pairs the controller granted, all for attached processes.
     pub fn queues(&self) -> u16 {
         self.owner.ctrl.info().io_queues
+    }
+
+    /// Most queue pairs one process gets (the option, resolved).
+    pub fn queues_per_process(&self) -> u16 {
+        self.owner.opts.queues_per_process
     }
 
     /// What the server has done so far.
