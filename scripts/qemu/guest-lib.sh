@@ -64,7 +64,9 @@ drv_steps() {
 
 # serve_check TARGET-FLAGS...: `ugds serve` owns the controller; processes
 # attach with queue pairs of their own (issue 43). Four processes of two
-# queue pairs verify writes then reads on the shared namespace; twice a
+# queue pairs verify writes then reads on the shared namespace; with
+# ugds_drv the conformance suite runs attached (dma-bufs imported by the
+# owner), polled and with interrupts; twice a
 # process is killed (-9) mid-I/O beside two that verify; four verify on a
 # namespace split in four; then the owner is killed (-9) under a client,
 # which must fail (not hang), and the controller must be free again.
@@ -77,6 +79,14 @@ serve_check() {
     B="/bin/ugds bench --attach $sock --range 16M --no-progress --verify"
     $B -p 4 -t 2 -q 4 -d 1 --rw randwrite || { kill $owner; return 1; }
     $B -p 4 -t 2 -q 4 -d 1 || { kill $owner; return 1; }
+    # Through ugds_drv's owner (which imports dma-bufs): the conformance
+    # suite as an attached process, polled and with interrupts.
+    if [ "$1" = --drv ]; then
+        ( unset UGDS_TEST_DRV UGDS_TEST_PCI UGDS_TEST_INTERRUPT; UGDS_TEST_ATTACH=$sock /bin/conformance --test-threads=1 ) ||
+            { kill $owner; return 1; }
+        ( unset UGDS_TEST_DRV UGDS_TEST_PCI; UGDS_TEST_ATTACH=$sock UGDS_TEST_INTERRUPT=1 /bin/conformance --test-threads=1 ) ||
+            { kill $owner; return 1; }
+    fi
     for round in 1 2; do
         $B -q 8 -d 30 --rw randwrite > /tmp/victim.out 2>&1 &
         victim=$!

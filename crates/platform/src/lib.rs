@@ -186,6 +186,18 @@ pub trait Platform: Send + Sync {
         Err(crate::Error::Unsupported(format!("{} cannot reach {} memory", self.describe(), mem.runtime.name())))
     }
 
+    /// Makes `len` bytes at `offset` of a dma-buf reachable by the
+    /// controller (the module imports it); platforms that cannot refuse.
+    /// Used by an owner for memory an attached process registered.
+    ///
+    /// # Safety
+    /// As for [`map_host`](Self::map_host): the exporter's memory stays
+    /// until [`unmap_host`](Self::unmap_host) returns for this mapping.
+    unsafe fn import_dmabuf(&self, fd: std::os::fd::BorrowedFd<'_>, offset: u64, len: usize) -> Result<HostMapping> {
+        let _ = (fd, offset, len);
+        Err(crate::Error::Unsupported(format!("{} cannot import a dma-buf", self.describe())))
+    }
+
     /// Whether the controller reaches device memory through the GPU
     /// runtime's copies rather than by its own DMA (the emulated
     /// controller). Stream-ordered I/O then stages such memory: an I/O a

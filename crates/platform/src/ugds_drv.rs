@@ -226,6 +226,10 @@ impl Platform for UgdsDrvPlatform {
         pci_address_in(std::path::Path::new("/sys"), &self.path)
     }
 
+    unsafe fn import_dmabuf(&self, fd: std::os::fd::BorrowedFd<'_>, offset: u64, len: usize) -> Result<HostMapping> {
+        self.map_dmabuf(std::os::fd::AsRawFd::as_raw_fd(&fd), offset, len)
+    }
+
     fn share_registers(&self) -> Result<crate::attach::SharedRegisters> {
         let fd = self.file.fd.try_clone().map_err(|e| Error::io("dup the ugds_drv descriptor", e))?;
         Ok(crate::attach::SharedRegisters {

@@ -17,7 +17,10 @@
 //! emulated NVMe/TCP target (one per test process), header and data
 //! digests on with `UGDS_TEST_TCP_DIGESTS=1`; with
 //! `UGDS_TEST_RDMA=<address:port>/<subsystem NQN>` a controller over
-//! NVMe/RDMA (nvmet-rdma over soft RoCE in the QEMU `rdma` guest).
+//! NVMe/RDMA (nvmet-rdma over soft RoCE in the QEMU `rdma` guest); with
+//! `UGDS_TEST_ATTACH=<socket>` the controller `ugds serve` serves there, as
+//! an attached process (the guest runs it with ugds_drv's owner, which
+//! imports the dma-buf test's memory).
 //!
 //! Run them one at a time (`--test-threads=1`) against a PCI device: each
 //! test opens it, and a device can be opened by one process user at a time.
@@ -105,7 +108,17 @@ fn rdma() -> Option<ugds::fabrics::RdmaTarget> {
     Some(t)
 }
 
+/// `UGDS_TEST_ATTACH=<socket>`: the controller `ugds serve` serves there,
+/// reached as an attached process (queue pairs of its own).
+fn attach() -> Option<String> {
+    std::env::var("UGDS_TEST_ATTACH").ok().filter(|s| !s.is_empty())
+}
+
 fn target_ns(d: &Driver, nsid: Option<u32>) -> (Handle, Option<EmuControl>) {
+    if let Some(sock) = attach() {
+        let p = ugds::platform::attach::AttachPlatform::connect(std::path::Path::new(&sock)).expect("attach");
+        return (d.open_handle(Arc::new(p), test_opts(nsid)).expect("open a handle on the served controller"), None);
+    }
     if let Some(t) = rdma() {
         return (d.open_rdma(&t, test_opts(nsid)).expect("open a handle over NVMe/RDMA"), None);
     }

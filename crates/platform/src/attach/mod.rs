@@ -368,6 +368,23 @@ impl Platform for AttachPlatform {
         Ok(unsafe { HostMapping::contiguous(vaddr, span, iova) })
     }
 
+    unsafe fn map_device(&self, mem: &crate::device::DeviceMemory) -> Result<HostMapping> {
+        // The memory goes to the owner as a dma-buf, which its platform
+        // imports (ugds_drv); the exporter keeps it while imported.
+        let x = mem.runtime.export_dmabuf(mem.ptr, mem.len)?;
+        let mut req = Writer::new(op::MAPDMABUF);
+        req.u64(x.offset).u64(x.len as u64);
+        let reply = self.session.call(&req, &[x.fd.as_fd()])?;
+        let mut r = Reader::new(&reply);
+        r.status()?;
+        let (first, first_offset) = (r.u64()?, r.u64()? as usize);
+        let npages = (first_offset + x.len).div_ceil(PAGE_SIZE);
+        let pages: Arc<[u64]> = (0..npages).map(|i| first + (i * PAGE_SIZE) as u64).collect();
+        // SAFETY: the owner's platform reaches these pages until the
+        // mapping named `first` is unmapped there.
+        Ok(unsafe { HostMapping::from_parts(pages, first_offset, first) })
+    }
+
     unsafe fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {
         if self.session.dma.lock().recover().contains_key(&mapping.cookie()) {
             return Err(Error::InvalidArgument(format!(

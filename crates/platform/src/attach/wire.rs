@@ -8,6 +8,7 @@
 //! | `QUEUES` | how many | - | how many granted, the first queue id; interrupt vectors granted, the first vector |
 //! | `VECTOR` | a vector (1..) of this process's | - | its eventfd |
 //! | `MAP` | offset, length | the memfd | controller address of the range (contiguous) |
+//! | `MAPDMABUF` | offset, length | the dma-buf | controller address of the range's first page (contiguous), the offset in it |
 //! | `UNMAP` | controller address | - | - |
 //! | `ADMIN` | a 64-byte SQE | - | a 16-byte CQE, whether data follows, 4096 bytes of data |
 //! | `DETACH` | - | - | - |
@@ -35,6 +36,8 @@ pub mod op {
     pub const DETACH: u32 = 6;
     /// The eventfd of one of this process's interrupt vectors.
     pub const VECTOR: u32 = 7;
+    /// Map a range of a dma-buf (GPU memory) for the controller.
+    pub const MAPDMABUF: u32 = 8;
 }
 
 /// Largest message either side sends.

@@ -15,10 +15,19 @@ use ugds_platform::{Error, HostMapping, Result};
 
 /// A range of the process's memory mapped for the controller.
 struct Mapped {
-    /// The owner's own mapping of the pages: kept until the controller
-    /// can no longer reach them.
-    mem: SharedMemory,
+    /// What keeps the pages: kept until the controller can no longer
+    /// reach them.
+    keep: Keep,
+    /// Bytes from the first page's start (for the ring checks).
+    len: usize,
     mapping: HostMapping,
+}
+
+enum Keep {
+    /// The owner's own mapping of a shared memfd's pages.
+    Memory(#[allow(dead_code)] SharedMemory),
+    /// A dma-buf the platform imported (it holds its own reference too).
+    Dmabuf(#[allow(dead_code)] OwnedFd),
 }
 
 /// The owner's side of one attached process.
@@ -105,7 +114,7 @@ impl Client {
     fn handle(&mut self, msg: &[u8], fds: Vec<OwnedFd>, hello: &mut bool) -> Result<(Writer, Option<Arc<OwnedFd>>)> {
         let mut r = Reader::new(msg);
         let code = r.u32()?;
-        if code != op::MAP && !fds.is_empty() {
+        if code != op::MAP && code != op::MAPDMABUF && !fds.is_empty() {
             return Err(Error::InvalidArgument(format!("request {code} carries descriptors it has no use for")));
         }
         if !*hello && code != op::HELLO {
@@ -190,6 +199,17 @@ impl Client {
                 w.u64(iova);
                 Ok((w, None))
             }
+            op::MAPDMABUF => {
+                let (offset, len) = (r.u64()?, r.u64()?);
+                let [fd]: [OwnedFd; 1] = fds.try_into().map_err(|f: Vec<OwnedFd>| {
+                    Error::InvalidArgument(format!("MAPDMABUF carries {} descriptors, not 1", f.len()))
+                })?;
+                let len =
+                    usize::try_from(len).map_err(|_| Error::InvalidArgument("MAPDMABUF: length too large".into()))?;
+                let (first, first_offset) = self.map_dmabuf(fd, offset, len)?;
+                w.u64(first).u64(first_offset as u64);
+                Ok((w, None))
+            }
             op::UNMAP => {
                 self.unmap(r.u64()?)?;
                 Ok((w, None))
@@ -231,15 +251,42 @@ impl Client {
             )));
         }
         let iova = pages[0];
-        self.maps.insert(iova, Mapped { mem, mapping });
+        self.maps.insert(iova, Mapped { keep: Keep::Memory(mem), len, mapping });
         self.owner.counters.mappings.fetch_add(1, Ordering::Relaxed);
         Ok(iova)
+    }
+
+    /// Imports `len` bytes at `offset` of a dma-buf (GPU memory) for the
+    /// controller: the first page's controller address and the offset of
+    /// the range in it.
+    fn map_dmabuf(&mut self, fd: OwnedFd, offset: u64, len: usize) -> Result<(u64, usize)> {
+        if len == 0 {
+            return Err(Error::ZeroSize);
+        }
+        // SAFETY: the exporter keeps the memory while it is imported; the
+        // mapping is kept in `maps` until no queue of this process can
+        // reach it.
+        let mapping = unsafe { self.owner.platform.import_dmabuf(fd.as_fd(), offset, len)? };
+        let pages = mapping.pages();
+        if pages.is_empty() || !pages.windows(2).all(|p| p[1] == p[0] + 4096) {
+            // SAFETY: just made, not used by any command.
+            let _ = unsafe { self.owner.platform.unmap_host(&mapping) };
+            return Err(Error::Unsupported(format!(
+                "{} maps this dma-buf in pieces; attached processes need contiguous controller addresses",
+                self.owner.platform.describe()
+            )));
+        }
+        let (first, first_offset) = (pages[0], mapping.first_offset());
+        let span = pages.len() * 4096;
+        self.maps.insert(first, Mapped { keep: Keep::Dmabuf(fd), len: span, mapping });
+        self.owner.counters.mappings.fetch_add(1, Ordering::Relaxed);
+        Ok((first, first_offset))
     }
 
     fn unmap(&mut self, iova: u64) -> Result<()> {
         let m =
             self.maps.get(&iova).ok_or_else(|| Error::InvalidArgument(format!("no mapping of yours at {iova:#x}")))?;
-        let in_use = self.queue_rings().find(|&(_, ring)| ring >= iova && ring < iova + m.mem.len() as u64);
+        let in_use = self.queue_rings().find(|&(_, ring)| ring >= iova && ring < iova + m.len as u64);
         if let Some((qid, _)) = in_use {
             return Err(Error::InvalidArgument(format!(
                 "{iova:#x} holds the rings of your queue {qid}, still created"
@@ -284,7 +331,11 @@ impl Client {
             .maps
             .range(..=iova)
             .next_back()
-            .is_some_and(|(&start, m)| iova.checked_add(len).is_some_and(|end| end <= start + m.mem.len() as u64));
+            // Rings live in shared host memory only, never in a dma-buf.
+            .is_some_and(|(&start, m)| {
+                matches!(m.keep, Keep::Memory(_))
+                    && iova.checked_add(len).is_some_and(|end| end <= start + m.len as u64)
+            });
         if fits && iova % 4096 == 0 {
             Ok(())
         } else {
