@@ -14,6 +14,8 @@
 //! the handle's timeout) rather than failing.
 
 mod requests;
+#[cfg(test)]
+mod tests;
 
 use crate::engine::batch::Prepared;
 use crate::engine::chunk::Chunk;

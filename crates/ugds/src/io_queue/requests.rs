@@ -256,3 +256,105 @@ pub(super) fn complete(
     reqs.free = idx;
     true
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn cqe(status: u16, dw0: u32) -> Cqe {
+        Cqe { dw0, status, ..Cqe::default() }
+    }
+
+    /// Starts a request of `pending` commands on the next entry; its index.
+    fn start(r: &mut Requests, tag: u64, pending: u32, len: usize) -> u32 {
+        let idx = r.next();
+        r.start(idx, tag, pending, len, NvmOpcode::Read, Claim::None);
+        idx
+    }
+
+    #[test]
+    fn a_freed_entry_is_the_next_one_taken_and_the_table_grows_only_when_none_is_free() {
+        let (mut r, mut b) = (Requests::with_capacity(4), Buffers::default());
+        let mut done = Vec::new();
+        let mut f = |tag, res: Result<usize>| done.push((tag, res.unwrap()));
+        let (a, c) = (start(&mut r, 1, 1, 4096), start(&mut r, 2, 1, 4096));
+        assert_eq!((a, c, r.entries.len()), (0, 1, 2));
+        assert!(complete(&mut r, &mut b, &mut f, Owner::Own(c), &cqe(0, 0), false));
+        assert_eq!(r.next(), c, "the most recently freed entry, warm");
+        assert!(complete(&mut r, &mut b, &mut f, Owner::Own(a), &cqe(0, 0), false));
+        assert_eq!(r.next(), a);
+        let (x, y) = (start(&mut r, 3, 1, 512), start(&mut r, 4, 1, 512));
+        assert_eq!((x, y), (a, c), "the chain in order, most recent first");
+        assert_eq!(r.next(), 2, "none free: a new entry");
+        assert_eq!(r.entries.len(), 2);
+        assert_eq!(done, vec![(2, 4096), (1, 4096)]);
+    }
+
+    #[test]
+    fn a_request_ends_with_its_last_command_and_keeps_its_first_error() {
+        let (mut r, mut b) = (Requests::with_capacity(4), Buffers::default());
+        let mut done = Vec::new();
+        let mut f = |tag, res: Result<usize>| done.push((tag, res));
+        let i = start(&mut r, 7, 3, 3 * 4096);
+        let bad = Status::generic(0x04).to_field(false);
+        let worse = Status::generic(0x06).to_field(false);
+        assert!(!complete(&mut r, &mut b, &mut f, Owner::Own(i), &cqe(0, 0), false));
+        assert!(!complete(&mut r, &mut b, &mut f, Owner::Own(i), &cqe(bad, 0), false));
+        assert!(complete(&mut r, &mut b, &mut f, Owner::Own(i), &cqe(worse, 0), false));
+        // A completion for it after the end: counted as late, nothing reported.
+        assert!(!complete(&mut r, &mut b, &mut f, Owner::Own(i), &cqe(0, 0), false));
+        // A read that met the end of a file: the bytes not moved come off.
+        let j = start(&mut r, 8, 2, 8192);
+        assert!(!complete(&mut r, &mut b, &mut f, Owner::Own(j), &cqe(0, 0), true));
+        assert!(complete(&mut r, &mut b, &mut f, Owner::Own(j), &cqe(0, 1000), true));
+        assert_eq!(done.len(), 2);
+        match &done[0] {
+            (7, Err(Error::Nvme { status, .. })) => assert_eq!(*status, Status::from_field(bad), "the first error"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(done[1], (8, Ok(7192))));
+    }
+
+    proptest! {
+        /// Requests of 1 to 4 commands started and completed in any order:
+        /// each reported once, with its own tag, when its last command
+        /// completes; the table never holds more entries than were ever in
+        /// flight at once.
+        #[test]
+        fn any_order_reports_each_request_once(ops in proptest::collection::vec((any::<bool>(), 1u32..5, any::<u16>()), 1..200)) {
+            let (mut r, mut b) = (Requests::with_capacity(8), Buffers::default());
+            let mut inflight: Vec<(u32, u64, u32)> = Vec::new(); // (entry, tag, commands left)
+            let (mut next_tag, mut peak) = (0u64, 0usize);
+            let mut reported: Vec<u64> = Vec::new();
+            for (submit, commands, pick) in ops {
+                if submit || inflight.is_empty() {
+                    let idx = start(&mut r, next_tag, commands, 4096);
+                    prop_assert!(inflight.iter().all(|&(e, _, _)| e != idx), "entry {idx} handed out twice");
+                    inflight.push((idx, next_tag, commands));
+                    next_tag += 1;
+                    peak = peak.max(inflight.len());
+                } else {
+                    let k = pick as usize % inflight.len();
+                    let (idx, tag, left) = inflight[k];
+                    let mut got = None;
+                    let ended = complete(&mut r, &mut b, &mut |t, res: Result<usize>| got = Some((t, res.is_ok())), Owner::Own(idx), &cqe(0, 0), false);
+                    prop_assert_eq!(ended, left == 1);
+                    if left == 1 {
+                        prop_assert_eq!(got, Some((tag, true)));
+                        reported.push(tag);
+                        inflight.swap_remove(k);
+                    } else {
+                        prop_assert_eq!(got, None);
+                        inflight[k].2 -= 1;
+                    }
+                }
+                prop_assert!(r.entries.len() <= peak);
+            }
+            let mut sorted = reported.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            prop_assert_eq!(sorted.len(), reported.len(), "a request reported twice");
+        }
+    }
+}
