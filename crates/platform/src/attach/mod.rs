@@ -112,6 +112,8 @@ impl Registers {
 struct Session {
     sock: Mutex<Seqpacket>,
     gone: AtomicBool,
+    /// Set by this platform's drop: the hang-up that follows is ours.
+    closing: AtomicBool,
     /// DMA memory this process allocated, by controller address.
     dma: Mutex<HashMap<u64, SharedMemory>>,
 }
@@ -239,9 +241,13 @@ impl AttachPlatform {
             Registers::Memory(m)
         };
         let regs = Arc::new(regs);
-        let session =
-            Arc::new(Session { sock: Mutex::new(sock), gone: AtomicBool::new(false), dma: Default::default() });
-        let (watched, held) = (session.clone(), regs.clone());
+        let session = Arc::new(Session {
+            sock: Mutex::new(sock),
+            gone: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+            dma: Default::default(),
+        });
+        let (watched, held, named) = (session.clone(), regs.clone(), path.display().to_string());
         let watcher = std::thread::Builder::new()
             .name("ugds-attach".into())
             .spawn(move || {
@@ -252,6 +258,12 @@ impl AttachPlatform {
                     while rustix::event::poll(&mut p, None).is_err() {}
                 }
                 watched.gone.store(true, Ordering::Release);
+                if !watched.closing.load(Ordering::Acquire) {
+                    tracing::error!(
+                        "{named}: the controller's owner has gone; I/O on this attachment fails from now on \
+                         (commands in flight end as the device gone)"
+                    );
+                }
                 // Let the device go: the owner's kernel side (vfio, the
                 // module) stops the controller once no process holds it.
                 if let Registers::Device(m) = &*held {
@@ -298,6 +310,7 @@ impl AttachPlatform {
 impl Drop for AttachPlatform {
     fn drop(&mut self) {
         // The owner sees the hang-up and deletes what is left of ours.
+        self.session.closing.store(true, Ordering::Release);
         self.session.sock.lock().recover().shutdown();
         if let Some(t) = self.watcher.take() {
             let _ = t.join();
