@@ -113,28 +113,7 @@ fn main() -> Result<(), ugds::Error> {
 fn local() -> Result<(), ugds::Error> {
     let p = EmuPlatform::new(EmuConfig::default().null(true))?;
     let emu = p.control();
-    let driver = Driver::open();
-    let opts = HandleOptions::default().sync_queues(1).async_queues(1).queue_depth(64);
-    let handle = driver.open_handle(Arc::new(p), opts)?;
-    let mut buf = HostBuffer::new(DEPTH * 4096)?;
-    // SAFETY: `buf` outlives the registration (deregistered below).
-    let token = unsafe { driver.register(buf.as_mut_ptr(), buf.len())? };
-    let mut q = handle.io_queue()?;
-    let mut done = emu.stats().completions_posted;
-    for round in 0..WARMUP + ROUNDS {
-        let measured = round >= WARMUP;
-        if measured {
-            measured_submit(&mut q, &token, round);
-        } else {
-            submit(&mut q, &token, round);
-        }
-        done += DEPTH as u64;
-        wait_for(&emu, done);
-        let n = if measured { measured_complete(&mut q) } else { complete(&mut q) };
-        assert_eq!(n, DEPTH, "round {round}: every read of the round completes in one poll");
-    }
-    drop(q);
-    driver.deregister(&token)?;
+    rounds(&emu, Arc::new(p), measured_submit, measured_complete)?;
     println!("instructions: {ROUNDS} measured rounds of {DEPTH} reads of 4 KiB completed");
     Ok(())
 }
@@ -148,10 +127,24 @@ fn attached() -> Result<(), ugds::Error> {
     let path = std::env::temp_dir().join(format!("ugds-instructions-{}.sock", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let server = ugds::serve::Server::start(Arc::new(p), &path, Default::default())?;
+    let attached = ugds::platform::attach::AttachPlatform::connect(&path)?;
+    rounds(&emu, Arc::new(attached), measured_attached_submit, measured_attached_complete)?;
+    server.stop()?;
+    println!("instructions: {ROUNDS} measured rounds of {DEPTH} reads of 4 KiB on an attached queue completed");
+    Ok(())
+}
+
+/// Warm-up rounds, then the measured ones through `sub` and `comp`, on a
+/// lent queue of a handle on `platform` (`emu` counts its completions).
+fn rounds(
+    emu: &EmuControl,
+    platform: Arc<dyn Platform>,
+    sub: fn(&mut IoQueue<'_>, &ugds::BufferToken, usize),
+    comp: fn(&mut IoQueue<'_>) -> usize,
+) -> Result<(), ugds::Error> {
     let driver = Driver::open();
     let opts = HandleOptions::default().sync_queues(1).async_queues(1).queue_depth(64);
-    let attached = ugds::platform::attach::AttachPlatform::connect(&path)?;
-    let handle = driver.open_handle(Arc::new(attached), opts)?;
+    let handle = driver.open_handle(platform, opts)?;
     let mut buf = HostBuffer::new(DEPTH * 4096)?;
     // SAFETY: `buf` outlives the registration (deregistered below).
     let token = unsafe { driver.register(buf.as_mut_ptr(), buf.len())? };
@@ -160,20 +153,17 @@ fn attached() -> Result<(), ugds::Error> {
     for round in 0..WARMUP + ROUNDS {
         let measured = round >= WARMUP;
         if measured {
-            measured_attached_submit(&mut q, &token, round);
+            sub(&mut q, &token, round);
         } else {
             submit(&mut q, &token, round);
         }
         done += DEPTH as u64;
-        wait_for(&emu, done);
-        let n = if measured { measured_attached_complete(&mut q) } else { complete(&mut q) };
+        wait_for(emu, done);
+        let n = if measured { comp(&mut q) } else { complete(&mut q) };
         assert_eq!(n, DEPTH, "round {round}: every read of the round completes in one poll");
     }
     drop(q);
     driver.deregister(&token)?;
-    drop(handle);
-    server.stop()?;
-    println!("instructions: {ROUNDS} measured rounds of {DEPTH} reads of 4 KiB on an attached queue completed");
     Ok(())
 }
 

@@ -86,7 +86,7 @@ impl SharedMemory {
         if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
             return Err(Error::os("seal a memfd"));
         }
-        let mut m = SharedMemory::map(Arc::new(fd), 0, len, false)?;
+        let mut m = SharedMemory::map(Arc::new(fd), 0, len)?;
         m.listed = true;
         LISTED.lock().unwrap_or_else(|p| p.into_inner()).insert(m.ptr.as_ptr() as usize, (len, m.fd.clone()));
         Ok(m)
@@ -114,26 +114,12 @@ impl SharedMemory {
                 "{len} bytes at {offset:#x} lie beyond the shared file's {size} bytes"
             )));
         }
-        SharedMemory::map(fd, offset, len, false)
+        SharedMemory::map(fd, offset, len)
     }
 
-    fn map(fd: Arc<OwnedFd>, offset: u64, len: usize, populate: bool) -> Result<SharedMemory> {
-        let flags = libc::MAP_SHARED | if populate { libc::MAP_POPULATE } else { 0 };
-        // SAFETY: a new shared mapping of a memfd; no existing memory is affected.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                flags,
-                fd.as_raw_fd(),
-                offset as libc::off_t,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(Error::os("mmap of shared memory"));
-        }
-        Ok(SharedMemory { fd, ptr: NonNull::new(p.cast()).expect("mmap is not null"), len, offset, listed: false })
+    fn map(fd: Arc<OwnedFd>, offset: u64, len: usize) -> Result<SharedMemory> {
+        let ptr = super::mmap_shared(&fd, len, offset, "mmap of shared memory")?;
+        Ok(SharedMemory { fd, ptr, len, offset, listed: false })
     }
 
     /// The file and offset behind `len` bytes at `vaddr`, when they lie in
