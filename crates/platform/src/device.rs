@@ -87,6 +87,32 @@ pub trait DeviceRuntime: Send + Sync {
 
     /// Exports the pages spanning `ptr..ptr+len` as a dma-buf.
     fn export_dmabuf(&self, ptr: u64, len: usize) -> Result<DmabufExport>;
+
+    /// Names the allocation holding `ptr..ptr+len` for another process of
+    /// the same runtime (CUDA's IPC handle): how an owner whose controller
+    /// is emulated reaches an attached process's GPU memory. The default
+    /// refuses.
+    fn export_ipc(&self, ptr: u64, len: usize) -> Result<IpcExport> {
+        let _ = (ptr, len);
+        Err(crate::Error::Unsupported(format!("{} memory cannot be named for another process", self.name())))
+    }
+}
+
+/// Device memory named for another process: the runtime's handle of the
+/// whole allocation, the device it lives on, and where the range lies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpcExport {
+    /// The runtime's opaque handle (`CUipcMemHandle`: 64 bytes).
+    pub handle: [u8; 64],
+    /// The device's UUID, so that the other process opens it on the same one.
+    pub device: [u8; 16],
+    /// The range's offset from the allocation's start.
+    pub offset: u64,
+    /// Bytes of the range.
+    pub len: usize,
+    /// The range's address in the exporting process (an owner in that same
+    /// process uses it as it is: a runtime does not open its own handles).
+    pub ptr: u64,
 }
 
 /// A copy a runtime started and has not yet answered for (see

@@ -192,6 +192,8 @@ pub struct AttachPlatform {
     /// Their eventfds, fetched from the owner at first use (index = vector).
     events: Box<[std::sync::OnceLock<EventFd>]>,
     share: (u32, u32),
+    /// How this process's GPU memory reaches the owner (`wire::gpu`).
+    gpu: u32,
     watcher: Option<JoinHandle<()>>,
 }
 
@@ -222,6 +224,7 @@ impl AttachPlatform {
         r.status()?;
         let (len, offset, wake, dstrd, part, parts) = (r.u64()?, r.u64()?, r.u32()?, r.u32()?, r.u32()?, r.u32()?);
         let device = r.u32()? != 0;
+        let gpu = r.u32()?;
         let fd = fds.pop().ok_or_else(|| Error::InvalidArgument("the owner sent no register file".into()))?;
         let len = usize::try_from(len).map_err(|_| Error::InvalidArgument("register file too long".into()))?;
         if len < regs::DOORBELL_BASE + 8 || len % PAGE_SIZE != 0 || dstrd > 15 || parts == 0 || part >= parts {
@@ -282,6 +285,7 @@ impl AttachPlatform {
             vectors: AtomicU16::new(0),
             events: (0..=MAX_VECTORS).map(|_| std::sync::OnceLock::new()).collect(),
             share: (part, parts),
+            gpu,
             watcher: Some(watcher),
         })
     }
@@ -382,20 +386,45 @@ impl Platform for AttachPlatform {
     }
 
     unsafe fn map_device(&self, mem: &crate::device::DeviceMemory) -> Result<HostMapping> {
-        // The memory goes to the owner as a dma-buf, which its platform
-        // imports (ugds_drv); the exporter keeps it while imported.
-        let x = mem.runtime.export_dmabuf(mem.ptr, mem.len)?;
-        let mut req = Writer::new(op::MAPDMABUF);
-        req.u64(x.offset).u64(x.len as u64);
-        let reply = self.session.call(&req, &[x.fd.as_fd()])?;
+        let (reply, len) = match self.gpu {
+            // A dma-buf, which the owner's platform imports (ugds_drv);
+            // the exporter keeps the memory while it is imported.
+            wire::gpu::DMABUF => {
+                let x = mem.runtime.export_dmabuf(mem.ptr, mem.len)?;
+                let mut req = Writer::new(op::MAPDMABUF);
+                req.u64(x.offset).u64(x.len as u64);
+                (self.session.call(&req, &[x.fd.as_fd()])?, x.len)
+            }
+            // The runtime's IPC handle, which the owner opens and its
+            // emulated controller copies through.
+            wire::gpu::IPC => {
+                let x = mem.runtime.export_ipc(mem.ptr, mem.len)?;
+                let mut req = Writer::new(op::MAPIPC);
+                req.bytes(&x.handle).bytes(&x.device).u64(x.offset).u64(x.len as u64).u64(x.ptr);
+                (self.session.call(&req, &[])?, x.len)
+            }
+            _ => {
+                return Err(Error::Unsupported(format!(
+                    "{}: the owner's controller cannot reach GPU memory of another process (vfio-pci cannot \
+                     import a GPU's dma-buf)",
+                    self.describe()
+                )))
+            }
+        };
         let mut r = Reader::new(&reply);
         r.status()?;
         let (first, first_offset) = (r.u64()?, r.u64()? as usize);
-        let npages = (first_offset + x.len).div_ceil(PAGE_SIZE);
+        let npages = (first_offset + len).div_ceil(PAGE_SIZE);
         let pages: Arc<[u64]> = (0..npages).map(|i| first + (i * PAGE_SIZE) as u64).collect();
         // SAFETY: the owner's platform reaches these pages until the
         // mapping named `first` is unmapped there.
         Ok(unsafe { HostMapping::from_parts(pages, first_offset, first) })
+    }
+
+    fn copies_device_memory(&self) -> bool {
+        // The owner's emulated controller copies with the runtime: a
+        // stream-ordered I/O stages GPU memory here as it would there.
+        self.gpu == wire::gpu::IPC
     }
 
     unsafe fn unmap_host(&self, mapping: &HostMapping) -> Result<()> {

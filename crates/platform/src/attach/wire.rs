@@ -4,11 +4,12 @@
 //!
 //! | request (op) | fields | descriptor | reply after the status |
 //! |---|---|---|---|
-//! | `HELLO` | version | - | registers' length, offset and wake word, dstrd, part, parts, whether a device's BAR (else a sealed memfd); the registers' file |
+//! | `HELLO` | version | - | registers' length, offset and wake word, dstrd, part, parts, whether a device's BAR (else a sealed memfd), how GPU memory goes to the owner ([`gpu`]); the registers' file |
 //! | `QUEUES` | how many | - | how many granted, the first queue id; interrupt vectors granted, the first vector |
 //! | `VECTOR` | a vector (1..) of this process's | - | its eventfd |
 //! | `MAP` | offset, length | the memfd | controller address of the range (contiguous) |
 //! | `MAPDMABUF` | offset, length | the dma-buf | controller address of the range's first page (contiguous), the offset in it |
+//! | `MAPIPC` | the runtime's handle (64 bytes), the device's UUID (16), offset in the allocation, length, the address in the process | - | controller address of the range's first page (contiguous), the offset in it |
 //! | `UNMAP` | controller address | - | - |
 //! | `ADMIN` | a 64-byte SQE | - | a 16-byte CQE, whether data follows, 4096 bytes of data |
 //! | `DETACH` | - | - | - |
@@ -18,7 +19,7 @@
 use crate::{Error, Result};
 
 /// Version of this protocol; an owner refuses any other.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// Request codes.
 pub mod op {
@@ -38,6 +39,20 @@ pub mod op {
     pub const VECTOR: u32 = 7;
     /// Map a range of a dma-buf (GPU memory) for the controller.
     pub const MAPDMABUF: u32 = 8;
+    /// Map a range of GPU memory named by the runtime's IPC handle.
+    pub const MAPIPC: u32 = 9;
+}
+
+/// How an attached process's GPU memory reaches the owner's platform (the
+/// last field of `HELLO`'s reply).
+pub mod gpu {
+    /// Not at all.
+    pub const NONE: u32 = 0;
+    /// As a dma-buf the platform imports (`MAPDMABUF`: ugds_drv).
+    pub const DMABUF: u32 = 1;
+    /// By the runtime's IPC handle, opened by the owner and copied to and
+    /// from by its emulated controller (`MAPIPC`).
+    pub const IPC: u32 = 2;
 }
 
 /// Largest message either side sends.

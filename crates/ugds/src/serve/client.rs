@@ -28,6 +28,14 @@ enum Keep {
     Memory(#[allow(dead_code)] SharedMemory),
     /// A dma-buf the platform imported (it holds its own reference too).
     Dmabuf(#[allow(dead_code)] OwnedFd),
+    /// GPU memory of another process, opened by its runtime's IPC handle:
+    /// closed only after the mapping is removed.
+    #[cfg(feature = "gpu")]
+    Ipc(#[allow(dead_code)] crate::gpu::cuda::IpcMemory),
+    /// GPU memory of the owner's own process (an owner that also attaches
+    /// to itself): the process's registration keeps it.
+    #[cfg(feature = "gpu")]
+    OwnGpu,
 }
 
 /// The owner's side of one attached process.
@@ -146,6 +154,7 @@ impl Client {
                 let regs = &self.owner.regs;
                 w.u64(regs.len as u64).u64(regs.offset).u32(regs.wake.map_or(u32::MAX, |o| o as u32));
                 w.u32(self.owner.ctrl.info().cap.dstrd() as u32).u32(part).u32(parts.max(1)).u32(regs.device as u32);
+                w.u32(self.owner.gpu_route());
                 Ok((w, Some(regs.fd.clone())))
             }
             op::QUEUES => {
@@ -207,6 +216,19 @@ impl Client {
                 let len =
                     usize::try_from(len).map_err(|_| Error::InvalidArgument("MAPDMABUF: length too large".into()))?;
                 let (first, first_offset) = self.map_dmabuf(fd, offset, len)?;
+                w.u64(first).u64(first_offset as u64);
+                Ok((w, None))
+            }
+            op::MAPIPC => {
+                let x = ugds_platform::device::IpcExport {
+                    handle: r.bytes(64)?.try_into().expect("64 bytes"),
+                    device: r.bytes(16)?.try_into().expect("16 bytes"),
+                    offset: r.u64()?,
+                    len: usize::try_from(r.u64()?)
+                        .map_err(|_| Error::InvalidArgument("MAPIPC: length too large".into()))?,
+                    ptr: r.u64()?,
+                };
+                let (first, first_offset) = self.map_ipc(&x)?;
                 w.u64(first).u64(first_offset as u64);
                 Ok((w, None))
             }
@@ -281,6 +303,53 @@ impl Client {
         self.maps.insert(first, Mapped { keep: Keep::Dmabuf(fd), len: span, mapping });
         self.owner.counters.mappings.fetch_add(1, Ordering::Relaxed);
         Ok((first, first_offset))
+    }
+
+    /// Opens GPU memory the process named by its runtime's IPC handle and
+    /// maps it for an emulated controller, which copies to and from it with
+    /// the owner's runtime: the first page's controller address and the
+    /// offset of the range in it.
+    #[cfg(feature = "gpu")]
+    fn map_ipc(&mut self, x: &ugds_platform::device::IpcExport) -> Result<(u64, usize)> {
+        if self.owner.gpu_route() != wire::gpu::IPC {
+            return Err(Error::Unsupported(format!(
+                "{} takes GPU memory as dma-bufs (MAPDMABUF), not by IPC handle",
+                self.owner.platform.describe()
+            )));
+        }
+        if x.len == 0 {
+            return Err(Error::ZeroSize);
+        }
+        let cuda = crate::gpu::cuda::Cuda::get()?;
+        // A runtime does not open its own handles: memory of this very
+        // process is registered as it is.
+        let (keep, mem) = if self.pid as u32 == std::process::id() {
+            match cuda.classify(x.ptr, x.len)? {
+                crate::gpu::cuda::Memory::Device(m) => (Keep::OwnGpu, m),
+                crate::gpu::cuda::Memory::Host => {
+                    return Err(Error::InvalidArgument(format!("{:#x} is not GPU memory", x.ptr)))
+                }
+            }
+        } else {
+            let open = cuda.open_ipc(x)?;
+            let mem = open.memory().clone();
+            (Keep::Ipc(open), mem)
+        };
+        // SAFETY: the memory stays open (`keep`, or the process's own
+        // registration) until the mapping is removed, which happens only
+        // once no queue of this process can reach it.
+        let mapping = unsafe { self.owner.platform.map_device(&mem)? };
+        let pages = mapping.pages();
+        let (first, first_offset) = (pages[0], mapping.first_offset());
+        let span = pages.len() * 4096;
+        self.maps.insert(first, Mapped { keep, len: span, mapping });
+        self.owner.counters.mappings.fetch_add(1, Ordering::Relaxed);
+        Ok((first, first_offset))
+    }
+
+    #[cfg(not(feature = "gpu"))]
+    fn map_ipc(&mut self, _: &ugds_platform::device::IpcExport) -> Result<(u64, usize)> {
+        Err(Error::Unsupported("this owner is built without GPU support".into()))
     }
 
     fn unmap(&mut self, iova: u64) -> Result<()> {

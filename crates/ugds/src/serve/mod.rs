@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
-use ugds_platform::attach::SharedRegisters;
+use ugds_platform::attach::{wire, SharedRegisters};
 use ugds_platform::sys::unix::Seqpacket;
 use ugds_platform::{Error, Platform, Recover, Result};
 
@@ -100,6 +100,18 @@ struct Owner {
 }
 
 impl Owner {
+    /// How attached processes' GPU memory reaches the controller: by IPC
+    /// handle where the controller is emulated (its copies use the owner's
+    /// runtime), else as a dma-buf its platform imports (ugds_drv; vfio-pci
+    /// refuses, as it does in one process).
+    fn gpu_route(&self) -> u32 {
+        match self.platform.copies_device_memory() {
+            true if cfg!(feature = "gpu") => wire::gpu::IPC,
+            true => wire::gpu::NONE,
+            false => wire::gpu::DMABUF,
+        }
+    }
+
     /// Reserves up to `want` consecutive queue ids: (first, count).
     fn take_qids(&self, want: u16) -> Option<(u16, u16)> {
         take_run(&mut self.qids.lock().recover(), want)

@@ -29,6 +29,13 @@ pub(super) const MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD: i32 = 1;
 pub(super) const MEMHOSTALLOC_PORTABLE: u32 = 1;
 pub(super) const MEMHOSTALLOC_DEVICEMAP: u32 = 2;
 pub(super) const DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: i32 = 124;
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS` (the one flag `cuIpcOpenMemHandle` takes).
+pub(super) const IPC_MEM_LAZY_ENABLE_PEER_ACCESS: u32 = 1;
+
+/// `CUipcMemHandle`: 64 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(super) struct IpcMemHandle(pub(super) [u8; 64]);
 /// `CU_DEV_RESOURCE_TYPE_SM`.
 pub(super) const DEV_RESOURCE_TYPE_SM: i32 = 1;
 /// `CU_GREEN_CTX_DEFAULT_STREAM` (the one flag `cuGreenCtxCreate` takes).
@@ -91,6 +98,10 @@ pub(super) struct Api {
     /// Optional: green contexts.
     pub(super) green: Option<GreenApi>,
     pub(super) ctx_destroy: unsafe extern "C" fn(Ctx) -> Res,
+    pub(super) device_get_uuid: unsafe extern "C" fn(*mut [u8; 16], i32) -> Res,
+    pub(super) ipc_get_mem_handle: unsafe extern "C" fn(*mut IpcMemHandle, u64) -> Res,
+    pub(super) ipc_open_mem_handle: unsafe extern "C" fn(*mut u64, IpcMemHandle, u32) -> Res,
+    pub(super) ipc_close_mem_handle: unsafe extern "C" fn(u64) -> Res,
     pub(super) module_load_data: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> Res,
     pub(super) module_get_function: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_char) -> Res,
     #[allow(clippy::type_complexity)]
@@ -113,7 +124,7 @@ impl Api {
     pub(super) fn load(lib: &Library) -> Result<Api> {
         // SAFETY: each type below is the symbol's C prototype in cuda.h
         // (CUresult = int, CUdevice = int, CUdeviceptr = unsigned long long,
-        // handles are pointers).
+        // handles are pointers, CUuuid is 16 bytes, CUipcMemHandle 64).
         unsafe {
             Ok(Api {
                 init: lib.sym(c"cuInit")?,
@@ -164,6 +175,10 @@ impl Api {
                 })()
                 .ok(),
                 ctx_destroy: lib.sym(c"cuCtxDestroy_v2")?,
+                device_get_uuid: lib.sym_any(&[c"cuDeviceGetUuid_v2", c"cuDeviceGetUuid"])?,
+                ipc_get_mem_handle: lib.sym(c"cuIpcGetMemHandle")?,
+                ipc_open_mem_handle: lib.sym_any(&[c"cuIpcOpenMemHandle_v2", c"cuIpcOpenMemHandle"])?,
+                ipc_close_mem_handle: lib.sym(c"cuIpcCloseMemHandle")?,
                 module_load_data: lib.sym(c"cuModuleLoadData")?,
                 module_get_function: lib.sym(c"cuModuleGetFunction")?,
                 launch_kernel: lib.sym(c"cuLaunchKernel")?,
