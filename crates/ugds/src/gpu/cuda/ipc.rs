@@ -11,7 +11,7 @@ use ugds_platform::{Error, Result};
 
 impl Cuda {
     /// Opens GPU memory another process named with
-    /// [`DeviceRuntime::export_ipc`]: its allocation, in the primary context
+    /// [`DeviceRuntime::export_ipc`](crate::gpu::DeviceRuntime::export_ipc): its allocation, in the primary context
     /// of the device with that UUID, and the range in it. The memory stays
     /// open until the returned object is dropped.
     pub fn open_ipc(self: &Arc<Self>, x: &IpcExport) -> Result<IpcMemory> {
@@ -90,7 +90,7 @@ impl Drop for IpcMemory {
 }
 
 impl CudaContext {
-    /// [`DeviceRuntime::export_ipc`]: the allocation's IPC handle.
+    /// [`DeviceRuntime::export_ipc`](crate::gpu::DeviceRuntime::export_ipc): the allocation's IPC handle.
     pub(super) fn ipc_export(&self, ptr: u64, len: usize) -> Result<IpcExport> {
         let (base, size) = self.cuda.allocation(ptr)?;
         if ptr.checked_add(len as u64).is_none_or(|end| end > base + size as u64) {
