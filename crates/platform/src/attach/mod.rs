@@ -540,7 +540,7 @@ mod tests {
             b.recv(&mut buf).unwrap();
             let regs = SharedMemory::new(8192).unwrap();
             let mut w = Writer::new(0);
-            w.u64(8192).u64(0).u32(u32::MAX).u32(0).u32(0).u32(1).u32(0);
+            w.u64(8192).u64(0).u32(u32::MAX).u32(0).u32(0).u32(1).u32(0).u32(wire::gpu::NONE);
             b.send(&w.0, &[regs.as_fd()]).unwrap();
             b.recv(&mut buf).unwrap(); // QUEUES
             let mut w = Writer::new(0);
