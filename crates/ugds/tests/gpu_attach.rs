@@ -9,9 +9,11 @@
 //! passes; `UGDS_REQUIRE_GPU=1` turns a missing GPU into a failure.
 
 mod common;
+mod gpu_common;
 
 use common::{pattern, wait_for, Buf};
-use std::io::{BufRead, BufReader, Write};
+use gpu_common::{cuda_device, skip_without_gpu};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -20,7 +22,7 @@ use ugds::gpu::cuda::{Cuda, DeviceBuffer};
 use ugds::gpu::StreamWait;
 use ugds::platform::attach::AttachPlatform;
 use ugds::serve::{ServeOptions, Server};
-use ugds::{Driver, Error, Handle, HandleOptions, StreamIo};
+use ugds::{Driver, Handle, HandleOptions, StreamIo};
 use ugds_emu::{EmuConfig, EmuPlatform, NamespaceConfig};
 
 /// The socket a child attaches to; set only in a child.
@@ -33,23 +35,10 @@ const CHILD_SEED: u8 = 9;
 const CHILD_OFFSET: u64 = 8 << 20;
 const CHILD_LEN: usize = 1 << 20;
 
+/// CUDA (without the other suites' fixture: these tests make their own
+/// streams and memory), or `None` (said) without a GPU.
 fn cuda() -> Option<Arc<Cuda>> {
-    let c = Cuda::get().and_then(|c| {
-        if c.device_count()? == 0 {
-            return Err(Error::GpuUnavailable("no CUDA device".into()));
-        }
-        c.use_device(0)?;
-        Ok(c)
-    });
-    match c {
-        Ok(c) => Some(c),
-        Err(e) if std::env::var_os("UGDS_REQUIRE_GPU").is_some() => panic!("UGDS_REQUIRE_GPU is set: {e}"),
-        Err(e) => {
-            // Not eprintln!: that is captured; this reaches the terminal.
-            let _ = writeln!(std::io::stderr(), "SKIPPED: no CUDA GPU here ({e})");
-            None
-        }
-    }
+    cuda_device().map_err(skip_without_gpu).ok()
 }
 
 fn serve(name: &str) -> Server {

@@ -44,15 +44,30 @@ pub fn new_stream() -> OwnedStream {
     f.streams.lock().unwrap().pop().expect("the pool has a stream for every test (POOL_STREAMS)")
 }
 
-pub fn cuda() -> Option<Arc<Cuda>> {
-    let c = Cuda::get().and_then(|c| {
+/// CUDA with device 0 current, or `Err` saying why there is none.
+pub fn cuda_device() -> Result<Arc<Cuda>, Error> {
+    Cuda::get().and_then(|c| {
         if c.device_count()? == 0 {
             return Err(Error::GpuUnavailable("no CUDA device".into()));
         }
         c.use_device(0)?;
         Ok(c)
-    });
-    match c {
+    })
+}
+
+/// What a test without a GPU does: fail under `UGDS_REQUIRE_GPU`, else say
+/// SKIPPED.
+pub fn skip_without_gpu(e: Error) {
+    if std::env::var_os("UGDS_REQUIRE_GPU").is_some() {
+        panic!("UGDS_REQUIRE_GPU is set: {e}");
+    }
+    // Not eprintln!: that is captured; this reaches the terminal.
+    let _ = writeln!(std::io::stderr(), "SKIPPED: no CUDA GPU here ({e})");
+}
+
+/// CUDA with the suite's fixture made, or `None` (said) without a GPU.
+pub fn cuda() -> Option<Arc<Cuda>> {
+    match cuda_device() {
         Ok(c) => {
             FIXTURE.get_or_init(|| {
                 let spin = c.spin_kernel().unwrap();
@@ -77,10 +92,8 @@ pub fn cuda() -> Option<Arc<Cuda>> {
             });
             Some(c)
         }
-        Err(e) if std::env::var_os("UGDS_REQUIRE_GPU").is_some() => panic!("UGDS_REQUIRE_GPU is set: {e}"),
         Err(e) => {
-            // Not eprintln!: that is captured; this reaches the terminal.
-            let _ = writeln!(std::io::stderr(), "SKIPPED: no CUDA GPU here ({e})");
+            skip_without_gpu(e);
             None
         }
     }
