@@ -20,6 +20,7 @@ use super::chunk::Chunker;
 pub use super::contexts::{BatchEvent, BatchStatus, RequestStats};
 use super::contexts::{Ctx, Req};
 use super::hold::Hold;
+use super::requests::RequestTable;
 use super::qpair::Full;
 use super::sync::{State, SyncQueue};
 use super::tracker::Owner;
@@ -136,10 +137,15 @@ impl BatchQueue {
     pub fn open_context(&self, capacity: usize) -> u32 {
         let ctx = Ctx {
             stats: RequestStats::default(),
-            reqs: (0..capacity)
-                .map(|_| Req { cookie: 0, pending: 0, len: 0, short: 0, status: None, op: NvmOpcode::Read, hold: None })
-                .collect(),
-            free: (0..capacity as u32).rev().collect(),
+            reqs: RequestTable::filled(capacity as u32, || Req {
+                cookie: 0,
+                pending: 0,
+                len: 0,
+                short: 0,
+                status: None,
+                op: NvmOpcode::Read,
+                hold: None,
+            }),
             slots: Vec::with_capacity(capacity),
             done: VecDeque::with_capacity(capacity),
             inflight: 0,
@@ -172,7 +178,7 @@ impl BatchQueue {
     pub(crate) fn close_context(&self, ctx: u32) -> Vec<Hold> {
         let mut st = self.lock();
         let Some(c) = st.batch.ctxs.get_mut(ctx as usize).and_then(|c| c.take()) else { return Vec::new() };
-        c.reqs.into_iter().filter_map(|mut r| if r.pending > 0 { r.hold.take() } else { None }).collect()
+        c.reqs.into_values().filter_map(|mut r| if r.pending > 0 { r.hold.take() } else { None }).collect()
     }
 
     /// What the requests of `ctx` have done.
@@ -198,7 +204,7 @@ impl BatchQueue {
     /// Free request slots in `ctx`.
     pub fn room(&self, ctx: u32) -> usize {
         let st = self.lock();
-        st.batch.ctxs[ctx as usize].as_ref().map_or(0, |c| c.free.len())
+        st.batch.ctxs[ctx as usize].as_ref().map_or(0, |c| c.reqs.free_len())
     }
 
     /// Stages and rings every command of `reqs` (validated by the caller),
@@ -219,18 +225,18 @@ impl BatchQueue {
                 c.slots = slots;
                 return Err(Error::Canceled);
             }
-            if reqs.len() > c.free.len() {
+            if reqs.len() > c.reqs.free_len() {
                 c.slots = slots;
                 return Err(Error::CapacityExceeded {
                     capacity: c.reqs.len(),
                     requested: reqs.len(),
-                    outstanding: c.reqs.len() - c.free.len(),
+                    outstanding: c.reqs.len() - c.reqs.free_len(),
                 });
             }
             for p in reqs.iter() {
-                let i = c.free.pop().expect("room checked");
+                let i = c.reqs.take().expect("room checked");
                 let commands = p.commands() as u32;
-                c.reqs[i as usize] = Req {
+                c.reqs[i] = Req {
                     cookie: p.cookie,
                     pending: commands,
                     len: p.len,
@@ -247,7 +253,7 @@ impl BatchQueue {
         let mut waited_since: Option<Instant> = None;
         for (p, &slot) in reqs.drain(..).zip(&slots) {
             let Prepared { op, len, chunks, pages, more, hold, sgl, .. } = p;
-            st.batch.ctxs[ctx as usize].as_mut().expect("open").reqs[slot as usize].hold = Some(hold);
+            st.batch.ctxs[ctx as usize].as_mut().expect("open").reqs[slot].hold = Some(hold);
             if sgl {
                 // One command: an SGL of every piece.
                 let parts = std::iter::once((&chunks, &pages[..])).chain(more.iter().map(|(c, p)| (c, &p[..])));
@@ -384,7 +390,7 @@ impl BatchQueue {
     /// Whether request `req` of `ctx` still has commands on the device.
     pub(crate) fn in_flight(&self, ctx: u32, req: u32) -> bool {
         let st = self.lock();
-        st.batch.ctxs[ctx as usize].as_ref().is_some_and(|c| c.reqs[req as usize].pending > 0)
+        st.batch.ctxs[ctx as usize].as_ref().is_some_and(|c| c.reqs[req].pending > 0)
     }
 
     /// Requests of `ctx` late on the device: reported as timed out, and
@@ -399,7 +405,7 @@ impl BatchQueue {
         for i in late {
             let cid = st.qp.outstanding_cid_of(owner(ctx, i));
             let c = st.batch.ctxs[ctx as usize].as_mut().expect("open context");
-            let r = &mut c.reqs[i as usize];
+            let r = &mut c.reqs[i];
             if r.pending == 0 {
                 continue;
             }
@@ -413,8 +419,8 @@ impl BatchQueue {
                 result: Err(Error::Timeout { qid, cid, after: timeout }),
             });
             c.inflight -= 1;
-            // The slot is not returned to `free`: a late completion may
-            // still name it.
+            // Not freed: a late completion may still name it.
+            c.reqs.retire(i);
         }
         guards
     }
@@ -426,7 +432,7 @@ impl BatchQueue {
         let qid = st.qp.qid().0;
         let c = st.batch.ctxs[ctx as usize].as_mut().expect("open context");
         c.canceled = true;
-        let live: Vec<u32> = (0..c.reqs.len() as u32).filter(|&i| c.reqs[i as usize].pending > 0).collect();
+        let live: Vec<u32> = c.reqs.iter_mut().filter(|(_, r)| r.pending > 0).map(|(i, _)| i).collect();
         let mut cids = Vec::new();
         for i in live {
             // Every command of the request: scan the queue's outstanding CIDs.
@@ -440,12 +446,15 @@ impl BatchQueue {
         let mut st = self.lock();
         st.qp.forget_outstanding();
         for c in st.batch.ctxs.iter_mut().flatten() {
-            for r in c.reqs.iter_mut() {
+            for (_, r) in c.reqs.iter_mut() {
                 // Ended by the reset (no event comes for it).
                 c.stats.ended += (r.pending > 0) as u64;
                 r.pending = 0;
                 r.hold = None;
             }
+            // No completion can name any of them now: timed-out ones too
+            // are free again.
+            c.reqs.reset();
             c.inflight = 0;
         }
     }
@@ -532,5 +541,45 @@ mod tests {
         }
         let _ = b.close_context(c1);
         let _ = b.close_context(c2);
+    }
+
+    #[test]
+    fn a_timed_out_request_keeps_its_slot_until_the_reset_frees_it() {
+        let bells = Arc::new(Doorbells::default());
+        let qp = NvmeQueue::new(bells.clone(), Qid(1), 8, 0, None).unwrap();
+        let mut dev = Device::of(&qp);
+        let q = Arc::new(SyncQueue::new(QueuePair::Nvme(qp), bells.clone()).unwrap());
+        // A zero timeout: late at the second look that finds them.
+        let b = BatchQueue::new(q, false, 1, Duration::ZERO);
+        let holds = Arc::new(Holds::default());
+        let c = b.open_context(2);
+        b.submit(c, &mut vec![read(&holds, 1, 0, 4096), read(&holds, 2, 4096, 4096)]).unwrap();
+        let sqes = dev.fetch_sqes(bells.sq_tail(1).expect("rung"));
+        let mut guards = Vec::new();
+        for _ in 0..1000 {
+            guards.extend(b.expire(c));
+            if guards.len() == 2 {
+                break;
+            }
+        }
+        assert_eq!(guards.len(), 2, "both requests reported timed out, their holds handed back");
+        drop(guards);
+        let mut ev = Vec::new();
+        assert_eq!(b.collect(c, 8, &mut ev).0, 2);
+        assert!(ev.iter().all(|e| e.status == BatchStatus::Timeout));
+        assert_eq!(b.room(c), 0, "a late completion may still name their slots");
+        assert!(matches!(
+            b.submit(c, &mut vec![read(&holds, 3, 0, 4096)]),
+            Err(Error::CapacityExceeded { capacity: 2, requested: 1, .. })
+        ));
+        // A late completion is dropped, and frees nothing.
+        dev.post(sqes[0].cid().0, dev.sq_head, 0);
+        ev.clear();
+        assert_eq!(b.collect(c, 8, &mut ev).0, 0);
+        assert_eq!(b.room(c), 0);
+        // After a reset no completion can come: the context is whole again.
+        b.forget_outstanding();
+        assert_eq!(b.room(c), 2);
+        let _ = b.close_context(c);
     }
 }

@@ -5,6 +5,7 @@
 //! ([`super::sync`]) credits them.
 
 use super::hold::Hold;
+use super::requests::RequestTable;
 use std::collections::VecDeque;
 use ugds_nvme::{NvmOpcode, Status};
 use ugds_platform::{Error, Result};
@@ -85,8 +86,7 @@ pub struct RequestStats {
 pub(super) struct Ctx {
     /// What its requests have done.
     pub(super) stats: RequestStats,
-    pub(super) reqs: Vec<Req>,
-    pub(super) free: Vec<u32>,
+    pub(super) reqs: RequestTable<Req>,
     /// Scratch for one submission's request slots (no allocation on submit).
     pub(super) slots: Vec<u32>,
     pub(super) done: VecDeque<BatchEvent>,
@@ -108,7 +108,7 @@ impl BatchTable {
     pub(crate) fn credit(&mut self, ci: u32, ri: u32, cqe: &ugds_nvme::Cqe, short: u32) {
         let (ci, ri) = (ci as usize, ri as usize);
         let Some(Some(c)) = self.ctxs.get_mut(ci) else { return };
-        let r = &mut c.reqs[ri];
+        let r = &mut c.reqs[ri as u32];
         if r.pending == 0 {
             return; // timed out and reported already; the late completion is dropped
         }
@@ -147,7 +147,7 @@ impl BatchTable {
                 }
             };
             c.done.push_back(event);
-            c.free.push(ri as u32);
+            c.reqs.release(ri as u32);
             c.inflight -= 1;
         }
     }

@@ -9,7 +9,9 @@
 //!   NVMe/TCP connection; [`kernel`], the kernel path's stand-in for a
 //!   controller; `bounce`, the pinned host buffers of the transports that
 //!   copy to and from GPU memory.
-//! - [`tracker`]: what a queue pair knows of each command on the device.
+//! - [`tracker`]: what a queue pair knows of each command on the device;
+//!   `requests`, the table of requests (each one or more commands) that
+//!   every user of a queue pair keeps.
 //! - [`stats`]: what each queue pair has done, counted without a shared
 //!   atomic operation per I/O.
 //! - [`chunk`]: splitting a request by MDTS and PRP-list capacity.
@@ -42,6 +44,7 @@ pub mod pcie;
 pub mod qpair;
 pub mod queue;
 pub mod rdma;
+pub(crate) mod requests;
 #[cfg(test)]
 pub(crate) mod slow_gpu;
 pub mod stats;

@@ -23,7 +23,7 @@ use crate::engine::transport::Transport;
 use crate::engine::{BatchEvent, Completion, Owner, QueuePair};
 use crate::handle::{Escalation, Handle, HandleInner};
 use crate::registry::BufferToken;
-use requests::{complete, Buffers, Claim, Requests, Small};
+use requests::{complete, start, Buffers, Claim, Requests, Small};
 use std::time::Duration;
 use ugds_nvme::{prp, Cid, Lba, Nsid, NvmOpcode, PrpPlan, Sqe};
 use ugds_platform::sys::PAGE_SIZE;
@@ -77,8 +77,8 @@ pub struct IoQueue<'h> {
     handle: &'h Handle,
     small: Small,
     qp: Option<QueuePair>,
+    /// A lent queue's requests (empty on a shared queue).
     reqs: Requests,
-    outstanding: usize,
     late: LateCheck,
     dead: bool,
     /// The buffer the last request used, and the hold on it.
@@ -92,7 +92,7 @@ pub struct IoQueue<'h> {
 impl std::fmt::Debug for IoQueue<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IoQueue")
-            .field("outstanding", &self.outstanding)
+            .field("outstanding", &self.outstanding())
             .field("dead", &self.dead)
             .finish_non_exhaustive()
     }
@@ -104,6 +104,8 @@ struct Shared {
     queue: usize,
     ctx: u32,
     depth: usize,
+    /// Requests submitted and not yet reported.
+    outstanding: usize,
     /// One submission's request (no allocation on submit).
     scratch: Vec<Prepared>,
     events: Vec<BatchEvent>,
@@ -134,7 +136,6 @@ impl<'h> IoQueue<'h> {
                     small: Small::of(h, true),
                     qp: None,
                     reqs: Requests::with_capacity(0),
-                    outstanding: 0,
                     late: LateCheck::new(),
                     dead: false,
                     bufs: Buffers::default(),
@@ -142,6 +143,7 @@ impl<'h> IoQueue<'h> {
                         queue,
                         ctx,
                         depth,
+                        outstanding: 0,
                         scratch: Vec::with_capacity(1),
                         events: Vec::with_capacity(depth),
                     }),
@@ -170,7 +172,6 @@ impl<'h> IoQueue<'h> {
             small: Small::of(h, false),
             qp: Some(qp),
             reqs: Requests::with_capacity(n),
-            outstanding: 0,
             late: LateCheck::new(),
             dead: false,
             bufs: Buffers::default(),
@@ -202,7 +203,10 @@ impl<'h> IoQueue<'h> {
 
     /// Requests submitted and not yet reported by [`poll`](Self::poll).
     pub fn outstanding(&self) -> usize {
-        self.outstanding
+        match &self.shared {
+            Some(sh) => sh.outstanding,
+            None => self.reqs.in_use(),
+        }
     }
 
     /// This queue pair's last commands when the handle traces
@@ -284,8 +288,7 @@ impl<'h> IoQueue<'h> {
             self.bufs.release(claim);
             return Err(Error::QueueFull);
         }
-        self.reqs.start(idx, tag, 1, size, op, claim);
-        self.outstanding += 1;
+        start(&mut self.reqs, idx, tag, 1, size, op, claim);
         Ok(())
     }
 
@@ -326,8 +329,7 @@ impl<'h> IoQueue<'h> {
             let plan = prp::plan(pages, PAGE_SIZE, c.data_off, c.len).expect("validated range plans");
             qp.submit(sqe(&c), Some(plan), Owner::Own(idx)).expect("room checked above");
         }
-        self.reqs.start(idx, tag, n as u32, size, op, claim);
-        self.outstanding += 1;
+        start(&mut self.reqs, idx, tag, n as u32, size, op, claim);
         Ok(())
     }
 
@@ -380,7 +382,7 @@ impl<'h> IoQueue<'h> {
         sh.scratch.clear();
         match r {
             Ok(_) => {
-                self.outstanding += 1;
+                sh.outstanding += 1;
                 Ok(())
             }
             Err(e @ Error::Timeout { .. }) => {
@@ -466,8 +468,8 @@ impl<'h> IoQueue<'h> {
         for e in sh.events.drain(..) {
             f(e.cookie, e.result);
         }
-        self.outstanding -= n;
-        if self.outstanding > 0 && self.late.due(n, || h.opts.timeout) {
+        sh.outstanding -= n;
+        if sh.outstanding > 0 && self.late.due(n, || h.opts.timeout) {
             let expired = h.expire_batch(q, sh.ctx);
             if !expired.is_empty() {
                 // Reported as timed-out events at the next poll.
@@ -489,38 +491,37 @@ impl<'h> IoQueue<'h> {
         self.ring();
         let mut done = self.reap(&mut f);
         let _ = max; // every completion found is reported: a CQE cannot be consumed twice
-        if self.outstanding > 0 && self.late.due(done, || self.handle.inner.opts.timeout) {
+        if self.reqs.in_use() > 0 && self.late.due(done, || self.handle.inner.opts.timeout) {
             done += self.check_timeouts(&mut f);
         }
         done
     }
 
     /// Consumes every completion on the lent queue and reports the
-    /// requests that finished. Returns how many.
+    /// requests that finished. Returns how many (the entries they freed).
     #[inline]
     fn reap(&mut self, f: &mut impl FnMut(u64, Result<usize>)) -> usize {
-        let mut done = 0;
         let (reqs, bufs) = (&mut self.reqs, &mut self.bufs);
+        let before = reqs.in_use();
         // One closure per transport, each inlined into its reaping loop (a
         // closure shared by both is not: measured, about 20 instructions a
         // completion); only the kernel path's completions report bytes short.
         match self.qp.as_mut() {
             None => return 0,
-            Some(QueuePair::Nvme(q)) => q.process_completions(usize::MAX, |owner, cqe| {
-                done += complete(reqs, bufs, f, owner, cqe, false) as usize
-            }),
-            Some(QueuePair::Uring(q)) => q.process_completions(usize::MAX, |owner, cqe| {
-                done += complete(reqs, bufs, f, owner, cqe, true) as usize
-            }),
-            Some(QueuePair::Tcp(q)) => q.process_completions(usize::MAX, |owner, cqe| {
-                done += complete(reqs, bufs, f, owner, cqe, false) as usize
-            }),
-            Some(QueuePair::Rdma(q)) => q.process_completions(usize::MAX, |owner, cqe| {
-                done += complete(reqs, bufs, f, owner, cqe, false) as usize
-            }),
+            Some(QueuePair::Nvme(q)) => {
+                q.process_completions(usize::MAX, |owner, cqe| complete(reqs, bufs, f, owner, cqe, false))
+            }
+            Some(QueuePair::Uring(q)) => {
+                q.process_completions(usize::MAX, |owner, cqe| complete(reqs, bufs, f, owner, cqe, true))
+            }
+            Some(QueuePair::Tcp(q)) => {
+                q.process_completions(usize::MAX, |owner, cqe| complete(reqs, bufs, f, owner, cqe, false))
+            }
+            Some(QueuePair::Rdma(q)) => {
+                q.process_completions(usize::MAX, |owner, cqe| complete(reqs, bufs, f, owner, cqe, false))
+            }
         };
-        self.outstanding -= done;
-        done
+        before - self.reqs.in_use()
     }
 
     /// A wait on this queue's interrupt slept to its end: the next poll
@@ -561,10 +562,10 @@ impl<'h> IoQueue<'h> {
         // The handle's one escalation: look again, CSTS, Abort, a grace
         // period. Requests that come back are reported with their status
         // (an aborted one as an NVMe error) and the queue goes on.
-        let mut late: Vec<usize> = late_cmds
+        let mut late: Vec<u32> = late_cmds
             .iter()
             .filter_map(|&(_, o)| match o {
-                Owner::Own(i) => Some(i as usize),
+                Owner::Own(i) => Some(i),
                 _ => None,
             })
             .collect();
@@ -575,7 +576,7 @@ impl<'h> IoQueue<'h> {
         let mut reported = 0;
         let stuck = match handle.inner.escalate("I/O", qid, &cids, || {
             reported += self.reap(f);
-            late.iter().all(|&i| self.reqs.entries[i].pending == 0)
+            late.iter().all(|&i| self.reqs[i].pending == 0)
         }) {
             Escalation::Settled => return reported,
             Escalation::Stuck(e) => e,
@@ -585,9 +586,10 @@ impl<'h> IoQueue<'h> {
         // never reused: it is forgotten on drop.
         let mut guards = Vec::new();
         let mut shared_hold = false;
-        for (i, r) in self.reqs.entries.iter_mut().enumerate() {
+        let mut ended = Vec::new();
+        for (i, r) in self.reqs.iter_mut() {
             if r.pending > 0 {
-                let cid = self.qp.as_ref().and_then(|q| q.outstanding_cid_of(Owner::Own(i as u32)));
+                let cid = self.qp.as_ref().and_then(|q| q.outstanding_cid_of(Owner::Own(i)));
                 tracing::error!(qid, ?cid, "asynchronous request stuck ({stuck}); wedging the handle");
                 let e = match &stuck {
                     Error::Timeout { .. } => Error::Timeout { qid, cid, after: limit },
@@ -601,13 +603,15 @@ impl<'h> IoQueue<'h> {
                     Claim::None => {}
                 }
                 r.pending = 0;
+                ended.push(i);
             }
         }
+        // Reported, and never handed out again: this queue pair is dead.
+        ended.into_iter().for_each(|i| self.reqs.retire(i));
         if shared_hold {
             guards.extend(self.bufs.held.take());
             self.bufs.users = 0;
         }
-        self.outstanding = 0;
         self.dead = true;
         // This queue is the handle's to read no more: its own trace goes to
         // the log here (the handle logs the others').
@@ -621,7 +625,7 @@ impl<'h> IoQueue<'h> {
     /// Polls until every request has completed, or the handle's timeout
     /// passes (which wedges it).
     pub fn drain(&mut self, mut f: impl FnMut(u64, Result<usize>)) -> Result<()> {
-        while self.outstanding > 0 {
+        while self.outstanding() > 0 {
             if self.dead && self.shared.is_none() {
                 return Err(Error::Wedged);
             }

@@ -1,7 +1,8 @@
-//! A lent queue's requests: the table of request entries with its free
-//! chain, what each request holds of its buffer, and the checks a small
-//! request passes.
+//! A lent queue's requests: what each entry of its request table keeps,
+//! what each request holds of its buffer, and the checks a small request
+//! passes.
 
+use crate::engine::requests::RequestTable;
 use crate::engine::Owner;
 use crate::handle::HandleInner;
 use crate::registry::{BufGuard, BufferToken, Recent};
@@ -19,69 +20,29 @@ pub(super) struct Request {
     pub(super) short: usize,
     pub(super) op: NvmOpcode,
     pub(super) claim: Claim,
-    /// The next free entry while this one is free (see [`Requests`]).
-    pub(super) next_free: u32,
 }
 
-impl Request {
-    /// A free entry becomes a request of `pending` commands.
-    #[inline(always)]
-    pub(super) fn start(&mut self, tag: u64, pending: u32, len: usize, op: NvmOpcode, claim: Claim) {
-        (self.tag, self.pending, self.len, self.status, self.short, self.op) = (tag, pending, len, None, 0, op);
-        // A free entry's claim ended with its completion (`complete` and
-        // `check_timeouts` leave `Claim::None`): nothing to drop, and no
-        // test of the old value on every submission.
-        let stale = std::mem::replace(&mut self.claim, claim);
-        debug_assert!(matches!(stale, Claim::None), "a free request entry holds no claim");
-        std::mem::forget(stale);
-    }
-}
+/// A lent queue's request entries.
+pub(super) type Requests = RequestTable<Request>;
 
-/// No entry: the end of the free chain.
-pub(super) const NO_ENTRY: u32 = u32::MAX;
-
-/// A lent queue's request entries, the free ones chained through their
-/// `next_free` (most recently freed first, warm in cache): taking and
-/// giving back an entry touch that entry and one word, with no second
-/// vector to pop from and push to.
-pub(super) struct Requests {
-    pub(super) entries: Vec<Request>,
-    /// The first free entry, or [`NO_ENTRY`].
-    pub(super) free: u32,
-}
-
-impl Requests {
-    pub(super) fn with_capacity(n: usize) -> Requests {
-        Requests { entries: Vec::with_capacity(n), free: NO_ENTRY }
-    }
-
-    /// The entry the next request will take: the first free one, or a new
-    /// one. Taken by [`start`](Self::start).
-    #[inline(always)]
-    pub(super) fn next(&self) -> u32 {
-        if self.free != NO_ENTRY {
-            self.free
-        } else {
-            self.entries.len() as u32
-        }
-    }
-
-    /// Takes entry `idx` ([`next`](Self::next)'s) for a request of
-    /// `pending` commands.
-    #[inline(always)]
-    pub(super) fn start(&mut self, idx: u32, tag: u64, pending: u32, len: usize, op: NvmOpcode, claim: Claim) {
-        match self.entries.get_mut(idx as usize) {
-            Some(e) => {
-                self.free = e.next_free;
-                e.start(tag, pending, len, op, claim);
-            }
-            None => {
-                let next_free = NO_ENTRY;
-                let r = Request { tag, pending, len, status: None, short: 0, op, claim, next_free };
-                self.entries.push(r);
-            }
-        }
-    }
+/// Takes entry `idx` ([`RequestTable::next`]'s) for a request of
+/// `pending` commands.
+#[inline(always)]
+pub(super) fn start(reqs: &mut Requests, idx: u32, tag: u64, pending: u32, len: usize, op: NvmOpcode, claim: Claim) {
+    reqs.start(
+        idx,
+        claim,
+        |r, claim| {
+            (r.tag, r.pending, r.len, r.status, r.short, r.op) = (tag, pending, len, None, 0, op);
+            // A free entry's claim ended with its completion (`complete` and
+            // `check_timeouts` leave `Claim::None`): nothing to drop, and no
+            // test of the old value on every submission.
+            let stale = std::mem::replace(&mut r.claim, claim);
+            debug_assert!(matches!(stale, Claim::None), "a free request entry holds no claim");
+            std::mem::forget(stale);
+        },
+        |claim| Request { tag, pending, len, status: None, short: 0, op, claim },
+    );
 }
 
 /// What a request holds of its buffer while its commands are on the device.
@@ -213,7 +174,7 @@ fn late_completion(cid: u16) {
 }
 
 /// Credits one completion to its request; reports the request (`f`) and
-/// frees its entry when it was the last command, and then returns true.
+/// frees its entry when it was the last command.
 /// `short`: DW0 says how many bytes a read did not move (the kernel path's
 /// completions).
 #[inline(always)]
@@ -224,14 +185,14 @@ pub(super) fn complete(
     owner: Owner,
     cqe: &Cqe,
     short: bool,
-) -> bool {
+) {
     let Owner::Own(idx) = owner else { unreachable!("a lent queue pair's commands are its own") };
-    let r = &mut reqs.entries[idx as usize];
+    let mut r = reqs.entry(idx);
     if r.pending == 0 {
         // By value: a reference would keep the entry in memory on every
         // completion's path.
         late_completion(cqe.cid);
-        return false;
+        return;
     }
     if !cqe.is_success() && r.status.is_none() {
         r.status = Some(cqe.status);
@@ -241,7 +202,7 @@ pub(super) fn complete(
     }
     r.pending -= 1;
     if r.pending != 0 {
-        return false;
+        return;
     }
     bufs.release(std::mem::replace(&mut r.claim, Claim::None));
     let res = match r.status {
@@ -252,9 +213,7 @@ pub(super) fn complete(
         }),
     };
     f(r.tag, res);
-    r.next_free = reqs.free;
-    reqs.free = idx;
-    true
+    r.release();
 }
 
 #[cfg(test)]
@@ -267,47 +226,43 @@ mod tests {
     }
 
     /// Starts a request of `pending` commands on the next entry; its index.
-    fn start(r: &mut Requests, tag: u64, pending: u32, len: usize) -> u32 {
+    fn begin(r: &mut Requests, tag: u64, pending: u32, len: usize) -> u32 {
         let idx = r.next();
-        r.start(idx, tag, pending, len, NvmOpcode::Read, Claim::None);
+        start(r, idx, tag, pending, len, NvmOpcode::Read, Claim::None);
         idx
     }
 
-    #[test]
-    fn a_freed_entry_is_the_next_one_taken_and_the_table_grows_only_when_none_is_free() {
-        let (mut r, mut b) = (Requests::with_capacity(4), Buffers::default());
-        let mut done = Vec::new();
-        let mut f = |tag, res: Result<usize>| done.push((tag, res.unwrap()));
-        let (a, c) = (start(&mut r, 1, 1, 4096), start(&mut r, 2, 1, 4096));
-        assert_eq!((a, c, r.entries.len()), (0, 1, 2));
-        assert!(complete(&mut r, &mut b, &mut f, Owner::Own(c), &cqe(0, 0), false));
-        assert_eq!(r.next(), c, "the most recently freed entry, warm");
-        assert!(complete(&mut r, &mut b, &mut f, Owner::Own(a), &cqe(0, 0), false));
-        assert_eq!(r.next(), a);
-        let (x, y) = (start(&mut r, 3, 1, 512), start(&mut r, 4, 1, 512));
-        assert_eq!((x, y), (a, c), "the chain in order, most recent first");
-        assert_eq!(r.next(), 2, "none free: a new entry");
-        assert_eq!(r.entries.len(), 2);
-        assert_eq!(done, vec![(2, 4096), (1, 4096)]);
+    /// [`complete`]; whether the request ended (its entry freed).
+    fn ends(
+        r: &mut Requests,
+        b: &mut Buffers,
+        f: &mut impl FnMut(u64, Result<usize>),
+        owner: Owner,
+        cqe: &Cqe,
+        short: bool,
+    ) -> bool {
+        let before = r.in_use();
+        complete(r, b, f, owner, cqe, short);
+        r.in_use() < before
     }
 
     #[test]
     fn a_request_ends_with_its_last_command_and_keeps_its_first_error() {
-        let (mut r, mut b) = (Requests::with_capacity(4), Buffers::default());
+        let (mut r, mut b) = (RequestTable::with_capacity(4), Buffers::default());
         let mut done = Vec::new();
         let mut f = |tag, res: Result<usize>| done.push((tag, res));
-        let i = start(&mut r, 7, 3, 3 * 4096);
+        let i = begin(&mut r, 7, 3, 3 * 4096);
         let bad = Status::generic(0x04).to_field(false);
         let worse = Status::generic(0x06).to_field(false);
-        assert!(!complete(&mut r, &mut b, &mut f, Owner::Own(i), &cqe(0, 0), false));
-        assert!(!complete(&mut r, &mut b, &mut f, Owner::Own(i), &cqe(bad, 0), false));
-        assert!(complete(&mut r, &mut b, &mut f, Owner::Own(i), &cqe(worse, 0), false));
+        assert!(!ends(&mut r, &mut b, &mut f, Owner::Own(i), &cqe(0, 0), false));
+        assert!(!ends(&mut r, &mut b, &mut f, Owner::Own(i), &cqe(bad, 0), false));
+        assert!(ends(&mut r, &mut b, &mut f, Owner::Own(i), &cqe(worse, 0), false));
         // A completion for it after the end: counted as late, nothing reported.
-        assert!(!complete(&mut r, &mut b, &mut f, Owner::Own(i), &cqe(0, 0), false));
+        assert!(!ends(&mut r, &mut b, &mut f, Owner::Own(i), &cqe(0, 0), false));
         // A read that met the end of a file: the bytes not moved come off.
-        let j = start(&mut r, 8, 2, 8192);
-        assert!(!complete(&mut r, &mut b, &mut f, Owner::Own(j), &cqe(0, 0), true));
-        assert!(complete(&mut r, &mut b, &mut f, Owner::Own(j), &cqe(0, 1000), true));
+        let j = begin(&mut r, 8, 2, 8192);
+        assert!(!ends(&mut r, &mut b, &mut f, Owner::Own(j), &cqe(0, 0), true));
+        assert!(ends(&mut r, &mut b, &mut f, Owner::Own(j), &cqe(0, 1000), true));
         assert_eq!(done.len(), 2);
         match &done[0] {
             (7, Err(Error::Nvme { status, .. })) => assert_eq!(*status, Status::from_field(bad), "the first error"),
@@ -323,13 +278,13 @@ mod tests {
         /// flight at once.
         #[test]
         fn any_order_reports_each_request_once(ops in proptest::collection::vec((any::<bool>(), 1u32..5, any::<u16>()), 1..200)) {
-            let (mut r, mut b) = (Requests::with_capacity(8), Buffers::default());
+            let (mut r, mut b) = (RequestTable::with_capacity(8), Buffers::default());
             let mut inflight: Vec<(u32, u64, u32)> = Vec::new(); // (entry, tag, commands left)
             let (mut next_tag, mut peak) = (0u64, 0usize);
             let mut reported: Vec<u64> = Vec::new();
             for (submit, commands, pick) in ops {
                 if submit || inflight.is_empty() {
-                    let idx = start(&mut r, next_tag, commands, 4096);
+                    let idx = begin(&mut r, next_tag, commands, 4096);
                     prop_assert!(inflight.iter().all(|&(e, _, _)| e != idx), "entry {idx} handed out twice");
                     inflight.push((idx, next_tag, commands));
                     next_tag += 1;
@@ -338,7 +293,7 @@ mod tests {
                     let k = pick as usize % inflight.len();
                     let (idx, tag, left) = inflight[k];
                     let mut got = None;
-                    let ended = complete(&mut r, &mut b, &mut |t, res: Result<usize>| got = Some((t, res.is_ok())), Owner::Own(idx), &cqe(0, 0), false);
+                    let ended = ends(&mut r, &mut b, &mut |t, res: Result<usize>| got = Some((t, res.is_ok())), Owner::Own(idx), &cqe(0, 0), false);
                     prop_assert_eq!(ended, left == 1);
                     if left == 1 {
                         prop_assert_eq!(got, Some((tag, true)));
@@ -349,7 +304,7 @@ mod tests {
                         inflight[k].2 -= 1;
                     }
                 }
-                prop_assert!(r.entries.len() <= peak);
+                prop_assert!(r.len() <= peak);
             }
             let mut sorted = reported.clone();
             sorted.sort_unstable();

@@ -7,6 +7,7 @@
 use super::{Inner, Part, Volume};
 use crate::batch::{batch_context, Batch, BatchContext, BatchIo, BatchIov, BatchOp, LOOK_EVERY};
 use crate::engine::batch::RequestStats;
+use crate::engine::requests::RequestTable;
 use crate::engine::{BatchEvent, BatchStatus};
 use crate::handle::Segment;
 use std::sync::Arc;
@@ -39,9 +40,8 @@ impl std::fmt::Debug for VolumeBatch {
 
 #[derive(Default)]
 struct State {
-    /// Requests by slot; a free slot is `None`.
-    reqs: Vec<Option<Req>>,
-    free: Vec<usize>,
+    /// Requests by slot; a free slot's value is `None`.
+    reqs: RequestTable<Option<Req>>,
     /// Parts on each member's context.
     parts_out: Vec<usize>,
     /// Requests ended, their events not yet collected.
@@ -58,21 +58,12 @@ struct State {
 impl State {
     /// Requests submitted whose events have not been collected.
     fn outstanding(&self) -> usize {
-        self.reqs.iter().filter(|r| r.is_some()).count() + self.done.len()
+        self.reqs.in_use() + self.done.len()
     }
 
     /// Puts `req` in a free slot; its slot.
     fn start(&mut self, req: Req) -> usize {
-        match self.free.pop() {
-            Some(s) => {
-                self.reqs[s] = Some(req);
-                s
-            }
-            None => {
-                self.reqs.push(Some(req));
-                self.reqs.len() - 1
-            }
-        }
+        self.reqs.insert(Some(req)) as usize
     }
 }
 
@@ -330,7 +321,7 @@ impl VolumeBatch {
             Ok(()) => st.parts_out[m] += cookies.len(),
             Err(e) => {
                 for cookie in cookies {
-                    let r = st.reqs[(cookie >> 32) as usize].as_mut().expect("just started");
+                    let r = st.reqs[(cookie >> 32) as u32].as_mut().expect("just started");
                     r.fail(m, BatchStatus::Failed, e.clone());
                     r.pending -= 1;
                 }
@@ -341,11 +332,11 @@ impl VolumeBatch {
     /// Moves request `slot` to the collectable events once its last part
     /// has ended.
     fn finish_if_done(st: &mut State, v: &Inner, slot: usize) {
-        if st.reqs[slot].as_ref().is_none_or(|r| r.pending > 0) {
+        if st.reqs[slot as u32].as_ref().is_none_or(|r| r.pending > 0) {
             return;
         }
-        let r = st.reqs[slot].take().expect("checked");
-        st.free.push(slot);
+        let r = st.reqs[slot as u32].take().expect("checked");
+        st.reqs.release(slot as u32);
         let ev = match r.failure {
             Some((m, status, e)) => BatchEvent { cookie: r.cookie, status, result: Err(v.member_error(m, e)) },
             None if r.moved == r.len => {
@@ -407,7 +398,7 @@ impl VolumeBatch {
                 for ev in evs.drain(..) {
                     st.parts_out[m] -= 1;
                     let slot = (ev.cookie >> 32) as usize;
-                    let Some(r) = st.reqs[slot].as_mut() else { continue };
+                    let Some(r) = st.reqs[slot as u32].as_mut() else { continue };
                     r.pending -= 1;
                     match ev.result {
                         Ok(n) => r.moved += n,
@@ -420,7 +411,7 @@ impl VolumeBatch {
             let take = st.done.len().min(max - got);
             out.extend(st.done.drain(..take));
             got += take;
-            let waiting = st.reqs.iter().any(|r| r.is_some());
+            let waiting = st.reqs.in_use() > 0;
             drop(st);
             if got >= min_nr || got == max || (!waiting && !busy) {
                 return Ok(got);

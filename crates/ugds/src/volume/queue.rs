@@ -17,14 +17,12 @@ use super::{Inner, Piece, Volume};
 use crate::batch::BatchOp;
 use crate::handle::Segment;
 use crate::io_queue::IoQueue;
+use crate::engine::requests::RequestTable;
 use crate::registry::BufferToken;
 use std::time::Duration;
 use ugds_platform::sys::EventFd;
 use ugds_platform::sys::PAGE_SIZE;
 use ugds_platform::{Error, Result};
-
-/// No entry: the end of the free chain.
-const NO_ENTRY: u32 = u32::MAX;
 
 /// A volume request on the members' queues.
 struct Req {
@@ -36,8 +34,6 @@ struct Req {
     moved: usize,
     /// The failure of the first member, in member order, that failed.
     failure: Option<(usize, Error)>,
-    /// The next free entry while this one is free.
-    next_free: u32,
 }
 
 /// Asynchronous I/O on a volume for one thread; see the module docs.
@@ -46,10 +42,8 @@ struct Req {
 pub struct VolumeQueue<'v> {
     volume: &'v Inner,
     members: Vec<IoQueue<'v>>,
-    reqs: Vec<Req>,
-    /// The first free entry of `reqs`, or [`NO_ENTRY`].
-    free: u32,
-    outstanding: usize,
+    /// Requests staged and not yet reported, by the tag their pieces carry.
+    reqs: RequestTable<Req>,
     /// One request's pieces (no allocation per request once grown).
     pieces: Vec<Piece>,
 }
@@ -58,7 +52,7 @@ impl std::fmt::Debug for VolumeQueue<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VolumeQueue")
             .field("members", &self.members.len())
-            .field("outstanding", &self.outstanding)
+            .field("outstanding", &self.reqs.in_use())
             .finish_non_exhaustive()
     }
 }
@@ -75,14 +69,14 @@ impl Volume {
             .enumerate()
             .map(|(m, h)| h.io_queue().map_err(|e| v.member_error(m, e)))
             .collect::<Result<Vec<_>>>()?;
-        Ok(VolumeQueue { volume: v, members, reqs: Vec::new(), free: NO_ENTRY, outstanding: 0, pieces: Vec::new() })
+        Ok(VolumeQueue { volume: v, members, reqs: RequestTable::default(), pieces: Vec::new() })
     }
 }
 
 impl VolumeQueue<'_> {
     /// Requests submitted and not yet reported by [`poll`](Self::poll).
     pub fn outstanding(&self) -> usize {
-        self.outstanding
+        self.reqs.in_use()
     }
 
     /// Whether any member's queue is a context on its handle's shared
@@ -137,12 +131,9 @@ impl VolumeQueue<'_> {
         if let Some((m, at)) = v.single_piece(file_offset, size as u64) {
             let slot = self.start(tag, size, 1);
             return match stage(&mut self.members[m], op, buf, size, at, buf_offset, slot) {
-                Ok(()) => {
-                    self.outstanding += 1;
-                    Ok(())
-                }
+                Ok(()) => Ok(()),
                 Err(e) => {
-                    self.free_entry(slot);
+                    self.reqs.release(slot);
                     Err(refusal(v, m, e, op, buf, size, file_offset, buf_offset))
                 }
             };
@@ -192,7 +183,7 @@ impl VolumeQueue<'_> {
             match stage(&mut self.members[m], op, buf, len, p.member_offset, buf_offset + p.at as usize, slot) {
                 Ok(()) => staged += 1,
                 Err(e) => {
-                    let r = &mut self.reqs[slot as usize];
+                    let r = &mut self.reqs[slot];
                     r.pending -= 1;
                     fail(r, m, e.clone());
                     refused.get_or_insert((m, e));
@@ -202,31 +193,16 @@ impl VolumeQueue<'_> {
         self.pieces = pieces;
         if staged == 0 {
             // Nothing reached a member: refused as a whole.
-            self.free_entry(slot);
+            self.reqs.release(slot);
             let (m, e) = refused.expect("a request has pieces");
             return Err(member_error(v, m, e));
         }
-        self.outstanding += 1;
         Ok(())
     }
 
     /// Takes a free entry for a request of `pieces` pieces.
     fn start(&mut self, tag: u64, len: usize, pieces: u32) -> u32 {
-        let fresh = Req { tag, len, pending: pieces, moved: 0, failure: None, next_free: NO_ENTRY };
-        if self.free == NO_ENTRY {
-            self.reqs.push(fresh);
-            return self.reqs.len() as u32 - 1;
-        }
-        let slot = self.free;
-        let r = &mut self.reqs[slot as usize];
-        self.free = r.next_free;
-        *r = fresh;
-        slot
-    }
-
-    fn free_entry(&mut self, slot: u32) {
-        self.reqs[slot as usize].next_free = self.free;
-        self.free = slot;
+        self.reqs.insert(Req { tag, len, pending: pieces, moved: 0, failure: None })
     }
 
     /// Tells every member's controller about what is staged on it.
@@ -240,14 +216,14 @@ impl VolumeQueue<'_> {
     /// completion found is reported.)
     pub fn poll(&mut self, max: usize, mut f: impl FnMut(u64, Result<usize>)) -> usize {
         let _ = max;
-        let VolumeQueue { volume, members, reqs, free, .. } = self;
+        let VolumeQueue { volume, members, reqs, .. } = self;
         let mut done = 0;
         for (m, q) in members.iter_mut().enumerate() {
             if q.outstanding() == 0 {
                 continue;
             }
             q.poll(usize::MAX, |slot, res| {
-                let r = &mut reqs[slot as usize];
+                let r = &mut reqs[slot as u32];
                 match res {
                     Ok(n) => r.moved += n,
                     Err(e) => fail(r, m, e),
@@ -255,13 +231,11 @@ impl VolumeQueue<'_> {
                 r.pending -= 1;
                 if r.pending == 0 {
                     f(r.tag, ended(volume, r));
-                    r.next_free = *free;
-                    *free = slot as u32;
+                    reqs.release(slot as u32);
                     done += 1;
                 }
             });
         }
-        self.outstanding -= done;
         done
     }
 
@@ -303,7 +277,7 @@ impl VolumeQueue<'_> {
     /// ends its own late pieces, as [`IoQueue::drain`] says).
     /// [`Error::Wedged`] when a member's queue was given up on.
     pub fn drain(&mut self, mut f: impl FnMut(u64, Result<usize>)) -> Result<()> {
-        while self.outstanding > 0 {
+        while self.reqs.in_use() > 0 {
             if self.poll(usize::MAX, &mut f) == 0 {
                 // A queue given up on has reported all it had; with nothing
                 // left on a live one, nothing more will come.

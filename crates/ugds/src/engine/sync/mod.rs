@@ -26,6 +26,7 @@ mod wait;
 use super::contexts::BatchTable;
 use super::qpair::CqView;
 use super::queue::QueuePair;
+use super::requests::RequestTable;
 use super::stats::QueueCounters;
 use super::tracker::Owner;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -127,8 +128,10 @@ const STATUS_SET: u32 = 1 << 31;
 /// What the queue pair's lock guards.
 pub(crate) struct State {
     pub qp: QueuePair,
-    /// Free request slots.
-    free: Vec<u32>,
+    /// Which request slots are free: the queue's request table, whose
+    /// entries' bodies are the atomics in [`SyncQueue`]'s `slots` (a caller
+    /// waits on its own without the lock).
+    requests: RequestTable<()>,
     /// Batch contexts using this queue pair (see [`super::batch`]).
     pub batch: BatchTable,
 }
@@ -251,7 +254,7 @@ impl SyncQueue {
             None => None,
         };
         Ok(SyncQueue {
-            state: Mutex::new(State { qp, free: (0..n).rev().collect(), batch: BatchTable::default() }),
+            state: Mutex::new(State { qp, requests: RequestTable::filled(n, || ()), batch: BatchTable::default() }),
             slots: (0..n).map(|_| Slot::default()).collect(),
             cq,
             cursor: AtomicU32::new(head << 1 | phase as u32),
@@ -486,7 +489,7 @@ impl SyncQueue {
         let slot = loop {
             let after_cap = std::mem::take(&mut capped);
             let mut st = self.lock();
-            if let Some(s) = st.free.pop() {
+            if let Some(s) = st.requests.take() {
                 self.note_look(after_cap, true);
                 self.slots[s as usize].pending.store(0, Ordering::Relaxed);
                 self.slots[s as usize].status.store(0, Ordering::Relaxed);
@@ -591,7 +594,7 @@ impl SyncQueue {
     /// Frees a finished request's slot; its first error status, if any, is
     /// the result, else the bytes not moved.
     fn release_slot(&self, st: &mut State, slot: u32, op: &'static str) -> Result<u64> {
-        st.free.push(slot);
+        st.requests.release(slot);
         let s = &self.slots[slot as usize];
         let bytes = s.bytes.load(Ordering::Relaxed);
         self.load.set(self.load.get().saturating_sub(bytes));
