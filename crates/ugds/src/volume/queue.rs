@@ -15,9 +15,9 @@
 
 use super::{Inner, Piece, Volume};
 use crate::batch::BatchOp;
+use crate::engine::requests::RequestTable;
 use crate::handle::Segment;
 use crate::io_queue::IoQueue;
-use crate::engine::requests::RequestTable;
 use crate::registry::BufferToken;
 use std::time::Duration;
 use ugds_platform::sys::EventFd;
