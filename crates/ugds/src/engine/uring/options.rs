@@ -25,13 +25,15 @@ pub enum KernelRing {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum CachePolicy {
-    /// Reads are tried in the page cache first, without waiting
-    /// (`RWF_NOWAIT`): data the cache holds comes from it at memory speed,
-    /// the rest from the disk with `O_DIRECT`. Once a read has missed,
-    /// each read asks the kernel what is cached (`cachestat`) before it
-    /// tries, so cold data goes direct at once (where the kernel has no
-    /// `cachestat`: after 16 misses in a row only every 16th read tries).
-    /// Writes are direct. The default.
+    /// Reads whose data the page cache holds come from it at memory speed
+    /// (a buffered read that does not wait, `RWF_NOWAIT`), the rest from
+    /// the disk with `O_DIRECT`, which leaves the cache as it was. A read
+    /// asks the kernel what is cached (`cachestat`) before it tries, so
+    /// that cold data goes direct at once and starts no readahead; after
+    /// 16 hits in a row only one read in 8 asks. Where the kernel has no
+    /// `cachestat` (before Linux 6.5) reads try the cache, and after 16
+    /// misses in a row only every 16th does. Writes are direct. The
+    /// default.
     #[default]
     Auto,
     /// Reads and writes with `O_DIRECT` where memory, offset and size are

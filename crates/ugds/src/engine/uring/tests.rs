@@ -280,9 +280,8 @@ fn after_a_miss_auto_asks_the_page_cache_before_trying_it() {
     let mut f = fixture("cold", false);
     f.q.set_cache_policy(CachePolicy::Auto);
     let path = f.dir.join("data");
-    // Evicted before each read: only the first read tries the cache (and
-    // its miss starts the kernel's readahead); the others ask first
-    // (cachestat) and go to the disk directly.
+    // Evicted before each read: each asks first (cachestat) and goes to
+    // the disk directly.
     for i in 0..64u64 {
         evict(&path);
         read_checked(&mut f.q, &[i * 16384], 4096);
@@ -309,6 +308,43 @@ fn after_a_miss_auto_asks_the_page_cache_before_trying_it() {
     let _ = std::fs::read(&path).unwrap();
     read_checked(&mut f.q, &[0], 4096);
     assert_eq!(c.cache_hits.get(), 1);
+}
+
+#[test]
+fn a_run_of_hits_tries_without_asking_and_a_canary_ends_it_when_the_data_goes_cold() {
+    let mut f = fixture("canary", false);
+    f.q.set_cache_policy(CachePolicy::Auto);
+    let path = f.dir.join("data");
+    if f.q.platform.cached_pages(0, 4096).is_none() {
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            b"SKIPPED: no cachestat here: reads try the cache without asking (tested above)\n",
+        );
+        return;
+    }
+    let mem = ugds_platform::sys::Anonymous::populated(4096).unwrap();
+    let addr = mem.as_ptr() as u64;
+    // Where a read of 4 KiB at `off` would go now: tried in the cache
+    // without waiting, or direct.
+    let place = |q: &mut UringQueue, off: u64| {
+        let mut t = q.transfer(&rw(NvmOpcode::Read, off, 4096, addr), Some(addr));
+        q.place(&mut t);
+        t.nowait
+    };
+    // Just written: cached. 16 reads served by the cache in a row.
+    let hits: Vec<u64> = (0..CACHE_HOT_RUN as u64).map(|i| i * 4096).collect();
+    read_checked(&mut f.q, &hits, 4096);
+    assert_eq!(f.q.counters().cache_hits.get(), CACHE_HOT_RUN as u64);
+    // Gone cold, and a deep batch placed at once (no completion between):
+    // tries without asking until the next canary, then every read asks
+    // and goes direct.
+    evict(&path);
+    let tried: Vec<bool> = (0..64u64).map(|i| place(&mut f.q, i * 16384)).collect();
+    let blind = tried.iter().take_while(|&&t| t).count();
+    assert!(blind < CACHE_CANARY as usize, "{blind} tries before a canary asked");
+    assert!(tried[blind..].iter().all(|&t| !t), "a read tried the cache after the canary found it cold: {tried:?}");
+    // Without a run of hits every read asks: cold data is never tried.
+    assert!((0..64u64).all(|i| !place(&mut f.q, i * 16384)));
 }
 
 #[test]
