@@ -434,6 +434,29 @@ impl Cuda {
         Ok((host as usize, dev))
     }
 
+    /// As [`alloc_mapped`](Self::alloc_mapped), in memory another process
+    /// can map (a memfd, listed as shared memory), pinned and mapped for
+    /// the device by registration: the staging blocks of a process attached
+    /// to a controller another process owns, whose memory that owner maps
+    /// for its controller (pinned memory of the runtime's own is private
+    /// to this process). Freed by nobody either.
+    fn alloc_mapped_shared(&self, len: usize) -> Result<(usize, u64)> {
+        let mem = ugds_platform::sys::shared::SharedMemory::new(len)?;
+        let host = mem.as_ptr().cast::<c_void>();
+        let flags = MEMHOSTALLOC_PORTABLE | MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: `len` bytes of page-aligned memory of ours, never unmapped
+        // once registered (forgotten below).
+        self.check("cuMemHostRegister", unsafe { (self.api.mem_host_register)(host, len, flags) })?;
+        // Kept mapped and listed for the process's life: the device and the
+        // owner's controller may reach it from now on.
+        std::mem::forget(mem);
+        let mut dev = 0u64;
+        // SAFETY: `host` is registered, device-mapped memory of this context.
+        let r = unsafe { (self.api.mem_host_get_device_pointer)(&mut dev, host, 0) };
+        self.check("cuMemHostGetDevicePointer", r)?;
+        Ok((host as usize, dev))
+    }
+
     /// The stream [`DeviceBuffer::upload`] copies on in the current
     /// context, created at its first use and kept.
     #[cfg_attr(not(feature = "gpu-tools"), allow(dead_code))]

@@ -226,6 +226,12 @@ impl StreamBackend for CudaStreamBackend {
 
     fn alloc_stage(&self, len: usize) -> Result<(usize, u64)> {
         debug_assert!(len > STAGE_HEADER);
+        // A block is registered for I/O: in a process attached to another's
+        // controller, that owner maps it for the device, which it can only
+        // do with shared memory.
+        if ugds_platform::sys::shared::sharing() {
+            return self.cuda.with_context(self.ctx as Ctx, || self.cuda.alloc_mapped_shared(len));
+        }
         self.alloc_mapped(len)
     }
 
