@@ -67,9 +67,17 @@ fn main() -> ugds::Result<()> {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     for pass in 0..3u64 {
         let (first, steady) = rounds(&h, &tok, |_, i| i * 8192)?;
-        println!("pass {pass}: batch 128 x 4 KiB, same offsets: first {:.3} ms, steady median {:.3} ms", ms(first), ms(steady));
+        println!(
+            "pass {pass}: batch 128 x 4 KiB, same offsets: first {:.3} ms, steady median {:.3} ms",
+            ms(first),
+            ms(steady)
+        );
         let (first, steady) = rounds(&h, &tok, |rep, i| fresh_offset(rep + pass * 21, i, blocks))?;
-        println!("pass {pass}: batch 128 x 4 KiB, new offsets each: first {:.3} ms, steady median {:.3} ms", ms(first), ms(steady));
+        println!(
+            "pass {pass}: batch 128 x 4 KiB, new offsets each: first {:.3} ms, steady median {:.3} ms",
+            ms(first),
+            ms(steady)
+        );
     }
     let stats = h.queue_stats();
     let (hits, misses) = stats.iter().fold((0, 0), |(h, m), q| (h + q.cache_hits, m + q.cache_misses));

@@ -39,7 +39,8 @@ impl HostBuffer {
         let mem = if sharing() {
             Memory::Shared(SharedMemory::new(len.max(1))?)
         } else {
-            Memory::Private(Anonymous::new(len.max(1))?)
+            // Huge pages where the buffer is large enough (Anonymous::huge).
+            Memory::Private(Anonymous::huge(len.max(1), false)?)
         };
         Ok(HostBuffer { mem, len })
     }

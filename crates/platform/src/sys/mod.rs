@@ -47,6 +47,64 @@ impl Anonymous {
         Anonymous::map(len, libc::MAP_POPULATE)
     }
 
+    /// As [`new`](Self::new) (with every page faulted in now when
+    /// `populate`), for I/O buffers of 2 MiB and more: aligned to 2 MiB and
+    /// advised for transparent huge pages (`MADV_HUGEPAGE`, which the
+    /// kernel may decline). A read with `O_DIRECT` into such memory pins a
+    /// few huge pages instead of a page per 4 KiB, and its pieces are
+    /// physically contiguous (measured on the kernel path: 1 and 16 MiB
+    /// reads 20-35% faster into such a buffer than into plain pages;
+    /// docs/benchmarks.md). Smaller lengths get [`new`](Self::new)'s pages.
+    pub fn huge(len: usize, populate: bool) -> Result<Anonymous> {
+        const HUGE: usize = 2 << 20;
+        if len < HUGE {
+            return Anonymous::map(len, if populate { libc::MAP_POPULATE } else { 0 });
+        }
+        let len = len.next_multiple_of(PAGE_SIZE);
+        let span = len + HUGE;
+        // SAFETY: a fresh private anonymous mapping touches no existing memory.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                span,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::os("mmap"));
+        }
+        let (start, aligned) = (p as usize, (p as usize).next_multiple_of(HUGE));
+        // SAFETY: the parts of our own fresh mapping before and after the
+        // aligned `len` bytes, which nothing refers to; then advice on
+        // those `len` bytes.
+        unsafe {
+            if aligned > start {
+                libc::munmap(p, aligned - start);
+            }
+            let tail = start + span - (aligned + len);
+            if tail > 0 {
+                libc::munmap((aligned + len) as *mut libc::c_void, tail);
+            }
+            // Advice only: without transparent huge pages the memory is
+            // plain pages, as `new` gives.
+            libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
+        }
+        let mem = Anonymous { ptr: NonNull::new(aligned as *mut u8).expect("mmap returned null"), len };
+        if populate {
+            // SAFETY: zeroed memory of ours: writing zeros changes no byte,
+            // and faults each page in (a huge page at its first byte).
+            unsafe {
+                for off in (0..len).step_by(PAGE_SIZE) {
+                    mem.as_ptr().add(off).write_volatile(0);
+                }
+            }
+        }
+        Ok(mem)
+    }
+
     fn map(len: usize, extra: libc::c_int) -> Result<Anonymous> {
         let len = len.max(1).next_multiple_of(PAGE_SIZE);
         // SAFETY: a fresh private anonymous mapping touches no existing memory.
@@ -349,6 +407,28 @@ mod tests {
         assert_eq!(a.as_ptr() as usize % PAGE_SIZE, 0);
         // SAFETY: the mapping is live and readable for its length.
         assert_eq!(unsafe { *a.as_ptr().add(100) }, 0);
+    }
+
+    #[test]
+    fn huge_memory_is_aligned_to_2_mib_zeroed_and_exactly_its_length() {
+        for (len, populate) in [(2 << 20, true), ((5 << 20) + 4096, false), (8192, true)] {
+            let a = Anonymous::huge(len, populate).unwrap();
+            assert_eq!(a.len(), len.next_multiple_of(PAGE_SIZE));
+            let align = if len >= 2 << 20 { 2 << 20 } else { PAGE_SIZE };
+            assert_eq!(a.as_ptr() as usize % align, 0, "{len}");
+            // SAFETY: the mapping is live and readable for its length.
+            unsafe {
+                assert_eq!(*a.as_ptr().add(len - 1), 0);
+                a.as_ptr().add(len - 1).write(7);
+            }
+            // The trimmed ends are unmapped: the mapping is its length, no more.
+            let page_after = a.as_ptr() as usize + a.len();
+            // SAFETY: mincore only asks about the range; ENOMEM says unmapped.
+            let r = unsafe { libc::mincore(page_after as *mut libc::c_void, PAGE_SIZE, [0u8; 1].as_mut_ptr()) };
+            if len >= 2 << 20 {
+                assert_eq!(r, -1, "{len}: the tail past the buffer stays mapped");
+            }
+        }
     }
 
     #[test]

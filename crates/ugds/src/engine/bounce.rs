@@ -53,7 +53,7 @@ pub(crate) fn take(len: usize, runtime: &dyn DeviceRuntime) -> Result<Bounce> {
     }
     let size = 4096usize << class;
     let slab_len = size.max(SLAB);
-    let mem = ugds_platform::sys::Anonymous::populated(slab_len)?;
+    let mem = ugds_platform::sys::Anonymous::huge(slab_len, true)?;
     let base = mem.as_ptr();
     // Kept for the process: the pool hands its buffers out again, rings
     // keep it registered, and unpinning would wait for the device.
