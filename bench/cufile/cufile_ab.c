@@ -14,7 +14,9 @@
  *
  * Usage: cufile_ab FILE [gpu|host] [SECONDS] [ROUNDS]
  *   gpu: CUDA device memory (libcuda.so.1, the primary context of device 0);
- *   host: page-aligned host memory. SECONDS per side, size and round
+ *   host: host memory, 2 MiB-aligned huge pages for every side (or plain
+ *   pages for the side CUFILE_AB_PLAIN_SIDE names: how much the placement
+ *   of a buffer weighs). SECONDS per side, size and round
  *   [0.5]; ROUNDS [5], the order of the sides rotated each round.
  * Prints every measurement, then per size each side's median MiB/s and
  * the ratios cufile/nvidia and cufile/api, as `RESULT key value unit`.
@@ -77,7 +79,7 @@ static int cuda_start(void) {
     return 0;
 }
 
-static void *alloc_buffer(int gpu) {
+static void *alloc_buffer(int gpu, const char *side) {
     if (gpu) {
         uint64_t p = 0;
         return cu_mem_alloc(&p, BUF) == 0 ? (void *)(uintptr_t)p : NULL;
@@ -86,6 +88,12 @@ static void *alloc_buffer(int gpu) {
      * asked for, touched. (posix_memalign left the first buffer of a
      * process slower to read into than the later ones, by up to 30% at
      * 1 MiB on the development machine: where its pages fell.) */
+    const char *plain = getenv("CUFILE_AB_PLAIN_SIDE");
+    if (plain && strcmp(plain, side) == 0) {
+        void *q = NULL;
+        printf("side %s: host buffer on plain pages (posix_memalign)\n", side);
+        return posix_memalign(&q, 4096, BUF) == 0 ? memset(q, 0, BUF) : NULL;
+    }
     size_t huge = 2 * MIB;
     uint8_t *m = mmap(NULL, BUF + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) return NULL;
@@ -140,7 +148,7 @@ static int open_cufile_side(struct side *s, const char *env, const char *path, i
         printf("side %s: left out (cuFileHandleRegister: %d, errno %d)\n", s->name, (int)e.err, errno);
         return -1;
     }
-    s->buf = alloc_buffer(gpu);
+    s->buf = alloc_buffer(gpu, s->name);
     if (!s->buf || (e = buf_reg(s->buf, BUF, 0)).err != CU_FILE_SUCCESS) {
         printf("side %s: left out (no registered buffer: %d)\n", s->name, s->buf ? (int)e.err : -1);
         return -1;
@@ -177,7 +185,7 @@ static int open_api_side(struct side *s, const char *path, int gpu) {
         printf("side api: left out (uGDSHandleRegister failed)\n");
         return -1;
     }
-    s->buf = alloc_buffer(gpu);
+    s->buf = alloc_buffer(gpu, s->name);
     if (!s->buf || buf_reg(s->buf, BUF, 0).err != UGDS_SUCCESS) {
         printf("side api: left out (no registered buffer)\n");
         return -1;
