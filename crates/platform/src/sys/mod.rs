@@ -147,6 +147,23 @@ impl Drop for Anonymous {
     }
 }
 
+/// Faults in every page of `len` bytes at `addr` now (`MADV_POPULATE_WRITE`,
+/// Linux 5.14; `MADV_POPULATE_READ` where the memory is not writable),
+/// without changing a byte: what pinning the range for a device's writes
+/// would fault in anyway, paid here instead. False where the kernel did
+/// not (an older kernel, memory it cannot populate): the pages then fault
+/// in at their first use.
+///
+/// # Safety
+/// `len` bytes at `addr` are mapped memory of this process.
+pub unsafe fn populate(addr: *mut u8, len: usize) -> bool {
+    // SAFETY: advice on the caller's mapped range; it changes no content.
+    unsafe {
+        libc::madvise(addr.cast(), len, libc::MADV_POPULATE_WRITE) == 0
+            || libc::madvise(addr.cast(), len, libc::MADV_POPULATE_READ) == 0
+    }
+}
+
 /// A shared read-write mapping of `len` bytes of a device file at `offset`
 /// (a BAR, or DMA memory a kernel driver lends); `what` names it in errors.
 pub(crate) fn mmap_shared(fd: &OwnedFd, len: usize, offset: u64, what: &'static str) -> Result<NonNull<u8>> {
