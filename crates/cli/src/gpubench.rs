@@ -89,6 +89,7 @@ fn run(t: &TargetOpts, per_size: Duration, compute_us: u64, opts: HandleOptions,
     // as in the cuFile benchmark.
     let gpu = cuda.alloc(64 * MIB)?;
 
+    let faults0 = page_faults();
     let t0 = Instant::now();
     let target = target::open(t).map_err(ugds::Error::Platform)?;
     let driver = Driver::open();
@@ -100,6 +101,7 @@ fn run(t: &TargetOpts, per_size: Duration, compute_us: u64, opts: HandleOptions,
     let t_reg = t0.elapsed();
     h.read(&tok, 4096, 0, 0)?;
     let t_first = t0.elapsed();
+    let faults = page_faults().zip(faults0).map(|((min1, maj1), (min0, maj0))| (min1 - min0, maj1 - maj0));
     println!("target: {}", target.description);
     println!(
         "set-up: driver open {:.3} ms, handle {:.3} ms, 64 MiB GPU buffer registered {:.3} ms, first 4 KiB read done at {:.3} ms",
@@ -108,6 +110,11 @@ fn run(t: &TargetOpts, per_size: Duration, compute_us: u64, opts: HandleOptions,
         ms(t_reg - t_handle),
         ms(t_first)
     );
+    // Major faults read the binary's or a library's pages from the disk:
+    // after the page cache is dropped, code run for the first time.
+    if let Some((minor, major)) = faults {
+        println!("set-up page faults: {major} major, {minor} minor");
+    }
     result(&key("setup_total"), ms(t_first), "ms");
     result(&key("setup_buf_register"), ms(t_reg - t_handle), "ms");
 
@@ -570,4 +577,14 @@ fn median(v: &mut [f64]) -> f64 {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
+}
+
+/// The process's minor and major page faults so far (`/proc/self/stat`).
+fn page_faults() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (in parentheses, which may hold spaces):
+    // state is field 3; minflt is 10, majflt 12.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    Some((f.get(7)?.parse().ok()?, f.get(9)?.parse().ok()?))
 }

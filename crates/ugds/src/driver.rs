@@ -107,13 +107,26 @@ impl Driver {
 
     fn open_controller(&self, ctrl: Controller, opts: HandleOptions) -> Result<Handle> {
         let id = NEXT_HANDLE.fetch_add(1, Ordering::Relaxed);
+        let t0 = std::time::Instant::now();
         let inner = HandleInner::new(id, self.inner.clone(), ctrl, opts)?;
         let inner = Arc::new(inner);
+        let t_queues = t0.elapsed();
         crate::stream_ops::start_engine(&inner)?;
+        let t_engine = t0.elapsed();
         inner.start_publishing()?;
         let mut handles = self.inner.handles.lock().recover();
         let platform = inner.platform().clone();
+        let t_map = t0.elapsed();
         let mapped = self.inner.registry.for_each(|e| e.map_for(id, &platform));
+        // Where an open's time goes (`UGDS_LOG=debug`).
+        tracing::debug!(
+            handle = id,
+            queues_us = t_queues.as_micros() as u64,
+            stream_engine_us = (t_engine - t_queues).as_micros() as u64,
+            publishing_us = (t_map - t_engine).as_micros() as u64,
+            registrations_us = (t0.elapsed() - t_map).as_micros() as u64,
+            "handle opened"
+        );
         if let Err(e) = mapped {
             self.inner.registry.for_each(|e| {
                 e.unmap_for(id);

@@ -98,13 +98,19 @@ impl Queues {
         // Queue ids: the synchronous pool, then the batch queues, then the
         // lendable ones. Batch queues always poll (as in the paper).
         let is_batch = |qid: u16| qid > nsync && qid <= nsync + nbatch;
+        let mut slowest = (0u16, std::time::Duration::ZERO);
         for qid in 1..=nsync + nbatch + nasync {
+            let started = Instant::now();
             let made = if is_batch(qid) {
                 ctrl.create_io_qpair_with(qid, opts.batch_depth.max(2), None, opts.batch_prp_pages)
             } else {
                 let polled = qid > nsleep && qid <= nsync;
                 ctrl.create_io_qpair(qid, depth, if polled { None } else { vector_for(qid, qid > nsync) })
             };
+            let took = started.elapsed();
+            if took > slowest.1 {
+                slowest = (qid, took);
+            }
             match made {
                 Ok(qp) => created.push(qp),
                 Err(e) => {
@@ -116,6 +122,13 @@ impl Queues {
                 }
             }
         }
+        tracing::debug!(
+            queues = created.len(),
+            took_us = opened.elapsed().as_micros() as u64,
+            slowest_qid = slowest.0,
+            slowest_us = slowest.1.as_micros() as u64,
+            "I/O queue pairs created"
+        );
         if opts.trace > 0 {
             for qp in &mut created {
                 qp.enable_trace(opts.trace, opened);
