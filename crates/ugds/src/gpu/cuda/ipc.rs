@@ -23,10 +23,7 @@ impl Cuda {
                 r == SUCCESS && uuid == x.device
             })
             .ok_or_else(|| Error::InvalidArgument("no GPU of this process has the exporter's device UUID".into()))?;
-        let mut ctx: Ctx = std::ptr::null_mut();
-        // SAFETY: writes one context handle (the device's primary context,
-        // retained for the process as `use_device` does).
-        self.check("cuDevicePrimaryCtxRetain", unsafe { (self.api.primary_ctx_retain)(&mut ctx, device) })?;
+        let ctx = self.primary_context(device)?;
         let (mut base, mut size) = (0u64, 0usize);
         self.with_context(ctx, || {
             // SAFETY: writes one device pointer; the handle is 64 bytes as

@@ -37,6 +37,8 @@ pub struct Cuda {
     _lib: Library,
     /// One runtime object per context, shared by its registrations.
     contexts: Mutex<HashMap<usize, Arc<CudaContext>>>,
+    /// Each device's primary context, retained once for the process.
+    primaries: Mutex<HashMap<i32, usize>>,
     /// The copy engine's own context and stream, per device.
     copy_engines: Mutex<HashMap<i32, CopyEngine>>,
     /// Stream support per context (it owns the context's word pool).
@@ -97,6 +99,7 @@ impl Cuda {
             api,
             _lib: lib,
             contexts: Mutex::new(HashMap::new()),
+            primaries: Mutex::new(HashMap::new()),
             copy_engines: Mutex::new(HashMap::new()),
             stream_backends: Mutex::new(HashMap::new()),
             upload_streams: Mutex::new(HashMap::new()),
@@ -138,12 +141,24 @@ impl Cuda {
         let mut dev = 0;
         // SAFETY: writes one CUdevice.
         self.check("cuDeviceGet", unsafe { (self.api.device_get)(&mut dev, ordinal as i32) })?;
-        let mut ctx: Ctx = std::ptr::null_mut();
-        // SAFETY: writes one context; the retain is never released (the
-        // primary context lives as long as the process uses the device).
-        self.check("cuDevicePrimaryCtxRetain", unsafe { (self.api.primary_ctx_retain)(&mut ctx, dev) })?;
+        let ctx = self.primary_context(dev)?;
         // SAFETY: a live context.
         self.check("cuCtxSetCurrent", unsafe { (self.api.ctx_set_current)(ctx) })
+    }
+
+    /// Device `dev`'s primary context, retained the first time it is asked
+    /// for and never released (it lives as long as the process uses the
+    /// device): one reference per device, however often it is asked for.
+    pub(crate) fn primary_context(&self, dev: i32) -> Result<Ctx> {
+        let mut primaries = self.primaries.lock().recover();
+        if let Some(&ctx) = primaries.get(&dev) {
+            return Ok(ctx as Ctx);
+        }
+        let mut ctx: Ctx = std::ptr::null_mut();
+        // SAFETY: writes one context handle.
+        self.check("cuDevicePrimaryCtxRetain", unsafe { (self.api.primary_ctx_retain)(&mut ctx, dev) })?;
+        primaries.insert(dev, ctx as usize);
+        Ok(ctx)
     }
 
     fn current(&self) -> Result<Ctx> {
