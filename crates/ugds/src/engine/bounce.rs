@@ -53,14 +53,23 @@ pub(crate) fn take(len: usize, runtime: &dyn DeviceRuntime) -> Result<Bounce> {
     }
     let size = 4096usize << class;
     let slab_len = size.max(SLAB);
+    let started = std::time::Instant::now();
     let mem = ugds_platform::sys::Anonymous::huge(slab_len, true)?;
     let base = mem.as_ptr();
     // Kept for the process: the pool hands its buffers out again, rings
     // keep it registered, and unpinning would wait for the device.
     std::mem::forget(mem);
+    let allocated = started.elapsed();
     if !runtime.host_register(base, slab_len) {
         tracing::info!("bounce buffers not pinned: the runtime stages its copies");
     }
+    tracing::debug!(
+        bytes = slab_len,
+        buffer = size,
+        alloc_us = allocated.as_micros() as u64,
+        pin_us = (started.elapsed() - allocated).as_micros() as u64,
+        "bounce slab made"
+    );
     let index =
         NEXT_INDEX.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |i| (i < BOUNCE_BUFFERS).then_some(i + 1)).ok();
     let slab = (base as usize, slab_len);
