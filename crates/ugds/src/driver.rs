@@ -117,7 +117,12 @@ impl Driver {
         let mut handles = self.inner.handles.lock().recover();
         let platform = inner.platform().clone();
         let t_map = t0.elapsed();
-        let mapped = self.inner.registry.for_each(|e| e.map_for(id, &platform));
+        let mapped = self.inner.registry.for_each(|e| {
+            if let Some(d) = e.device.as_ref().filter(|_| inner.bounces_device_memory()) {
+                warm_bounce_pool(d);
+            }
+            e.map_for(id, &platform)
+        });
         // Where an open's time goes (`UGDS_LOG=debug`).
         tracing::debug!(
             handle = id,
@@ -198,8 +203,13 @@ impl Driver {
             )));
         }
         let handles = self.inner.handles.lock().recover();
-        let live: Vec<_> =
-            handles.iter().filter_map(|(id, w)| w.upgrade().map(|h| (*id, h.platform().clone()))).collect();
+        let live: Vec<_> = handles.iter().filter_map(|(id, w)| w.upgrade().map(|h| (*id, h))).collect();
+        if let Some(d) = &device {
+            if live.iter().any(|(_, h)| h.bounces_device_memory()) {
+                warm_bounce_pool(d);
+            }
+        }
+        let live: Vec<_> = live.into_iter().map(|(id, h)| (id, h.platform().clone())).collect();
         self.inner.registry.insert(base, len, device, &live, v)
     }
 
@@ -274,5 +284,14 @@ impl Driver {
     /// base addresses, as the C API does).
     pub fn token_at(&self, base: *const u8) -> Option<BufferToken> {
         self.inner.registry.token_at(base as usize)
+    }
+}
+
+/// GPU memory registered where a handle copies it through bounce buffers:
+/// the first bounce slab is made and pinned now, not by the first read
+/// (a failure is left for that read to report).
+fn warm_bounce_pool(d: &DeviceMemory) {
+    if let Err(e) = crate::engine::bounce::warm(&*d.runtime) {
+        tracing::debug!("bounce buffers not made ahead of the first command: {e}");
     }
 }

@@ -34,58 +34,118 @@ pub(crate) struct Bounce {
     pub index: Option<u16>,
 }
 
-/// Free bounce buffers, by size class.
-static FREE: Mutex<[Vec<Bounce>; CLASSES]> = Mutex::new([const { Vec::new() }; CLASSES]);
+/// The pool: free buffers by size class, and the slab new small buffers
+/// are cut from.
+struct Pool {
+    free: [Vec<Bounce>; CLASSES],
+    /// The newest slab and how many of its bytes are handed out: buffers of
+    /// every class below 2 MiB are cut from it in turn, so that a slab made
+    /// ahead of time ([`warm`]) serves the first 4 KiB, 64 KiB and 512 KiB
+    /// commands alike.
+    cursor: Option<Cursor>,
+}
+
+#[derive(Clone, Copy)]
+struct Cursor {
+    slab: (usize, usize),
+    index: Option<u16>,
+    used: usize,
+}
+
+static POOL: Mutex<Pool> = Mutex::new(Pool { free: [const { Vec::new() }; CLASSES], cursor: None });
 
 /// The next registered-buffer slot to give a new slab.
 static NEXT_INDEX: AtomicU16 = AtomicU16::new(0);
 
 /// A bounce buffer of at least `len` bytes (at most 4 MiB): from the pool,
-/// or cut from a new slab pinned by `runtime`.
+/// or cut from a slab (a new one pinned by `runtime` when the last is used
+/// up).
 pub(crate) fn take(len: usize, runtime: &dyn DeviceRuntime) -> Result<Bounce> {
     let class = (len.max(4096).next_power_of_two().trailing_zeros() - 12) as usize;
     if class >= CLASSES {
         return Err(Error::InvalidArgument(format!("a command of {len} bytes (the kernel path's limit is 4 MiB)")));
     }
-    let mut free = FREE.lock().recover();
-    if let Some(b) = free[class].pop() {
+    let mut pool = POOL.lock().recover();
+    if let Some(b) = pool.free[class].pop() {
         return Ok(b);
     }
     let size = 4096usize << class;
-    let slab_len = size.max(SLAB);
+    if size >= SLAB {
+        // A slab of its own.
+        let (slab, index) = new_slab(size, runtime)?;
+        return Ok(Bounce { addr: slab.0, class: class as u8, slab, index });
+    }
+    if let Some(b) = pool.cut(class) {
+        return Ok(b);
+    }
+    let (slab, index) = new_slab(SLAB, runtime)?;
+    pool.cursor = Some(Cursor { slab, index, used: 0 });
+    Ok(pool.cut(class).expect("a new slab holds any buffer below its size"))
+}
+
+/// Makes a slab ahead of the first command that needs one, where none was
+/// made yet: what a GPU registration on a path that copies through bounce
+/// buffers calls, so that the first read pins nothing.
+pub(crate) fn warm(runtime: &dyn DeviceRuntime) -> Result<()> {
+    let mut pool = POOL.lock().recover();
+    if pool.cursor.is_some() {
+        return Ok(());
+    }
+    let (slab, index) = new_slab(SLAB, runtime)?;
+    pool.cursor = Some(Cursor { slab, index, used: 0 });
+    Ok(())
+}
+
+impl Pool {
+    /// A buffer of `class` cut from the current slab, if it has room. The
+    /// bytes skipped to align it go to the free lists as smaller buffers.
+    fn cut(&mut self, class: usize) -> Option<Bounce> {
+        let size = 4096usize << class;
+        let c = self.cursor.as_mut()?;
+        let at = c.used.next_multiple_of(size);
+        if at + size > c.slab.1 {
+            return None;
+        }
+        let (slab, index) = (c.slab, c.index);
+        let mut gap = c.used;
+        c.used = at + size;
+        while gap < at {
+            // The largest naturally aligned buffer that fits the gap.
+            let k = (gap.trailing_zeros() as usize - 12).min((at - gap).ilog2() as usize - 12).min(CLASSES - 1);
+            self.free[k].push(Bounce { addr: slab.0 + gap, class: k as u8, slab, index });
+            gap += 4096 << k;
+        }
+        Some(Bounce { addr: slab.0 + at, class: class as u8, slab, index })
+    }
+}
+
+/// A new slab of `len` bytes on huge pages, pinned by `runtime`, and its
+/// slot in the rings' registered-buffer tables if one is left.
+fn new_slab(len: usize, runtime: &dyn DeviceRuntime) -> Result<((usize, usize), Option<u16>)> {
     let started = std::time::Instant::now();
-    let mem = ugds_platform::sys::Anonymous::huge(slab_len, true)?;
+    let mem = ugds_platform::sys::Anonymous::huge(len, true)?;
     let base = mem.as_ptr();
     // Kept for the process: the pool hands its buffers out again, rings
     // keep it registered, and unpinning would wait for the device.
     std::mem::forget(mem);
     let allocated = started.elapsed();
-    if !runtime.host_register(base, slab_len) {
+    if !runtime.host_register(base, len) {
         tracing::info!("bounce buffers not pinned: the runtime stages its copies");
     }
     tracing::debug!(
-        bytes = slab_len,
-        buffer = size,
+        bytes = len,
         alloc_us = allocated.as_micros() as u64,
         pin_us = (started.elapsed() - allocated).as_micros() as u64,
         "bounce slab made"
     );
     let index =
         NEXT_INDEX.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |i| (i < BOUNCE_BUFFERS).then_some(i + 1)).ok();
-    let slab = (base as usize, slab_len);
-    // Handed out from the slab's start first.
-    free[class].extend((1..slab_len / size).rev().map(|i| Bounce {
-        addr: base as usize + i * size,
-        class: class as u8,
-        slab,
-        index,
-    }));
-    Ok(Bounce { addr: base as usize, class: class as u8, slab, index })
+    Ok(((base as usize, len), index))
 }
 
 /// Gives `b` back to the pool.
 pub(crate) fn give(b: Bounce) {
-    FREE.lock().recover()[b.class as usize].push(b);
+    POOL.lock().recover().free[b.class as usize].push(b);
 }
 
 #[cfg(test)]
@@ -136,5 +196,35 @@ mod tests {
         }
         taken.into_iter().for_each(give);
         assert!(take(8 << 20, &pins).is_err(), "over the largest class");
+    }
+
+    #[test]
+    fn buffers_of_every_small_class_share_a_slab_each_aligned_to_its_size() {
+        // Alone in the pool: a pool of its own, as `take` would see it.
+        let pins = Pins::default();
+        let mut pool = Pool { free: [const { Vec::new() }; CLASSES], cursor: None };
+        let (slab, index) = new_slab(SLAB, &pins).unwrap();
+        pool.cursor = Some(Cursor { slab, index, used: 0 });
+        let mut cut = Vec::new();
+        for class in [0, 4, 7, 0, 4, 6] {
+            let b = pool.cut(class).expect("room in the slab");
+            assert_eq!(b.class as usize, class);
+            assert_eq!((b.addr - slab.0) % (4096 << class), 0, "aligned to its size: {b:?}");
+            cut.push(b);
+        }
+        assert_eq!(pins.0.load(Ordering::Relaxed), 1, "one slab pinned for all of them");
+        // What alignment skipped is free, as smaller buffers, none overlapping.
+        let mut spans: Vec<(usize, usize)> = cut.iter().map(|b| (b.addr, 4096 << b.class)).collect();
+        spans.extend(pool.free.iter().flatten().map(|b| (b.addr, 4096 << b.class)));
+        spans.sort();
+        for w in spans.windows(2) {
+            assert!(w[0].0 + w[0].1 <= w[1].0, "overlap: {w:?}");
+        }
+        let covered: usize = spans.iter().map(|s| s.1).sum();
+        assert_eq!(covered, spans.last().map(|s| s.0 + s.1 - slab.0).unwrap(), "no bytes lost before the cursor");
+        // 1.5 MiB of 2 are handed out: a 1 MiB buffer no longer fits, and
+        // leaves this slab to a new one (`take` makes it).
+        assert_eq!(pool.cursor.unwrap().used, (3 << 20) / 2);
+        assert!(pool.cut(8).is_none());
     }
 }

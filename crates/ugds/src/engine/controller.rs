@@ -31,6 +31,12 @@ pub enum Controller {
 }
 
 impl Controller {
+    /// Whether its queues move GPU memory through the process's bounce
+    /// buffers ([`super::bounce`]): the kernel path and NVMe/TCP.
+    pub fn bounces_device_memory(&self) -> bool {
+        matches!(self, Controller::Kernel(_) | Controller::Tcp(_))
+    }
+
     /// Resets and enables the controller behind `platform` (see
     /// [`NvmeController::bring_up`]).
     #[cfg_attr(not(feature = "engine-internals"), allow(dead_code))]

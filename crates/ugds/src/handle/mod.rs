@@ -151,6 +151,11 @@ impl HandleInner {
         self.queues.ctrl.platform()
     }
 
+    /// Whether its queues copy GPU memory through bounce buffers.
+    pub fn bounces_device_memory(&self) -> bool {
+        self.queues.ctrl.bounces_device_memory()
+    }
+
     pub fn ns_nsid(&self) -> u32 {
         self.ns.nsid
     }
