@@ -38,7 +38,17 @@ impl Default for Driver {
 
 impl Driver {
     /// New library state.
+    ///
+    /// The first in a process also starts reading the library's own code
+    /// into the page cache (`MADV_WILLNEED` on the object holding it): with
+    /// the binary out of the cache, the first handle's set-up would
+    /// otherwise fault it in from the disk a few pages at a time.
     pub fn open() -> Driver {
+        static PREFETCH: std::sync::Once = std::sync::Once::new();
+        PREFETCH.call_once(|| {
+            let bytes = ugds_platform::sys::prefetch_object(Driver::open as fn() -> Driver as usize);
+            tracing::debug!(bytes, "the library's code asked into the page cache");
+        });
         Driver { inner: Arc::new(DriverInner::default()) }
     }
 

@@ -164,6 +164,56 @@ pub unsafe fn populate(addr: *mut u8, len: usize) -> bool {
     }
 }
 
+/// Starts reading into the page cache, without waiting, every loadable
+/// segment of the object (the program or a shared library) whose code
+/// holds `addr`; returns the bytes asked for (0 where no object holds it).
+///
+/// A process that starts with its binary out of the page cache otherwise
+/// faults its code in a few pages at a time, each fault a read from the
+/// disk, as it first runs it: what a library calls once, before its first
+/// set-up, so that those faults find the pages read or on their way.
+pub fn prefetch_object(addr: usize) -> usize {
+    struct Find {
+        addr: usize,
+        advised: usize,
+    }
+    unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _: libc::size_t, data: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: dl_iterate_phdr hands a valid entry for the call, and
+        // `data` is the `Find` passed below.
+        let (info, find) = unsafe { (&*info, &mut *data.cast::<Find>()) };
+        let phdrs: &[libc::Elf64_Phdr] = if info.dlpi_phdr.is_null() {
+            &[]
+        } else {
+            // SAFETY: the object's program headers, `dlpi_phnum` of them.
+            unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) }
+        };
+        let base = info.dlpi_addr as usize;
+        let loads = || phdrs.iter().filter(|p| p.p_type == libc::PT_LOAD);
+        let holds = loads().any(|p| {
+            let start = base + p.p_vaddr as usize;
+            p.p_flags & libc::PF_X != 0 && (start..start + p.p_memsz as usize).contains(&find.addr)
+        });
+        if !holds {
+            return 0;
+        }
+        for p in loads() {
+            let start = (base + p.p_vaddr as usize) & !(PAGE_SIZE - 1);
+            let end = base + p.p_vaddr as usize + p.p_filesz as usize;
+            // SAFETY: one of this object's loaded segments, mapped while it
+            // is loaded; the advice changes no content.
+            if unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_WILLNEED) } == 0 {
+                find.advised += end - start;
+            }
+        }
+        1
+    }
+    let mut find = Find { addr, advised: 0 };
+    // SAFETY: the callback reads the entries it is given and writes `find`,
+    // which outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(each), (&mut find as *mut Find).cast()) };
+    find.advised
+}
+
 /// A shared read-write mapping of `len` bytes of a device file at `offset`
 /// (a BAR, or DMA memory a kernel driver lends); `what` names it in errors.
 pub(crate) fn mmap_shared(fd: &OwnedFd, len: usize, offset: u64, what: &'static str) -> Result<NonNull<u8>> {
@@ -415,6 +465,15 @@ pub fn physical_memory() -> u64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn prefetch_asks_for_the_object_holding_code_and_nothing_for_other_memory() {
+        let here = prefetch_asks_for_the_object_holding_code_and_nothing_for_other_memory as fn() as usize;
+        // This test binary's loadable segments: its code at least.
+        assert!(prefetch_object(here) > 4096, "{}", prefetch_object(here));
+        let heap = Box::new(0u64);
+        assert_eq!(prefetch_object(&*heap as *const u64 as usize), 0, "heap memory is no object's code");
+    }
+
     use super::*;
 
     #[test]
