@@ -298,21 +298,10 @@ impl Driver {
 }
 
 /// GPU memory registered where a handle copies it through bounce buffers:
-/// the first bounce slab is made and pinned on a thread of its own, beside
-/// the rest of the caller's set-up, so that neither the registration nor
-/// the first read waits for it (a read that comes first waits for the
-/// pool; a failure is left for a read to report).
+/// the first bounce slab is made and pinned now, not by the first read
+/// (a failure is left for that read to report).
 fn warm_bounce_pool(d: &DeviceMemory) {
-    if crate::engine::bounce::is_warm() {
-        return;
-    }
-    let runtime = d.runtime.clone();
-    let spawned = std::thread::Builder::new().name("ugds-bounce".into()).spawn(move || {
-        if let Err(e) = crate::engine::bounce::warm(&*runtime) {
-            tracing::debug!("bounce buffers not made ahead of the first command: {e}");
-        }
-    });
-    if let Err(e) = spawned {
+    if let Err(e) = crate::engine::bounce::warm(&*d.runtime) {
         tracing::debug!("bounce buffers not made ahead of the first command: {e}");
     }
 }

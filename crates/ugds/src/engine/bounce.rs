@@ -96,11 +96,6 @@ pub(crate) fn warm(runtime: &dyn DeviceRuntime) -> Result<()> {
     Ok(())
 }
 
-/// Whether a slab was made (by [`warm`] or a command).
-pub(crate) fn is_warm() -> bool {
-    POOL.lock().recover().cursor.is_some()
-}
-
 impl Pool {
     /// A buffer of `class` cut from the current slab, if it has room. The
     /// bytes skipped to align it go to the free lists as smaller buffers.
