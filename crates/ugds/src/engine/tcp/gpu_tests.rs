@@ -32,6 +32,12 @@ fn reads_into_gpu_memory_complete_with_their_copies_which_overlap() {
     for i in 0..32usize {
         q.submit_read(&t, 8192, (i * 8192) as u64, i * 8192, i as u64).unwrap();
     }
+    // The responses wait in the socket when the queue first reads it, so
+    // that whether copies overlap the reading does not hang on how the
+    // target's thread is scheduled against this one (seen on a loaded CI
+    // machine: the data came one read at a time, each copy done before the
+    // next arrived).
+    std::thread::sleep(Duration::from_millis(100));
     let mut done = Vec::new();
     q.drain(|tag, r| done.push((tag, r.map_err(|e| e.to_string())))).unwrap();
     done.sort_by_key(|&(tag, _)| tag);
