@@ -124,15 +124,18 @@ impl Driver {
         crate::stream_ops::start_engine(&inner)?;
         let t_engine = t0.elapsed();
         inner.start_publishing()?;
+        let t_map = t0.elapsed();
+        if inner.bounces_device_memory() {
+            // Before the handle list's lock: other opens and registrations
+            // do not wait for the slab's pinning.
+            let _ = self.inner.registry.for_each(|e| {
+                e.device.as_ref().map(warm_bounce_pool);
+                Ok(())
+            });
+        }
         let mut handles = self.inner.handles.lock().recover();
         let platform = inner.platform().clone();
-        let t_map = t0.elapsed();
-        let mapped = self.inner.registry.for_each(|e| {
-            if let Some(d) = e.device.as_ref().filter(|_| inner.bounces_device_memory()) {
-                warm_bounce_pool(d);
-            }
-            e.map_for(id, &platform)
-        });
+        let mapped = self.inner.registry.for_each(|e| e.map_for(id, &platform));
         // Where an open's time goes (`UGDS_LOG=debug`).
         tracing::debug!(
             handle = id,
@@ -212,13 +215,22 @@ impl Driver {
                 ugds_platform::sys::physical_memory()
             )));
         }
-        let handles = self.inner.handles.lock().recover();
-        let live: Vec<_> = handles.iter().filter_map(|(id, w)| w.upgrade().map(|h| (*id, h))).collect();
         if let Some(d) = &device {
-            if live.iter().any(|(_, h)| h.bounces_device_memory()) {
+            // Outside the handle list's lock (see `warm_bounce_pool`); a
+            // handle opened meanwhile warms the pool itself.
+            let bounces = self
+                .inner
+                .handles
+                .lock()
+                .recover()
+                .iter()
+                .any(|(_, w)| w.upgrade().is_some_and(|h| h.bounces_device_memory()));
+            if bounces {
                 warm_bounce_pool(d);
             }
         }
+        let handles = self.inner.handles.lock().recover();
+        let live: Vec<_> = handles.iter().filter_map(|(id, w)| w.upgrade().map(|h| (*id, h))).collect();
         let live: Vec<_> = live.into_iter().map(|(id, h)| (id, h.platform().clone())).collect();
         self.inner.registry.insert(base, len, device, &live, v)
     }
