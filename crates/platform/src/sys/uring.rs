@@ -441,6 +441,7 @@ impl Ring {
             Some(_) => {}
         }
         let iov = [libc::iovec { iov_base: addr.cast(), iov_len: len }];
+        let started = std::time::Instant::now();
         // SAFETY: the caller keeps the memory mapped while operations name
         // the slot; the kernel drops the slot's previous buffer once the
         // operations that use it are done.
@@ -448,6 +449,14 @@ impl Ring {
         match r {
             Ok(()) => {
                 slots[index as usize] = generation;
+                // A first use's cost (`UGDS_LOG=debug`): the kernel pins
+                // the buffer's pages for this ring.
+                tracing::debug!(
+                    index,
+                    bytes = len,
+                    us = started.elapsed().as_micros() as u64,
+                    "buffer registered with a ring"
+                );
                 true
             }
             Err(e) => {

@@ -26,7 +26,7 @@ use super::{page_span, CopyTicket, DeviceMemory, DeviceRuntime, DmabufExport};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use ugds_platform::device::IpcExport;
 use ugds_platform::{Error, Result};
@@ -274,6 +274,7 @@ impl Cuda {
             device,
             copy: OnceLock::new(),
             events: Mutex::new(Vec::new()),
+            events_made: (AtomicU64::new(0), AtomicU64::new(0)),
         });
         // The copy engine is made now, at the first registration, rather
         // than at the first copy: creating a context may wait for the
@@ -537,6 +538,8 @@ pub struct CudaContext {
     device: i32,
     copy: OnceLock<std::result::Result<CopyEngine, String>>,
     events: Mutex<Vec<usize>>,
+    /// Events made for the pool so far, and the time that took (ns).
+    events_made: (AtomicU64, AtomicU64),
 }
 
 impl std::fmt::Debug for CudaContext {
@@ -575,11 +578,21 @@ impl CudaContext {
             let event = match pooled {
                 Some(e) => e as Event,
                 None => {
+                    let started = std::time::Instant::now();
                     let mut e: Event = std::ptr::null_mut();
                     // SAFETY: writes one event handle, in the engine's
                     // context (current here); kept for the process.
                     let r = unsafe { (self.cuda.api.event_create)(&mut e, EVENT_DISABLE_TIMING) };
                     self.cuda.check("cuEventCreate", r)?;
+                    let (made, ns) = &self.events_made;
+                    let took = started.elapsed().as_nanos() as u64;
+                    let ns = ns.fetch_add(took, Ordering::Relaxed) + took;
+                    let made = made.fetch_add(1, Ordering::Relaxed) + 1;
+                    // What copies in flight cost the first time
+                    // (`UGDS_LOG=debug`): each doubling of the pool.
+                    if made.is_power_of_two() {
+                        tracing::debug!(events = made, total_us = ns / 1000, "copy events made");
+                    }
                     e
                 }
             };
