@@ -1,0 +1,137 @@
+// Probe 8: where the tail of `ugds gpu-bench`'s neighbour figure comes from
+// with one or a few streams waiting on I/O (about 200 us at p99 on an H100,
+// whatever CUDA_DEVICE_MAX_CONNECTIONS says, against 8 us at p50). A kernel
+// that returns at once is launched on a stream of its own and synchronized,
+// 2000 times, while another thread keeps one other stream busy with one of:
+//   idle        nothing
+//   wait        a wait on a host word (cuStreamWaitValue32) that the thread
+//               releases IO_US later, then a write the thread waits for: a
+//               stream-ordered read's wait without its copy
+//   copykernel  ugds's staging copy's shape: a 64 x 256 kernel copying 1 MiB
+//               from device-mapped host memory, back to back
+//   memcpy      cuMemcpyHtoDAsync of 1 MiB, back to back
+//   wait+copy   the wait, then the copy kernel: what a staged read does
+// and prints p50, p99 and the largest launch-to-end time of each.
+//
+//   nvcc -O2 -o neighbour_tail neighbour_tail.c -lcuda -lpthread && ./neighbour_tail 500
+#include <cuda.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static double now_us(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1e6 + t.tv_nsec / 1e3; }
+static void spin_us(double us) { double e = now_us() + us; while (now_us() < e) {} }
+#define CK(x) do { CUresult r_ = (x); if (r_) { const char *n; cuGetErrorName(r_, &n); printf("%s: %s\n", #x, n); exit(1); } } while (0)
+static int cmp(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return (x > y) - (x < y); }
+
+static const char *ptx =
+    ".version 7.0\n.target sm_50\n.address_size 64\n"
+    ".visible .entry probe_nop(.param .u64 p){ ret; }\n"
+    ".visible .entry probe_copy(.param .u64 dst, .param .u64 src, .param .u64 n16){\n"
+    " .reg .pred %p<2>; .reg .b32 %r<9>; .reg .b64 %rd<13>;\n"
+    " ld.param.u64 %rd2, [dst]; ld.param.u64 %rd3, [src]; ld.param.u64 %rd9, [n16];\n"
+    " mov.u32 %r1, %ctaid.x; mov.u32 %r2, %ntid.x; mov.u32 %r3, %tid.x; mov.u32 %r4, %nctaid.x;\n"
+    " mul.wide.u32 %rd5, %r1, %r2; cvt.u64.u32 %rd6, %r3; add.u64 %rd5, %rd5, %rd6; mul.wide.u32 %rd7, %r4, %r2;\n"
+    "WIDE:\n"
+    " setp.ge.u64 %p1, %rd5, %rd9; @%p1 bra DONE;\n"
+    " shl.b64 %rd10, %rd5, 4; add.u64 %rd11, %rd3, %rd10; add.u64 %rd12, %rd2, %rd10;\n"
+    " ld.global.v4.u32 {%r5, %r6, %r7, %r8}, [%rd11]; st.global.v4.u32 [%rd12], {%r5, %r6, %r7, %r8};\n"
+    " add.u64 %rd5, %rd5, %rd7; bra WIDE;\n"
+    "DONE:\n ret;\n}\n";
+
+enum { IDLE, WAIT, COPYKERNEL, MEMCPY, WAIT_COPY, MODES };
+static const char *names[MODES] = {"idle", "wait", "copykernel", "memcpy", "wait+copy"};
+
+static struct {
+    CUcontext ctx;
+    CUstream s;
+    CUfunction copy;
+    CUdeviceptr dst, src_dev, word_dev, passed_dev;
+    void *src_host;
+    volatile unsigned *word, *passed;
+    double io_us;
+    int mode;
+    volatile int stop;
+} g;
+
+static void *busy(void *arg) {
+    (void)arg;
+    CK(cuCtxSetCurrent(g.ctx));
+    unsigned n = 0;
+    unsigned long long n16 = (1 << 20) / 16;
+    void *kp[] = {&g.dst, &g.src_dev, &n16};
+    while (!g.stop) {
+        int waits = g.mode == WAIT || g.mode == WAIT_COPY;
+        if (waits) CK(cuStreamWaitValue32(g.s, g.word_dev, ++n, CU_STREAM_WAIT_VALUE_GEQ));
+        if (g.mode == COPYKERNEL || g.mode == WAIT_COPY) CK(cuLaunchKernel(g.copy, 64, 1, 1, 256, 1, 1, 0, g.s, kp, 0));
+        if (g.mode == MEMCPY) CK(cuMemcpyHtoDAsync(g.dst, g.src_host, 1 << 20, g.s));
+        if (waits) {
+            CK(cuStreamWriteValue32(g.s, g.passed_dev, n, CU_STREAM_WRITE_VALUE_DEFAULT));
+            spin_us(g.io_us);
+            *g.word = n;
+            while (*g.passed != n && !g.stop) {}
+        } else if (g.mode != IDLE) {
+            CK(cuStreamSynchronize(g.s));
+        } else {
+            spin_us(100);
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, 0, _IONBF, 0);
+    g.io_us = argc > 1 ? atof(argv[1]) : 500;
+    CUdevice dev;
+    CK(cuInit(0));
+    CK(cuDeviceGet(&dev, 0));
+    CK(cuDevicePrimaryCtxRetain(&g.ctx, dev));
+    CK(cuCtxSetCurrent(g.ctx));
+    CUmodule mod;
+    CUfunction nop;
+    CK(cuModuleLoadData(&mod, ptx));
+    CK(cuModuleGetFunction(&nop, mod, "probe_nop"));
+    CK(cuModuleGetFunction(&g.copy, mod, "probe_copy"));
+    CUstream k;
+    CK(cuStreamCreate(&k, CU_STREAM_NON_BLOCKING));
+    CK(cuStreamCreate(&g.s, CU_STREAM_NON_BLOCKING));
+    CK(cuMemAlloc(&g.dst, 1 << 20));
+    CK(cuMemHostAlloc(&g.src_host, 1 << 20, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+    CK(cuMemHostGetDevicePointer(&g.src_dev, g.src_host, 0));
+    CK(cuMemHostAlloc((void **)&g.word, 128, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+    g.passed = g.word + 16;
+    *g.word = 0;
+    *g.passed = 0;
+    CK(cuMemHostGetDevicePointer(&g.word_dev, (void *)g.word, 0));
+    g.passed_dev = g.word_dev + 64;
+    CUdeviceptr scratch;
+    CK(cuMemAlloc(&scratch, 64));
+    void *np[] = {&scratch};
+    enum { N = 2000 };
+    static double t[N];
+    for (int mode = 0; mode < MODES; mode++) {
+        g.mode = mode;
+        g.stop = 0;
+        pthread_t th;
+        pthread_create(&th, 0, busy, 0);
+        spin_us(20000);
+        for (int i = 0; i < N; i++) {
+            double st = now_us();
+            CK(cuLaunchKernel(nop, 1, 1, 1, 32, 1, 1, 0, k, np, 0));
+            CK(cuStreamSynchronize(k));
+            t[i] = now_us() - st;
+        }
+        // The thread releases each of its waits itself before it looks at
+        // `stop`: none is left pending.
+        g.stop = 1;
+        pthread_join(th, 0);
+        CK(cuStreamSynchronize(g.s));
+        *g.word = 0;
+        *g.passed = 0;
+        qsort(t, N, sizeof t[0], cmp);
+        printf("%-10s (I/O %.0f us): kernel launch to end p50 %.1f us, p99 %.1f us, max %.1f us\n", names[mode], g.io_us,
+               t[N / 2], t[N * 99 / 100], t[N - 1]);
+    }
+    return 0;
+}
