@@ -372,8 +372,14 @@ impl HandleOptions {
 /// VM exit, which shadow doorbells exist to avoid. `None` on bare metal, on
 /// other architectures, and under QEMU's TCG (it names no such hypervisor),
 /// where every instruction is emulated and the shadow page costs the
-/// device model more than the doorbell write it saves.
+/// device model more than the doorbell write it saves. Asked once per
+/// process: under a hypervisor CPUID itself is a VM exit.
 pub fn trapping_hypervisor() -> Option<&'static str> {
+    static ONCE: std::sync::OnceLock<Option<&'static str>> = std::sync::OnceLock::new();
+    *ONCE.get_or_init(cpuid_hypervisor)
+}
+
+fn cpuid_hypervisor() -> Option<&'static str> {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::__cpuid;
