@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use ugds_nvme::regs;
 
 /// The alignment assumed for direct I/O when the kernel does not say
@@ -91,9 +91,7 @@ pub struct KernelPlatform {
     /// size and the controller's largest transfer; commands are passed
     /// through as NVMe commands.
     passthrough: Option<(u32, u32, Option<usize>)>,
-    /// Made when a queue first names the vector (most handles poll: an
-    /// open does not make 64 eventfds it never uses).
-    vectors: Box<[OnceLock<EventFd>]>,
+    vectors: Box<[EventFd]>,
     /// GPU memory mapped, by its address here.
     devices: DeviceWindows,
     /// Registered host memory, by its first page's address.
@@ -198,7 +196,7 @@ impl KernelPlatform {
             (Some(m), Some(l)) => Some(m.min(l)),
             (m, l) => m.or(l),
         };
-        let vectors = (0..VECTORS).map(|_| OnceLock::new()).collect();
+        let vectors = (0..VECTORS).map(|_| EventFd::new()).collect::<Result<Vec<_>>>()?.into_boxed_slice();
         Ok(KernelPlatform {
             path: path.to_path_buf(),
             direct: None,
@@ -236,7 +234,7 @@ impl KernelPlatform {
             .as_ref()
             .and_then(|d| direct_io_alignment(d.as_fd()))
             .unwrap_or((DEFAULT_DIRECT_ALIGN, DEFAULT_DIRECT_ALIGN));
-        let vectors = (0..VECTORS).map(|_| OnceLock::new()).collect();
+        let vectors = (0..VECTORS).map(|_| EventFd::new()).collect::<Result<Vec<_>>>()?.into_boxed_slice();
         Ok(KernelPlatform {
             path,
             direct,
@@ -484,13 +482,7 @@ impl Platform for KernelPlatform {
     }
 
     fn interrupt(&self, vector: u16) -> Result<Option<&EventFd>> {
-        let Some(cell) = self.vectors.get(vector as usize) else { return Ok(None) };
-        if cell.get().is_none() {
-            // Two first callers may both make one; the one kept is the
-            // one every caller gets.
-            let _ = cell.set(EventFd::new()?);
-        }
-        Ok(cell.get())
+        Ok(self.vectors.get(vector as usize))
     }
 
     fn interrupt_vectors(&self) -> u16 {
