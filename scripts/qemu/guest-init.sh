@@ -122,6 +122,28 @@ NG=$(echo $NS | sed 's/^nvme/ng/')
 echo "UGDS-GUEST: kernel path on /dev/$NS and /dev/$NG (requests up to $(cat /sys/block/$NS/queue/max_hw_sectors_kb) KiB, $(cat /sys/block/$NS/queue/max_segments) segments)"
 export RUST_BACKTRACE=1
 UGDS_TEST_KERNEL_DEV=/dev/$NS run kernel-path-block /bin/conformance --test-threads=1
+# Passthrough bypasses the block device's page cache: pages written there
+# and not yet on the disk are written back when a passthrough handle opens,
+# not over its writes later. Descriptor 3 keeps dd's close from writing
+# them back itself (as a process's io_uring ring, torn down after it exits,
+# kept /dev/$NS open while its last buffered writes went to the disk over
+# the next process's passthrough writes). The test's handles write 128 KiB
+# at 2 MiB (blocks 512-543); once the last close has written back whatever
+# was still dirty, none of those blocks may hold dd's zeros.
+cache_check() {
+    exec 3</dev/$NS
+    dd if=/dev/zero of=/dev/$NS bs=4096 seek=512 count=32 conv=notrunc 2>/dev/null
+    UGDS_TEST_KERNEL_DEV=/dev/$NG /bin/conformance --test-threads=1 --exact fresh_handles_write_what_they_are_given; rc=$?
+    exec 3<&-
+    zeros=0 k=512
+    while [ $k -lt 544 ]; do
+        [ "$(dd if=/dev/$NS bs=4096 skip=$k count=1 2>/dev/null | tr -d '\000' | wc -c)" -eq 0 ] && zeros=$((zeros + 1))
+        k=$((k + 1))
+    done
+    echo "blocks holding the page cache's zeros after the handles' writes: $zeros of 32"
+    [ $rc -eq 0 ] && [ $zeros -eq 0 ]
+}
+run passthrough-after-page-cache cache_check
 UGDS_TEST_KERNEL_DEV=/dev/$NG run kernel-path-passthrough /bin/conformance --test-threads=1
 UGDS_TEST_KERNEL_DEV=/dev/$NG UGDS_TEST_INTERRUPT=1 run kernel-path-passthrough-irq /bin/conformance --test-threads=1
 unset UGDS_TEST_KERNEL_DEV UGDS_TEST_INTERRUPT

@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use ugds_nvme::regs;
 
 /// The alignment assumed for direct I/O when the kernel does not say
@@ -91,7 +91,9 @@ pub struct KernelPlatform {
     /// size and the controller's largest transfer; commands are passed
     /// through as NVMe commands.
     passthrough: Option<(u32, u32, Option<usize>)>,
-    vectors: Box<[EventFd]>,
+    /// Made when a queue first names the vector (most handles poll: an
+    /// open does not make 64 eventfds it never uses).
+    vectors: Box<[OnceLock<EventFd>]>,
     /// GPU memory mapped, by its address here.
     devices: DeviceWindows,
     /// Registered host memory, by its first page's address.
@@ -185,6 +187,7 @@ impl KernelPlatform {
             _ => return Err(Error::Unsupported(format!("{}: metadata or an unusable LBA format", path.display()))),
         };
         let size = id.nsze.checked_mul(bs as u64).ok_or_else(|| Error::InvalidArgument("namespace size".into()))?;
+        write_back_block_device(path);
         let ctrl = crate::sys::uring::nvme_identify_controller(fd.as_fd())?;
         let mdts = ugds_nvme::IdentifyController::parse(&ctrl).max_transfer_bytes(crate::sys::PAGE_SIZE);
         // The kernel's own limits on one request (they can be below MDTS:
@@ -196,7 +199,7 @@ impl KernelPlatform {
             (Some(m), Some(l)) => Some(m.min(l)),
             (m, l) => m.or(l),
         };
-        let vectors = (0..VECTORS).map(|_| EventFd::new()).collect::<Result<Vec<_>>>()?.into_boxed_slice();
+        let vectors = (0..VECTORS).map(|_| OnceLock::new()).collect();
         Ok(KernelPlatform {
             path: path.to_path_buf(),
             direct: None,
@@ -234,7 +237,7 @@ impl KernelPlatform {
             .as_ref()
             .and_then(|d| direct_io_alignment(d.as_fd()))
             .unwrap_or((DEFAULT_DIRECT_ALIGN, DEFAULT_DIRECT_ALIGN));
-        let vectors = (0..VECTORS).map(|_| EventFd::new()).collect::<Result<Vec<_>>>()?.into_boxed_slice();
+        let vectors = (0..VECTORS).map(|_| OnceLock::new()).collect();
         Ok(KernelPlatform {
             path,
             direct,
@@ -356,6 +359,43 @@ fn kernel_request_limit(path: &Path) -> Option<usize> {
     let bytes = read("max_hw_sectors_kb")? * 1024;
     let segments = read("max_segments").map_or(usize::MAX, |s| s.saturating_sub(1) * PAGE_SIZE);
     Some(bytes.min(segments).max(PAGE_SIZE))
+}
+
+/// Passthrough commands bypass the page cache of the namespace's block
+/// device: pages written there and not yet on the disk would land after
+/// this handle's writes and undo them. Seen in a QEMU guest: a process's
+/// buffered writes to `/dev/nvme0n1` went to the disk from a kernel worker
+/// after it had exited (its io_uring ring, which held the device open, is
+/// torn down later), over the next process's passthrough writes. So they
+/// are written back (and waited for) before the handle is used. Writes
+/// through that page cache while the handle is open are not ordered with
+/// its commands, as buffered and `O_DIRECT` writes on two files are not.
+fn write_back_block_device(path: &Path) {
+    let Some(block) = namespace_block_device(path) else { return };
+    let done = crate::sys::open_file(&block, false, false).and_then(|fd| crate::sys::write_back_cache(fd.as_fd()));
+    match done {
+        Ok(()) => tracing::debug!(block = %block.display(), "block device's dirty pages written back"),
+        Err(e) => tracing::warn!(
+            block = %block.display(),
+            "could not write back the block device's page cache ({e}): writes made through it may land after this handle's"
+        ),
+    }
+}
+
+/// The block device of the namespace behind the generic character device
+/// `path` (`/dev/ngXnY`: `/dev/nvmeXnY`, checked against sysfs), if there
+/// is one.
+fn namespace_block_device(path: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let name = path.file_name()?.to_str()?.strip_prefix("ng")?;
+    let numbers = std::fs::read_to_string(format!("/sys/block/nvme{name}/dev")).ok()?;
+    let (maj, min) = numbers.trim().split_once(':')?;
+    let block = PathBuf::from(format!("/dev/nvme{name}"));
+    let m = std::fs::metadata(&block).ok()?;
+    let same = m.file_type().is_block_device()
+        && libc::major(m.rdev()).to_string() == maj
+        && libc::minor(m.rdev()).to_string() == min;
+    same.then_some(block)
 }
 
 /// The kernel's zone model of the block device behind `path` (a block
@@ -482,7 +522,13 @@ impl Platform for KernelPlatform {
     }
 
     fn interrupt(&self, vector: u16) -> Result<Option<&EventFd>> {
-        Ok(self.vectors.get(vector as usize))
+        let Some(cell) = self.vectors.get(vector as usize) else { return Ok(None) };
+        if cell.get().is_none() {
+            // Two first callers may both make one; the one kept is the
+            // one every caller gets.
+            let _ = cell.set(EventFd::new()?);
+        }
+        Ok(cell.get())
     }
 
     fn interrupt_vectors(&self) -> u16 {

@@ -403,6 +403,20 @@ pub fn file_size(fd: std::os::fd::BorrowedFd<'_>) -> Result<u64> {
     Ok(bytes)
 }
 
+/// Writes back the dirty page-cache pages of a descriptor's file or block
+/// device and waits for them, and for writeback already under way
+/// (`sync_file_range`: no cache flush on the device, which ordering
+/// against later writes does not need).
+pub fn write_back_cache(fd: std::os::fd::BorrowedFd<'_>) -> Result<()> {
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    // SAFETY: sync_file_range names the descriptor's file only; offset 0
+    // and length 0 cover all of it.
+    if unsafe { libc::sync_file_range(fd.as_raw_fd(), 0, 0, flags) } != 0 {
+        return Err(Error::os("sync_file_range"));
+    }
+    Ok(())
+}
+
 /// How a descriptor was opened: `O_RDONLY`, `O_WRONLY` or `O_RDWR`.
 pub fn access_mode(fd: std::os::fd::BorrowedFd<'_>) -> Result<i32> {
     // SAFETY: F_GETFL reads the descriptor's flags.

@@ -330,11 +330,13 @@ impl SqSlots {
 
 /// Slots in each ring's registered-buffer table: the kernel path's bounce
 /// buffers take `0..BOUNCE_BUFFERS`, the caller's registered host memory
-/// the rest.
-pub const FIXED_BUFFERS: u16 = 2048;
+/// the rest. The kernel fills the whole table when a ring is made, so
+/// every slot costs each handle's open (2048 slots were about a quarter of
+/// a 21-ring open); memory beyond the slots is pinned per I/O instead.
+pub const FIXED_BUFFERS: u16 = 512;
 
 /// Slots for bounce buffers (see [`FIXED_BUFFERS`]).
-pub const BOUNCE_BUFFERS: u16 = 1024;
+pub const BOUNCE_BUFFERS: u16 = 256;
 
 /// The largest buffer io_uring registers.
 pub const FIXED_BUFFER_MAX: usize = 1 << 30;
