@@ -14,6 +14,9 @@ pub(super) struct CudaStreamBackend {
     /// header's device-mapped address), allocated at the block's first copy
     /// and kept as the block is.
     device_headers: Mutex<std::collections::HashMap<u64, u64>>,
+    /// Each staging block by its device address: its length and the bytes
+    /// its current operation moves at most (see `stage_lent`).
+    stage_blocks: Mutex<std::collections::BTreeMap<u64, (usize, usize)>>,
 }
 
 /// The staging copy: `len` bytes from `src` to `dst`, read from the header
@@ -113,8 +116,21 @@ DONE:
 }
 ";
 
-/// Grid of the staging copy: blocks of threads.
-const STAGE_COPY_GRID: (u32, u32) = (64, 256);
+/// Threads per block of the staging copy.
+const STAGE_COPY_THREADS: u32 = 256;
+
+/// Blocks of the staging copy for `bytes` (what the operation asked for
+/// when its block was lent): one per 128 KiB, from 8 to 64. Eight blocks
+/// keep 128 KiB of loads in flight; each block more is an SM a kernel on
+/// another stream may wait for, so only large copies get more. On an H100
+/// (2026-12-06, `ugds gpu-bench --seconds 0.3` on a cached file, one run
+/// per grid, every copy on it): a kernel beside one stream of 1 MiB reads
+/// had a p99 of 49 us with 64 blocks, 43 with 32, 30 with 16, 22 with 8
+/// (12-15 us idle); one stream of 16 MiB reads kept 73% of synchronous
+/// reads with 8 blocks and 76-78% with 64 (`docs/benchmarks.md`).
+fn stage_copy_blocks(bytes: usize) -> u32 {
+    (bytes / (128 << 10)).clamp(8, 64) as u32
+}
 
 impl CudaStreamBackend {
     pub(super) fn new(cuda: Arc<Cuda>, ctx: usize) -> CudaStreamBackend {
@@ -125,7 +141,17 @@ impl CudaStreamBackend {
             stages: Mutex::default(),
             copy_kernel: OnceLock::new(),
             device_headers: Mutex::default(),
+            stage_blocks: Mutex::default(),
         }
+    }
+
+    /// What the copy whose header is at device address `header` moves at
+    /// most: the length its operation asked for when the block was lent
+    /// (its copy parameters are set later, when the stream reaches the
+    /// operation).
+    fn copy_bytes(&self, header: u64) -> usize {
+        let blocks = self.stage_blocks.lock().recover();
+        blocks.range(..=header).next_back().map_or(0, |(_, &(_, lent))| lent)
     }
 
     /// The staging copy kernel of this context, loaded at the first call.
@@ -229,14 +255,23 @@ impl StreamBackend for CudaStreamBackend {
         // A block is registered for I/O: in a process attached to another's
         // controller, that owner maps it for the device, which it can only
         // do with shared memory.
-        if ugds_platform::sys::shared::sharing() {
-            return self.cuda.with_context(self.ctx as Ctx, || self.cuda.alloc_mapped_shared(len));
-        }
-        self.alloc_mapped(len)
+        let (host, dev) = if ugds_platform::sys::shared::sharing() {
+            self.cuda.with_context(self.ctx as Ctx, || self.cuda.alloc_mapped_shared(len))?
+        } else {
+            self.alloc_mapped(len)?
+        };
+        self.stage_blocks.lock().recover().insert(dev, (len, len));
+        Ok((host, dev))
     }
 
     fn stage_pool(&self) -> Option<&Mutex<StagePool>> {
         self.copy_kernel().is_ok().then_some(&self.stages)
+    }
+
+    fn stage_lent(&self, dev: u64, bytes: usize) {
+        if let Some(b) = self.stage_blocks.lock().recover().get_mut(&dev) {
+            b.1 = bytes;
+        }
     }
 
     fn launch_copy(&self, stream: usize, header: u64) -> Result<()> {
@@ -253,7 +288,7 @@ impl StreamBackend for CudaStreamBackend {
         self.cuda.check("cuMemcpyAsync", r)?;
         let mut arg = twin;
         let mut params = [&mut arg as *mut u64 as *mut c_void];
-        let (blocks, threads) = STAGE_COPY_GRID;
+        let (blocks, threads) = (stage_copy_blocks(self.copy_bytes(header)), STAGE_COPY_THREADS);
         // SAFETY: one u64 parameter, as the kernel declares (the driver
         // copies it at launch); a live stream of this context (GpuStream's
         // contract); the header is in a staging block that is not reused

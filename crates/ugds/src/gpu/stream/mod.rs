@@ -97,6 +97,9 @@ pub(crate) trait StreamBackend: Send + Sync {
     fn stage_pool(&self) -> Option<&Mutex<StagePool>> {
         None
     }
+    /// The staging block at device address `dev` is lent to an operation
+    /// that moves up to `bytes` through it (a hint for its copies' launch).
+    fn stage_lent(&self, _dev: u64, _bytes: usize) {}
     /// Launches the staging copy kernel on `stream` for the block whose
     /// header is at device address `header`.
     fn launch_copy(&self, _stream: usize, _header: u64) -> Result<()> {

@@ -105,6 +105,7 @@ impl StageLease {
         mark: &StageMark,
     ) -> Result<StageLease> {
         let block = StagePool::take(pool, &**backend, want)?;
+        backend.stage_lent(block.dev, want);
         let lease = StageLease { backend: backend.clone(), block, mark: mark.clone() };
         for piece in 0..MAX_PIECES {
             lease.set_piece(piece, true, 0, 0, 0);

@@ -22,6 +22,8 @@ struct FakeGpu {
     refuse_waits: std::sync::atomic::AtomicBool,
     /// Refuse them once this many more have been taken.
     waits_allowed: Mutex<Option<usize>>,
+    /// Each staging block lent: its device address and the bytes asked for.
+    lent: Mutex<Vec<(u64, usize)>>,
 }
 
 impl FakeGpu {
@@ -105,6 +107,9 @@ impl StreamBackend for FakeGpu {
     fn stage_pool(&self) -> Option<&Mutex<StagePool>> {
         Some(&self.stages)
     }
+    fn stage_lent(&self, dev: u64, bytes: usize) {
+        self.lent.lock().unwrap().push((dev, bytes));
+    }
     fn launch_copy(&self, _: usize, header: u64) -> Result<()> {
         self.ops.lock().unwrap().push(FakeOp::Copy(header));
         Ok(())
@@ -185,6 +190,26 @@ fn staging_blocks_are_reused_only_after_the_gpu_passed_the_copy() {
     // Never launched: kept out of use.
     again.give_back();
     assert_ne!(s.stage(5000, &StageMark::default()).unwrap().data().0, ptr);
+}
+
+/// The runtime hears what each lease asks for, not its block's size: a
+/// 1 MiB block reused for 8 KiB is an 8 KiB copy (its grid is sized so).
+#[test]
+fn a_lent_block_tells_the_runtime_what_its_operation_moves() {
+    let gpu = Arc::new(FakeGpu::default());
+    let s = GpuStream::new(gpu.clone(), 1, StreamWait::DeviceSide).unwrap();
+    let big = s.stage(1 << 20, &StageMark::default()).unwrap();
+    let dev = big.header_dev(0);
+    // `big` stays lent; a second 1 MiB block runs its copy and comes back.
+    let mark = StageMark::default();
+    let lease = s.stage(1 << 20, &mark).unwrap();
+    let reused = lease.header_dev(0);
+    s.launch_staged(Box::new(|| {}), Box::new(|sig| sig.set()), Vec::new(), &[reused], false, &mark).unwrap();
+    lease.give_back();
+    gpu.run();
+    let small = s.stage(8192, &StageMark::default()).unwrap();
+    assert_eq!(small.header_dev(0), reused, "the free 1 MiB block is lent again");
+    assert_eq!(*gpu.lent.lock().unwrap(), vec![(dev, 1 << 20), (reused, 1 << 20), (reused, 8192)]);
 }
 
 #[test]

@@ -1,0 +1,119 @@
+//! Where the first 4 KiB read after set-up goes (issue 40: `ugds gpu-bench`'s
+//! `first_read_4k`, 400 us on the H200 against 37-51 us for the next
+//! ones): a handle on FILE through the kernel path, 64 MiB of GPU memory
+//! and 1 MiB of host memory registered, then 4 KiB reads in the order
+//! ORDER names, each timed:
+//!
+//! - `gpu0`: GPU memory at offset 0 first (as gpu-bench), then fresh offsets;
+//! - `gpu`: GPU memory at a fresh offset first, then host memory;
+//! - `host`: host memory first, then GPU memory;
+//! - `warm`: as `gpu`, after a 4 KiB copy to and from the GPU buffer of the
+//!   example's own (`cuMemcpyHtoD`, `cuMemcpyDtoH`): what the CUDA
+//!   driver's first copies cost, apart from ugds;
+//! - `fiemap`: as `gpu`, after asking the file system for the file's
+//!   extents (`FS_IOC_FIEMAP`, which reads its extent tree from the disk
+//!   where it is not cached): what the first read's block lookup costs.
+//!
+//! Every read but `gpu0`'s first is at an offset no other read named (each
+//! is the disk's). Drop the page cache before a run to start cold.
+//!
+//!     cargo run --release -p ugds --example first_read -- FILE ORDER
+
+use std::time::Instant;
+use ugds::gpu::cuda::Cuda;
+use ugds::{BufferToken, Driver, Handle, HandleOptions, HostBuffer};
+
+fn timed(h: &Handle, tok: &BufferToken, off: u64) -> ugds::Result<f64> {
+    let t = Instant::now();
+    h.read(tok, 4096, off, 0)?;
+    Ok(t.elapsed().as_secs_f64() * 1e6)
+}
+
+/// How many extents the file at `path` has (`FS_IOC_FIEMAP` with room for
+/// none: the file system walks its extent tree and counts).
+fn fiemap(path: &str) -> ugds::Result<u32> {
+    use std::os::fd::AsRawFd;
+    #[repr(C)]
+    #[derive(Default)]
+    struct Fiemap {
+        start: u64,
+        length: u64,
+        flags: u32,
+        mapped_extents: u32,
+        extent_count: u32,
+        reserved: u32,
+    }
+    /// `_IOWR('f', 11, struct fiemap)`.
+    const FS_IOC_FIEMAP: libc::c_ulong = 0xc020_660b;
+    let f = std::fs::File::open(path).map_err(|e| ugds::Error::Platform(format!("open {path}: {e}")))?;
+    let mut m = Fiemap { length: u64::MAX, ..Default::default() };
+    // SAFETY: FS_IOC_FIEMAP reads and writes one `struct fiemap` (with no
+    // extent array: `extent_count` 0).
+    if unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_FIEMAP, &mut m as *mut Fiemap) } != 0 {
+        return Err(ugds::Error::Platform(format!("FS_IOC_FIEMAP: {}", std::io::Error::last_os_error())));
+    }
+    Ok(m.mapped_extents)
+}
+
+fn main() -> ugds::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let (Some(path), Some(order)) = (args.next(), args.next()) else {
+        eprintln!("usage: first_read FILE gpu0|gpu|host|warm|fiemap");
+        std::process::exit(2);
+    };
+    let cuda = Cuda::get()?;
+    cuda.use_device(0)?;
+    let gpu = cuda.alloc(64 << 20)?;
+    let d = Driver::open();
+    let t = Instant::now();
+    let h = d.open_file(&path, HandleOptions::default())?;
+    let opened = t.elapsed();
+    let t = Instant::now();
+    // SAFETY: `gpu` outlives the registration (the process ends first).
+    let gtok = unsafe { d.register_cuda(gpu.ptr(), gpu.len())? };
+    let registered = t.elapsed();
+    let mut host = HostBuffer::new(1 << 20)?;
+    // SAFETY: `host` outlives the registration (the process ends first).
+    let htok = unsafe { d.register(host.as_mut_ptr(), host.len())? };
+    println!(
+        "handle {:.3} ms, 64 MiB GPU registration {:.3} ms",
+        opened.as_secs_f64() * 1e3,
+        registered.as_secs_f64() * 1e3
+    );
+    if order == "warm" {
+        let t = Instant::now();
+        let mut page = vec![1u8; 4096];
+        gpu.upload(0, &page)?;
+        gpu.download(0, &mut page)?;
+        println!("warm-up copies {:.1} us", t.elapsed().as_secs_f64() * 1e6);
+    }
+    if order == "fiemap" {
+        let t = Instant::now();
+        let extents = fiemap(&path)?;
+        println!("FS_IOC_FIEMAP: {extents} extents, {:.1} us", t.elapsed().as_secs_f64() * 1e6);
+    }
+    let blocks = h.capacity() / 4096;
+    let mut n = 0u64;
+    let mut fresh = || {
+        n += 1;
+        (n * 7919 * 13 % blocks) * 4096
+    };
+    let plan: Vec<(&str, u64)> = match order.as_str() {
+        "gpu0" => vec![("gpu", 0), ("gpu", fresh()), ("gpu", fresh()), ("host", fresh()), ("host", fresh())],
+        "gpu" | "warm" | "fiemap" => {
+            vec![("gpu", fresh()), ("gpu", fresh()), ("host", fresh()), ("host", fresh()), ("gpu", fresh())]
+        }
+        "host" => vec![("host", fresh()), ("host", fresh()), ("gpu", fresh()), ("gpu", fresh()), ("gpu", fresh())],
+        o => {
+            eprintln!("unknown order {o}: gpu0, gpu, host, warm or fiemap");
+            std::process::exit(2);
+        }
+    };
+    let mut out = Vec::new();
+    for (what, off) in plan.iter().chain([("gpu", fresh()), ("host", fresh()), ("gpu", fresh())].iter()) {
+        let tok = if *what == "gpu" { &gtok } else { &htok };
+        out.push(format!("{what}@{off:#x} {:.1}", timed(&h, tok, *off)?));
+    }
+    println!("{order}: 4 KiB reads in turn, us: {}", out.join(" / "));
+    Ok(())
+}
