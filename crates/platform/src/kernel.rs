@@ -375,12 +375,18 @@ fn write_back_block_device(path: &Path) {
     let done = crate::sys::open_file(&block, false, false).and_then(|fd| crate::sys::write_back_cache(fd.as_fd()));
     match done {
         Ok(()) => tracing::debug!(block = %block.display(), "block device's dirty pages written back"),
-        Err(e) => tracing::warn!(
+        // Said once per process (a user given the generic device but not
+        // the block device meets it at every open).
+        Err(e) if !WRITE_BACK_WARNED.swap(true, Ordering::Relaxed) => tracing::warn!(
             block = %block.display(),
             "could not write back the block device's page cache ({e}): writes made through it may land after this handle's"
         ),
+        Err(e) => tracing::debug!(block = %block.display(), "block device's page cache not written back ({e})"),
     }
 }
+
+/// Whether [`write_back_block_device`] has warned in this process.
+static WRITE_BACK_WARNED: AtomicBool = AtomicBool::new(false);
 
 /// The block device of the namespace behind the generic character device
 /// `path` (`/dev/ngXnY`: `/dev/nvmeXnY`, checked against sysfs), if there
