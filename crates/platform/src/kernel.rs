@@ -393,7 +393,9 @@ static WRITE_BACK_WARNED: AtomicBool = AtomicBool::new(false);
 /// is one.
 fn namespace_block_device(path: &Path) -> Option<PathBuf> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let name = path.file_name()?.to_str()?.strip_prefix("ng")?;
+    // A link (`/dev/disk/by-id/...`) names the device by its target.
+    let real = std::fs::canonicalize(path).ok()?;
+    let name = real.file_name()?.to_str()?.strip_prefix("ng")?;
     let numbers = std::fs::read_to_string(format!("/sys/block/nvme{name}/dev")).ok()?;
     let (maj, min) = numbers.trim().split_once(':')?;
     let block = PathBuf::from(format!("/dev/nvme{name}"));
