@@ -226,6 +226,7 @@ impl KernelPlatform {
 
     fn from_parts(path: PathBuf, buffered: OwnedFd, writable: bool) -> Result<KernelPlatform> {
         let size = crate::sys::file_size(buffered.as_fd())?;
+        load_block_map(buffered.as_fd());
         let direct = match crate::sys::open_file(&path, writable, true) {
             Ok(fd) => Some(fd),
             Err(e) => {
@@ -359,6 +360,22 @@ fn kernel_request_limit(path: &Path) -> Option<usize> {
     let bytes = read("max_hw_sectors_kb")? * 1024;
     let segments = read("max_segments").map_or(usize::MAX, |s| s.saturating_sub(1) * PAGE_SIZE);
     Some(bytes.min(segments).max(PAGE_SIZE))
+}
+
+/// A regular file's block map is read at open, not by its first read:
+/// after the page cache was dropped, the first direct read of a file whose
+/// extents do not fit its inode waited for the file system to read them,
+/// inside the `io_uring_enter` that submitted it (seen on this project's
+/// development VM, ext4 on virtio: 2.6 ms against 30 us for the next ones;
+/// `docs/benchmarks.md`).
+/// Anything else (a block device, a file system without extents) refuses
+/// the request, which costs nothing.
+fn load_block_map(fd: BorrowedFd<'_>) {
+    let started = std::time::Instant::now();
+    match crate::sys::load_extent_map(fd) {
+        Ok(n) => tracing::debug!(extents = n, us = started.elapsed().as_micros() as u64, "block map read"),
+        Err(e) => tracing::debug!("block map not read ({e})"),
+    }
 }
 
 /// Passthrough commands bypass the page cache of the namespace's block

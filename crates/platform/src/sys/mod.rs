@@ -417,6 +417,38 @@ pub fn write_back_cache(fd: std::os::fd::BorrowedFd<'_>) -> Result<()> {
     Ok(())
 }
 
+/// Asks the file system for a regular file's extents (`FS_IOC_FIEMAP`
+/// counting them, none copied out), which reads its block map from the
+/// disk where it is not cached: how many extents it has. `Unsupported`
+/// where the file system does not map extents (tmpfs, many network file
+/// systems).
+pub fn load_extent_map(fd: std::os::fd::BorrowedFd<'_>) -> Result<u32> {
+    /// `struct fiemap` without its extent array.
+    #[repr(C)]
+    #[derive(Default)]
+    struct Fiemap {
+        start: u64,
+        length: u64,
+        flags: u32,
+        mapped_extents: u32,
+        extent_count: u32,
+        reserved: u32,
+    }
+    /// `_IOWR('f', 11, struct fiemap)`.
+    const FS_IOC_FIEMAP: libc::c_ulong = 0xc020_660b;
+    let mut m = Fiemap { length: u64::MAX, ..Default::default() };
+    // SAFETY: FS_IOC_FIEMAP reads and writes one `struct fiemap`; with
+    // `extent_count` 0 it writes no extent array after it.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), FS_IOC_FIEMAP, &mut m as *mut Fiemap) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(match e.raw_os_error() {
+            Some(libc::EOPNOTSUPP | libc::ENOTTY) => Error::Unsupported("FS_IOC_FIEMAP".into()),
+            _ => Error::io("ioctl(FS_IOC_FIEMAP)", e),
+        });
+    }
+    Ok(m.mapped_extents)
+}
+
 /// How a descriptor was opened: `O_RDONLY`, `O_WRONLY` or `O_RDWR`.
 pub fn access_mode(fd: std::os::fd::BorrowedFd<'_>) -> Result<i32> {
     // SAFETY: F_GETFL reads the descriptor's flags.
