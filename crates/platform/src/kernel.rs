@@ -368,6 +368,7 @@ fn kernel_request_limit(path: &Path) -> Option<usize> {
 /// inside the `io_uring_enter` that submitted it (seen on this project's
 /// development VM, ext4 on virtio: 2.6 ms against 30 us for the next ones;
 /// `docs/benchmarks.md`).
+///
 /// Anything else (a block device, a file system without extents) refuses
 /// the request, which costs nothing.
 fn load_block_map(fd: BorrowedFd<'_>) {
