@@ -14,9 +14,9 @@ pub(super) struct CudaStreamBackend {
     /// header's device-mapped address), allocated at the block's first copy
     /// and kept as the block is.
     device_headers: Mutex<std::collections::HashMap<u64, u64>>,
-    /// Each staging block by its device address: its length and the bytes
-    /// its current operation moves at most (see `stage_lent`).
-    stage_blocks: Mutex<std::collections::BTreeMap<u64, (usize, usize)>>,
+    /// Each staging block by its device address: the bytes its current
+    /// operation moves at most (see `stage_lent`).
+    stage_blocks: Mutex<std::collections::BTreeMap<u64, usize>>,
 }
 
 /// The staging copy: `len` bytes from `src` to `dst`, read from the header
@@ -151,7 +151,7 @@ impl CudaStreamBackend {
     /// operation).
     fn copy_bytes(&self, header: u64) -> usize {
         let blocks = self.stage_blocks.lock().recover();
-        blocks.range(..=header).next_back().map_or(0, |(_, &(_, lent))| lent)
+        blocks.range(..=header).next_back().map_or(0, |(_, &lent)| lent)
     }
 
     /// The staging copy kernel of this context, loaded at the first call.
@@ -260,7 +260,7 @@ impl StreamBackend for CudaStreamBackend {
         } else {
             self.alloc_mapped(len)?
         };
-        self.stage_blocks.lock().recover().insert(dev, (len, len));
+        self.stage_blocks.lock().recover().insert(dev, len);
         Ok((host, dev))
     }
 
@@ -269,8 +269,8 @@ impl StreamBackend for CudaStreamBackend {
     }
 
     fn stage_lent(&self, dev: u64, bytes: usize) {
-        if let Some(b) = self.stage_blocks.lock().recover().get_mut(&dev) {
-            b.1 = bytes;
+        if let Some(lent) = self.stage_blocks.lock().recover().get_mut(&dev) {
+            *lent = bytes;
         }
     }
 
