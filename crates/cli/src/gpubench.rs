@@ -131,6 +131,27 @@ fn run(t: &TargetOpts, per_size: Duration, compute_us: u64, opts: HandleOptions,
         next.iter().map(|v| format!("{v:.1}")).collect::<Vec<_>>().join(" / ")
     );
     result(&key("first_read_4k"), first_us, "us");
+    // The first read also follows the disk's idle time (the process's
+    // set-up), and a virtual disk answers slowly after a pause (the
+    // development VM's: 75-81 us back to back, 175-450 after 100 ms;
+    // bench/disk_idle.py). Reads after pauses, at fresh offsets: what the
+    // first read costs with nothing left to its first use.
+    let blocks = (h.capacity() / 4096).max(1);
+    for (name, pause) in [("5ms", Duration::from_millis(5)), ("100ms", Duration::from_millis(100))] {
+        let mut after = Vec::new();
+        for i in 0..5u64 {
+            std::thread::sleep(pause);
+            let s = Instant::now();
+            h.read(&tok, 4096, (100 + i) * 7919 % blocks * 4096, 0)?;
+            after.push(s.elapsed().as_secs_f64() * 1e6);
+        }
+        after.sort_by(f64::total_cmp);
+        println!(
+            "4 KiB reads after {name} idle, us: {}",
+            after.iter().map(|v| format!("{v:.1}")).collect::<Vec<_>>().join(" / ")
+        );
+        result(&key(&format!("read_4k_after_{name}_idle")), after[2], "us");
+    }
 
     // Synchronous random reads by size.
     let cap = h.capacity();

@@ -5,7 +5,9 @@
 //! file, one per 64 KiB block), each set on a new batch context; three
 //! passes on one handle. Prints the first batch's time and the median of
 //! the other 20 for each set; before them, how long a fresh 64 MiB buffer
-//! takes to register and its first six 4 KiB reads. Drop the page cache before a run to start
+//! takes to register and its first six 4 KiB reads, and five more each
+//! after 100 ms without I/O (with `UGDS_TRACE=6`, the first six reads'
+//! commands and their times in the kernel). Drop the page cache before a run to start
 //! cold (`echo 3 > /proc/sys/vm/drop_caches`).
 //!
 //!     cargo run --release -p ugds --example first_batch -- FILE
@@ -56,7 +58,7 @@ fn rounds(h: &Handle, tok: &BufferToken, offset: impl Fn(u64, u64) -> u64) -> ug
 fn main() -> ugds::Result<()> {
     let path = std::env::args().nth(1).expect("usage: first_batch FILE");
     let d = Driver::open();
-    let h = d.open_file(&path, HandleOptions::default())?;
+    let h = d.open_file(&path, HandleOptions::from_env())?;
     let blocks = (h.capacity() / 65536).clamp(1, 32768);
     if blocks < 128 {
         return Err(ugds::Error::InvalidArgument(format!("{path}: 8 MiB at least")));
@@ -79,6 +81,24 @@ fn main() -> ugds::Result<()> {
         registered.as_secs_f64() * 1e3,
         reads.join(" / ")
     );
+    // With `UGDS_TRACE=6`: those reads' commands, each with its time in
+    // the kernel (the registration with the ring comes before it).
+    for q in h.trace() {
+        for e in q.events.iter().filter(|e| e.completed.is_some()) {
+            println!("  queue {}: {e}", q.qid);
+        }
+    }
+    // The same reads after the disk was idle as long as before the first
+    // (a virtual disk answers slowly after a pause; `ugds gpu-bench`'s
+    // `read_4k_after_100ms_idle`).
+    let mut after = Vec::new();
+    for i in 0..5u64 {
+        std::thread::sleep(Duration::from_millis(100));
+        let t = Instant::now();
+        h.read(&big_tok, 4096, fresh_offset(1001, i, blocks), 0)?;
+        after.push(format!("{:.3}", t.elapsed().as_secs_f64() * 1e3));
+    }
+    println!("4 KiB reads after 100 ms idle: {} ms", after.join(" / "));
     d.deregister(&big_tok)?;
     let mut buf = HostBuffer::new(128 * 4096)?;
     // SAFETY: `buf` outlives the registration (deregistered below).

@@ -18,6 +18,10 @@
 //!
 //! Every read but `gpu0`'s first is at an offset no other read named (each
 //! is the disk's). Drop the page cache before a run to start cold.
+//! `UGDS_LOG=debug` prints the library's first-use messages (a ring's
+//! registration of a buffer, a bounce slab made); `UGDS_TRACE=N` then
+//! lists each queue's commands with the time each spent in the kernel,
+//! the rest of a read's time being ugds's and CUDA's around it.
 //!
 //!     cargo run --release -p ugds --example first_read -- FILE ORDER
 
@@ -45,12 +49,13 @@ fn main() -> ugds::Result<()> {
         eprintln!("usage: first_read FILE gpu0|gpu|host|warm|fiemap");
         std::process::exit(2);
     };
+    ugds::log::install_from_env(ugds::log::Level::WARN);
     let cuda = Cuda::get()?;
     cuda.use_device(0)?;
     let gpu = cuda.alloc(64 << 20)?;
     let d = Driver::open();
     let t = Instant::now();
-    let h = d.open_file(&path, HandleOptions::default())?;
+    let h = d.open_file(&path, HandleOptions::from_env())?;
     let opened = t.elapsed();
     let t = Instant::now();
     // SAFETY: `gpu` outlives the registration (the process ends first).
@@ -99,5 +104,10 @@ fn main() -> ugds::Result<()> {
         out.push(format!("{what}@{off:#x} {:.1}", timed(&h, tok, *off)?));
     }
     println!("{order}: 4 KiB reads in turn, us: {}", out.join(" / "));
+    for q in h.trace() {
+        for e in q.events {
+            println!("  queue {}: {e}", q.qid);
+        }
+    }
     Ok(())
 }
