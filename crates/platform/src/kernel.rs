@@ -19,7 +19,7 @@
 use crate::device::{DeviceMemory, DeviceRuntime};
 use crate::dma::DmaBuffer;
 use crate::sys::uring::direct_io_alignment;
-use crate::sys::uring::{BOUNCE_BUFFERS, FIXED_BUFFERS, FIXED_BUFFER_MAX};
+use crate::sys::uring::{fixed_copies, Ring, BOUNCE_BUFFERS, FIXED_BUFFERS, FIXED_BUFFER_MAX};
 use crate::sys::{EventFd, PAGE_SIZE};
 use crate::window::DeviceWindows;
 use crate::Recover;
@@ -104,6 +104,11 @@ pub struct KernelPlatform {
     host_epoch: AtomicU64,
     /// The kernel has no `cachestat`: `cached` answers `None`.
     no_cachestat: AtomicBool,
+    /// A ring holding this handle's registered buffers (host ranges and
+    /// the bounce slabs it has used), pinned once, which its queues' rings
+    /// copy their tables from; made at the first need, `None` where the
+    /// kernel has no registered buffers.
+    buffer_source: OnceLock<Option<Mutex<Ring>>>,
 }
 
 impl std::fmt::Debug for KernelPlatform {
@@ -214,6 +219,7 @@ impl KernelPlatform {
             slots: Mutex::new(HostSlots::new()),
             host_epoch: AtomicU64::new(0),
             no_cachestat: AtomicBool::new(false),
+            buffer_source: OnceLock::new(),
         })
     }
 
@@ -253,6 +259,7 @@ impl KernelPlatform {
             slots: Mutex::new(HostSlots::new()),
             host_epoch: AtomicU64::new(0),
             no_cachestat: AtomicBool::new(false),
+            buffer_source: OnceLock::new(),
         })
     }
 
@@ -269,6 +276,53 @@ impl KernelPlatform {
         let hosts = self.hosts.read().recover();
         let (&start, r) = hosts.range(..=addr).next_back()?;
         (addr + len <= start + r.len).then_some((r.slot, r.generation, start as *mut u8, r.len))
+    }
+
+    /// Makes slot `index` of `ring`'s registered-buffer table hold
+    /// generation `generation` of the `len` bytes at `addr`: registered
+    /// once in this handle's buffer source and the table copied from there
+    /// where the kernel can (the first use on each further ring then pins
+    /// nothing), else registered by `ring` itself. False where neither
+    /// could; operations on the memory then name no buffer.
+    ///
+    /// # Safety
+    /// As for [`Ring::fixed_buffer`].
+    pub unsafe fn fixed_buffer(&self, ring: &mut Ring, index: u16, generation: u32, addr: *mut u8, len: usize) -> bool {
+        if ring.fixed_generation(index) == generation {
+            return true;
+        }
+        if fixed_copies() {
+            if let Some(source) = self.buffer_source() {
+                let mut source = source.lock().recover();
+                // SAFETY: the caller's contract; the source releases the
+                // slot when the memory is unmapped (`unmap_host`).
+                if !unsafe { source.fixed_buffer(index, generation, addr, len) } {
+                    // Not registered by the ring either: a slot of its own
+                    // would be emptied by its next copy, under operations
+                    // staged to use it.
+                    return false;
+                }
+                if ring.copy_fixed_from(&source) {
+                    return true;
+                }
+            }
+        }
+        // SAFETY: the caller's contract.
+        unsafe { ring.fixed_buffer(index, generation, addr, len) }
+    }
+
+    /// The ring this handle's registered buffers are pinned in, made at
+    /// the first call.
+    fn buffer_source(&self) -> Option<&Mutex<Ring>> {
+        self.buffer_source
+            .get_or_init(|| match Ring::buffer_source() {
+                Ok(r) => Some(Mutex::new(r)),
+                Err(e) => {
+                    tracing::debug!("no ring to hold registered buffers ({e}): each ring registers its own");
+                    None
+                }
+            })
+            .as_ref()
     }
 
     /// Changes each time registered host memory is unmapped.
@@ -508,17 +562,28 @@ impl Platform for KernelPlatform {
                 let generation = s.next_generation;
                 s.generation[(slot - BOUNCE_BUFFERS) as usize] = generation;
                 let r = HostRange { len: span.1, slot, generation };
+                // Faulted in and pinned here, at registration, as other
+                // platforms pin, so that the first read pays nothing for
+                // it (64 MiB not yet touched: 6-90 ms seen in the first 4
+                // KiB read on the development machine; a ring's
+                // registration of 64 MiB: 0.16 ms). Faulted in first:
+                // pinning faults pages in one by one, several times slower.
+                // Pinned in the buffer source, whose table the rings copy,
+                // where the kernel copies tables; else each ring pins it
+                // at its first use.
                 self.hosts.write().recover().insert(span.0, r);
                 drop(s);
-                // A ring that registers the memory pins all of it, faulting
-                // in every page not yet touched (64 MiB fresh: 6-90 ms seen
-                // in the first 4 KiB read on the development machine):
-                // faulted in here, at registration, as other platforms pin
-                // at registration, so that the first read pays nothing for
-                // the rest of the buffer.
-                // SAFETY: the caller's contract: `len` bytes at `vaddr`
-                // are mapped for the registration's life.
-                unsafe { crate::sys::populate(span.0 as *mut u8, span.1) };
+                let base = span.0 as *mut u8;
+                // SAFETY: the caller's contract: `len` bytes at `vaddr` are
+                // mapped for the registration's life; `unmap_host`
+                // releases the slot. (A ring that meets the memory first
+                // registers it in the source itself, under the same lock.)
+                unsafe {
+                    crate::sys::populate(base, span.1);
+                    if let Some(source) = self.buffer_source().filter(|_| fixed_copies()) {
+                        let _ = source.lock().recover().fixed_buffer(slot, generation, base, span.1);
+                    }
+                }
             }
         }
         // SAFETY: the kernel path names memory by its own address (the
@@ -541,6 +606,9 @@ impl Platform for KernelPlatform {
         if let Some(r) = self.hosts.write().recover().remove(&(mapping.cookie as usize)) {
             let mut s = self.slots.lock().recover();
             s.generation[(r.slot - BOUNCE_BUFFERS) as usize] = 0;
+            if let Some(Some(source)) = self.buffer_source.get() {
+                source.lock().recover().release_fixed(r.slot);
+            }
             s.free.push(r.slot);
             self.host_epoch.fetch_add(1, Ordering::Release);
         }

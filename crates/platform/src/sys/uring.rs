@@ -341,6 +341,16 @@ pub const BOUNCE_BUFFERS: u16 = 256;
 /// The largest buffer io_uring registers.
 pub const FIXED_BUFFER_MAX: usize = 1 << 30;
 
+/// Set once a copy of a registered-buffer table failed: the kernel has no
+/// `IORING_REGISTER_CLONE_BUFFERS` with offsets (before 6.13).
+static NO_FIXED_COPIES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether rings may copy registered buffers from a source ring
+/// ([`Ring::copy_fixed_from`]): true until a copy failed in this process.
+pub fn fixed_copies() -> bool {
+    !NO_FIXED_COPIES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 enum Kind {
     Plain(IoUring),
     Nvme(IoUring<squeue::Entry128, cqueue::Entry32>),
@@ -466,6 +476,72 @@ impl Ring {
                 false
             }
         }
+    }
+
+    /// A ring that only holds registered buffers: the table other rings
+    /// copy ([`copy_fixed_from`](Self::copy_fixed_from)), so that memory
+    /// is pinned once for all of them. `Unsupported` where the kernel has
+    /// no sparse table.
+    pub fn buffer_source() -> Result<Ring> {
+        let ring = IoUring::builder().build(1).map_err(|e| Error::io("io_uring_setup", e))?;
+        ring.submitter()
+            .register_buffers_sparse(FIXED_BUFFERS as u32)
+            .map_err(|e| Error::Unsupported(format!("registered buffers ({e})")))?;
+        Ok(Ring { ring: Kind::Plain(ring), fixed: Some(vec![0u32; FIXED_BUFFERS as usize].into()), slots: None })
+    }
+
+    /// Makes this ring's registered-buffer table a copy of `source`'s,
+    /// every slot (`IORING_REGISTER_CLONE_BUFFERS`, Linux 6.13): the kernel
+    /// shares the pinned pages, nothing is pinned again, and operations in
+    /// flight keep the buffers they name. False where the kernel cannot,
+    /// the table then as it was.
+    ///
+    /// The whole table, never a range: some kernels drop the slots after a
+    /// range copied into a table that has entries.
+    pub fn copy_fixed_from(&mut self, source: &Ring) -> bool {
+        /// `struct io_uring_clone_buffers`.
+        #[repr(C)]
+        struct CloneBuffers {
+            src_fd: u32,
+            flags: u32,
+            src_off: u32,
+            dst_off: u32,
+            nr: u32,
+            pad: [u32; 3],
+        }
+        /// `IORING_REGISTER_CLONE_BUFFERS` and `IORING_REGISTER_DST_REPLACE`.
+        const CLONE_BUFFERS: libc::c_long = 30;
+        const DST_REPLACE: u32 = 1 << 1;
+        let (Some(mine), Some(theirs)) = (&mut self.fixed, &source.fixed) else { return false };
+        if mine.len() != theirs.len() {
+            return false;
+        }
+        let src_fd = with_ring!(&source.ring, r => r.as_raw_fd());
+        let dst_fd = with_ring!(&self.ring, r => r.as_raw_fd());
+        let arg = CloneBuffers {
+            src_fd: src_fd as u32,
+            flags: DST_REPLACE,
+            src_off: 0,
+            dst_off: 0,
+            nr: theirs.len() as u32,
+            pad: [0; 3],
+        };
+        // SAFETY: io_uring_register reads one `struct io_uring_clone_buffers`
+        // (nr_args 1); both descriptors are rings this process owns. The
+        // copied slots name memory `source`'s owner keeps registered.
+        let r = unsafe {
+            libc::syscall(libc::SYS_io_uring_register, dst_fd, CLONE_BUFFERS, &arg as *const CloneBuffers, 1)
+        };
+        if r < 0 {
+            tracing::debug!(
+                "registered buffers not copied between rings ({}): each ring registers its own",
+                std::io::Error::last_os_error()
+            );
+            NO_FIXED_COPIES.store(true, std::sync::atomic::Ordering::Relaxed);
+            return false;
+        }
+        mine.copy_from_slice(theirs);
+        true
     }
 
     /// Empties slot `index` (its pages are unpinned once the operations

@@ -328,7 +328,7 @@ impl UringQueue {
         if let Some(b @ Bounce { index: Some(i), .. }) = t.bounce {
             // SAFETY: bounce slabs are mapped for the process's life and
             // their slot numbers are theirs alone (generation 1).
-            if unsafe { self.ring.fixed_buffer(i, 1, b.slab.0 as *mut u8, b.slab.1) } {
+            if unsafe { self.platform.fixed_buffer(&mut self.ring, i, 1, b.slab.0 as *mut u8, b.slab.1) } {
                 t.fixed = Some(i);
             }
         } else if t.device == 0 && t.nsid == 0 && matches!(t.kind, Kind::Read | Kind::Write) {
@@ -425,7 +425,7 @@ impl UringQueue {
         // SAFETY: the registration maps the memory until it is unmapped,
         // which the registry refuses while I/O on it is in flight; a
         // generation names one registration.
-        unsafe { self.ring.fixed_buffer(slot, generation, base, blen) }.then_some(slot)
+        unsafe { self.platform.fixed_buffer(&mut self.ring, slot, generation, base, blen) }.then_some(slot)
     }
 
     fn cqe(&self, cid: Cid, status: Status, short: u32) -> Cqe {

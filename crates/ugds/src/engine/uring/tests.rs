@@ -177,8 +177,14 @@ fn registered_host_memory_is_a_ring_buffer_until_unmapped() {
     // SAFETY: the 128 KiB just read, inside `a`.
     let data = unsafe { std::slice::from_raw_parts(addr as *const u8, 131072) };
     assert!(data.iter().enumerate().all(|(i, &x)| x == pattern(65536 + i)), "the file's bytes, read through the slot");
-    assert_eq!(f.q.ring.fixed_generation(sa), ga, "registered with the ring at its first use");
-    assert_eq!(f.q.ring.fixed_generation(sb), 0, "not before");
+    assert_eq!(f.q.ring.fixed_generation(sa), ga, "in the ring's table at its first use");
+    if ugds_platform::sys::uring::fixed_copies() {
+        // The table copied from the handle's source, where both were
+        // pinned at registration.
+        assert_eq!(f.q.ring.fixed_generation(sb), gb, "copied with the table");
+    } else {
+        assert_eq!(f.q.ring.fixed_generation(sb), 0, "registered by the ring itself: not before its use");
+    }
     // `a` unregistered: the ring lets its slot go at its next use of host memory.
     // SAFETY: its mapping, no command in flight on it.
     unsafe { p.unmap_host(&ma) }.unwrap();
@@ -193,6 +199,49 @@ fn registered_host_memory_is_a_ring_buffer_until_unmapped() {
     assert!(got[0].is_success());
     // SAFETY: as above.
     unsafe { p.unmap_host(&mb) }.unwrap();
+}
+
+#[test]
+fn rings_of_a_handle_share_its_registered_buffers() {
+    use ugds_platform::sys::uring::{fixed_copies, BOUNCE_BUFFERS};
+    let mut f = fixture("shared", false);
+    let p = f.q.platform.clone();
+    let mut q2 = UringQueue::new(p.clone(), None, 2, 64, BLOCK, KernelRing::Plain).unwrap();
+    // A read into GPU memory on the first ring: a bounce slab in its table.
+    let gpu = f.iova;
+    assert!(run(&mut f.q, &[(rw(NvmOpcode::Read, 8192, 4096, gpu), gpu)])[0].is_success());
+    let bounce = (0..BOUNCE_BUFFERS).find(|&i| f.q.ring.fixed_generation(i) != 0).expect("a bounce slot in use");
+    let a = ugds_platform::sys::Anonymous::populated(1 << 20).unwrap();
+    // SAFETY: `a` outlives its mapping (unmapped below).
+    let ma = unsafe { p.map_host(a.as_ptr(), 1 << 20) }.unwrap();
+    let (sa, ga, ..) = p.host_buffer(a.as_ptr() as usize, 1).expect("a slot");
+    // Both rings read into it, each its own half.
+    let (lo, hi) = (a.as_ptr() as u64, a.as_ptr() as u64 + (512 << 10));
+    assert!(run(&mut f.q, &[(rw(NvmOpcode::Read, 0, 512 << 10, lo), lo)])[0].is_success());
+    assert!(run(&mut q2, &[(rw(NvmOpcode::Read, 512 << 10, 512 << 10, hi), hi)])[0].is_success());
+    // SAFETY: the 1 MiB just read.
+    let data = unsafe { std::slice::from_raw_parts(a.as_ptr(), 1 << 20) };
+    assert!(data.iter().enumerate().all(|(i, &x)| x == pattern(i)), "each ring read the file's bytes through the slot");
+    assert_eq!((f.q.ring.fixed_generation(sa), q2.ring.fixed_generation(sa)), (ga, ga));
+    if fixed_copies() {
+        // The bounce slab went into the handle's source at its first use,
+        // so the copies kept it on the first ring and brought it to the
+        // second, which never read into GPU memory.
+        assert_eq!(f.q.ring.fixed_generation(bounce), 1, "kept through the first ring's copy");
+        assert_eq!(q2.ring.fixed_generation(bounce), 1, "copied to the second ring");
+    }
+    // GPU reads still go through the first ring's bounce slot.
+    assert!(run(&mut f.q, &[(rw(NvmOpcode::Read, 16384, 4096, gpu + 4096), gpu + 4096)])[0].is_success());
+    assert!(f.gpu.mem.lock().unwrap()[4096..8192].iter().enumerate().all(|(i, &b)| b == pattern(16384 + i)));
+    // Unmapped: each ring lets the slot go at its next use of host memory.
+    // SAFETY: its mapping, no command in flight on it.
+    unsafe { p.unmap_host(&ma) }.unwrap();
+    let c = ugds_platform::sys::Anonymous::populated(4096).unwrap();
+    let addr = c.as_ptr() as u64;
+    for q in [&mut f.q, &mut q2] {
+        assert!(run(q, &[(rw(NvmOpcode::Read, 0, 4096, addr), addr)])[0].is_success());
+        assert_eq!(q.ring.fixed_generation(sa), 0, "the unmapped memory's slot is released");
+    }
 }
 
 /// Drops the file's pages from the page cache (written back first), and
