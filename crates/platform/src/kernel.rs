@@ -554,7 +554,8 @@ impl Platform for KernelPlatform {
     unsafe fn map_host(&self, vaddr: *mut u8, len: usize) -> Result<HostMapping> {
         let span = HostMapping::span(vaddr, len)?;
         // A slot in the rings' registered-buffer tables, where one is free:
-        // the rings register the memory when they first use it.
+        // the memory is pinned below, and each ring takes it into its table
+        // when it first uses it.
         if span.1 <= FIXED_BUFFER_MAX {
             let mut s = self.slots.lock().recover();
             if let Some(slot) = s.free.pop() {
