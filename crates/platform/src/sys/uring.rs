@@ -509,6 +509,7 @@ impl Ring {
             nr: u32,
             pad: [u32; 3],
         }
+        const _: () = assert!(std::mem::size_of::<CloneBuffers>() == 32);
         /// `IORING_REGISTER_CLONE_BUFFERS` and `IORING_REGISTER_DST_REPLACE`.
         const CLONE_BUFFERS: libc::c_long = 30;
         const DST_REPLACE: u32 = 1 << 1;
