@@ -81,11 +81,13 @@ impl Driver {
     }
 
     fn open_kernel(&self, platform: Arc<ugds_platform::kernel::KernelPlatform>, opts: HandleOptions) -> Result<Handle> {
-        let polled = opts.completion == crate::engine::Completion::Poll;
-        let ctrl =
-            crate::engine::KernelController::new(platform, Self::queues_wanted(&opts), opts.kernel_ring, polled)?
-                .cache_policy(opts.cache);
-        self.open_controller(Controller::Kernel(Box::new(ctrl)), opts)
+        with_copies_prepared(|| {
+            let polled = opts.completion == crate::engine::Completion::Poll;
+            let ctrl =
+                crate::engine::KernelController::new(platform, Self::queues_wanted(&opts), opts.kernel_ring, polled)?
+                    .cache_policy(opts.cache);
+            self.open_controller(Controller::Kernel(Box::new(ctrl)), opts)
+        })
     }
 
     /// Opens a handle on a namespace of the NVMe/TCP controller `target`
@@ -96,8 +98,10 @@ impl Driver {
     /// socket has data (the platform's epoll thread signals the queue's
     /// vector).
     pub fn open_tcp(&self, target: &crate::fabrics::TcpTarget, opts: HandleOptions) -> Result<Handle> {
-        let ctrl = crate::engine::tcp::TcpController::connect(target, Self::queues_wanted(&opts))?;
-        self.open_controller(Controller::Tcp(Box::new(ctrl)), opts)
+        with_copies_prepared(|| {
+            let ctrl = crate::engine::tcp::TcpController::connect(target, Self::queues_wanted(&opts))?;
+            self.open_controller(Controller::Tcp(Box::new(ctrl)), opts)
+        })
     }
 
     /// Opens a handle on a namespace of the NVMe/RDMA controller `target`
@@ -316,4 +320,34 @@ fn warm_bounce_pool(d: &DeviceMemory) {
     if let Err(e) = crate::engine::bounce::warm(&*d.runtime) {
         tracing::debug!("bounce buffers not made ahead of the first command: {e}");
     }
+}
+
+/// Opens a handle that copies GPU memory through bounce buffers (`open`)
+/// while, on a thread of its own, what the first GPU registration would
+/// otherwise make is made: the copy engine of the opening thread's CUDA
+/// context and the first bounce slab (on the H100, about 1 ms each). Only
+/// where the process already has CUDA loaded and this thread a context
+/// current: a host-only program loads and initialises no GPU runtime.
+/// Joined before the open returns; a failure is logged and left to the
+/// registration to meet again.
+fn with_copies_prepared(open: impl FnOnce() -> Result<Handle>) -> Result<Handle> {
+    #[cfg(feature = "gpu")]
+    let prep = crate::gpu::cuda::Cuda::if_loaded().and_then(|cuda| {
+        let ctx = cuda.context_of_thread()?;
+        let spawned = std::thread::Builder::new().name("ugds-copy-prep".into()).spawn(move || {
+            let t0 = std::time::Instant::now();
+            let made = cuda.context(ctx).and_then(|rt| crate::engine::bounce::warm(&*rt));
+            match made {
+                Ok(()) => tracing::debug!(us = t0.elapsed().as_micros() as u64, "copy engine and bounce slab made"),
+                Err(e) => tracing::debug!("copies not prepared while the handle opened: {e}"),
+            }
+        });
+        spawned.map_err(|e| tracing::debug!("no thread to prepare copies on: {e}")).ok()
+    });
+    let opened = open();
+    #[cfg(feature = "gpu")]
+    if let Some(t) = prep {
+        let _ = t.join();
+    }
+    opened
 }

@@ -37,6 +37,23 @@ impl Library {
         Err(Error::GpuUnavailable(format!("cannot load {}: {last}", names.join(" or "))))
     }
 
+    /// Whether one of `names` is already loaded in this process (asking
+    /// loads nothing).
+    pub fn is_loaded(names: &[&str]) -> bool {
+        names.iter().any(|name| {
+            let c = CString::new(*name).expect("library names have no NUL");
+            // SAFETY: a valid C string; RTLD_NOLOAD returns a handle only
+            // to a library already loaded, and loads nothing.
+            let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+            if handle.is_null() {
+                return false;
+            }
+            // SAFETY: gives back the reference RTLD_NOLOAD just took.
+            unsafe { libc::dlclose(handle) };
+            true
+        })
+    }
+
     /// The address of `symbol` as a function pointer of type `T`.
     ///
     /// # Safety
@@ -88,6 +105,17 @@ mod tests {
     fn a_missing_library_is_a_clear_error() {
         let e = Library::open(&["libugds-no-such-runtime.so.1"]).expect_err("must fail");
         assert!(matches!(e, Error::GpuUnavailable(ref m) if m.contains("libugds-no-such-runtime")), "{e}");
+    }
+
+    #[test]
+    fn loaded_libraries_are_told_apart_without_loading_any() {
+        assert!(Library::is_loaded(&["libugds-no-such-runtime.so.1", "libc.so.6"]));
+        assert!(!Library::is_loaded(&["libugds-no-such-runtime.so.1"]));
+        // libz is on every machine that builds this, and nothing here links it.
+        if !Library::is_loaded(&["libz.so.1"]) {
+            let z = Library::open(&["libz.so.1"]);
+            assert_eq!(Library::is_loaded(&["libz.so.1"]), z.is_ok());
+        }
     }
 
     #[test]

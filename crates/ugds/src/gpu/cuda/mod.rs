@@ -92,6 +92,25 @@ impl Cuda {
             .map_err(Error::GpuUnavailable)
     }
 
+    /// The driver, where this process already has it: loaded by
+    /// [`Cuda::get`], or `libcuda.so.1` loaded by someone else (the CUDA
+    /// runtime, torch). A program that never used CUDA gets `None`, and
+    /// nothing is loaded or initialised.
+    pub(crate) fn if_loaded() -> Option<Arc<Cuda>> {
+        if let Some(Ok(c)) = CUDA.get() {
+            return Some(c.clone());
+        }
+        if !Library::is_loaded(&["libcuda.so.1", "libcuda.so"]) {
+            return None;
+        }
+        Cuda::get().ok()
+    }
+
+    /// The calling thread's current context, if it has one.
+    pub(crate) fn context_of_thread(&self) -> Option<usize> {
+        self.current().ok().filter(|c| !c.is_null()).map(|c| c as usize)
+    }
+
     fn load() -> Result<Cuda> {
         let lib = Library::open(&["libcuda.so.1", "libcuda.so"])?;
         let api = Api::load(&lib)?;
@@ -258,7 +277,9 @@ impl Cuda {
         r
     }
 
-    fn context(self: &Arc<Self>, ctx: usize) -> Result<Arc<CudaContext>> {
+    /// The runtime object of context `ctx`, made (with its device's copy
+    /// engine) the first time.
+    pub(crate) fn context(self: &Arc<Self>, ctx: usize) -> Result<Arc<CudaContext>> {
         let mut map = self.contexts.lock().recover();
         if let Some(c) = map.get(&ctx) {
             return Ok(c.clone());
@@ -276,10 +297,12 @@ impl Cuda {
             events: Mutex::new(Vec::new()),
             events_made: (AtomicU64::new(0), AtomicU64::new(0)),
         });
-        // The copy engine is made now, at the first registration, rather
-        // than at the first copy: creating a context may wait for the
-        // device under the driver's lock, which must not happen while a
-        // stream waits on an emulated I/O that needs a copy.
+        // The copy engine is made with the context's runtime object (at
+        // the first registration, or while a handle opens: see
+        // `driver::with_copies_prepared`), never at the first copy:
+        // creating a context may wait for the device under the driver's
+        // lock, which must not happen while a stream waits on an emulated
+        // I/O that needs a copy.
         let _ = c.copy.set(self.copy_engine(device).map_err(|e| e.to_string()));
         map.insert(ctx, c.clone());
         Ok(c)
