@@ -2,18 +2,20 @@
 // with one or a few streams waiting on I/O (about 200 us at p99 on an H100,
 // whatever CUDA_DEVICE_MAX_CONNECTIONS says, against 8 us at p50). A kernel
 // that returns at once is launched on a stream of its own and synchronized,
-// 2000 times, while another thread keeps one other stream busy with one of:
+// 2000 times, while STREAMS other threads (1 unless given) each keep a
+// stream of their own busy with one of:
 //   idle        nothing
 //   wait        a wait on a host word (cuStreamWaitValue32) that the thread
 //               releases IO_US later, then a write the thread waits for: a
 //               stream-ordered read's wait without its copy
-//   copykernel  ugds's staging copy's shape: a 64 x 256 kernel copying 1 MiB
-//               from device-mapped host memory, back to back
+//   copykernel  ugds's staging copy's shape: a BLOCKS x 256 kernel (64
+//               unless given) copying 1 MiB from device-mapped host memory,
+//               back to back
 //   memcpy      cuMemcpyHtoDAsync of 1 MiB, back to back
 //   wait+copy   the wait, then the copy kernel: what a staged read does
 // and prints p50, p99 and the largest launch-to-end time of each.
 //
-//   nvcc -O2 -o neighbour_tail neighbour_tail.c -lcuda -lpthread && ./neighbour_tail 500
+//   nvcc -O2 -o neighbour_tail neighbour_tail.c -lcuda -lpthread && ./neighbour_tail 500 [STREAMS [BLOCKS]]
 #include <cuda.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -43,36 +45,43 @@ static const char *ptx =
 enum { IDLE, WAIT, COPYKERNEL, MEMCPY, WAIT_COPY, MODES };
 static const char *names[MODES] = {"idle", "wait", "copykernel", "memcpy", "wait+copy"};
 
-static struct {
-    CUcontext ctx;
+enum { MAX_STREAMS = 32 };
+
+/// One busy stream and what it works on.
+struct busy {
     CUstream s;
-    CUfunction copy;
     CUdeviceptr dst, src_dev, word_dev, passed_dev;
     void *src_host;
     volatile unsigned *word, *passed;
+};
+
+static struct {
+    CUcontext ctx;
+    CUfunction copy;
+    unsigned blocks;
     double io_us;
     int mode;
     volatile int stop;
 } g;
 
 static void *busy(void *arg) {
-    (void)arg;
+    struct busy *b = arg;
     CK(cuCtxSetCurrent(g.ctx));
     unsigned n = 0;
     unsigned long long n16 = (1 << 20) / 16;
-    void *kp[] = {&g.dst, &g.src_dev, &n16};
+    void *kp[] = {&b->dst, &b->src_dev, &n16};
     while (!g.stop) {
         int waits = g.mode == WAIT || g.mode == WAIT_COPY;
-        if (waits) CK(cuStreamWaitValue32(g.s, g.word_dev, ++n, CU_STREAM_WAIT_VALUE_GEQ));
-        if (g.mode == COPYKERNEL || g.mode == WAIT_COPY) CK(cuLaunchKernel(g.copy, 64, 1, 1, 256, 1, 1, 0, g.s, kp, 0));
-        if (g.mode == MEMCPY) CK(cuMemcpyHtoDAsync(g.dst, g.src_host, 1 << 20, g.s));
+        if (waits) CK(cuStreamWaitValue32(b->s, b->word_dev, ++n, CU_STREAM_WAIT_VALUE_GEQ));
+        if (g.mode == COPYKERNEL || g.mode == WAIT_COPY) CK(cuLaunchKernel(g.copy, g.blocks, 1, 1, 256, 1, 1, 0, b->s, kp, 0));
+        if (g.mode == MEMCPY) CK(cuMemcpyHtoDAsync(b->dst, b->src_host, 1 << 20, b->s));
         if (waits) {
-            CK(cuStreamWriteValue32(g.s, g.passed_dev, n, CU_STREAM_WRITE_VALUE_DEFAULT));
+            CK(cuStreamWriteValue32(b->s, b->passed_dev, n, CU_STREAM_WRITE_VALUE_DEFAULT));
             spin_us(g.io_us);
-            *g.word = n;
-            while (*g.passed != n && !g.stop) {}
+            *b->word = n;
+            while (*b->passed != n && !g.stop) {}
         } else if (g.mode != IDLE) {
-            CK(cuStreamSynchronize(g.s));
+            CK(cuStreamSynchronize(b->s));
         } else {
             spin_us(100);
         }
@@ -83,6 +92,12 @@ static void *busy(void *arg) {
 int main(int argc, char **argv) {
     setvbuf(stdout, 0, _IONBF, 0);
     g.io_us = argc > 1 ? atof(argv[1]) : 500;
+    int streams = argc > 2 ? atoi(argv[2]) : 1;
+    g.blocks = argc > 3 ? (unsigned)atoi(argv[3]) : 64;
+    if (streams < 1 || streams > MAX_STREAMS || g.blocks < 1) {
+        printf("usage: neighbour_tail IO_US [STREAMS (1-%d) [BLOCKS]]\n", MAX_STREAMS);
+        return 2;
+    }
     CUdevice dev;
     CK(cuInit(0));
     CK(cuDeviceGet(&dev, 0));
@@ -95,16 +110,19 @@ int main(int argc, char **argv) {
     CK(cuModuleGetFunction(&g.copy, mod, "probe_copy"));
     CUstream k;
     CK(cuStreamCreate(&k, CU_STREAM_NON_BLOCKING));
-    CK(cuStreamCreate(&g.s, CU_STREAM_NON_BLOCKING));
-    CK(cuMemAlloc(&g.dst, 1 << 20));
-    CK(cuMemHostAlloc(&g.src_host, 1 << 20, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
-    CK(cuMemHostGetDevicePointer(&g.src_dev, g.src_host, 0));
-    CK(cuMemHostAlloc((void **)&g.word, 128, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
-    g.passed = g.word + 16;
-    *g.word = 0;
-    *g.passed = 0;
-    CK(cuMemHostGetDevicePointer(&g.word_dev, (void *)g.word, 0));
-    g.passed_dev = g.word_dev + 64;
+    static struct busy b[MAX_STREAMS];
+    for (int i = 0; i < streams; i++) {
+        CK(cuStreamCreate(&b[i].s, CU_STREAM_NON_BLOCKING));
+        CK(cuMemAlloc(&b[i].dst, 1 << 20));
+        CK(cuMemHostAlloc(&b[i].src_host, 1 << 20, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+        CK(cuMemHostGetDevicePointer(&b[i].src_dev, b[i].src_host, 0));
+        CK(cuMemHostAlloc((void **)&b[i].word, 128, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+        b[i].passed = b[i].word + 16;
+        *b[i].word = 0;
+        *b[i].passed = 0;
+        CK(cuMemHostGetDevicePointer(&b[i].word_dev, (void *)b[i].word, 0));
+        b[i].passed_dev = b[i].word_dev + 64;
+    }
     CUdeviceptr scratch;
     CK(cuMemAlloc(&scratch, 64));
     void *np[] = {&scratch};
@@ -113,8 +131,8 @@ int main(int argc, char **argv) {
     for (int mode = 0; mode < MODES; mode++) {
         g.mode = mode;
         g.stop = 0;
-        pthread_t th;
-        pthread_create(&th, 0, busy, 0);
+        pthread_t th[MAX_STREAMS];
+        for (int i = 0; i < streams; i++) pthread_create(&th[i], 0, busy, &b[i]);
         spin_us(20000);
         for (int i = 0; i < N; i++) {
             double st = now_us();
@@ -122,16 +140,18 @@ int main(int argc, char **argv) {
             CK(cuStreamSynchronize(k));
             t[i] = now_us() - st;
         }
-        // The thread releases each of its waits itself before it looks at
+        // Each thread releases its waits itself before it looks at
         // `stop`: none is left pending.
         g.stop = 1;
-        pthread_join(th, 0);
-        CK(cuStreamSynchronize(g.s));
-        *g.word = 0;
-        *g.passed = 0;
+        for (int i = 0; i < streams; i++) {
+            pthread_join(th[i], 0);
+            CK(cuStreamSynchronize(b[i].s));
+            *b[i].word = 0;
+            *b[i].passed = 0;
+        }
         qsort(t, N, sizeof t[0], cmp);
-        printf("%-10s (I/O %.0f us): kernel launch to end p50 %.1f us, p99 %.1f us, max %.1f us\n", names[mode], g.io_us,
-               t[N / 2], t[N * 99 / 100], t[N - 1]);
+        printf("%-10s (%d stream(s), I/O %.0f us, %u blocks): kernel launch to end p50 %.1f us, p99 %.1f us, max %.1f us\n",
+               names[mode], streams, g.io_us, g.blocks, t[N / 2], t[N * 99 / 100], t[N - 1]);
     }
     return 0;
 }
