@@ -326,8 +326,9 @@ fn warm_bounce_pool(d: &DeviceMemory) {
 /// while, on a thread of its own, what the first GPU registration would
 /// otherwise make is made: the copy engine of the opening thread's CUDA
 /// context and the first bounce slab (on the H100, about 1 ms each). Only
-/// where the process already has CUDA loaded and this thread a context
-/// current: a host-only program loads and initialises no GPU runtime.
+/// where the process already initialised CUDA and this thread has a
+/// context current (`Cuda::if_loaded`): a host-only program loads and
+/// initialises no GPU runtime.
 /// Joined before the open returns; a failure is logged and left to the
 /// registration to meet again.
 fn with_copies_prepared(open: impl FnOnce() -> Result<Handle>) -> Result<Handle> {

@@ -92,15 +92,26 @@ impl Cuda {
             .map_err(Error::GpuUnavailable)
     }
 
-    /// The driver, where this process already has it: loaded by
-    /// [`Cuda::get`], or `libcuda.so.1` loaded by someone else (the CUDA
-    /// runtime, torch). A program that never used CUDA gets `None`, and
-    /// nothing is loaded or initialised.
+    /// The driver, where this process already uses it: loaded by
+    /// [`Cuda::get`], or `libcuda.so.1` loaded and initialised by someone
+    /// else (the CUDA runtime, torch) with a context current on this
+    /// thread. Otherwise `None`, and nothing is loaded or initialised
+    /// (`cuInit` can take hundreds of milliseconds; a library such as CuPy
+    /// loads `libcuda.so.1` at import and initialises it only when used).
     pub(crate) fn if_loaded() -> Option<Arc<Cuda>> {
         if let Some(Ok(c)) = CUDA.get() {
             return Some(c.clone());
         }
         if !Library::is_loaded(&["libcuda.so.1", "libcuda.so"]) {
+            return None;
+        }
+        let lib = Library::open(&["libcuda.so.1", "libcuda.so"]).ok()?;
+        // SAFETY: cuCtxGetCurrent's C type.
+        let get_current: unsafe extern "C" fn(*mut Ctx) -> Res = unsafe { lib.sym(c"cuCtxGetCurrent") }.ok()?;
+        let mut ctx: Ctx = std::ptr::null_mut();
+        // SAFETY: writes one context handle; before `cuInit` it fails
+        // (CUDA_ERROR_NOT_INITIALIZED) and initialises nothing.
+        if unsafe { get_current(&mut ctx) } != SUCCESS || ctx.is_null() {
             return None;
         }
         Cuda::get().ok()
