@@ -335,6 +335,10 @@ fn with_copies_prepared(open: impl FnOnce() -> Result<Handle>) -> Result<Handle>
     #[cfg(feature = "gpu")]
     let prep = crate::gpu::cuda::Cuda::if_loaded().and_then(|cuda| {
         let ctx = cuda.context_of_thread()?;
+        if cuda.has_context(ctx) && crate::engine::bounce::warmed() {
+            // Made by an earlier open or registration: no thread needed.
+            return None;
+        }
         let spawned = std::thread::Builder::new().name("ugds-copy-prep".into()).spawn(move || {
             let t0 = std::time::Instant::now();
             let made = cuda.context(ctx).and_then(|rt| crate::engine::bounce::warm(&*rt));

@@ -37,21 +37,21 @@ impl Library {
         Err(Error::GpuUnavailable(format!("cannot load {}: {last}", names.join(" or "))))
     }
 
-    /// Whether one of `names` is already loaded in this process (asking
-    /// loads nothing).
-    pub fn is_loaded(names: &[&str]) -> bool {
-        names.iter().any(|name| {
+    /// Runs `f` on the first of `names` already loaded in this process,
+    /// if one is (asking loads nothing). The handle is given back after
+    /// `f`: what `f` looks up is for `f` to use, not to keep.
+    pub fn with_loaded<T>(names: &[&str], f: impl FnOnce(&Library) -> T) -> Option<T> {
+        let (handle, name) = names.iter().find_map(|name| {
             let c = CString::new(*name).expect("library names have no NUL");
             // SAFETY: a valid C string; RTLD_NOLOAD returns a handle only
             // to a library already loaded, and loads nothing.
             let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
-            if handle.is_null() {
-                return false;
-            }
-            // SAFETY: gives back the reference RTLD_NOLOAD just took.
-            unsafe { libc::dlclose(handle) };
-            true
-        })
+            (!handle.is_null()).then(|| (handle, (*name).to_string()))
+        })?;
+        let r = f(&Library { handle, name });
+        // SAFETY: gives back the reference RTLD_NOLOAD took above.
+        unsafe { libc::dlclose(handle) };
+        Some(r)
     }
 
     /// The address of `symbol` as a function pointer of type `T`.
@@ -109,12 +109,18 @@ mod tests {
 
     #[test]
     fn loaded_libraries_are_told_apart_without_loading_any() {
-        assert!(Library::is_loaded(&["libugds-no-such-runtime.so.1", "libc.so.6"]));
-        assert!(!Library::is_loaded(&["libugds-no-such-runtime.so.1"]));
+        let loaded = |names: &[&str]| Library::with_loaded(names, |l| l.name.clone());
+        assert_eq!(loaded(&["libugds-no-such-runtime.so.1", "libc.so.6"]).as_deref(), Some("libc.so.6"));
+        assert_eq!(loaded(&["libugds-no-such-runtime.so.1"]), None);
+        let pid = Library::with_loaded(&["libc.so.6"], |l| {
+            // SAFETY: getpid's C type, called while the handle is held.
+            unsafe { l.sym::<extern "C" fn() -> i32>(c"getpid") }.map(|f| f())
+        });
+        assert_eq!(pid.map(|r| r.unwrap()), Some(std::process::id() as i32));
         // libz is on every machine that builds this, and nothing here links it.
-        if !Library::is_loaded(&["libz.so.1"]) {
+        if loaded(&["libz.so.1"]).is_none() {
             let z = Library::open(&["libz.so.1"]);
-            assert_eq!(Library::is_loaded(&["libz.so.1"]), z.is_ok());
+            assert_eq!(loaded(&["libz.so.1"]).is_some(), z.is_ok());
         }
     }
 

@@ -83,6 +83,12 @@ pub(crate) fn take(len: usize, runtime: &dyn DeviceRuntime) -> Result<Bounce> {
     Ok(pool.cut(class).expect("a new slab holds any buffer below its size"))
 }
 
+/// Whether a slab was made ([`warm`] has nothing to do).
+#[cfg(feature = "gpu")]
+pub(crate) fn warmed() -> bool {
+    POOL.lock().recover().cursor.is_some()
+}
+
 /// Makes a slab ahead of the first command that needs one, where none was
 /// made yet: what a GPU registration on a path that copies through bounce
 /// buffers calls, so that the first read pins nothing.

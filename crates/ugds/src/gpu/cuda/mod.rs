@@ -102,19 +102,27 @@ impl Cuda {
         if let Some(Ok(c)) = CUDA.get() {
             return Some(c.clone());
         }
-        if !Library::is_loaded(&["libcuda.so.1", "libcuda.so"]) {
-            return None;
-        }
-        let lib = Library::open(&["libcuda.so.1", "libcuda.so"]).ok()?;
-        // SAFETY: cuCtxGetCurrent's C type.
-        let get_current: unsafe extern "C" fn(*mut Ctx) -> Res = unsafe { lib.sym(c"cuCtxGetCurrent") }.ok()?;
-        let mut ctx: Ctx = std::ptr::null_mut();
-        // SAFETY: writes one context handle; before `cuInit` it fails
-        // (CUDA_ERROR_NOT_INITIALIZED) and initialises nothing.
-        if unsafe { get_current(&mut ctx) } != SUCCESS || ctx.is_null() {
+        let in_use = Library::with_loaded(&["libcuda.so.1", "libcuda.so"], |lib| {
+            // SAFETY: cuCtxGetCurrent's C type.
+            let Ok(get_current) = (unsafe { lib.sym::<unsafe extern "C" fn(*mut Ctx) -> Res>(c"cuCtxGetCurrent") })
+            else {
+                return false;
+            };
+            let mut ctx: Ctx = std::ptr::null_mut();
+            // SAFETY: writes one context handle; before `cuInit` it fails
+            // (CUDA_ERROR_NOT_INITIALIZED) and initialises nothing.
+            (unsafe { get_current(&mut ctx) }) == SUCCESS && !ctx.is_null()
+        });
+        if in_use != Some(true) {
             return None;
         }
         Cuda::get().ok()
+    }
+
+    /// Whether context `ctx`'s runtime object (and with it its device's
+    /// copy engine) is made.
+    pub(crate) fn has_context(&self, ctx: usize) -> bool {
+        self.contexts.lock().recover().contains_key(&ctx)
     }
 
     /// The calling thread's current context, if it has one.
