@@ -208,6 +208,10 @@ pub enum Op {
         /// `RWF_NOWAIT`: a buffered read takes only what the page cache
         /// holds (a short read), or fails with `EAGAIN` when it holds none.
         nowait: bool,
+        /// `IOSQE_ASYNC`: run by one of the kernel's io-wq workers, not
+        /// inline in `io_uring_enter`, so that several buffered reads copy
+        /// the page cache on several CPUs at once.
+        offload: bool,
     },
     /// Writes `len` bytes from `addr` at `offset`.
     Write {
@@ -605,17 +609,19 @@ impl Ring {
             return true;
         }
         let entry = match op {
-            Op::Read { file, addr, len, offset, buffer: None, nowait } => {
+            Op::Read { file, addr, len, offset, buffer: None, nowait, offload } => {
                 opcode::Read::new(types::Fixed(file), addr, len)
                     .offset(offset)
                     .rw_flags(if nowait { libc::RWF_NOWAIT } else { 0 })
                     .build()
+                    .flags(if offload { squeue::Flags::ASYNC } else { squeue::Flags::empty() })
             }
-            Op::Read { file, addr, len, offset, buffer: Some(i), nowait } => {
+            Op::Read { file, addr, len, offset, buffer: Some(i), nowait, offload } => {
                 opcode::ReadFixed::new(types::Fixed(file), addr, len, i)
                     .offset(offset)
                     .rw_flags(if nowait { libc::RWF_NOWAIT } else { 0 })
                     .build()
+                    .flags(if offload { squeue::Flags::ASYNC } else { squeue::Flags::empty() })
             }
             Op::Write { file, addr, len, offset, buffer: None } => {
                 opcode::Write::new(types::Fixed(file), addr, len).offset(offset).build()

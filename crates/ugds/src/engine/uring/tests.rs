@@ -325,6 +325,40 @@ fn auto_reads_cached_data_from_the_page_cache_and_the_rest_from_the_disk() {
 }
 
 #[test]
+fn cached_reads_handed_to_the_kernels_workers_read_what_inline_ones_do() {
+    let mut f = fixture("offload", false);
+    f.q.set_cache_policy(CachePolicy::Auto);
+    let placed = |q: &mut UringQueue, len: usize| {
+        let mut t = q.transfer_of(NvmOpcode::Read, Some(0x10000), 0, len as u64);
+        q.place(&mut t);
+        (t.nowait, t.offload)
+    };
+    f.q.offload = false;
+    assert_eq!(placed(&mut f.q, 256 << 10), (true, false), "workers off: inline");
+    f.q.offload = true;
+    assert_eq!(placed(&mut f.q, 256 << 10), (true, true), "a cached read of 256 KiB goes to the workers");
+    assert_eq!(placed(&mut f.q, 128 << 10), (true, false), "a smaller one stays inline");
+    let path = f.dir.join("data");
+    // Cached: four reads of 256 KiB at once, each on a worker.
+    read_checked(&mut f.q, &[0, 262144, 524288, 786432], 262144);
+    let c = f.q.counters().clone();
+    assert_eq!((c.cache_hits.get(), c.cache_misses.get()), (4, 0), "served by the page cache");
+    // Half cached: a worker reads what is cached, the disk the rest.
+    evict(&path);
+    let _ = std::fs::File::open(&path).map(|file| {
+        use std::os::unix::fs::FileExt;
+        let mut b = vec![0u8; 131072];
+        file.read_exact_at(&mut b, 262144).unwrap();
+    });
+    read_checked(&mut f.q, &[262144], 262144);
+    assert!(c.cache_hits.get() >= 5, "the cached half was a hit");
+    // Cold: nothing tried in the cache, the disk serves it.
+    evict(&path);
+    read_checked(&mut f.q, &[524288], 262144);
+    assert_eq!(c.cache_misses.get(), 1, "cold data is read from the disk");
+}
+
+#[test]
 fn after_a_miss_auto_asks_the_page_cache_before_trying_it() {
     let mut f = fixture("cold", false);
     f.q.set_cache_policy(CachePolicy::Auto);

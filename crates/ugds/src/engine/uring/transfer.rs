@@ -53,6 +53,9 @@ pub struct Transfer {
     /// A read tried in the page cache without waiting (`CachePolicy::Auto`);
     /// cleared when it falls back to the disk.
     pub(super) nowait: bool,
+    /// A cached read run by the kernel's io-wq workers (`IOSQE_ASYNC`; see
+    /// `UringQueue::place`).
+    pub(super) offload: bool,
     /// Passthrough resubmissions after EFAULT (see `process_completions`),
     /// and when the first EFAULT came.
     pub(super) faults: u8,
@@ -84,6 +87,7 @@ impl Transfer {
                 offset,
                 buffer: self.fixed,
                 nowait: self.nowait,
+                offload: self.offload && self.nowait,
             },
             Kind::Write => Op::Write { file: self.file, addr: addr as *const u8, len, offset, buffer: self.fixed },
             Kind::Sync => Op::Sync { file: BUFFERED, data_only: true },
