@@ -264,6 +264,14 @@ fn evict(path: &std::path::Path) {
     }
 }
 
+/// Brings `len` bytes at `off` of the file into the page cache (a
+/// buffered read).
+fn cache_part(path: &std::path::Path, off: u64, len: usize) {
+    use std::os::unix::fs::FileExt;
+    let mut b = vec![0u8; len];
+    std::fs::File::open(path).unwrap().read_exact_at(&mut b, off).unwrap();
+}
+
 /// Pages of the file in the page cache (mincore).
 fn resident(path: &std::path::Path) -> usize {
     use std::os::fd::AsRawFd;
@@ -315,11 +323,7 @@ fn auto_reads_cached_data_from_the_page_cache_and_the_rest_from_the_disk() {
     assert_eq!((c.cache_hits.get(), c.cache_misses.get()), (2, 1), "cold data is read from the disk");
     // Half cached: the cached part from the cache, the rest from the disk.
     evict(&path);
-    let _ = std::fs::File::open(&path).map(|file| {
-        use std::os::unix::fs::FileExt;
-        let mut b = vec![0u8; 32768];
-        file.read_exact_at(&mut b, 524288).unwrap();
-    });
+    cache_part(&path, 524288, 32768);
     read_checked(&mut f.q, &[524288], 65536);
     assert!(c.cache_hits.get() >= 3, "the cached half was a hit");
 }
@@ -345,11 +349,7 @@ fn cached_reads_handed_to_the_kernels_workers_read_what_inline_ones_do() {
     assert_eq!((c.cache_hits.get(), c.cache_misses.get()), (4, 0), "served by the page cache");
     // Half cached: a worker reads what is cached, the disk the rest.
     evict(&path);
-    let _ = std::fs::File::open(&path).map(|file| {
-        use std::os::unix::fs::FileExt;
-        let mut b = vec![0u8; 131072];
-        file.read_exact_at(&mut b, 262144).unwrap();
-    });
+    cache_part(&path, 262144, 131072);
     read_checked(&mut f.q, &[262144], 262144);
     assert!(c.cache_hits.get() >= 5, "the cached half was a hit");
     // Cold: nothing tried in the cache, the disk serves it.
