@@ -108,8 +108,8 @@ pub struct UringQueue {
     cache_placed: u32,
     /// The file refused a read without waiting: the cache is not tried.
     cache_unsupported: bool,
-    /// Cached reads of [`OFFLOAD_MIN`] and more go to the kernel's workers
-    /// ([`offload_cached_reads`]).
+    /// Cached reads into GPU memory of [`OFFLOAD_MIN`] and more go to the
+    /// kernel's workers ([`offload_cached_reads`]).
     offload: bool,
 }
 
@@ -128,18 +128,22 @@ const CACHE_HOT_RUN: u32 = 16;
 /// kernel's readahead on the disk the direct reads then wait for).
 const CACHE_CANARY: u32 = 8;
 
-/// The smallest cached read that [`offload_cached_reads`] hands to the
-/// kernel's workers: below it a worker's wake-up costs more than the copy.
+/// The smallest cached read into GPU memory that [`offload_cached_reads`]
+/// hands to the kernel's workers: below it a worker's wake-up costs more
+/// than the copy.
 const OFFLOAD_MIN: usize = 256 << 10;
 
-/// Whether cached reads of [`OFFLOAD_MIN`] and more run on the kernel's
-/// io-wq workers (`IOSQE_ASYNC`) rather than inline in the submitting
-/// thread's `io_uring_enter`: a 16 MiB read is 32 commands, whose page-cache
-/// copies then run on as many CPUs as there are, while inline they run one
-/// after another on one. Worth it only where CPUs are to spare: on a 2-core
-/// VM the workers competed with the caller and a cached 16 MiB read fell
-/// from 6408-6460 to 5648-5892 MiB/s. So by default only with 8 CPUs or
-/// more; `UGDS_CACHED_READ_WORKERS=on` or `off` decides instead (read once).
+/// Whether cached reads into GPU memory of [`OFFLOAD_MIN`] and more run on
+/// the kernel's io-wq workers (`IOSQE_ASYNC`) rather than inline in the
+/// submitting thread's `io_uring_enter`. Inline, the 32 commands of a 16
+/// MiB read copy the page cache one after another on one CPU while their
+/// bounce buffers go to the device behind them; on the workers the page
+/// cache copies run side by side. On the 16-core H100 VM (docs/benchmarks.md)
+/// cached 16 MiB reads into GPU memory went from 3963-5729 to 6923-7401
+/// MiB/s; reads into host memory of 1 and 4 MiB lost 15% (and 16 MiB
+/// went either way), so they stay inline. On a 2-core VM the workers
+/// compete with the caller, so only with 8 CPUs or more;
+/// `UGDS_CACHED_READ_WORKERS=on` or `off` decides instead (read once).
 fn offload_cached_reads() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
@@ -271,7 +275,7 @@ impl UringQueue {
                 }
                 t.file = BUFFERED;
                 t.nowait = true;
-                t.offload = self.offload && t.len as usize >= OFFLOAD_MIN;
+                t.offload = self.offload && t.device != 0 && t.len as usize >= OFFLOAD_MIN;
             }
             _ => {}
         }
