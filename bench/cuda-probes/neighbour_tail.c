@@ -13,6 +13,10 @@
 //               back to back
 //   memcpy      cuMemcpyHtoDAsync of 1 MiB, back to back
 //   wait+copy   the wait, then the copy kernel: what a staged read does
+//   ugds-shape  what ugds enqueues per staged read: the wait, a 24-byte
+//               copy of the header into device memory, the copy kernel,
+//               the write of `passed`; DEPTH (env, 1 unless given)
+//               operations kept enqueued ahead, one released every IO_US
 // and prints p50, p99 and the largest launch-to-end time of each.
 //
 //   nvcc -O2 -o neighbour_tail neighbour_tail.c -lcuda -lpthread && ./neighbour_tail 500 [STREAMS [BLOCKS]]
@@ -42,15 +46,15 @@ static const char *ptx =
     " add.u64 %rd5, %rd5, %rd7; bra WIDE;\n"
     "DONE:\n ret;\n}\n";
 
-enum { IDLE, WAIT, COPYKERNEL, MEMCPY, WAIT_COPY, MODES };
-static const char *names[MODES] = {"idle", "wait", "copykernel", "memcpy", "wait+copy"};
+enum { IDLE, WAIT, COPYKERNEL, MEMCPY, WAIT_COPY, UGDS_SHAPE, MODES };
+static const char *names[MODES] = {"idle", "wait", "copykernel", "memcpy", "wait+copy", "ugds-shape"};
 
 enum { MAX_STREAMS = 32 };
 
 /// One busy stream and what it works on.
 struct busy {
     CUstream s;
-    CUdeviceptr dst, src_dev, word_dev, passed_dev;
+    CUdeviceptr dst, src_dev, word_dev, passed_dev, hdr_dev, hdr_twin;
     void *src_host;
     volatile unsigned *word, *passed;
 };
@@ -61,6 +65,7 @@ static struct {
     unsigned blocks;
     double io_us;
     int mode;
+    unsigned depth;
     volatile int stop;
 } g;
 
@@ -70,6 +75,26 @@ static void *busy(void *arg) {
     unsigned n = 0;
     unsigned long long n16 = (1 << 20) / 16;
     void *kp[] = {&b->dst, &b->src_dev, &n16};
+    if (g.mode == UGDS_SHAPE) {
+        // The copy kernel reads dst, src, len from the header's twin here;
+        // this kernel takes them as parameters, the twin is copied anyway.
+        unsigned enq = 0, rel = 0;
+        while (!g.stop || rel < enq) {
+            while (enq - rel < g.depth && !g.stop) {
+                enq++;
+                CK(cuStreamWaitValue32(b->s, b->word_dev, enq, CU_STREAM_WAIT_VALUE_GEQ));
+                CK(cuMemcpyAsync(b->hdr_twin, b->hdr_dev, 24, b->s));
+                CK(cuLaunchKernel(g.copy, g.blocks, 1, 1, 256, 1, 1, 0, b->s, kp, 0));
+                CK(cuStreamWriteValue32(b->s, b->passed_dev, enq, CU_STREAM_WRITE_VALUE_DEFAULT));
+            }
+            if (rel < enq) {
+                spin_us(g.io_us);
+                *b->word = ++rel;
+            }
+        }
+        while (*b->passed != rel) {}
+        return 0;
+    }
     while (!g.stop) {
         int waits = g.mode == WAIT || g.mode == WAIT_COPY;
         if (waits) CK(cuStreamWaitValue32(b->s, b->word_dev, ++n, CU_STREAM_WAIT_VALUE_GEQ));
@@ -94,7 +119,8 @@ int main(int argc, char **argv) {
     g.io_us = argc > 1 ? atof(argv[1]) : 500;
     int streams = argc > 2 ? atoi(argv[2]) : 1;
     g.blocks = argc > 3 ? (unsigned)atoi(argv[3]) : 64;
-    if (streams < 1 || streams > MAX_STREAMS || g.blocks < 1) {
+    g.depth = getenv("DEPTH") ? (unsigned)atoi(getenv("DEPTH")) : 1;
+    if (streams < 1 || streams > MAX_STREAMS || g.blocks < 1 || g.depth < 1) {
         printf("usage: neighbour_tail IO_US [STREAMS (1-%d) [BLOCKS]]\n", MAX_STREAMS);
         return 2;
     }
@@ -122,6 +148,8 @@ int main(int argc, char **argv) {
         *b[i].passed = 0;
         CK(cuMemHostGetDevicePointer(&b[i].word_dev, (void *)b[i].word, 0));
         b[i].passed_dev = b[i].word_dev + 64;
+        b[i].hdr_dev = b[i].src_dev;
+        CK(cuMemAlloc(&b[i].hdr_twin, 64));
     }
     CUdeviceptr scratch;
     CK(cuMemAlloc(&scratch, 64));
@@ -150,8 +178,8 @@ int main(int argc, char **argv) {
             *b[i].passed = 0;
         }
         qsort(t, N, sizeof t[0], cmp);
-        printf("%-10s (%d stream(s), I/O %.0f us, %u blocks): kernel launch to end p50 %.1f us, p99 %.1f us, max %.1f us\n",
-               names[mode], streams, g.io_us, g.blocks, t[N / 2], t[N * 99 / 100], t[N - 1]);
+        printf("%-10s (%d stream(s), I/O %.0f us, %u blocks, depth %u): kernel launch to end p50 %.1f us, p99 %.1f us, max %.1f us\n",
+               names[mode], streams, g.io_us, g.blocks, mode == UGDS_SHAPE ? g.depth : 1, t[N / 2], t[N * 99 / 100], t[N - 1]);
     }
     return 0;
 }

@@ -18,8 +18,11 @@
  *   pages for the side CUFILE_AB_PLAIN_SIDE names: how much the placement
  *   of a buffer weighs). SECONDS per side, size and round
  *   [0.5]; ROUNDS [5], the order of the sides rotated each round.
- * Prints every measurement, then per size each side's median MiB/s and
- * the ratios cufile/nvidia and cufile/api, as `RESULT key value unit`.
+ * Prints every measurement, then per size each side's median MiB/s, the
+ * ratios of those medians (cufile/nvidia, cufile/api), and the medians of
+ * the ratios within each round (`paired`: the two sides of a ratio read
+ * seconds apart, so a drift of the disk between rounds cancels), as
+ * `RESULT key value unit`.
  *
  * Build: gcc -std=gnu11 -O2 -I<dir of cufile.h> -I<dir of cuda.h>
  *        -Iinclude bench/cufile/cufile_ab.c -ldl -o cufile_ab
@@ -285,7 +288,7 @@ int main(int argc, char **argv) {
     }
     printf("\nmedians of %d rounds, MiB/s:   size", rounds);
     for (int k = 0; k < nsides; k++) printf(" %10s", sides[k]->name);
-    printf("   cufile/nvidia  cufile/api\n");
+    printf("   cufile/nvidia  cufile/api   paired: cufile/nvidia  cufile/api\n");
     for (int z = 0; z < 4; z++) {
         double m[3] = {0, 0, 0};
         printf("%32s", names[z]);
@@ -294,12 +297,24 @@ int main(int argc, char **argv) {
             printf(" %10.1f", m[sides[k] - all]);
         }
         if (m[0] > 0 && m[1] > 0) printf("   %13.3f", m[1] / m[0]); else printf("   %13s", "-");
-        if (m[2] > 0 && m[1] > 0) printf("  %10.3f\n", m[1] / m[2]); else printf("  %10s\n", "-");
+        if (m[2] > 0 && m[1] > 0) printf("  %10.3f", m[1] / m[2]); else printf("  %10s", "-");
+        /* The same ratios round by round, then their median. */
+        double pair[2] = {0, 0}, q[MAX_ROUNDS];
+        for (int j = 0; j < 2; j++) {
+            const struct side *over = j == 0 ? &all[0] : &all[2];
+            if (m[over - all] <= 0 || m[1] <= 0) continue;
+            for (int r = 0; r < rounds; r++) q[r] = all[1].mibs[z][r] / over->mibs[z][r];
+            pair[j] = median(q, rounds);
+        }
+        if (pair[0] > 0) printf("   %21.3f", pair[0]); else printf("   %21s", "-");
+        if (pair[1] > 0) printf("  %10.3f\n", pair[1]); else printf("  %10s\n", "-");
         for (int i = 0; i < 3; i++) {
             if (m[i] > 0) printf("RESULT ab_%s_%s_%s_mibs %.3f MiB/s\n", mem, names[z], all[i].name, m[i]);
         }
         if (m[0] > 0 && m[1] > 0) printf("RESULT ab_%s_%s_cufile_over_nvidia %.3f x\n", mem, names[z], m[1] / m[0]);
         if (m[2] > 0 && m[1] > 0) printf("RESULT ab_%s_%s_cufile_over_api %.3f x\n", mem, names[z], m[1] / m[2]);
+        if (pair[0] > 0) printf("RESULT ab_%s_%s_paired_cufile_over_nvidia %.3f x\n", mem, names[z], pair[0]);
+        if (pair[1] > 0) printf("RESULT ab_%s_%s_paired_cufile_over_api %.3f x\n", mem, names[z], pair[1]);
     }
     return 0;
 }

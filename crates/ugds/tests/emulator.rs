@@ -360,6 +360,101 @@ fn host_and_device_memory_side_by_side() {
     unsafe { p.unmap_host(&dev) }.unwrap();
 }
 
+/// "GPU memory" whose copies wait at a gate once started: a command the
+/// controller is still moving data for.
+struct GatedGpu {
+    base: u64,
+    mem: std::sync::Mutex<Vec<u8>>,
+    started: std::sync::atomic::AtomicBool,
+    open: (std::sync::Mutex<bool>, std::sync::Condvar),
+}
+
+impl GatedGpu {
+    fn pass(&self) {
+        self.started.store(true, std::sync::atomic::Ordering::Release);
+        let (open, cv) = &self.open;
+        let mut o = open.lock().unwrap();
+        while !*o {
+            o = cv.wait(o).unwrap();
+        }
+    }
+
+    fn release(&self) {
+        *self.open.0.lock().unwrap() = true;
+        self.open.1.notify_all();
+    }
+}
+
+impl ugds::gpu::DeviceRuntime for GatedGpu {
+    fn name(&self) -> &'static str {
+        "gated"
+    }
+    unsafe fn copy_to_device(&self, dst: u64, src: &[u8]) -> ugds::Result<()> {
+        self.pass();
+        let off = (dst - self.base) as usize;
+        self.mem.lock().unwrap()[off..off + src.len()].copy_from_slice(src);
+        Ok(())
+    }
+    unsafe fn copy_from_device(&self, dst: &mut [u8], src: u64) -> ugds::Result<()> {
+        self.pass();
+        let off = (src - self.base) as usize;
+        dst.copy_from_slice(&self.mem.lock().unwrap()[off..off + dst.len()]);
+        Ok(())
+    }
+    fn host_register(&self, _: *mut u8, _: usize) -> bool {
+        false
+    }
+    fn host_unregister(&self, _: *mut u8) {}
+    fn export_dmabuf(&self, _: u64, _: usize) -> ugds::Result<ugds::gpu::DmabufExport> {
+        Err(Error::Unsupported("gated".into()))
+    }
+}
+
+/// Delete I/O Submission Queue completes only once the commands of that
+/// queue have stopped moving data: the host may then unmap their memory
+/// (what an owner does after an attached process dies mid-I/O, where the
+/// memory is another process's GPU allocation). A read into GPU memory is
+/// held in its copy while the queue is deleted.
+#[test]
+fn deleting_a_queue_waits_for_its_commands_still_moving_data() {
+    let (c, emu) = controller(small_emu(), 1);
+    let p = c.platform().clone();
+    let gpu = Arc::new(GatedGpu {
+        base: 0x10_0000_0000,
+        mem: std::sync::Mutex::new(vec![0; 4096]),
+        started: Default::default(),
+        open: Default::default(),
+    });
+    let mem = ugds::gpu::DeviceMemory { ptr: gpu.base, len: 4096, runtime: gpu.clone() };
+    // SAFETY: the fake memory lives as long as `gpu`, past the unmap below.
+    let dev = unsafe { p.map_device(&mem) }.unwrap();
+    let mut qp = io_qpair(&c);
+    let read = Sqe::rw(NvmOpcode::Read, Cid(0), Nsid(1), Lba(0), 8, dev.pages()[0], 0);
+    qp.submit(read, None, Owner::Own(1)).unwrap();
+    qp.ring_sq_doorbell();
+    wait_for("the read's copy into GPU memory to start", || gpu.started.load(std::sync::atomic::Ordering::Acquire));
+    let (early, deleted) = std::thread::scope(|s| {
+        let del = s.spawn(|| c.admin_command(Sqe::delete_io_sq(Cid(0), Qid(1)), "Delete I/O Submission Queue"));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let early = del.is_finished();
+        gpu.release();
+        (early, del.join().unwrap())
+    });
+    assert!(!early, "the queue was deleted while one of its commands was still copying into GPU memory");
+    deleted.unwrap();
+    c.admin_command(Sqe::delete_io_cq(Cid(0), Qid(1)), "Delete I/O Completion Queue").unwrap();
+    drop(qp);
+    // SAFETY: no command in flight reaches it (the delete waited for it).
+    unsafe { p.unmap_host(&dev) }.unwrap();
+    assert_eq!(emu.stats().dma_faults, 0);
+    // The controller goes on: a new queue with the same id works.
+    let mut qp = io_qpair(&c);
+    let host = p.alloc_dma(4096).unwrap();
+    let read = Sqe::rw(NvmOpcode::Read, Cid(0), Nsid(1), Lba(0), 8, host.iova(0), 0);
+    assert!(run(&mut qp, read, None).status().is_success());
+    c.delete_io_qpair(&qp).unwrap();
+}
+
 #[test]
 fn a_controller_serves_a_second_handle_after_the_first_closed() {
     let emu = Arc::new(EmuPlatform::new(small_emu().max_io_queues(2)).unwrap());

@@ -195,7 +195,8 @@ impl Controller {
             Ok(v) => v,
             Err(s) => return done(s),
         };
-        if self.sqs[qid].is_some() {
+        // In use, or its delete is still waiting for its commands.
+        if self.sqs[qid].is_some() || self.deleting.iter().any(|&(q, _)| q == qid) {
             return done(Status::command_specific(cs::INVALID_QID));
         }
         let cqid = (sqe.cdw11 >> 16) as u16;
@@ -228,6 +229,14 @@ impl Controller {
             self.complete(Completion { status: Status::generic(generic::ABORTED_SQ_DELETION), ..d.c });
         }
         self.sqs[qid] = None;
+        // Commands on the workers or the GPU copy thread still move data:
+        // the delete completes when they stop (`collect_jobs`), so that a
+        // host that unmaps their memory after it is never copied into.
+        // Their own completions are dropped (the queue is gone).
+        if self.sq_jobs[qid] > 0 {
+            self.deleting.push((qid, sqe.cid().0));
+            return Outcome::None;
+        }
         ok(0)
     }
 

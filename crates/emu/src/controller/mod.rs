@@ -127,6 +127,12 @@ pub(super) struct Controller {
     duplicates: Vec<Completion>,
     /// Counters of the current sweep, published before its completions.
     local: Local,
+    /// Commands of each submission queue on the workers or the GPU copy
+    /// thread, not yet collected.
+    sq_jobs: Vec<u32>,
+    /// Delete I/O Submission Queue commands waiting for those: (the
+    /// deleted queue, the admin command's identifier).
+    deleting: Vec<(usize, u16)>,
 }
 
 /// Hot counters, accumulated per sweep and published in one go.
@@ -172,6 +178,8 @@ impl Controller {
             held: Vec::with_capacity(SQ_BURST as usize),
             duplicates: Vec::new(),
             local: Local::default(),
+            sq_jobs: vec![0; nq],
+            deleting: Vec::new(),
         }
     }
 
@@ -460,6 +468,7 @@ impl Controller {
         };
         w.inflight += 1;
         w.tx.as_ref().expect("workers live").send(job).expect("workers outlive the controller");
+        self.sq_jobs[qid as usize] += 1;
         Some(Outcome::None)
     }
 
@@ -493,7 +502,21 @@ impl Controller {
             if job.c.status.is_success() {
                 self.count(job.op, job.len);
             }
+            let n = &mut self.sq_jobs[job.c.sqid as usize];
+            *n = n.saturating_sub(1);
             self.held.push(job.c);
+        }
+        // A deleted queue's last command stopped moving data: its delete
+        // completes (after the command's own completion, which goes
+        // nowhere now).
+        let sq_jobs = &self.sq_jobs;
+        let finished: Vec<u16> =
+            self.deleting.iter().filter(|&&(qid, _)| sq_jobs[qid] == 0).map(|&(_, cid)| cid).collect();
+        if !finished.is_empty() {
+            self.deleting.retain(|&(qid, _)| sq_jobs[qid] != 0);
+            for cid in finished {
+                self.held.push(Completion { sqid: 0, cid, dw0: 0, status: Status::SUCCESS, lie: Lie::None });
+            }
         }
         self.publish();
         let mut held = std::mem::take(&mut self.held);

@@ -74,6 +74,8 @@ impl Controller {
         for w in [self.workers.as_mut(), self.gpu_copies.as_mut()].into_iter().flatten() {
             w.drain();
         }
+        self.sq_jobs.fill(0);
+        self.deleting.clear();
         for q in self.sqs.iter_mut() {
             *q = None;
         }
