@@ -295,10 +295,45 @@ fn a_namespace_on_a_descriptor_serves_that_file() {
 }
 
 /// "GPU memory" for the emulator: bytes behind a made-up device address,
-/// reached only through the runtime's copies, as CUDA memory is.
+/// reached only through the runtime's copies, as CUDA memory is; with a
+/// gate, each copy waits there once started (a command the controller is
+/// still moving data for).
 struct FakeGpu {
     base: u64,
     mem: std::sync::Mutex<Vec<u8>>,
+    gate: Option<Gate>,
+}
+
+#[derive(Default)]
+struct Gate {
+    started: std::sync::atomic::AtomicBool,
+    open: (std::sync::Mutex<bool>, std::sync::Condvar),
+}
+
+impl Gate {
+    fn pass(&self) {
+        self.started.store(true, std::sync::atomic::Ordering::Release);
+        let (open, cv) = &self.open;
+        let mut o = open.lock().unwrap();
+        while !*o {
+            o = cv.wait(o).unwrap();
+        }
+    }
+
+    fn started(&self) -> bool {
+        self.started.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn release(&self) {
+        *self.open.0.lock().unwrap() = true;
+        self.open.1.notify_all();
+    }
+}
+
+impl FakeGpu {
+    fn new(len: usize, gate: Option<Gate>) -> FakeGpu {
+        FakeGpu { base: 0x10_0000_0000, mem: std::sync::Mutex::new(vec![0; len]), gate }
+    }
 }
 
 impl ugds::gpu::DeviceRuntime for FakeGpu {
@@ -306,11 +341,13 @@ impl ugds::gpu::DeviceRuntime for FakeGpu {
         "fake"
     }
     unsafe fn copy_to_device(&self, dst: u64, src: &[u8]) -> ugds::Result<()> {
+        self.gate.as_ref().inspect(|g| g.pass());
         let off = (dst - self.base) as usize;
         self.mem.lock().unwrap()[off..off + src.len()].copy_from_slice(src);
         Ok(())
     }
     unsafe fn copy_from_device(&self, dst: &mut [u8], src: u64) -> ugds::Result<()> {
+        self.gate.as_ref().inspect(|g| g.pass());
         let off = (src - self.base) as usize;
         dst.copy_from_slice(&self.mem.lock().unwrap()[off..off + dst.len()]);
         Ok(())
@@ -331,7 +368,7 @@ impl ugds::gpu::DeviceRuntime for FakeGpu {
 fn host_and_device_memory_side_by_side() {
     let (c, emu) = controller(small_emu(), 1);
     let p = c.platform().clone();
-    let gpu = Arc::new(FakeGpu { base: 0x10_0000_0000, mem: std::sync::Mutex::new(vec![0; 8192]) });
+    let gpu = Arc::new(FakeGpu::new(8192, None));
     let mem = ugds::gpu::DeviceMemory { ptr: gpu.base, len: 8192, runtime: gpu.clone() };
     // SAFETY: the fake memory lives as long as `gpu`, past the unmap below.
     let dev = unsafe { p.map_device(&mem) }.unwrap();
@@ -360,56 +397,6 @@ fn host_and_device_memory_side_by_side() {
     unsafe { p.unmap_host(&dev) }.unwrap();
 }
 
-/// "GPU memory" whose copies wait at a gate once started: a command the
-/// controller is still moving data for.
-struct GatedGpu {
-    base: u64,
-    mem: std::sync::Mutex<Vec<u8>>,
-    started: std::sync::atomic::AtomicBool,
-    open: (std::sync::Mutex<bool>, std::sync::Condvar),
-}
-
-impl GatedGpu {
-    fn pass(&self) {
-        self.started.store(true, std::sync::atomic::Ordering::Release);
-        let (open, cv) = &self.open;
-        let mut o = open.lock().unwrap();
-        while !*o {
-            o = cv.wait(o).unwrap();
-        }
-    }
-
-    fn release(&self) {
-        *self.open.0.lock().unwrap() = true;
-        self.open.1.notify_all();
-    }
-}
-
-impl ugds::gpu::DeviceRuntime for GatedGpu {
-    fn name(&self) -> &'static str {
-        "gated"
-    }
-    unsafe fn copy_to_device(&self, dst: u64, src: &[u8]) -> ugds::Result<()> {
-        self.pass();
-        let off = (dst - self.base) as usize;
-        self.mem.lock().unwrap()[off..off + src.len()].copy_from_slice(src);
-        Ok(())
-    }
-    unsafe fn copy_from_device(&self, dst: &mut [u8], src: u64) -> ugds::Result<()> {
-        self.pass();
-        let off = (src - self.base) as usize;
-        dst.copy_from_slice(&self.mem.lock().unwrap()[off..off + dst.len()]);
-        Ok(())
-    }
-    fn host_register(&self, _: *mut u8, _: usize) -> bool {
-        false
-    }
-    fn host_unregister(&self, _: *mut u8) {}
-    fn export_dmabuf(&self, _: u64, _: usize) -> ugds::Result<ugds::gpu::DmabufExport> {
-        Err(Error::Unsupported("gated".into()))
-    }
-}
-
 /// Delete I/O Submission Queue completes only once the commands of that
 /// queue have stopped moving data: the host may then unmap their memory
 /// (what an owner does after an attached process dies mid-I/O, where the
@@ -419,12 +406,8 @@ impl ugds::gpu::DeviceRuntime for GatedGpu {
 fn deleting_a_queue_waits_for_its_commands_still_moving_data() {
     let (c, emu) = controller(small_emu(), 1);
     let p = c.platform().clone();
-    let gpu = Arc::new(GatedGpu {
-        base: 0x10_0000_0000,
-        mem: std::sync::Mutex::new(vec![0; 4096]),
-        started: Default::default(),
-        open: Default::default(),
-    });
+    let gpu = Arc::new(FakeGpu::new(4096, Some(Gate::default())));
+    let gate = gpu.gate.as_ref().expect("made with one");
     let mem = ugds::gpu::DeviceMemory { ptr: gpu.base, len: 4096, runtime: gpu.clone() };
     // SAFETY: the fake memory lives as long as `gpu`, past the unmap below.
     let dev = unsafe { p.map_device(&mem) }.unwrap();
@@ -432,12 +415,12 @@ fn deleting_a_queue_waits_for_its_commands_still_moving_data() {
     let read = Sqe::rw(NvmOpcode::Read, Cid(0), Nsid(1), Lba(0), 8, dev.pages()[0], 0);
     qp.submit(read, None, Owner::Own(1)).unwrap();
     qp.ring_sq_doorbell();
-    wait_for("the read's copy into GPU memory to start", || gpu.started.load(std::sync::atomic::Ordering::Acquire));
+    wait_for("the read's copy into GPU memory to start", || gate.started());
     let (early, deleted) = std::thread::scope(|s| {
         let del = s.spawn(|| c.admin_command(Sqe::delete_io_sq(Cid(0), Qid(1)), "Delete I/O Submission Queue"));
         std::thread::sleep(std::time::Duration::from_millis(200));
         let early = del.is_finished();
-        gpu.release();
+        gate.release();
         (early, del.join().unwrap())
     });
     assert!(!early, "the queue was deleted while one of its commands was still copying into GPU memory");
