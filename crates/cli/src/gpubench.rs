@@ -494,8 +494,10 @@ fn neighbour(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result<()
         let mut busy = Vec::new();
         // Two passes; the first one fills the staging pool (its blocks are
         // allocated once and then reused), the second is measured.
+        let mut host = HostSide::default();
         for pass in 0..2 {
             busy.clear();
+            host = HostSide::now();
             let res = std::thread::scope(|sc| -> ugds::Result<Vec<_>> {
                 let enqueue = sc.spawn(|| -> ugds::Result<Vec<_>> {
                     cuda.use_device(device)?;
@@ -529,6 +531,7 @@ fn neighbour(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result<()
             if res.iter().any(|r| r.bytes() != MIB as i64) {
                 return Err(ugds::Error::Platform("a stream read failed".into()));
             }
+            host = HostSide::now().since(&host);
         }
         let busy = hist(&busy);
         let (how, suffix) =
@@ -541,6 +544,22 @@ fn neighbour(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result<()
         );
         result(&format!("neighbour_busy{n}{suffix}_p50"), pct(&busy, 0.5), "us");
         result(&format!("neighbour_busy{n}{suffix}_p99"), pct(&busy, 0.99), "us");
+        // The host side of that pass: how long the sampling thread waited
+        // for a CPU, and what ugds's threads ran.
+        println!(
+            "    host, same pass: the sampling thread waited {:.0} us for a CPU ({} involuntary switches); \
+             on a CPU: {}",
+            host.sampler_wait_ns as f64 / 1e3,
+            host.sampler_involuntary,
+            host.threads
+                .iter()
+                .map(|(name, ns)| format!("{name} {:.1} ms", *ns as f64 / 1e6))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        result(&format!("neighbour_busy{n}{suffix}_sampler_cpu_wait"), host.sampler_wait_ns as f64 / 1e3, "us");
+        let ugds_ns: u64 = host.threads.iter().filter(|(name, _)| name.starts_with("ugds")).map(|(_, ns)| ns).sum();
+        result(&format!("neighbour_busy{n}{suffix}_ugds_threads_cpu"), ugds_ns as f64 / 1e6, "ms");
         drop(streams);
     }
     Ok(())
@@ -618,6 +637,69 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// What the host's scheduler did over a stretch of the run, from
+/// `/proc/thread-self` (the calling thread) and `/proc/self/task` (every
+/// thread): the caller's time waiting for a CPU and its involuntary
+/// context switches, and each thread's time on a CPU by name (threads of
+/// one name summed). Zero where procfs has no such file.
+#[derive(Default)]
+struct HostSide {
+    sampler_wait_ns: u64,
+    sampler_involuntary: u64,
+    threads: Vec<(String, u64)>,
+}
+
+impl HostSide {
+    fn now() -> HostSide {
+        // schedstat: ns on a CPU, ns waiting on a run queue, time slices.
+        let schedstat = |path: &str| -> (u64, u64) {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            let mut f = text.split_whitespace().map(|v| v.parse::<u64>().unwrap_or(0));
+            (f.next().unwrap_or(0), f.next().unwrap_or(0))
+        };
+        let involuntary = std::fs::read_to_string("/proc/thread-self/status")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:").map(|v| v.trim().parse().unwrap_or(0)))
+            .unwrap_or(0);
+        let mut threads: Vec<(String, u64)> = Vec::new();
+        for task in std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten() {
+            let dir = task.path();
+            let name = std::fs::read_to_string(dir.join("comm")).unwrap_or_default().trim().to_string();
+            let (run, _) = schedstat(&dir.join("schedstat").to_string_lossy());
+            match threads.iter_mut().find(|(n, _)| *n == name) {
+                Some(t) => t.1 += run,
+                None => threads.push((name, run)),
+            }
+        }
+        HostSide {
+            sampler_wait_ns: schedstat("/proc/thread-self/schedstat").1,
+            sampler_involuntary: involuntary,
+            threads,
+        }
+    }
+
+    /// What happened between `before` and `self`: threads that ran,
+    /// busiest first.
+    fn since(&self, before: &HostSide) -> HostSide {
+        let mut threads: Vec<(String, u64)> = self
+            .threads
+            .iter()
+            .map(|(name, ns)| {
+                let was = before.threads.iter().find(|(n, _)| n == name).map_or(0, |t| t.1);
+                (name.clone(), ns.saturating_sub(was))
+            })
+            .filter(|(_, ns)| *ns > 0)
+            .collect();
+        threads.sort_by_key(|t| std::cmp::Reverse(t.1));
+        HostSide {
+            sampler_wait_ns: self.sampler_wait_ns.saturating_sub(before.sampler_wait_ns),
+            sampler_involuntary: self.sampler_involuntary.saturating_sub(before.sampler_involuntary),
+            threads,
+        }
+    }
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -630,4 +712,23 @@ fn page_faults() -> Option<(u64, u64)> {
     let rest = &stat[stat.rfind(')')? + 2..];
     let f: Vec<&str> = rest.split(' ').collect();
     Some((f.get(7)?.parse().ok()?, f.get(9)?.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HostSide;
+
+    #[test]
+    fn host_side_names_the_threads_that_ran() {
+        let before = HostSide::now();
+        let t = std::time::Instant::now();
+        while t.elapsed() < std::time::Duration::from_millis(100) {
+            std::hint::spin_loop();
+        }
+        let d = HostSide::now().since(&before);
+        let me = std::thread::current().name().unwrap_or_default().chars().take(15).collect::<String>();
+        let ran = d.threads.iter().find(|(n, _)| *n == me).map_or(0, |t| t.1);
+        assert!(ran >= 10_000_000, "this thread spun 100 ms; measured {ran} ns among {:?}", d.threads);
+        assert!(d.threads.windows(2).all(|w| w[0].1 >= w[1].1), "busiest first: {:?}", d.threads);
+    }
 }
