@@ -509,14 +509,15 @@ impl Controller {
         // A deleted queue's last command stopped moving data: its delete
         // completes (after the command's own completion, which goes
         // nowhere now).
-        let sq_jobs = &self.sq_jobs;
-        let finished: Vec<u16> =
-            self.deleting.iter().filter(|&&(qid, _)| sq_jobs[qid] == 0).map(|&(_, cid)| cid).collect();
-        if !finished.is_empty() {
-            self.deleting.retain(|&(qid, _)| sq_jobs[qid] != 0);
-            for cid in finished {
-                self.held.push(Completion { sqid: 0, cid, dw0: 0, status: Status::SUCCESS, lie: Lie::None });
-            }
+        if !self.deleting.is_empty() {
+            let (sq_jobs, held) = (&self.sq_jobs, &mut self.held);
+            self.deleting.retain(|&(qid, cid)| {
+                let waiting = sq_jobs[qid] != 0;
+                if !waiting {
+                    held.push(Completion { sqid: 0, cid, dw0: 0, status: Status::SUCCESS, lie: Lie::None });
+                }
+                waiting
+            });
         }
         self.publish();
         let mut held = std::mem::take(&mut self.held);
