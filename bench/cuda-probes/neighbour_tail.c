@@ -13,9 +13,10 @@
 //               back to back
 //   memcpy      cuMemcpyHtoDAsync of 1 MiB, back to back
 //   wait+copy   the wait, then the copy kernel: what a staged read does
-//   ugds-shape  what ugds enqueues per staged read: the wait, a 24-byte
-//               copy of the header into device memory, the copy kernel,
-//               the write of `passed`; DEPTH (env, 1 unless given)
+//   ugds-shape  what ugds enqueues per staged read: the write of `reach`,
+//               the wait, a 24-byte copy of the header into device memory,
+//               the copy kernel with ugds's loop (four loads in flight per
+//               thread), the write of `passed`; DEPTH (env, 1 unless given)
 //               operations kept enqueued ahead, one released every IO_US
 // and prints p50, p99 and the largest launch-to-end time of each.
 //
@@ -44,6 +45,24 @@ static const char *ptx =
     " shl.b64 %rd10, %rd5, 4; add.u64 %rd11, %rd3, %rd10; add.u64 %rd12, %rd2, %rd10;\n"
     " ld.global.v4.u32 {%r5, %r6, %r7, %r8}, [%rd11]; st.global.v4.u32 [%rd12], {%r5, %r6, %r7, %r8};\n"
     " add.u64 %rd5, %rd5, %rd7; bra WIDE;\n"
+    "DONE:\n ret;\n}\n"
+    // ugds's staging copy's loop: four 16-byte loads in flight per thread
+    // (a grid of 2^k blocks divides the 1 MiB; no remainder is copied).
+    ".visible .entry probe_copy4(.param .u64 dst, .param .u64 src, .param .u64 n16){\n"
+    " .reg .pred %p<2>; .reg .b32 %r<21>; .reg .b64 %rd<24>;\n"
+    " ld.param.u64 %rd2, [dst]; ld.param.u64 %rd3, [src]; ld.param.u64 %rd9, [n16];\n"
+    " mov.u32 %r1, %ctaid.x; mov.u32 %r2, %ntid.x; mov.u32 %r3, %tid.x; mov.u32 %r4, %nctaid.x;\n"
+    " mul.wide.u32 %rd5, %r1, %r2; cvt.u64.u32 %rd6, %r3; add.u64 %rd5, %rd5, %rd6; mul.wide.u32 %rd7, %r4, %r2;\n"
+    " shl.b64 %rd13, %rd7, 4; mul.lo.u64 %rd14, %rd7, 3; shl.b64 %rd15, %rd7, 2;\n"
+    "WIDE4:\n"
+    " add.u64 %rd16, %rd5, %rd14; setp.ge.u64 %p1, %rd16, %rd9; @%p1 bra DONE;\n"
+    " shl.b64 %rd10, %rd5, 4; add.u64 %rd11, %rd3, %rd10; add.u64 %rd17, %rd11, %rd13; add.u64 %rd18, %rd17, %rd13; add.u64 %rd19, %rd18, %rd13;\n"
+    " ld.global.v4.u32 {%r5, %r6, %r7, %r8}, [%rd11]; ld.global.v4.u32 {%r9, %r10, %r11, %r12}, [%rd17];\n"
+    " ld.global.v4.u32 {%r13, %r14, %r15, %r16}, [%rd18]; ld.global.v4.u32 {%r17, %r18, %r19, %r20}, [%rd19];\n"
+    " add.u64 %rd12, %rd2, %rd10; add.u64 %rd20, %rd12, %rd13; add.u64 %rd21, %rd20, %rd13; add.u64 %rd22, %rd21, %rd13;\n"
+    " st.global.v4.u32 [%rd12], {%r5, %r6, %r7, %r8}; st.global.v4.u32 [%rd20], {%r9, %r10, %r11, %r12};\n"
+    " st.global.v4.u32 [%rd21], {%r13, %r14, %r15, %r16}; st.global.v4.u32 [%rd22], {%r17, %r18, %r19, %r20};\n"
+    " add.u64 %rd5, %rd5, %rd15; bra WIDE4;\n"
     "DONE:\n ret;\n}\n";
 
 enum { IDLE, WAIT, COPYKERNEL, MEMCPY, WAIT_COPY, UGDS_SHAPE, MODES };
@@ -54,14 +73,14 @@ enum { MAX_STREAMS = 32 };
 /// One busy stream and what it works on.
 struct busy {
     CUstream s;
-    CUdeviceptr dst, src_dev, word_dev, passed_dev, hdr_dev, hdr_twin;
+    CUdeviceptr dst, src_dev, word_dev, passed_dev, reach_dev, hdr_dev, hdr_twin;
     void *src_host;
     volatile unsigned *word, *passed;
 };
 
 static struct {
     CUcontext ctx;
-    CUfunction copy;
+    CUfunction copy, copy4;
     unsigned blocks;
     double io_us;
     int mode;
@@ -82,9 +101,10 @@ static void *busy(void *arg) {
         while (!g.stop || rel < enq) {
             while (enq - rel < g.depth && !g.stop) {
                 enq++;
+                CK(cuStreamWriteValue32(b->s, b->reach_dev, enq, CU_STREAM_WRITE_VALUE_DEFAULT));
                 CK(cuStreamWaitValue32(b->s, b->word_dev, enq, CU_STREAM_WAIT_VALUE_GEQ));
                 CK(cuMemcpyAsync(b->hdr_twin, b->hdr_dev, 24, b->s));
-                CK(cuLaunchKernel(g.copy, g.blocks, 1, 1, 256, 1, 1, 0, b->s, kp, 0));
+                CK(cuLaunchKernel(g.copy4, g.blocks, 1, 1, 256, 1, 1, 0, b->s, kp, 0));
                 CK(cuStreamWriteValue32(b->s, b->passed_dev, enq, CU_STREAM_WRITE_VALUE_DEFAULT));
             }
             if (rel < enq) {
@@ -134,6 +154,7 @@ int main(int argc, char **argv) {
     CK(cuModuleLoadData(&mod, ptx));
     CK(cuModuleGetFunction(&nop, mod, "probe_nop"));
     CK(cuModuleGetFunction(&g.copy, mod, "probe_copy"));
+    CK(cuModuleGetFunction(&g.copy4, mod, "probe_copy4"));
     CUstream k;
     CK(cuStreamCreate(&k, CU_STREAM_NON_BLOCKING));
     static struct busy b[MAX_STREAMS];
@@ -148,6 +169,7 @@ int main(int argc, char **argv) {
         *b[i].passed = 0;
         CK(cuMemHostGetDevicePointer(&b[i].word_dev, (void *)b[i].word, 0));
         b[i].passed_dev = b[i].word_dev + 64;
+        b[i].reach_dev = b[i].word_dev + 96;
         b[i].hdr_dev = b[i].src_dev;
         CK(cuMemAlloc(&b[i].hdr_twin, 64));
     }

@@ -445,20 +445,24 @@ fn neighbour(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result<()
     const READS: usize = 128;
     let spin = cuda.spin_kernel()?;
     let k = cuda.create_stream()?;
-    let sample = |v: &mut Vec<f64>| -> ugds::Result<()> {
+    // Launch to end, and the launch call alone (a driver lock or a full
+    // queue shows in the second, the GPU in the first only).
+    let sample = |v: &mut Vec<f64>, calls: &mut Vec<f64>| -> ugds::Result<()> {
         let t = Instant::now();
         spin.launch(&k, 0)?;
+        calls.push(t.elapsed().as_secs_f64() * 1e6);
         k.synchronize()?;
         v.push(t.elapsed().as_secs_f64() * 1e6);
         Ok(())
     };
+    let mut calls = Vec::new();
     let mut idle = Vec::new();
     for _ in 0..50 {
-        sample(&mut idle)?;
+        sample(&mut idle, &mut calls)?;
     }
     idle.clear();
     for _ in 0..500 {
-        sample(&mut idle)?;
+        sample(&mut idle, &mut calls)?;
     }
     // The same HDR histogram as every other percentile here (and as
     // `ugds hist`, through which the cuFile side's samples go).
@@ -497,6 +501,7 @@ fn neighbour(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result<()
         let mut host = HostSide::default();
         for pass in 0..2 {
             busy.clear();
+            calls.clear();
             host = HostSide::now();
             let res = std::thread::scope(|sc| -> ugds::Result<Vec<_>> {
                 let enqueue = sc.spawn(|| -> ugds::Result<Vec<_>> {
@@ -514,14 +519,14 @@ fn neighbour(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result<()
                 });
                 // Sampled until every read has run (or 20000 kernels).
                 while busy.len() < 20000 {
-                    sample(&mut busy)?;
+                    sample(&mut busy, &mut calls)?;
                     if enqueue.is_finished() {
                         break;
                     }
                 }
                 let res = enqueue.join().expect("the enqueueing thread does not panic")?;
                 while busy.len() < 20000 && !res.iter().all(|r| r.is_done()) {
-                    sample(&mut busy)?;
+                    sample(&mut busy, &mut calls)?;
                 }
                 Ok(res)
             })?;
@@ -534,14 +539,19 @@ fn neighbour(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result<()
             host = HostSide::now().since(&host);
         }
         let busy = hist(&busy);
+        let calls = hist(&calls);
         let (how, suffix) =
             if wait == StreamWait::BlockingCallback { (", waiting in host callbacks", "_callback") } else { ("", "") };
         println!(
-            "  while {n} stream(s) x {per} x 1 MiB reads are queued{how} ({} kernels, second pass): p50 {:.1} us p99 {:.1} us",
+            "  while {n} stream(s) x {per} x 1 MiB reads are queued{how} ({} kernels, second pass): p50 {:.1} us p99 {:.1} us \
+             (the launch call alone: p50 {:.1} us p99 {:.1} us)",
             busy.len(),
             pct(&busy, 0.5),
-            pct(&busy, 0.99)
+            pct(&busy, 0.99),
+            pct(&calls, 0.5),
+            pct(&calls, 0.99)
         );
+        result(&format!("neighbour_busy{n}{suffix}_launch_call_p99"), pct(&calls, 0.99), "us");
         result(&format!("neighbour_busy{n}{suffix}_p50"), pct(&busy, 0.5), "us");
         result(&format!("neighbour_busy{n}{suffix}_p99"), pct(&busy, 0.99), "us");
         // The host side of that pass: how long the sampling thread waited
