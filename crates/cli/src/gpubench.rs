@@ -29,6 +29,8 @@ Options:
       --reads-only       only the set-up and the synchronous reads, each
                          figure's key prefixed `warm_` (scripts/gpu-bench runs
                          it again once the file is in the page cache)
+      --neighbour-only   only the set-up and the neighbour figures (a kernel
+                         beside streams waiting on I/O): a few seconds
   -h, --help
 
 ";
@@ -46,7 +48,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     let mut compute_us = 500u64;
     let mut mode = None;
     let mut cache = ugds::CachePolicy::Auto;
-    let mut reads_only = false;
+    let mut part = Part::All;
     let mut p = lexopt::Parser::from_args(args);
     while let Some(arg) = p.next().map_err(|e| e.to_string())? {
         match arg {
@@ -63,7 +65,8 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
                 let v = p.value().map_err(|e| e.to_string())?.string().map_err(|e| e.to_string())?;
                 cache = v.parse().map_err(|e: ugds::Error| e.to_string())?;
             }
-            Long("reads-only") => reads_only = true,
+            Long("reads-only") => part = Part::Reads,
+            Long("neighbour-only") => part = Part::Neighbour,
             Long("compute-us") => {
                 compute_us = p.value().map_err(|e| e.to_string())?.parse().map_err(|e| format!("{e}"))?
             }
@@ -77,12 +80,22 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         }
     }
     let opts = HandleOptions::default().mode(mode).cache(cache);
-    run(&t, Duration::from_secs_f64(seconds), compute_us, opts, reads_only).map_err(|e| e.to_string())
+    run(&t, Duration::from_secs_f64(seconds), compute_us, opts, part).map_err(|e| e.to_string())
 }
 
-fn run(t: &TargetOpts, per_size: Duration, compute_us: u64, opts: HandleOptions, reads_only: bool) -> ugds::Result<()> {
+/// What a run measures besides the set-up.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    All,
+    /// The synchronous reads, keys prefixed `warm_`.
+    Reads,
+    /// The neighbour figures.
+    Neighbour,
+}
+
+fn run(t: &TargetOpts, per_size: Duration, compute_us: u64, opts: HandleOptions, part: Part) -> ugds::Result<()> {
     let opts_cache = opts.cache;
-    let key = |k: &str| if reads_only { format!("warm_{k}") } else { k.to_string() };
+    let key = |k: &str| if part == Part::Reads { format!("warm_{k}") } else { k.to_string() };
     let cuda = Cuda::get()?;
     cuda.use_device(0)?;
     // The CUDA context exists and the buffer is allocated before timing,
@@ -152,6 +165,11 @@ fn run(t: &TargetOpts, per_size: Duration, compute_us: u64, opts: HandleOptions,
         );
         result(&key(&format!("read_4k_after_{name}_idle")), after[2], "us");
     }
+    if part == Part::Neighbour {
+        neighbour(&cuda, &h, &tok)?;
+        driver.deregister(&tok)?;
+        return h.close(ugds::Drain::Forever);
+    }
 
     // Synchronous random reads by size.
     let cap = h.capacity();
@@ -187,7 +205,7 @@ fn run(t: &TargetOpts, per_size: Duration, compute_us: u64, opts: HandleOptions,
             opts_cache, s.cache_hits, s.cache_misses
         );
     }
-    if reads_only {
+    if part == Part::Reads {
         driver.deregister(&tok)?;
         return h.close(ugds::Drain::Forever);
     }
