@@ -465,10 +465,12 @@ fn neighbour(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result<()
     let k = cuda.create_stream()?;
     // Launch to end, and the launch call alone (a driver lock or a full
     // queue shows in the second, the GPU in the first only).
-    let sample = |v: &mut Vec<f64>, calls: &mut Vec<f64>| -> ugds::Result<()> {
+    // Each launch call is kept with when it began, so that the slowest
+    // can be placed in the pass.
+    let sample = |v: &mut Vec<f64>, calls: &mut Vec<(Instant, f64)>| -> ugds::Result<()> {
         let t = Instant::now();
         spin.launch(&k, 0)?;
-        calls.push(t.elapsed().as_secs_f64() * 1e6);
+        calls.push((t, t.elapsed().as_secs_f64() * 1e6));
         k.synchronize()?;
         v.push(t.elapsed().as_secs_f64() * 1e6);
         Ok(())
@@ -517,12 +519,16 @@ fn neighbour(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result<()
         // Two passes; the first one fills the staging pool (its blocks are
         // allocated once and then reused), the second is measured.
         let mut host = HostSide::default();
+        // When the pass began, when the last read was enqueued, how long
+        // the pass took (ms into it).
+        let (mut pass_start, mut enqueued_ms, mut pass_ms) = (Instant::now(), 0.0, 0.0);
         for pass in 0..2 {
             busy.clear();
             calls.clear();
+            pass_start = Instant::now();
             host = HostSide::now();
-            let res = std::thread::scope(|sc| -> ugds::Result<Vec<_>> {
-                let enqueue = sc.spawn(|| -> ugds::Result<Vec<_>> {
+            let (res, enqueued) = std::thread::scope(|sc| -> ugds::Result<(Vec<_>, Instant)> {
+                let enqueue = sc.spawn(|| -> ugds::Result<(Vec<_>, Instant)> {
                     cuda.use_device(device)?;
                     let mut res = Vec::new();
                     for i in 0..per {
@@ -533,7 +539,7 @@ fn neighbour(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result<()
                             res.push(r);
                         }
                     }
-                    Ok(res)
+                    Ok((res, Instant::now()))
                 });
                 // Sampled until every read has run (or 20000 kernels).
                 while busy.len() < 20000 {
@@ -542,11 +548,11 @@ fn neighbour(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result<()
                         break;
                     }
                 }
-                let res = enqueue.join().expect("the enqueueing thread does not panic")?;
+                let (res, enqueued) = enqueue.join().expect("the enqueueing thread does not panic")?;
                 while busy.len() < 20000 && !res.iter().all(|r| r.is_done()) {
                     sample(&mut busy, &mut calls)?;
                 }
-                Ok(res)
+                Ok((res, enqueued))
             })?;
             for s in &streams {
                 s.synchronize()?;
@@ -555,9 +561,18 @@ fn neighbour(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result<()
                 return Err(ugds::Error::Platform("a stream read failed".into()));
             }
             host = HostSide::now().since(&host);
+            enqueued_ms = ms(enqueued.duration_since(pass_start));
+            pass_ms = ms(pass_start.elapsed());
         }
         let busy = hist(&busy);
-        let calls = hist(&calls);
+        // The three slowest launch calls: when in the pass they began.
+        calls.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let slowest: Vec<String> = calls
+            .iter()
+            .take(3)
+            .map(|(t, us)| format!("{us:.0} us at {:.1} ms", ms(t.duration_since(pass_start))))
+            .collect();
+        let calls = hist(&calls.iter().map(|c| c.1).collect::<Vec<_>>());
         let (how, suffix) =
             if wait == StreamWait::BlockingCallback { (", waiting in host callbacks", "_callback") } else { ("", "") };
         println!(
@@ -568,6 +583,10 @@ fn neighbour(cuda: &Arc<Cuda>, h: &Handle, tok: &BufferToken) -> ugds::Result<()
             pct(&busy, 0.99),
             pct(&calls, 0.5),
             pct(&calls, 0.99)
+        );
+        println!(
+            "    the pass took {pass_ms:.1} ms, its reads all enqueued at {enqueued_ms:.1} ms; slowest launch calls: {}",
+            slowest.join(", ")
         );
         result(&format!("neighbour_busy{n}{suffix}_launch_call_p99"), pct(&calls, 0.99), "us");
         result(&format!("neighbour_busy{n}{suffix}_p50"), pct(&busy, 0.5), "us");
