@@ -122,13 +122,13 @@ const STAGE_COPY_THREADS: u32 = 256;
 /// Blocks of the staging copy for `bytes` (what the operation asked for
 /// when its block was lent): one per 512 KiB, from 2 to 16. A block keeps
 /// 16 KiB of loads from host memory in flight (256 threads, four 16-byte
-/// loads each), and a kernel launched on another stream meanwhile waits
-/// behind all the copies' loads on the link: their sum, not one copy's,
-/// makes its tail. On an H100 (2026-12-07, `scripts/gpu-bench-ab`, two
-/// rounds cold) a kernel beside 4 streams of 1 MiB reads had a p99 of
-/// 45-50 us with 8 blocks per 1 MiB, 29-31 with 4 and 25-26 with 2 (idle
-/// 16-27), one stream of 16 MiB reads keeping 94-100% of synchronous
-/// reads with each (`docs/benchmarks.md`, "The neighbour's tail is the
+/// loads each), and the tail of a kernel launched on another stream
+/// meanwhile (its launch call's too) grows with the sum of every copy's
+/// loads in flight, not one copy's. On an H100 (2026-12-07,
+/// `scripts/gpu-bench-ab`, two rounds cold) a kernel beside 4 streams of
+/// 1 MiB reads had a p99 of 45-50 us with 8 blocks per 1 MiB, 29-31 with
+/// 4 and 25-26 with 2 (idle 16-27), one stream of 16 MiB reads keeping
+/// 94-100% of synchronous reads with each (`docs/benchmarks.md`, "The neighbour's tail is the
 /// staging copies' loads").
 fn stage_copy_blocks(bytes: usize) -> u32 {
     (bytes / (512 << 10)).clamp(2, 16) as u32
