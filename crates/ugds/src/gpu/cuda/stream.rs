@@ -128,8 +128,8 @@ const STAGE_COPY_THREADS: u32 = 256;
 /// `scripts/gpu-bench-ab`, two rounds cold) a kernel beside 4 streams of
 /// 1 MiB reads had a p99 of 45-50 us with 8 blocks per 1 MiB, 29-31 with
 /// 4 and 25-26 with 2 (idle 16-27), one stream of 16 MiB reads keeping
-/// 94-100% of synchronous reads with each (`docs/benchmarks.md`, "The neighbour's tail is the
-/// staging copies' loads").
+/// 94-100% of synchronous reads with each (`docs/benchmarks.md`, "The
+/// neighbour's tail is the staging copies' loads").
 fn stage_copy_blocks(bytes: usize) -> u32 {
     (bytes / (512 << 10)).clamp(2, 16) as u32
 }
