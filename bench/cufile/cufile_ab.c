@@ -1,19 +1,21 @@
-/* cufile_ab: synchronous random reads through three libraries in one
- * process, each size measured by every side in turn, round after round, so
- * that a disk whose speed drifts over a minute (the GPU machine's virtio
- * disk: up to 2x) weighs on every side alike. The sides:
+/* cufile_ab: synchronous random reads (or writes) through three libraries
+ * in one process, each size measured by every side in turn, round after
+ * round, so that a disk whose speed drifts over a minute (the GPU
+ * machine's virtio disk: up to 2x) weighs on every side alike. The sides:
  *
- *   nvidia  NVIDIA's libcufile.so.0 (cuFileRead)        NVIDIA_CUFILE=path
- *   cufile  ugds's libcufile.so.0 (cuFileRead)          UGDS_CUFILE=path
- *   api     ugds's own C ABI, libugds.so (uGDSRead)     UGDS_LIB=path
+ *   nvidia  NVIDIA's libcufile.so.0 (cuFileRead/Write)  NVIDIA_CUFILE=path
+ *   cufile  ugds's libcufile.so.0 (cuFileRead/Write)    UGDS_CUFILE=path
+ *   api     ugds's own C ABI, libugds.so (uGDSRead/Write) UGDS_LIB=path
  *
  * Each library is loaded with dlopen (RTLD_LOCAL: the two libcufile.so.0
  * answer their own symbols), opens the file with its own descriptor
  * (O_DIRECT) and registers a 64 MiB buffer of its own. A side whose
  * library is not given, or does not load, is left out and said so.
  *
- * Usage: cufile_ab FILE [gpu|host] [SECONDS] [ROUNDS]
+ * Usage: cufile_ab FILE [gpu|host|gpu-write|host-write] [SECONDS] [ROUNDS]
  *   gpu: CUDA device memory (libcuda.so.1, the primary context of device 0);
+ *   -write: writes from that memory instead of reads (cuFileWrite,
+ *   uGDSWrite), over the file's contents;
  *   host: host memory, 2 MiB-aligned huge pages for every side (or plain
  *   pages for the side CUFILE_AB_PLAIN_SIDE names: how much the placement
  *   of a buffer weighs). SECONDS per side, size and round
@@ -113,7 +115,9 @@ struct side {
     CUfileHandle_t fh;  /* nvidia, cufile */
     uGDSHandle_t ufh;   /* api */
     __typeof__(&cuFileRead) read;
+    __typeof__(&cuFileWrite) write;
     __typeof__(&uGDSRead) uread;
+    __typeof__(&uGDSWrite) uwrite;
     double mibs[4][MAX_ROUNDS];
 };
 
@@ -133,7 +137,8 @@ static int open_cufile_side(struct side *s, const char *env, const char *path, i
         (__typeof__(&cuFileHandleRegister))dlsym(s->lib, "cuFileHandleRegister");
     __typeof__(&cuFileBufRegister) buf_reg = (__typeof__(&cuFileBufRegister))dlsym(s->lib, "cuFileBufRegister");
     s->read = (__typeof__(&cuFileRead))dlsym(s->lib, "cuFileRead");
-    if (!drv_open || !reg || !buf_reg || !s->read) {
+    s->write = (__typeof__(&cuFileWrite))dlsym(s->lib, "cuFileWrite");
+    if (!drv_open || !reg || !buf_reg || !s->read || !s->write) {
         printf("side %s: left out (%s lacks cuFile's calls)\n", s->name, lib_path);
         return -1;
     }
@@ -175,7 +180,8 @@ static int open_api_side(struct side *s, const char *path, int gpu) {
     __typeof__(&uGDSHandleRegister) reg = (__typeof__(&uGDSHandleRegister))dlsym(s->lib, "uGDSHandleRegister");
     __typeof__(&uGDSBufRegister) buf_reg = (__typeof__(&uGDSBufRegister))dlsym(s->lib, "uGDSBufRegister");
     s->uread = (__typeof__(&uGDSRead))dlsym(s->lib, "uGDSRead");
-    if (!drv_open || !reg || !buf_reg || !s->uread || drv_open().err != UGDS_SUCCESS) {
+    s->uwrite = (__typeof__(&uGDSWrite))dlsym(s->lib, "uGDSWrite");
+    if (!drv_open || !reg || !buf_reg || !s->uread || !s->uwrite || drv_open().err != UGDS_SUCCESS) {
         printf("side api: left out (%s: no driver)\n", lib_path);
         return -1;
     }
@@ -204,17 +210,22 @@ static uint64_t rng(uint64_t *s) {
     return *s * 0x2545f4914f6cdd1dull;
 }
 
-/* MiB/s of reads of `size` at random offsets aligned to it, for `secs` and
- * at least 4 reads; negative on a failed read. */
-static double measure(struct side *s, size_t size, uint64_t file_size, double secs, uint64_t seed) {
+/* MiB/s of reads (writes) of `size` at random offsets aligned to it, for
+ * `secs` and at least 4 of them; negative on a failed one. */
+static double measure(struct side *s, int write, size_t size, uint64_t file_size, double secs, uint64_t seed) {
     uint64_t slots = file_size / size, n = 0;
     double start = now_s(), t;
     do {
         off_t off = (off_t)(rng(&seed) % slots * size);
         off_t at = (off_t)(n % (BUF / size) * size);
-        ssize_t r = s->read ? s->read(s->fh, s->buf, size, off, at) : s->uread(s->ufh, s->buf, size, off, at);
+        ssize_t r;
+        if (write)
+            r = s->write ? s->write(s->fh, s->buf, size, off, at) : s->uwrite(s->ufh, s->buf, size, off, at);
+        else
+            r = s->read ? s->read(s->fh, s->buf, size, off, at) : s->uread(s->ufh, s->buf, size, off, at);
         if (r != (ssize_t)size) {
-            fprintf(stderr, "side %s: read of %zu at %lld returned %zd\n", s->name, size, (long long)off, r);
+            fprintf(stderr, "side %s: %s of %zu at %lld returned %zd\n", s->name, write ? "write" : "read", size,
+                    (long long)off, r);
             return -1;
         }
         n++;
@@ -237,11 +248,16 @@ static double median(const double *v, int n) {
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s FILE [gpu|host] [SECONDS] [ROUNDS]\n", argv[0]);
+        fprintf(stderr, "usage: %s FILE [gpu|host|gpu-write|host-write] [SECONDS] [ROUNDS]\n", argv[0]);
         return 2;
     }
     const char *path = argv[1];
-    int gpu = argc > 2 ? strcmp(argv[2], "host") != 0 : 1;
+    const char *what = argc > 2 ? argv[2] : "gpu";
+    int gpu = strncmp(what, "gpu", 3) == 0, write = strstr(what, "-write") != NULL;
+    if (strcmp(what, gpu ? (write ? "gpu-write" : "gpu") : (write ? "host-write" : "host")) != 0) {
+        fprintf(stderr, "cufile_ab: %s: expected gpu, host, gpu-write or host-write\n", what);
+        return 2;
+    }
     double secs = argc > 3 ? atof(argv[3]) : 0.5;
     int rounds = argc > 4 ? atoi(argv[4]) : 5;
     if (rounds < 1 || rounds > MAX_ROUNDS || secs <= 0) {
@@ -268,8 +284,10 @@ int main(int argc, char **argv) {
     }
     static const size_t sizes[4] = {4096, 65536, MIB, 16 * MIB};
     static const char *names[4] = {"4k", "64k", "1024k", "16384k"};
-    const char *mem = gpu ? "gpu" : "host";
-    printf("%s memory, %.2f s per side, size and round, %d rounds, %lld-byte file\n", mem, secs, rounds,
+    /* Also the RESULT keys' prefix. */
+    const char *mem = gpu ? (write ? "gpu_write" : "gpu") : (write ? "host_write" : "host");
+    printf("%s memory%s, %.2f s per side, size and round, %d rounds, %lld-byte file\n", gpu ? "gpu" : "host",
+           write ? ", writes" : "", secs, rounds,
            (long long)file_size);
     for (int z = 0; z < 4; z++) {
         for (int r = 0; r < rounds; r++) {
@@ -277,7 +295,7 @@ int main(int argc, char **argv) {
             for (int k = 0; k < nsides; k++) {
                 struct side *s = sides[(k + r) % nsides];
                 uint64_t seed = 0x9e3779b97f4a7c15ull ^ ((uint64_t)(z * MAX_ROUNDS + r) << 8 ^ (uint64_t)(s - all));
-                double v = measure(s, sizes[z], (uint64_t)file_size, secs, seed);
+                double v = measure(s, write, sizes[z], (uint64_t)file_size, secs, seed);
                 if (v < 0) return 1;
                 s->mibs[z][r] = v;
                 printf("  %s %.1f", s->name, v);
