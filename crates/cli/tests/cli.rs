@@ -483,7 +483,7 @@ fn a_tcp_bench_against_a_silent_target_ends_with_the_timeout() {
 }
 
 #[test]
-fn a_kernel_path_bench_reads_warm_data_from_the_page_cache_and_refuses_an_unknown_policy() {
+fn a_kernel_path_bench_reads_warm_data_from_the_page_cache_and_refuses_an_unknown_policy_from_flag_or_environment() {
     let dir = std::env::temp_dir().join(format!("ugds-cli-cache-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("data");
@@ -492,10 +492,19 @@ fn a_kernel_path_bench_reads_warm_data_from_the_page_cache_and_refuses_an_unknow
     // Just written: in the page cache, which `auto` (the default) reads from.
     let (ok, out, err) = ugds(&["bench", "--file", f, "-d", "0.3", "--cache", "auto"]);
     let (ok2, _, err2) = ugds(&["bench", "--file", f, "-d", "0.3", "--cache", "cached"]);
+    // The same name in the environment variable the option stands in for.
+    let env = Command::new(env!("CARGO_BIN_EXE_ugds"))
+        .args(["bench", "--file", f, "-d", "0.3"])
+        .env("UGDS_CACHE_POLICY", "cached")
+        .output()
+        .expect("run ugds");
     std::fs::remove_dir_all(&dir).unwrap();
     assert!(ok, "{err}");
     let hits = out.lines().find(|l| l.contains("page cache:")).unwrap_or_else(|| panic!("{out}"));
     assert!(!hits.contains(": 0 reads served"), "cached data is read from the page cache: {hits}");
     assert!(!ok2, "an unknown cache policy is refused");
     assert!(err2.contains("unknown cache policy \"cached\": expected auto, direct or buffered"), "{err2}");
+    let err3 = String::from_utf8_lossy(&env.stderr);
+    assert!(!env.status.success(), "an unknown UGDS_CACHE_POLICY is refused: {err3}");
+    assert!(err3.contains("UGDS_CACHE_POLICY: invalid argument: unknown cache policy \"cached\""), "{err3}");
 }

@@ -384,6 +384,15 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     };
     let depth = (o.qd * per_req + 1).clamp(64, 1024) as u16;
     let lent = (o.qd > 1 || o.force_queue) && o.batches.is_empty() && !o.stream;
+    // `--cache`, else UGDS_CACHE_POLICY (as C and Python take it), whose
+    // unknown value is refused as the option's is.
+    let cache = match o.cache {
+        Some(c) => c,
+        None => match std::env::var("UGDS_CACHE_POLICY").as_deref() {
+            Err(_) | Ok("") => ugds::CachePolicy::default(),
+            Ok(v) => v.parse().map_err(|e: ugds::Error| format!("UGDS_CACHE_POLICY: {e}"))?,
+        },
+    };
     let mut opts = HandleOptions::default()
         .nsid(o.target.nsid)
         .completion(if o.interrupt { Completion::Interrupt } else { Completion::Poll })
@@ -396,7 +405,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
         .batch_queues(if o.batches.is_empty() { 1 } else { batch_queue_per_thread(o.threads) })
         .shadow_doorbells(o.shadow_doorbells)
         .kernel_ring(o.kernel_ring)
-        .cache(o.cache.unwrap_or(HandleOptions::from_env().cache))
+        .cache(cache)
         .stats_dir(HandleOptions::from_env().stats_dir)
         .trace(o.trace)
         .placement(o.placement)
