@@ -299,10 +299,12 @@ impl HandleOptions {
 }
 
 impl HandleOptions {
-    /// Interrupt completion when `UGDS_INTERRUPT_MODE=1`, as in the paper;
-    /// the kernel path's ring mode from `UGDS_KERNEL_RING` (`sqpoll`,
-    /// `iopoll`) and its [`CachePolicy`] from `UGDS_CACHE_POLICY` (`auto`,
-    /// `direct`, `buffered`; another value makes the open fail); statistics published to `UGDS_STATS_DIR` when it is set;
+    /// Interrupt completion when `UGDS_INTERRUPT_MODE=1`, as in the paper
+    /// (`0` or unset: polling); the kernel path's ring mode from
+    /// `UGDS_KERNEL_RING` (`plain`, `sqpoll`, `iopoll`) and its
+    /// [`CachePolicy`] from `UGDS_CACHE_POLICY` (`auto`, `direct`,
+    /// `buffered`); another value of any of the three makes the open fail;
+    /// statistics published to `UGDS_STATS_DIR` when it is set;
     /// `UGDS_TRACE=N` traces each queue's last N commands;
     /// `UGDS_SYNC_QUEUES=N` sets [`sync_queues`](Self::sync_queues) and
     /// `UGDS_BATCH_QUEUES=N` [`batch_queues`](Self::batch_queues);
@@ -316,13 +318,16 @@ impl HandleOptions {
     /// As [`from_env`](Self::from_env), with the variables `var` gives.
     fn from_vars(var: impl Fn(&str) -> Option<String>) -> Self {
         let mut o = HandleOptions::default();
-        if var("UGDS_INTERRUPT_MODE").is_some_and(|v| v == "1") {
-            o.completion = Completion::Interrupt;
+        match var("UGDS_INTERRUPT_MODE").as_deref() {
+            None | Some("" | "0") => {}
+            Some("1") => o.completion = Completion::Interrupt,
+            Some(v) => o.env_error = Some(format!("UGDS_INTERRUPT_MODE={v:?} is neither 0 nor 1")),
         }
         match var("UGDS_KERNEL_RING").as_deref() {
+            None | Some("" | "plain") => {}
             Some("sqpoll") => o.kernel_ring = KernelRing::SqPoll,
             Some("iopoll") => o.kernel_ring = KernelRing::IoPoll,
-            _ => {}
+            Some(v) => o.env_error = Some(format!("UGDS_KERNEL_RING={v:?} is not plain, sqpoll or iopoll")),
         }
         match var("UGDS_CACHE_POLICY").as_deref() {
             None | Some("") => {}
@@ -456,5 +461,18 @@ mod tests {
         assert!(with(&[("UGDS_BATCH_QUEUES", "x")]).env_error.is_some());
         assert!(with(&[("UGDS_CACHE_POLICY", "sometimes")]).env_error.is_some());
         assert_eq!(with(&[("UGDS_INTERRUPT_MODE", "1")]).completion, Completion::Interrupt);
+    }
+
+    #[test]
+    fn the_environment_sets_the_completion_and_ring_modes_and_refuses_other_values() {
+        assert_eq!(with(&[("UGDS_INTERRUPT_MODE", "0")]).completion, Completion::Poll);
+        assert_eq!(with(&[("UGDS_KERNEL_RING", "sqpoll")]).kernel_ring, KernelRing::SqPoll);
+        assert_eq!(with(&[("UGDS_KERNEL_RING", "iopoll")]).kernel_ring, KernelRing::IoPoll);
+        let plain = with(&[("UGDS_KERNEL_RING", "plain"), ("UGDS_INTERRUPT_MODE", "")]);
+        assert_eq!((plain.kernel_ring, plain.completion, plain.env_error), (KernelRing::Plain, Completion::Poll, None));
+        for (name, bad) in [("UGDS_INTERRUPT_MODE", "yes"), ("UGDS_KERNEL_RING", "sqpol")] {
+            let o = with(&[(name, bad)]);
+            assert!(o.env_error.as_deref().is_some_and(|e| e.contains(name) && e.contains(bad)), "{:?}", o.env_error);
+        }
     }
 }
