@@ -388,10 +388,7 @@ pub fn main(args: Vec<std::ffi::OsString>) -> Result<(), String> {
     // unknown value is refused as the option's is.
     let cache = match o.cache {
         Some(c) => c,
-        None => match std::env::var("UGDS_CACHE_POLICY").as_deref() {
-            Err(_) | Ok("") => ugds::CachePolicy::default(),
-            Ok(v) => v.parse().map_err(|e: ugds::Error| format!("UGDS_CACHE_POLICY: {e}"))?,
-        },
+        None => ugds::CachePolicy::from_env()?.unwrap_or_default(),
     };
     let mut opts = HandleOptions::default()
         .nsid(o.target.nsid)

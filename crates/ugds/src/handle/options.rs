@@ -329,12 +329,9 @@ impl HandleOptions {
             Some("iopoll") => o.kernel_ring = KernelRing::IoPoll,
             Some(v) => o.env_error = Some(format!("UGDS_KERNEL_RING={v:?} is not plain, sqpoll or iopoll")),
         }
-        match var("UGDS_CACHE_POLICY").as_deref() {
-            None | Some("") => {}
-            Some(v) => match v.parse() {
-                Ok(p) => o.cache = p,
-                Err(e) => o.env_error = Some(format!("UGDS_CACHE_POLICY: {e}")),
-            },
+        match CachePolicy::from_var(var("UGDS_CACHE_POLICY").as_deref()) {
+            Ok(p) => o.cache = p.unwrap_or(o.cache),
+            Err(e) => o.env_error = Some(e),
         }
         o.stats_dir = var("UGDS_STATS_DIR").filter(|d| !d.is_empty()).map(Into::into);
         if let Some(v) = var("UGDS_TRACE") {

@@ -43,6 +43,22 @@ pub enum CachePolicy {
     Buffered,
 }
 
+impl CachePolicy {
+    /// The policy `UGDS_CACHE_POLICY` names: `None` where it is unset or
+    /// empty; an unknown name is an error that names the variable.
+    pub fn from_env() -> std::result::Result<Option<CachePolicy>, String> {
+        Self::from_var(std::env::var("UGDS_CACHE_POLICY").ok().as_deref())
+    }
+
+    /// As [`from_env`](Self::from_env), for the variable's value `v`.
+    pub(crate) fn from_var(v: Option<&str>) -> std::result::Result<Option<CachePolicy>, String> {
+        match v {
+            None | Some("") => Ok(None),
+            Some(v) => v.parse().map(Some).map_err(|e: Error| format!("UGDS_CACHE_POLICY: {e}")),
+        }
+    }
+}
+
 impl std::str::FromStr for CachePolicy {
     type Err = Error;
 
