@@ -14,7 +14,8 @@
  * Environment: UGDS_INTERRUPT_MODE=1 selects MSI-X completion for handles
  * registered afterwards; UGDS_EMULATE=1 lets a handle be registered on a
  * regular file, served by an emulated NVMe controller whose namespace is
- * that file (UGDS_EMULATE_BLOCK_SIZE: 512 or 4096, default 512).
+ * that file (UGDS_EMULATE_BLOCK_SIZE: 512 or 4096, default 512; another
+ * value of either refuses the registration with UGDS_INVALID_VALUE).
  * UGDS_MODE=latency|throughput|priority|adaptive serves each synchronous
  * request of handles registered afterwards as that mode says (an unknown
  * name refuses the registration with UGDS_INVALID_VALUE); UGDS_TRACE=N
@@ -23,7 +24,8 @@
  * writes trap, such as KVM). UGDS_SYNC_QUEUES=N gives each handle N queue
  * pairs for synchronous calls (default one per CPU, 4 to 32, at most what
  * the controller grants; threads beyond N share them), UGDS_BATCH_QUEUES=N N batch queue
- * pairs (a value that is not a number refuses the registration).
+ * pairs (a value that is not a number, of these or of UGDS_TRACE, or of
+ * UGDS_SHADOW_DOORBELLS other than 0 or 1, refuses the registration).
  *
  * Apache-2.0 OR MIT.
  */

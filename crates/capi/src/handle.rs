@@ -16,6 +16,7 @@ pub(crate) fn target_for(fd: c_int) -> Result<Served, uGDSError_t> {
         Refused::Dup(e) => fail(op::GETNEWFD_FAILED, format!("dup of fd {fd}: {e}")),
         Refused::Platform(e) => from_error(e),
         Refused::TooSmall => fail(op::INVALID_VALUE, "the file is smaller than one block"),
+        Refused::Setting(why) => fail(op::INVALID_VALUE, why),
     })
 }
 

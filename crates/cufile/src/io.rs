@@ -94,6 +94,7 @@ pub unsafe extern "C" fn cuFileHandleRegister(fh: *mut *mut c_void, descr: *mut 
             Err(Refused::Dup(e)) => return fail(op::GETNEWFD_FAILED, format!("dup of fd {fd}: {e}")),
             Err(Refused::Platform(e)) => return from_error(e),
             Err(Refused::TooSmall) => return fail(op::INVALID_VALUE, "the file is smaller than one block"),
+            Err(Refused::Setting(why)) => return fail(op::INVALID_VALUE, why),
         };
         let cfg = config::get();
         let mut opts = HandleOptions::from_env();

@@ -42,6 +42,9 @@ pub enum Refused {
     Platform(ugds_platform::Error),
     /// An emulated controller over a file smaller than one block.
     TooSmall,
+    /// An environment variable that decides how the descriptor is served
+    /// has a value it does not take (which, and why).
+    Setting(String),
 }
 
 /// What serves `fd` (borrowed for the call; a platform keeps a duplicate).
@@ -77,8 +80,8 @@ pub fn serve(fd: BorrowedFd<'_>) -> Result<Served, Refused> {
                 .map(|p| Served::Controller(Arc::new(p)))
                 .map_err(Refused::Platform)
         }
-        libc::S_IFREG if std::env::var("UGDS_EMULATE").is_ok_and(|v| v == "1") => {
-            let block: u32 = std::env::var("UGDS_EMULATE_BLOCK_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(512);
+        libc::S_IFREG if emulate(std::env::var("UGDS_EMULATE").ok().as_deref())? => {
+            let block = emulated_block_size(std::env::var("UGDS_EMULATE_BLOCK_SIZE").ok().as_deref())?;
             let size = st.st_size as u64 / block as u64 * block as u64;
             if size == 0 {
                 return Err(Refused::TooSmall);
@@ -91,5 +94,54 @@ pub fn serve(fd: BorrowedFd<'_>) -> Result<Served, Refused> {
         }
         libc::S_IFREG | libc::S_IFBLK => Ok(Served::Kernel),
         _ => Err(Refused::FileType(format!("{} is neither /dev/ugds_drvN, a regular file nor a block device", name()))),
+    }
+}
+
+/// Whether `UGDS_EMULATE` (its value, if set) asks for the emulated
+/// controller: `1` yes; unset, empty or `0` no.
+fn emulate(value: Option<&str>) -> Result<bool, Refused> {
+    match value {
+        None | Some("" | "0") => Ok(false),
+        Some("1") => Ok(true),
+        Some(v) => Err(Refused::Setting(format!("UGDS_EMULATE={v:?}: 1 (the emulated controller) or 0"))),
+    }
+}
+
+/// The emulated controller's block size from `UGDS_EMULATE_BLOCK_SIZE`
+/// (its value, if set): 512 (the default) or 4096.
+fn emulated_block_size(value: Option<&str>) -> Result<u32, Refused> {
+    match value {
+        None | Some("" | "512") => Ok(512),
+        Some("4096") => Ok(4096),
+        Some(v) => Err(Refused::Setting(format!("UGDS_EMULATE_BLOCK_SIZE={v:?}: 512 or 4096"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn emulate_takes_1_and_0_only() {
+        assert!(!emulate(None).unwrap());
+        assert!(!emulate(Some("")).unwrap());
+        assert!(!emulate(Some("0")).unwrap());
+        assert!(emulate(Some("1")).unwrap());
+        for v in ["yes", "true", "2", " 1"] {
+            let Err(Refused::Setting(why)) = emulate(Some(v)) else { panic!("UGDS_EMULATE={v} taken") };
+            assert!(why.contains("UGDS_EMULATE="), "{why}");
+        }
+    }
+
+    #[test]
+    fn block_size_is_512_or_4096() {
+        assert_eq!(emulated_block_size(None).unwrap(), 512);
+        assert_eq!(emulated_block_size(Some("512")).unwrap(), 512);
+        assert_eq!(emulated_block_size(Some("4096")).unwrap(), 4096);
+        // 0 used to divide by zero; the others became 512 without a word.
+        for v in ["0", "4k", "1024", "-512", "8192"] {
+            let Err(Refused::Setting(why)) = emulated_block_size(Some(v)) else { panic!("{v} taken") };
+            assert!(why.contains("512 or 4096"), "{why}");
+        }
     }
 }

@@ -44,7 +44,21 @@ int main(void) {
     d.handle.fd = 0x7ffff;
     CHECK_ERR(uGDSHandleRegister(&fh, &d), UGDS_INVALID_VALUE); /* not an open fd */
     d.handle.fd = fd;
+    /* UGDS_EMULATE and UGDS_EMULATE_BLOCK_SIZE take only what ugds.h
+     * names: another value refuses the handle (it used to pick the kernel
+     * path, 512-byte blocks, or divide by zero, without a word). */
+    setenv("UGDS_EMULATE", "yes", 1);
+    CHECK_ERR(uGDSHandleRegister(&fh, &d), UGDS_INVALID_VALUE);
+    CHECK(strstr(ugds_last_error(), "UGDS_EMULATE") != NULL);
     setenv("UGDS_EMULATE", "1", 1);
+    const char *bad_blocks[] = {"0", "4k", "1024"};
+    for (unsigned i = 0; i < sizeof bad_blocks / sizeof bad_blocks[0]; i++) {
+        setenv("UGDS_EMULATE_BLOCK_SIZE", bad_blocks[i], 1);
+        CHECK_ERR(uGDSHandleRegister(&fh, &d), UGDS_INVALID_VALUE);
+        CHECK(strstr(ugds_last_error(), "512 or 4096") != NULL);
+        CHECK(fh == NULL);
+    }
+    unsetenv("UGDS_EMULATE_BLOCK_SIZE");
     /* A mode by name (UGDS_MODE): an unknown one refuses the handle. */
     setenv("UGDS_MODE", "fastest", 1);
     CHECK_ERR(uGDSHandleRegister(&fh, &d), UGDS_INVALID_VALUE);

@@ -118,6 +118,13 @@ int main(void) {
     d.handle.fd = -1;
     ERR("HandleRegister(fd -1)", cuFileHandleRegister(&fh, &d), CU_FILE_INVALID_VALUE);
     d.handle.fd = fd;
+    // A value of UGDS_EMULATE_BLOCK_SIZE other than 512 or 4096 refuses the
+    // handle (read only where the file is emulated).
+    if (emulated) {
+        setenv("UGDS_EMULATE_BLOCK_SIZE", "0", 1);
+        ERR("HandleRegister(UGDS_EMULATE_BLOCK_SIZE=0)", cuFileHandleRegister(&fh, &d), CU_FILE_INVALID_VALUE);
+        unsetenv("UGDS_EMULATE_BLOCK_SIZE");
+    }
     OK("HandleRegister", cuFileHandleRegister(&fh, &d));
     ERR("HandleRegister twice", cuFileHandleRegister(&other, &d), CU_FILE_HANDLE_ALREADY_REGISTERED);
 

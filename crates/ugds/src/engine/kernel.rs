@@ -45,6 +45,15 @@ const MAX_TRANSFER: usize = 4 << 20;
 /// needs for it).
 pub const KERNEL_BLOCK_SIZE: u32 = 512;
 
+/// The largest command from `UGDS_KERNEL_CHUNK` (its value, if set): bytes,
+/// a power of two from 64 KiB to [`MAX_TRANSFER`]; unset, the default.
+fn kernel_chunk(value: Option<&str>) -> Result<usize> {
+    let Some(v) = value else { return Ok(DEFAULT_TRANSFER) };
+    v.parse::<usize>().ok().filter(|c| c.is_power_of_two() && (64 << 10..=MAX_TRANSFER).contains(c)).ok_or_else(|| {
+        Error::InvalidArgument(format!("UGDS_KERNEL_CHUNK={v:?}: bytes, a power of two from 65536 to {MAX_TRANSFER}"))
+    })
+}
+
 impl KernelController {
     /// The file behind `platform` as a one-namespace controller granting
     /// `want_io_queues` queues, whose rings run as `ring` says. IOPOLL needs
@@ -79,11 +88,7 @@ impl KernelController {
         // Passed through, a command is the controller's: within its MDTS.
         // `UGDS_KERNEL_CHUNK` (bytes, a power of two from 64 KiB to 4 MiB)
         // sets a smaller largest command, to measure what suits a disk.
-        let chunk = std::env::var("UGDS_KERNEL_CHUNK")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|c| c.is_power_of_two() && (64 << 10..=MAX_TRANSFER).contains(c))
-            .unwrap_or(DEFAULT_TRANSFER);
+        let chunk = kernel_chunk(std::env::var("UGDS_KERNEL_CHUNK").ok().as_deref())?;
         // Passed through, a command also meets the kernel's limits on one
         // request: at most 127 segments on NVMe over PCIe (a 512 KiB buffer
         // that does not start on a page spans 129 pages: EINVAL, seen on
@@ -159,5 +164,22 @@ impl KernelController {
         let mut q = UringQueue::new(self.platform.clone(), interrupt, qid, entries, self.block_size, self.ring)?;
         q.set_cache_policy(self.cache);
         Ok(q)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_chunk_takes_powers_of_two_in_range_only() {
+        assert_eq!(kernel_chunk(None).unwrap(), DEFAULT_TRANSFER);
+        assert_eq!(kernel_chunk(Some("65536")).unwrap(), 64 << 10);
+        assert_eq!(kernel_chunk(Some("4194304")).unwrap(), MAX_TRANSFER);
+        // Each of these used to leave the default in place without a word.
+        for v in ["", "64k", "32768", "100000", "8388608", "-1"] {
+            let e = kernel_chunk(Some(v)).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(ref m) if m.contains("UGDS_KERNEL_CHUNK")), "{v}: {e}");
+        }
     }
 }

@@ -308,9 +308,11 @@ impl HandleOptions {
     /// `UGDS_TRACE=N` traces each queue's last N commands;
     /// `UGDS_SYNC_QUEUES=N` sets [`sync_queues`](Self::sync_queues) and
     /// `UGDS_BATCH_QUEUES=N` [`batch_queues`](Self::batch_queues);
-    /// `UGDS_MODE` names a built-in [`Mode`] (an unknown name, or a
-    /// `UGDS_SYNC_QUEUES` or `UGDS_BATCH_QUEUES` that is not a number,
-    /// makes the open fail).
+    /// `UGDS_SHADOW_DOORBELLS=1|0` sets
+    /// [`shadow_doorbells`](Self::shadow_doorbells); `UGDS_MODE` names a
+    /// built-in [`Mode`] (an unknown name, a `UGDS_SHADOW_DOORBELLS` other
+    /// than 0 or 1, or a `UGDS_SYNC_QUEUES`, `UGDS_BATCH_QUEUES` or
+    /// `UGDS_TRACE` that is not a number, makes the open fail).
     pub fn from_env() -> Self {
         Self::from_vars(|name| std::env::var(name).ok())
     }
@@ -334,10 +336,10 @@ impl HandleOptions {
             Err(e) => o.env_error = Some(e),
         }
         o.stats_dir = var("UGDS_STATS_DIR").filter(|d| !d.is_empty()).map(Into::into);
-        if let Some(v) = var("UGDS_TRACE") {
+        if let Some(v) = var("UGDS_TRACE").filter(|v| !v.is_empty()) {
             match v.parse() {
                 Ok(n) => o.trace = n,
-                Err(_) => tracing::warn!("UGDS_TRACE={v:?} is not a number of commands; not traced"),
+                Err(_) => o.env_error = Some(format!("UGDS_TRACE={v:?} is not a number of commands")),
             }
         }
         if let Some(v) = var("UGDS_SYNC_QUEUES") {
@@ -353,9 +355,10 @@ impl HandleOptions {
             }
         }
         match var("UGDS_SHADOW_DOORBELLS").as_deref() {
+            None | Some("") => {}
             Some("1") => o.shadow_doorbells = true,
             Some("0") => o.shadow_doorbells = false,
-            _ => {}
+            Some(v) => o.env_error = Some(format!("UGDS_SHADOW_DOORBELLS={v:?} is neither 0 nor 1")),
         }
         match var("UGDS_MODE").as_deref() {
             None | Some("") => {}
@@ -467,7 +470,16 @@ mod tests {
         assert_eq!(with(&[("UGDS_KERNEL_RING", "iopoll")]).kernel_ring, KernelRing::IoPoll);
         let plain = with(&[("UGDS_KERNEL_RING", "plain"), ("UGDS_INTERRUPT_MODE", "")]);
         assert_eq!((plain.kernel_ring, plain.completion, plain.env_error), (KernelRing::Plain, Completion::Poll, None));
-        for (name, bad) in [("UGDS_INTERRUPT_MODE", "yes"), ("UGDS_KERNEL_RING", "sqpol")] {
+        assert!(with(&[("UGDS_SHADOW_DOORBELLS", "1")]).shadow_doorbells);
+        assert!(!with(&[("UGDS_SHADOW_DOORBELLS", "0")]).shadow_doorbells);
+        assert_eq!(with(&[("UGDS_TRACE", "8")]).trace, 8);
+        assert_eq!(with(&[("UGDS_TRACE", ""), ("UGDS_SHADOW_DOORBELLS", "")]).env_error, None);
+        for (name, bad) in [
+            ("UGDS_INTERRUPT_MODE", "yes"),
+            ("UGDS_KERNEL_RING", "sqpol"),
+            ("UGDS_SHADOW_DOORBELLS", "on"),
+            ("UGDS_TRACE", "all"),
+        ] {
             let o = with(&[(name, bad)]);
             assert!(o.env_error.as_deref().is_some_and(|e| e.contains(name) && e.contains(bad)), "{:?}", o.env_error);
         }

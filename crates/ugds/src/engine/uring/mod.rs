@@ -143,21 +143,27 @@ const OFFLOAD_MIN: usize = 256 << 10;
 /// MiB/s; reads into host memory of 1 and 4 MiB lost 15% (and 16 MiB
 /// went either way), so they stay inline. On a 2-core VM the workers
 /// compete with the caller, so only with 8 CPUs or more;
-/// `UGDS_CACHED_READ_WORKERS=on` or `off` decides instead (read once).
-fn offload_cached_reads() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
+/// `UGDS_CACHED_READ_WORKERS=on` or `off` decides instead (read once;
+/// another value fails every queue's creation, so the handle's open).
+fn offload_cached_reads() -> Result<bool> {
+    static ON: std::sync::OnceLock<std::result::Result<bool, String>> = std::sync::OnceLock::new();
+    ON.get_or_init(|| {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        match std::env::var("UGDS_CACHED_READ_WORKERS").as_deref() {
-            Ok("on") => true,
-            Ok("off") => false,
-            Ok(v) => {
-                tracing::warn!("UGDS_CACHED_READ_WORKERS={v:?} is neither on nor off: ignored");
-                cpus >= 8
-            }
-            Err(_) => cpus >= 8,
-        }
+        cached_read_workers(std::env::var("UGDS_CACHED_READ_WORKERS").ok().as_deref(), cpus)
     })
+    .clone()
+    .map_err(Error::InvalidArgument)
+}
+
+/// [`offload_cached_reads`] from `UGDS_CACHED_READ_WORKERS` (its value, if
+/// set) and the CPUs there are.
+fn cached_read_workers(value: Option<&str>, cpus: usize) -> std::result::Result<bool, String> {
+    match value {
+        None => Ok(cpus >= 8),
+        Some("on") => Ok(true),
+        Some("off") => Ok(false),
+        Some(v) => Err(format!("UGDS_CACHED_READ_WORKERS={v:?}: on or off")),
+    }
 }
 
 impl std::fmt::Debug for UringQueue {
@@ -182,6 +188,7 @@ impl UringQueue {
         mode: KernelRing,
     ) -> Result<UringQueue> {
         let entries = entries.clamp(2, 4096);
+        let offload = offload_cached_reads()?;
         let buffered = platform.buffered_fd();
         let direct_fd = platform.direct_fd();
         let passthrough = platform.passthrough_namespace().map(|(nsid, bs, _)| (nsid, bs.trailing_zeros() as u8));
@@ -221,7 +228,7 @@ impl UringQueue {
             cache_hit_run: 0,
             cache_placed: 0,
             cache_unsupported: false,
-            offload: offload_cached_reads(),
+            offload,
         })
     }
 

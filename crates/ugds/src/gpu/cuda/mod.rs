@@ -336,13 +336,19 @@ impl Cuda {
     /// green context took about 1 ms to create against 100-130 ms for
     /// `cuCtxCreate`, and copies on its streams run while every hardware
     /// queue of the caller's context waits (bench/cuda-probes/green_ctx.c).
-    /// `UGDS_COPY_CONTEXT=plain` asks for the plain one.
+    /// `UGDS_COPY_CONTEXT=plain` asks for the plain one (another value
+    /// fails the engine, and so every copy through it).
     fn copy_engine(&self, device: i32) -> Result<CopyEngine> {
         let mut map = self.copy_engines.lock().recover();
         if let Some(e) = map.get(&device) {
             return Ok(*e);
         }
-        let plain = std::env::var("UGDS_COPY_CONTEXT").is_ok_and(|v| v == "plain");
+        let plain = match std::env::var("UGDS_COPY_CONTEXT").ok().as_deref() {
+            None | Some("") => false,
+            Some("plain") => true,
+            // Kept as the engine's error: every copy through it says so.
+            Some(v) => return Err(Error::InvalidArgument(format!("UGDS_COPY_CONTEXT={v:?}: plain, or unset"))),
+        };
         let green = if plain { None } else { self.green_context(device).map_err(|e| tracing::info!("{e}")).ok() };
         let (ctx, owned) = match green {
             Some(ctx) => {
