@@ -315,6 +315,7 @@ impl Cuda {
             copy: OnceLock::new(),
             events: Mutex::new(Vec::new()),
             events_made: (AtomicU64::new(0), AtomicU64::new(0)),
+            lanes_used: AtomicUsize::new(0),
         });
         // The copy engine is made with the context's runtime object (at
         // the first registration, or while a handle opens: see
@@ -588,6 +589,8 @@ pub struct CudaContext {
     events: Mutex<Vec<usize>>,
     /// Events made for the pool so far, and the time that took (ns).
     events_made: (AtomicU64, AtomicU64),
+    /// The engine's streams that have had a copy (bit per lane).
+    lanes_used: AtomicUsize,
 }
 
 impl std::fmt::Debug for CudaContext {
@@ -605,7 +608,16 @@ impl CudaContext {
             .get_or_init(|| self.cuda.copy_engine(self.device).map_err(|e| e.to_string()))
             .clone()
             .map_err(Error::GpuUnavailable)?;
-        self.cuda.with_context(engine.ctx as Ctx, || f(engine.streams[copy_lane()] as RawStream))
+        let lane = copy_lane();
+        let first = self.lanes_used.fetch_or(1 << lane, Ordering::Relaxed) & (1 << lane) == 0;
+        let started = first.then(std::time::Instant::now);
+        let r = self.cuda.with_context(engine.ctx as Ctx, || f(engine.streams[lane] as RawStream));
+        if let Some(t) = started {
+            // What a stream's first copy costs (`UGDS_LOG=debug`): the
+            // call, with its wait where it waits.
+            tracing::debug!(lane, us = t.elapsed().as_micros() as u64, "first copy on a copy engine stream");
+        }
+        r
     }
 
     /// A copy on the calling thread's stream of the engine, waited for.
