@@ -46,9 +46,10 @@ const MAX_TRANSFER: usize = 4 << 20;
 pub const KERNEL_BLOCK_SIZE: u32 = 512;
 
 /// The largest command from `UGDS_KERNEL_CHUNK` (its value, if set): bytes,
-/// a power of two from 64 KiB to [`MAX_TRANSFER`]; unset, the default.
+/// a power of two from 64 KiB to [`MAX_TRANSFER`]; unset or empty, the
+/// default.
 fn kernel_chunk(value: Option<&str>) -> Result<usize> {
-    let Some(v) = value else { return Ok(DEFAULT_TRANSFER) };
+    let Some(v) = value.filter(|v| !v.is_empty()) else { return Ok(DEFAULT_TRANSFER) };
     v.parse::<usize>().ok().filter(|c| c.is_power_of_two() && (64 << 10..=MAX_TRANSFER).contains(c)).ok_or_else(|| {
         Error::InvalidArgument(format!("UGDS_KERNEL_CHUNK={v:?}: bytes, a power of two from 65536 to {MAX_TRANSFER}"))
     })
@@ -174,10 +175,11 @@ mod tests {
     #[test]
     fn kernel_chunk_takes_powers_of_two_in_range_only() {
         assert_eq!(kernel_chunk(None).unwrap(), DEFAULT_TRANSFER);
+        assert_eq!(kernel_chunk(Some("")).unwrap(), DEFAULT_TRANSFER);
         assert_eq!(kernel_chunk(Some("65536")).unwrap(), 64 << 10);
         assert_eq!(kernel_chunk(Some("4194304")).unwrap(), MAX_TRANSFER);
         // Each of these used to leave the default in place without a word.
-        for v in ["", "64k", "32768", "100000", "8388608", "-1"] {
+        for v in ["64k", "32768", "100000", "8388608", "-1"] {
             let e = kernel_chunk(Some(v)).unwrap_err();
             assert!(matches!(e, Error::InvalidArgument(ref m) if m.contains("UGDS_KERNEL_CHUNK")), "{v}: {e}");
         }

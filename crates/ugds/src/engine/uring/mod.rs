@@ -159,7 +159,7 @@ fn offload_cached_reads() -> Result<bool> {
 /// set) and the CPUs there are.
 fn cached_read_workers(value: Option<&str>, cpus: usize) -> std::result::Result<bool, String> {
     match value {
-        None => Ok(cpus >= 8),
+        None | Some("") => Ok(cpus >= 8),
         Some("on") => Ok(true),
         Some("off") => Ok(false),
         Some(v) => Err(format!("UGDS_CACHED_READ_WORKERS={v:?}: on or off")),

@@ -467,10 +467,11 @@ fn cache_policies_are_named_auto_direct_and_buffered() {
 fn cached_read_workers_takes_on_and_off_only() {
     assert!(!cached_read_workers(None, 2).unwrap());
     assert!(cached_read_workers(None, 16).unwrap());
+    assert!(!cached_read_workers(Some(""), 2).unwrap());
     assert!(cached_read_workers(Some("on"), 2).unwrap());
     assert!(!cached_read_workers(Some("off"), 16).unwrap());
     // It used to warn and fall back to the CPU count.
-    for v in ["", "1", "yes", "ON"] {
+    for v in ["1", "yes", "ON"] {
         let why = cached_read_workers(Some(v), 16).unwrap_err();
         assert!(why.contains("UGDS_CACHED_READ_WORKERS") && why.contains("on or off"), "{why}");
     }
