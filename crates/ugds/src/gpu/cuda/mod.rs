@@ -609,7 +609,10 @@ impl CudaContext {
             .clone()
             .map_err(Error::GpuUnavailable)?;
         let lane = copy_lane();
-        let first = self.lanes_used.fetch_or(1 << lane, Ordering::Relaxed) & (1 << lane) == 0;
+        // A plain load on the hot path: the shared word is written only
+        // while a lane has had no copy yet.
+        let first = self.lanes_used.load(Ordering::Relaxed) & (1 << lane) == 0
+            && self.lanes_used.fetch_or(1 << lane, Ordering::Relaxed) & (1 << lane) == 0;
         let started = first.then(std::time::Instant::now);
         let r = self.cuda.with_context(engine.ctx as Ctx, || f(engine.streams[lane] as RawStream));
         if let Some(t) = started {
