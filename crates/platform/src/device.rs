@@ -77,6 +77,22 @@ pub trait DeviceRuntime: Send + Sync {
         Ok(true)
     }
 
+    /// Does now what the runtime would otherwise do at its first copies
+    /// (CUDA: each of the copy engine's streams' first copy, each way, and
+    /// the events copies in flight take), copying through `staging`; once
+    /// per runtime object, later calls return at once. The default has
+    /// nothing to prepare.
+    ///
+    /// # Safety
+    /// `staging..staging + len` must be host memory pinned with this
+    /// runtime that nothing else reads or writes during the call. On `Err`
+    /// a copy may still be running into it: the caller must not use or
+    /// free it again.
+    unsafe fn prepare_copies(&self, staging: *mut u8, len: usize) -> Result<()> {
+        let _ = (staging, len);
+        Ok(())
+    }
+
     /// Page-locks host memory for faster copies; false if the runtime
     /// refused (copies from it then still work, staged by the runtime).
     fn host_register(&self, ptr: *mut u8, len: usize) -> bool;

@@ -16,6 +16,14 @@
 //!   Since 61e2248 the handle's open asks the same, so this order now
 //!   shows the first read with that map in the cache either way.
 //!
+//! - `idle`: after the orders' first reads, what a pause costs each part
+//!   of a read: for pauses of 0 to 100 ms, the median of 5 of each, in
+//!   turn: a `pread` of 4 KiB of the file (buffered) of the example's own,
+//!   a 4 KiB `cuMemcpyHtoDAsync` + stream sync of the example's own, and
+//!   ugds's 4 KiB reads into host and GPU memory. Every offset was read
+//!   once before (run with `UGDS_CACHE_POLICY=buffered` to have ugds's
+//!   reads served from the page cache too), so the disk is not asked.
+//!
 //! Every read but `gpu0`'s first is at an offset no other read named (each
 //! is the disk's). Drop the page cache before a run to start cold.
 //! `UGDS_LOG=debug` prints the library's first-use messages (a ring's
@@ -46,7 +54,7 @@ fn fiemap(path: &str) -> ugds::Result<u32> {
 fn main() -> ugds::Result<()> {
     let mut args = std::env::args().skip(1);
     let (Some(path), Some(order)) = (args.next(), args.next()) else {
-        eprintln!("usage: first_read FILE gpu0|gpu|host|warm|fiemap");
+        eprintln!("usage: first_read FILE gpu0|gpu|host|warm|fiemap|idle");
         std::process::exit(2);
     };
     ugds::log::install_from_env(ugds::log::Level::WARN);
@@ -89,12 +97,12 @@ fn main() -> ugds::Result<()> {
     };
     let plan: Vec<(&str, u64)> = match order.as_str() {
         "gpu0" => vec![("gpu", 0), ("gpu", fresh()), ("gpu", fresh()), ("host", fresh()), ("host", fresh())],
-        "gpu" | "warm" | "fiemap" => {
+        "gpu" | "warm" | "fiemap" | "idle" => {
             vec![("gpu", fresh()), ("gpu", fresh()), ("host", fresh()), ("host", fresh()), ("gpu", fresh())]
         }
         "host" => vec![("host", fresh()), ("host", fresh()), ("gpu", fresh()), ("gpu", fresh()), ("gpu", fresh())],
         o => {
-            eprintln!("unknown order {o}: gpu0, gpu, host, warm or fiemap");
+            eprintln!("unknown order {o}: gpu0, gpu, host, warm, fiemap or idle");
             std::process::exit(2);
         }
     };
@@ -104,10 +112,61 @@ fn main() -> ugds::Result<()> {
         out.push(format!("{what}@{off:#x} {:.1}", timed(&h, tok, *off)?));
     }
     println!("{order}: 4 KiB reads in turn, us: {}", out.join(" / "));
+    if order == "idle" {
+        idle(&path, &h, &gtok, &htok, &gpu)?;
+    }
     for q in h.trace() {
         for e in q.events {
             println!("  queue {}: {e}", q.qid);
         }
+    }
+    Ok(())
+}
+
+/// What a pause before it costs each part of a 4 KiB read (order `idle`).
+fn idle(
+    path: &str,
+    h: &Handle,
+    gtok: &BufferToken,
+    htok: &BufferToken,
+    gpu: &ugds::gpu::cuda::DeviceBuffer,
+) -> ugds::Result<()> {
+    use std::os::unix::fs::FileExt;
+    use std::time::Duration;
+    let file = std::fs::File::open(path).map_err(|e| ugds::Error::Platform(format!("open {path}: {e}")))?;
+    let offsets: Vec<u64> = (0..64u64).map(|i| (1 << 30) + i * 3 * 4096).collect();
+    let mut page = vec![0u8; 4096];
+    for &off in &offsets {
+        file.read_at(&mut page, off).map_err(|e| ugds::Error::Platform(e.to_string()))?;
+        h.read(htok, 4096, off, 0)?;
+        h.read(gtok, 4096, off, 0)?;
+    }
+    let mut next = offsets.iter().cycle();
+    println!("idle: median of 5 4 KiB operations after each pause, us (pread / cuMemcpyHtoD / ugds host / ugds gpu)");
+    for pause_us in [0u64, 200, 1000, 5000, 20_000, 100_000] {
+        let mut times: [Vec<f64>; 4] = Default::default();
+        for _ in 0..5 {
+            for (k, t) in times.iter_mut().enumerate() {
+                let off = *next.next().unwrap();
+                std::thread::sleep(Duration::from_micros(pause_us));
+                let s = Instant::now();
+                match k {
+                    0 => drop(file.read_at(&mut page, off).map_err(|e| ugds::Error::Platform(e.to_string()))?),
+                    1 => gpu.upload(0, &page)?,
+                    2 => drop(h.read(htok, 4096, off, 0)?),
+                    _ => drop(h.read(gtok, 4096, off, 0)?),
+                }
+                t.push(s.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        let med: Vec<String> = times
+            .iter_mut()
+            .map(|t| {
+                t.sort_by(f64::total_cmp);
+                format!("{:.1}", t[2])
+            })
+            .collect();
+        println!("  after {:>6} us: {}", pause_us, med.join(" / "));
     }
     Ok(())
 }

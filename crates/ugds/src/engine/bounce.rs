@@ -90,15 +90,23 @@ pub(crate) fn warmed() -> bool {
 }
 
 /// Makes a slab ahead of the first command that needs one, where none was
-/// made yet: what a GPU registration on a path that copies through bounce
-/// buffers calls, so that the first read pins nothing.
+/// made yet, and has `runtime` prepare its copies through a buffer of it:
+/// what a GPU registration on a path that copies through bounce buffers
+/// calls, so that the first read pins nothing and makes no copy stream's
+/// first copy.
 pub(crate) fn warm(runtime: &dyn DeviceRuntime) -> Result<()> {
-    let mut pool = POOL.lock().recover();
-    if pool.cursor.is_some() {
-        return Ok(());
+    {
+        let mut pool = POOL.lock().recover();
+        if pool.cursor.is_none() {
+            let (slab, index) = new_slab(SLAB, runtime)?;
+            pool.cursor = Some(Cursor { slab, index, used: 0 });
+        }
     }
-    let (slab, index) = new_slab(SLAB, runtime)?;
-    pool.cursor = Some(Cursor { slab, index, used: 0 });
+    let b = take(4096, runtime)?;
+    // SAFETY: a pinned buffer of the pool, ours until given back.
+    unsafe { runtime.prepare_copies(b.addr as *mut u8, 4096) }?;
+    // Not given back on an error: a copy may still write it.
+    give(b);
     Ok(())
 }
 
@@ -232,5 +240,56 @@ mod tests {
         // leaves this slab to a new one (`take` makes it).
         assert_eq!(pool.cursor.unwrap().used, (3 << 20) / 2);
         assert!(pool.cut(8).is_none());
+    }
+
+    /// Records where it was asked to prepare its copies; fails when told to.
+    struct Prepares {
+        fail: bool,
+        staging: Mutex<Vec<(usize, usize)>>,
+    }
+
+    impl DeviceRuntime for Prepares {
+        fn name(&self) -> &'static str {
+            "prepares"
+        }
+        unsafe fn copy_to_device(&self, _: u64, _: &[u8]) -> Result<()> {
+            unreachable!()
+        }
+        unsafe fn copy_from_device(&self, _: &mut [u8], _: u64) -> Result<()> {
+            unreachable!()
+        }
+        unsafe fn prepare_copies(&self, staging: *mut u8, len: usize) -> Result<()> {
+            self.staging.lock().unwrap().push((staging as usize, len));
+            if self.fail {
+                return Err(Error::Platform("a copy failed".into()));
+            }
+            Ok(())
+        }
+        fn host_register(&self, _: *mut u8, _: usize) -> bool {
+            true
+        }
+        fn host_unregister(&self, _: *mut u8) {}
+        fn export_dmabuf(&self, _: u64, _: usize) -> Result<DmabufExport> {
+            Err(Error::Unsupported("a test runtime".into()))
+        }
+    }
+
+    #[test]
+    fn warm_prepares_copies_through_a_pool_buffer_kept_from_the_pool_when_they_fail() {
+        let ok = Prepares { fail: false, staging: Mutex::new(Vec::new()) };
+        warm(&ok).unwrap();
+        let asked = ok.staging.lock().unwrap().clone();
+        assert_eq!(asked.len(), 1, "asked once per warm: {asked:?}");
+        assert_eq!((asked[0].0 % 4096, asked[0].1), (0, 4096), "a whole pool buffer");
+
+        // A copy may still write the buffer of a failed preparation: it
+        // never goes back to the pool (other tests share it, and give
+        // their buffers back).
+        let failing = Prepares { fail: true, staging: Mutex::new(Vec::new()) };
+        assert!(warm(&failing).is_err());
+        let lost = failing.staging.lock().unwrap()[0].0;
+        let taken: Vec<Bounce> = (0..600).map(|_| take(4096, &failing).unwrap()).collect();
+        assert!(taken.iter().all(|b| b.addr != lost), "the buffer a copy may still write was handed out again");
+        taken.into_iter().for_each(give);
     }
 }

@@ -26,7 +26,7 @@ use super::{page_span, CopyTicket, DeviceMemory, DeviceRuntime, DmabufExport};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use ugds_platform::device::IpcExport;
 use ugds_platform::{Error, Result};
@@ -316,6 +316,7 @@ impl Cuda {
             events: Mutex::new(Vec::new()),
             events_made: (AtomicU64::new(0), AtomicU64::new(0)),
             lanes_used: AtomicUsize::new(0),
+            prepared: AtomicBool::new(false),
         });
         // The copy engine is made with the context's runtime object (at
         // the first registration, or while a handle opens: see
@@ -591,6 +592,8 @@ pub struct CudaContext {
     events_made: (AtomicU64, AtomicU64),
     /// The engine's streams that have had a copy (bit per lane).
     lanes_used: AtomicUsize,
+    /// Whether `prepare_copies` ran (or runs now).
+    prepared: AtomicBool,
 }
 
 impl std::fmt::Debug for CudaContext {
@@ -600,14 +603,18 @@ impl std::fmt::Debug for CudaContext {
 }
 
 impl CudaContext {
+    /// The copy engine this context's copies run on.
+    fn engine(&self) -> Result<CopyEngine> {
+        self.copy
+            .get_or_init(|| self.cuda.copy_engine(self.device).map_err(|e| e.to_string()))
+            .clone()
+            .map_err(Error::GpuUnavailable)
+    }
+
     /// Runs `f` with the copy engine's context current and the calling
     /// thread's stream of it, restoring the thread's context after.
     fn on_engine<T>(&self, f: impl FnOnce(RawStream) -> Result<T>) -> Result<T> {
-        let engine = self
-            .copy
-            .get_or_init(|| self.cuda.copy_engine(self.device).map_err(|e| e.to_string()))
-            .clone()
-            .map_err(Error::GpuUnavailable)?;
+        let engine = self.engine()?;
         let lane = copy_lane();
         // A plain load on the hot path: the shared word is written only
         // while a lane has had no copy yet.
@@ -621,6 +628,26 @@ impl CudaContext {
             tracing::debug!(lane, us = t.elapsed().as_micros() as u64, "first copy on a copy engine stream");
         }
         r
+    }
+
+    /// A copy event for the pool, made in the engine's context (current
+    /// here) and kept for the process.
+    fn new_event(&self) -> Result<Event> {
+        let started = std::time::Instant::now();
+        let mut e: Event = std::ptr::null_mut();
+        // SAFETY: writes one event handle.
+        let r = unsafe { (self.cuda.api.event_create)(&mut e, EVENT_DISABLE_TIMING) };
+        self.cuda.check("cuEventCreate", r)?;
+        let (made, ns) = &self.events_made;
+        let took = started.elapsed().as_nanos() as u64;
+        let ns = ns.fetch_add(took, Ordering::Relaxed) + took;
+        let made = made.fetch_add(1, Ordering::Relaxed) + 1;
+        // What copies in flight cost the first time (`UGDS_LOG=debug`):
+        // each doubling of the pool.
+        if made.is_power_of_two() {
+            tracing::debug!(events = made, total_us = ns / 1000, "copy events made");
+        }
+        Ok(e)
     }
 
     /// A copy on the calling thread's stream of the engine, waited for.
@@ -640,24 +667,7 @@ impl CudaContext {
             let pooled = self.events.lock().recover().pop();
             let event = match pooled {
                 Some(e) => e as Event,
-                None => {
-                    let started = std::time::Instant::now();
-                    let mut e: Event = std::ptr::null_mut();
-                    // SAFETY: writes one event handle, in the engine's
-                    // context (current here); kept for the process.
-                    let r = unsafe { (self.cuda.api.event_create)(&mut e, EVENT_DISABLE_TIMING) };
-                    self.cuda.check("cuEventCreate", r)?;
-                    let (made, ns) = &self.events_made;
-                    let took = started.elapsed().as_nanos() as u64;
-                    let ns = ns.fetch_add(took, Ordering::Relaxed) + took;
-                    let made = made.fetch_add(1, Ordering::Relaxed) + 1;
-                    // What copies in flight cost the first time
-                    // (`UGDS_LOG=debug`): each doubling of the pool.
-                    if made.is_power_of_two() {
-                        tracing::debug!(events = made, total_us = ns / 1000, "copy events made");
-                    }
-                    e
-                }
+                None => self.new_event()?,
             };
             let (r, call) = f(stream);
             let recorded = self.cuda.check(call, r).and_then(|()| {
@@ -733,6 +743,56 @@ impl DeviceRuntime for CudaContext {
         }
         self.events.lock().recover().push(event as usize);
         self.cuda.check("cuEventQuery", r).map(|()| true)
+    }
+
+    /// Each of the engine's streams copies `staging` to 4 KiB of device
+    /// memory of the engine's and back, and records one of the pool's
+    /// events: a handle's open or a registration, not the first read,
+    /// pays for each stream's first copy and the first events.
+    unsafe fn prepare_copies(&self, staging: *mut u8, len: usize) -> Result<()> {
+        if self.prepared.swap(true, Ordering::Relaxed) {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let engine = self.engine()?;
+        let len = len.min(4096);
+        let api = &self.cuda.api;
+        self.cuda.with_context(engine.ctx as Ctx, || {
+            let mut scratch = 0u64;
+            // SAFETY: writes one device pointer. Kept for the process:
+            // freeing may wait for the whole device.
+            self.cuda.check("cuMemAlloc", unsafe { (api.mem_alloc)(&mut scratch, 4096) })?;
+            let mut made = Vec::with_capacity(COPY_STREAMS);
+            let queued = engine.streams.iter().try_for_each(|&s| {
+                let s = s as RawStream;
+                // SAFETY: `staging` is the caller's pinned memory for the
+                // call, `scratch` ours; both on the engine's streams.
+                let r = unsafe { (api.memcpy_htod_async)(scratch, staging.cast(), len, s) };
+                self.cuda.check("cuMemcpyHtoDAsync", r)?;
+                // SAFETY: as above, the other way.
+                let r = unsafe { (api.memcpy_dtoh_async)(staging.cast(), scratch, len, s) };
+                self.cuda.check("cuMemcpyDtoHAsync", r)?;
+                let e = self.new_event()?;
+                made.push(e as usize);
+                // SAFETY: our event and stream, one context.
+                self.cuda.check("cuEventRecord", unsafe { (api.event_record)(e, s) })
+            });
+            // Every stream is waited for, whatever was queued: `staging`
+            // goes back to its owner after.
+            let waited = engine.streams.iter().try_for_each(|&s| {
+                // SAFETY: the engine's own stream.
+                self.cuda.check("cuStreamSynchronize", unsafe { (api.stream_synchronize)(s as RawStream) })
+            });
+            self.events.lock().recover().extend(made);
+            queued.and(waited)
+        })?;
+        self.lanes_used.fetch_or((1 << COPY_STREAMS) - 1, Ordering::Relaxed);
+        tracing::debug!(
+            streams = COPY_STREAMS,
+            us = started.elapsed().as_micros() as u64,
+            "copy engine streams prepared (a copy each way, an event each)"
+        );
+        Ok(())
     }
 
     fn host_register(&self, ptr: *mut u8, len: usize) -> bool {
