@@ -311,6 +311,20 @@ impl KernelPlatform {
         unsafe { ring.fixed_buffer(index, generation, addr, len) }
     }
 
+    /// Registers the `len` bytes at `addr` as generation `generation` of
+    /// slot `index` in this handle's buffer source only, where rings copy
+    /// their tables from it: the first use on a ring then copies the table
+    /// and pins nothing ([`fixed_buffer`](Self::fixed_buffer)). False where
+    /// there is no source or the kernel refused.
+    ///
+    /// # Safety
+    /// As for [`Ring::fixed_buffer`].
+    pub unsafe fn hold_fixed(&self, index: u16, generation: u32, addr: *mut u8, len: usize) -> bool {
+        let Some(source) = self.buffer_source().filter(|_| fixed_copies()) else { return false };
+        // SAFETY: the caller's contract.
+        unsafe { source.lock().recover().fixed_buffer(index, generation, addr, len) }
+    }
+
     /// The ring this handle's registered buffers are pinned in, made at
     /// the first call.
     fn buffer_source(&self) -> Option<&Mutex<Ring>> {

@@ -81,13 +81,23 @@ impl Driver {
     }
 
     fn open_kernel(&self, platform: Arc<ugds_platform::kernel::KernelPlatform>, opts: HandleOptions) -> Result<Handle> {
-        with_copies_prepared(|| {
+        let source = platform.clone();
+        let handle = with_copies_prepared(|| {
             let polled = opts.completion == crate::engine::Completion::Poll;
             let ctrl =
                 crate::engine::KernelController::new(platform, Self::queues_wanted(&opts), opts.kernel_ring, polled)?
                     .cache_policy(opts.cache);
             self.open_controller(Controller::Kernel(Box::new(ctrl)), opts)
-        })
+        })?;
+        // The bounce slab the first reads into GPU memory cut their
+        // buffers from is pinned in the handle's buffer source now, not by
+        // the first of them (a ring then only copies the table).
+        if let Some((slab, index)) = crate::engine::bounce::current_slab() {
+            // SAFETY: bounce slabs are mapped for the process's life and
+            // their slot numbers are theirs alone (generation 1).
+            unsafe { source.hold_fixed(index, 1, slab.0 as *mut u8, slab.1) };
+        }
+        Ok(handle)
     }
 
     /// Opens a handle on a namespace of the NVMe/TCP controller `target`

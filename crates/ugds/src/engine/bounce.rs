@@ -83,6 +83,13 @@ pub(crate) fn take(len: usize, runtime: &dyn DeviceRuntime) -> Result<Bounce> {
     Ok(pool.cut(class).expect("a new slab holds any buffer below its size"))
 }
 
+/// The slab small buffers are cut from now, where it has a slot in the
+/// rings' tables (the one [`warm`] made, until it is used up).
+pub(crate) fn current_slab() -> Option<((usize, usize), u16)> {
+    let c = POOL.lock().recover().cursor?;
+    Some((c.slab, c.index?))
+}
+
 /// Whether a slab was made ([`warm`] has nothing to do).
 #[cfg(feature = "gpu")]
 pub(crate) fn warmed() -> bool {

@@ -476,3 +476,25 @@ fn cached_read_workers_takes_on_and_off_only() {
         assert!(why.contains("UGDS_CACHED_READ_WORKERS") && why.contains("on or off"), "{why}");
     }
 }
+
+#[test]
+fn a_bounce_slab_held_at_open_serves_a_rings_first_read_into_gpu_memory() {
+    use ugds_platform::sys::uring::fixed_copies;
+    let f = fixture("held", false);
+    let p = f.q.platform.clone();
+    // What a handle's open does after the first slab was made.
+    crate::engine::bounce::warm(&*f.gpu).unwrap();
+    let (slab, index) = crate::engine::bounce::current_slab().expect("a slab with a slot");
+    // SAFETY: bounce slabs are mapped for the process's life; generation 1
+    // as every ring names them.
+    let held = unsafe { p.hold_fixed(index, 1, slab.0 as *mut u8, slab.1) };
+    assert_eq!(held, fixed_copies(), "held in the source wherever rings copy from it");
+    // A ring that never met the slab: its first read into GPU memory.
+    let mut q = UringQueue::new(p, None, 2, 64, BLOCK, KernelRing::Plain).unwrap();
+    let gpu = f.iova;
+    assert!(run(&mut q, &[(rw(NvmOpcode::Read, 8192, 4096, gpu), gpu)])[0].is_success());
+    assert!(f.gpu.mem.lock().unwrap()[..4096].iter().enumerate().all(|(i, &b)| b == pattern(8192 + i)));
+    if held {
+        assert_eq!(q.ring.fixed_generation(index), 1, "the held slab's slot, copied to the ring");
+    }
+}
