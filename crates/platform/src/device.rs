@@ -84,10 +84,10 @@ pub trait DeviceRuntime: Send + Sync {
     /// nothing to prepare.
     ///
     /// # Safety
-    /// `staging..staging + len` must be host memory pinned with this
-    /// runtime that nothing else reads or writes during the call. On `Err`
-    /// a copy may still be running into it: the caller must not use or
-    /// free it again.
+    /// `staging..staging + len` must be mapped host memory (pinned, for
+    /// the copies to be the ones later transfers make) that nothing else
+    /// reads or writes during the call. On `Err` a copy may still be
+    /// running into it: the caller must not use or free it again.
     unsafe fn prepare_copies(&self, staging: *mut u8, len: usize) -> Result<()> {
         let _ = (staging, len);
         Ok(())
