@@ -175,9 +175,14 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
     use ugds_platform::device::DmabufExport;
 
-    /// Counts the pins it is asked for.
+    /// Counts the pins it is asked for, records where it was asked to
+    /// prepare its copies, and fails those when told to.
     #[derive(Default)]
-    struct Pins(AtomicUsize);
+    struct Pins {
+        pinned: AtomicUsize,
+        fail_prepare: bool,
+        prepared: Mutex<Vec<(usize, usize)>>,
+    }
 
     impl DeviceRuntime for Pins {
         fn name(&self) -> &'static str {
@@ -189,9 +194,16 @@ mod tests {
         unsafe fn copy_from_device(&self, _: &mut [u8], _: u64) -> Result<()> {
             unreachable!()
         }
+        unsafe fn prepare_copies(&self, staging: *mut u8, len: usize) -> Result<()> {
+            self.prepared.lock().unwrap().push((staging as usize, len));
+            if self.fail_prepare {
+                return Err(Error::Platform("a copy failed".into()));
+            }
+            Ok(())
+        }
         fn host_register(&self, _: *mut u8, len: usize) -> bool {
             assert_eq!(len, SLAB);
-            self.0.fetch_add(1, Ordering::Relaxed);
+            self.pinned.fetch_add(1, Ordering::Relaxed);
             true
         }
         fn host_unregister(&self, _: *mut u8) {}
@@ -206,7 +218,11 @@ mod tests {
         // More than one slab's worth of 4 KiB buffers (512 a slab).
         let taken: Vec<Bounce> = (0..600).map(|_| take(4096, &pins).unwrap()).collect();
         // Other tests share the pool (and may take from a slab made here).
-        assert!(pins.0.load(Ordering::Relaxed) <= 3, "{} pins for 600 buffers", pins.0.load(Ordering::Relaxed));
+        assert!(
+            pins.pinned.load(Ordering::Relaxed) <= 3,
+            "{} pins for 600 buffers",
+            pins.pinned.load(Ordering::Relaxed)
+        );
         let mut addrs: Vec<usize> = taken.iter().map(|b| b.addr).collect();
         addrs.sort();
         addrs.dedup();
@@ -233,7 +249,7 @@ mod tests {
             assert_eq!((b.addr - slab.0) % (4096 << class), 0, "aligned to its size: {b:?}");
             cut.push(b);
         }
-        assert_eq!(pins.0.load(Ordering::Relaxed), 1, "one slab pinned for all of them");
+        assert_eq!(pins.pinned.load(Ordering::Relaxed), 1, "one slab pinned for all of them");
         // What alignment skipped is free, as smaller buffers, none overlapping.
         let mut spans: Vec<(usize, usize)> = cut.iter().map(|b| (b.addr, 4096 << b.class)).collect();
         spans.extend(pool.free.iter().flatten().map(|b| (b.addr, 4096 << b.class)));
@@ -249,52 +265,20 @@ mod tests {
         assert!(pool.cut(8).is_none());
     }
 
-    /// Records where it was asked to prepare its copies; fails when told to.
-    struct Prepares {
-        fail: bool,
-        staging: Mutex<Vec<(usize, usize)>>,
-    }
-
-    impl DeviceRuntime for Prepares {
-        fn name(&self) -> &'static str {
-            "prepares"
-        }
-        unsafe fn copy_to_device(&self, _: u64, _: &[u8]) -> Result<()> {
-            unreachable!()
-        }
-        unsafe fn copy_from_device(&self, _: &mut [u8], _: u64) -> Result<()> {
-            unreachable!()
-        }
-        unsafe fn prepare_copies(&self, staging: *mut u8, len: usize) -> Result<()> {
-            self.staging.lock().unwrap().push((staging as usize, len));
-            if self.fail {
-                return Err(Error::Platform("a copy failed".into()));
-            }
-            Ok(())
-        }
-        fn host_register(&self, _: *mut u8, _: usize) -> bool {
-            true
-        }
-        fn host_unregister(&self, _: *mut u8) {}
-        fn export_dmabuf(&self, _: u64, _: usize) -> Result<DmabufExport> {
-            Err(Error::Unsupported("a test runtime".into()))
-        }
-    }
-
     #[test]
     fn warm_prepares_copies_through_a_pool_buffer_kept_from_the_pool_when_they_fail() {
-        let ok = Prepares { fail: false, staging: Mutex::new(Vec::new()) };
+        let ok = Pins::default();
         warm(&ok).unwrap();
-        let asked = ok.staging.lock().unwrap().clone();
+        let asked = ok.prepared.lock().unwrap().clone();
         assert_eq!(asked.len(), 1, "asked once per warm: {asked:?}");
         assert_eq!((asked[0].0 % 4096, asked[0].1), (0, 4096), "a whole pool buffer");
 
         // A copy may still write the buffer of a failed preparation: it
         // never goes back to the pool (other tests share it, and give
         // their buffers back).
-        let failing = Prepares { fail: true, staging: Mutex::new(Vec::new()) };
+        let failing = Pins { fail_prepare: true, ..Default::default() };
         assert!(warm(&failing).is_err());
-        let lost = failing.staging.lock().unwrap()[0].0;
+        let lost = failing.prepared.lock().unwrap()[0].0;
         let taken: Vec<Bounce> = (0..600).map(|_| take(4096, &failing).unwrap()).collect();
         assert!(taken.iter().all(|b| b.addr != lost), "the buffer a copy may still write was handed out again");
         taken.into_iter().for_each(give);
