@@ -595,9 +595,7 @@ impl Platform for KernelPlatform {
                 // registers it in the source itself, under the same lock.)
                 unsafe {
                     crate::sys::populate(base, span.1);
-                    if let Some(source) = self.buffer_source().filter(|_| fixed_copies()) {
-                        let _ = source.lock().recover().fixed_buffer(slot, generation, base, span.1);
-                    }
+                    self.hold_fixed(slot, generation, base, span.1);
                 }
             }
         }

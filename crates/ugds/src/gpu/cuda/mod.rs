@@ -765,8 +765,8 @@ impl DeviceRuntime for CudaContext {
             let mut made = Vec::with_capacity(COPY_STREAMS);
             let queued = engine.streams.iter().try_for_each(|&s| {
                 let s = s as RawStream;
-                // SAFETY: `staging` is the caller's pinned memory for the
-                // call, `scratch` ours; both on the engine's streams.
+                // SAFETY: `staging` is the caller's for the call, `scratch`
+                // ours; both on the engine's streams.
                 let r = unsafe { (api.memcpy_htod_async)(scratch, staging.cast(), len, s) };
                 self.cuda.check("cuMemcpyHtoDAsync", r)?;
                 // SAFETY: as above, the other way.
